@@ -1,0 +1,264 @@
+// Package sqlite is the inbox Store for SQLite (github.com/mattn/go-sqlite3
+// through gorm.io/driver/sqlite).
+//
+// SQLite allows one writer at a time. Open the database with [Open] (or a
+// DSN from [DSN]): write-ahead logging so readers never block the writer,
+// immediate transactions so a transaction takes the write lock at BEGIN
+// instead of failing with "database is locked" when it upgrades from a read,
+// and a busy timeout. SQLITE_BUSY that still escapes is classified as
+// retryable and retried by the inbox.
+//
+// SQLite has no partitions: expiry deletes expired days in small batches, each
+// in its own short transaction, through an index on the day column, so
+// concurrent inserts wait at most one batch.
+//
+// The package name collides with gorm.io/driver/sqlite; import it with an
+// alias, e.g. inboxsqlite.
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	sqlite3 "github.com/mattn/go-sqlite3"
+	gormsqlite "gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// DefaultTable is the inbox table name used when Options.Table is empty.
+const DefaultTable = "inbox_messages"
+
+// Options configures a Store.
+type Options struct {
+	// Table is the inbox table name, a plain identifier. Default DefaultTable.
+	Table string
+	// DeleteBatch is how many rows one expiry transaction deletes. Default 1000.
+	DeleteBatch int
+}
+
+// Store is the SQLite inbox Store.
+type Store struct {
+	table       string
+	deleteBatch int
+}
+
+// New returns a Store for the configured table.
+func New(opts Options) (*Store, error) {
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	if err := inbox.ValidateIdentifier("table name", opts.Table); err != nil {
+		return nil, err
+	}
+	if opts.DeleteBatch < 0 {
+		return nil, fmt.Errorf("%w: negative delete batch %d", inbox.ErrInvalidConfig, opts.DeleteBatch)
+	}
+	if opts.DeleteBatch == 0 {
+		opts.DeleteBatch = 1000
+	}
+	return &Store{table: opts.Table, deleteBatch: opts.DeleteBatch}, nil
+}
+
+// DSN returns a go-sqlite3 DSN for the database file at path with the
+// settings the inbox needs: WAL, immediate transactions, a 5 s busy timeout.
+func DSN(path string) string {
+	q := url.Values{}
+	q.Set("_journal_mode", "WAL")
+	q.Set("_txlock", "immediate")
+	q.Set("_busy_timeout", "5000")
+	q.Set("_foreign_keys", "1")
+	return "file:" + path + "?" + q.Encode()
+}
+
+// Open returns a GORM dialector for the database file at path, with [DSN]'s
+// settings.
+func Open(path string) gorm.Dialector { return gormsqlite.Open(DSN(path)) }
+
+// Table returns the inbox table name.
+func (s *Store) Table() string { return s.table }
+
+// Migrate creates the inbox table and its day index. Concurrent callers are
+// serialised by SQLite's write lock.
+func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
+	stmts := []string{
+		`CREATE TABLE IF NOT EXISTS ` + s.table + ` (
+			consumer     TEXT    NOT NULL,
+			event_id     TEXT    NOT NULL,
+			day          TEXT    NOT NULL,
+			event_time   TEXT    NOT NULL,
+			topic        TEXT    NOT NULL DEFAULT '',
+			partition_no INTEGER NOT NULL DEFAULT 0,
+			offset_no    INTEGER NOT NULL DEFAULT 0,
+			processed_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+			PRIMARY KEY (consumer, event_id, day)
+		) STRICT`,
+		`CREATE INDEX IF NOT EXISTS ` + s.table + `_day ON ` + s.table + ` (day)`,
+	}
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, q := range stmts {
+			if err := tx.Exec(q).Error; err != nil {
+				return fmt.Errorf("sqlite: migrate %s: %w", s.table, err)
+			}
+		}
+		return nil
+	})
+}
+
+// SQLite's default limit on bound parameters is 32766; 7 per row.
+const claimChunk = 1000
+
+// Claim inserts rows with INSERT ... ON CONFLICT DO NOTHING RETURNING and
+// matches the returned keys against rows: RETURNING yields only inserted rows.
+func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	inserted := make([]bool, len(rows))
+	for lo := 0; lo < len(rows); lo += claimChunk {
+		hi := min(lo+claimChunk, len(rows))
+		if err := s.claimChunk(ctx, tx, rows[lo:hi], inserted[lo:hi]); err != nil {
+			return nil, err
+		}
+	}
+	return inserted, nil
+}
+
+type returnedKey struct {
+	Consumer string
+	EventID  string
+	Day      string
+}
+
+func (s *Store) claimChunk(ctx context.Context, tx *gorm.DB, rows []inbox.Row, inserted []bool) error {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO ` + s.table + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no) VALUES `)
+	args := make([]any, 0, 7*len(rows))
+	for i, r := range rows {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?, ?, ?, ?, ?)")
+		args = append(args, r.Consumer, r.EventID, dayText(r.Day), r.EventTime.UTC().Format(time.RFC3339Nano), r.Topic, r.Partition, r.Offset)
+	}
+	b.WriteString(` ON CONFLICT (consumer, event_id, day) DO NOTHING RETURNING consumer, event_id, day`)
+	var got []returnedKey
+	if err := tx.WithContext(ctx).Raw(b.String(), args...).Scan(&got).Error; err != nil {
+		return fmt.Errorf("sqlite: claim in %s: %w", s.table, err)
+	}
+	index := make(map[returnedKey]int, len(rows))
+	for i, r := range rows {
+		index[returnedKey{r.Consumer, r.EventID, dayText(r.Day)}] = i
+	}
+	for _, k := range got {
+		i, ok := index[k]
+		if !ok {
+			return fmt.Errorf("sqlite: claim returned a key that was not inserted: %q/%q/%s", k.Consumer, k.EventID, k.Day)
+		}
+		inserted[i] = true
+	}
+	return nil
+}
+
+func dayText(d time.Time) string { return d.UTC().Format(time.DateOnly) }
+
+// Maintain deletes rows of expired days in batches of Options.DeleteBatch,
+// each batch its own transaction. There is nothing to prepare.
+func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
+	db = db.WithContext(ctx)
+	cutoff := dayText(plan.ExpireBefore)
+	var days []string
+	if err := db.Raw(`SELECT DISTINCT day FROM `+s.table+` WHERE day < ? ORDER BY day`, cutoff).Scan(&days).Error; err != nil {
+		return inbox.MaintenanceReport{}, fmt.Errorf("sqlite: list expired days of %s: %w", s.table, err)
+	}
+	report := inbox.MaintenanceReport{}
+	for _, d := range days {
+		t, err := time.Parse(time.DateOnly, d)
+		if err != nil {
+			return report, fmt.Errorf("sqlite: %s holds a malformed day %q: %w", s.table, d, err)
+		}
+		report.Expired = append(report.Expired, t)
+	}
+	if plan.DryRun {
+		err := db.Raw(`SELECT COUNT(*) FROM `+s.table+` WHERE day < ?`, cutoff).Scan(&report.RowsRemoved).Error
+		return report, err
+	}
+	del := `DELETE FROM ` + s.table + ` WHERE rowid IN (SELECT rowid FROM ` + s.table + ` WHERE day < ? LIMIT ?)`
+	for {
+		res := db.Exec(del, cutoff, s.deleteBatch)
+		if res.Error != nil {
+			return report, fmt.Errorf("sqlite: expire days before %s from %s: %w", cutoff, s.table, res.Error)
+		}
+		report.RowsRemoved += res.RowsAffected
+		if res.RowsAffected < int64(s.deleteBatch) {
+			return report, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return report, err
+		}
+	}
+}
+
+// IsRetryable reports SQLITE_BUSY and SQLITE_LOCKED (with their extended
+// codes).
+func (s *Store) IsRetryable(err error) bool {
+	var se sqlite3.Error
+	if errors.As(err, &se) {
+		return se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked
+	}
+	return false
+}
+
+// Verify checks that the connection uses write-ahead logging and a busy
+// timeout.
+func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
+	db = db.WithContext(ctx)
+	var problems []error
+	var mode string
+	if err := db.Raw(`PRAGMA journal_mode`).Scan(&mode).Error; err != nil {
+		return fmt.Errorf("sqlite: read journal_mode: %w", err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		problems = append(problems, fmt.Errorf("journal_mode is %q, want wal (readers block the writer otherwise; open with sqlite.DSN)", mode))
+	}
+	var busy int
+	if err := db.Raw(`PRAGMA busy_timeout`).Scan(&busy).Error; err != nil {
+		return fmt.Errorf("sqlite: read busy_timeout: %w", err)
+	}
+	if busy <= 0 {
+		problems = append(problems, errors.New("busy_timeout is 0: concurrent writers fail at once with SQLITE_BUSY (open with sqlite.DSN)"))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("sqlite: unsafe settings: %w", errors.Join(problems...))
+	}
+	return nil
+}
+
+// Stats counts rows per consumer and day.
+func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]inbox.DayStats, error) {
+	var raw []struct {
+		Consumer string
+		Day      string
+		Rows     int64
+	}
+	if err := db.WithContext(ctx).Raw(`SELECT consumer, day, COUNT(*) AS rows FROM ` + s.table + ` GROUP BY consumer, day ORDER BY consumer, day`).Scan(&raw).Error; err != nil {
+		return nil, fmt.Errorf("sqlite: stats of %s: %w", s.table, err)
+	}
+	out := make([]inbox.DayStats, 0, len(raw))
+	for _, r := range raw {
+		d, err := time.Parse(time.DateOnly, r.Day)
+		if err != nil {
+			return nil, fmt.Errorf("sqlite: %s holds a malformed day %q: %w", s.table, r.Day, err)
+		}
+		out = append(out, inbox.DayStats{Consumer: r.Consumer, Day: d, Rows: r.Rows})
+	}
+	return out, nil
+}
+
+var (
+	_ inbox.Store         = (*Store)(nil)
+	_ inbox.Verifier      = (*Store)(nil)
+	_ inbox.StatsReporter = (*Store)(nil)
+)

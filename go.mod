@@ -1,0 +1,15 @@
+module github.com/inboxgo/inbox
+
+go 1.26
+
+require (
+	github.com/mattn/go-sqlite3 v1.14.32
+	gorm.io/driver/sqlite v1.6.0
+	gorm.io/gorm v1.31.2
+)
+
+require (
+	github.com/jinzhu/inflection v1.0.0 // indirect
+	github.com/jinzhu/now v1.1.5 // indirect
+	golang.org/x/text v0.29.0 // indirect
+)

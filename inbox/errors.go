@@ -1,0 +1,98 @@
+package inbox
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+var (
+	// ErrInvalidMessage is wrapped by every *ValidationError.
+	ErrInvalidMessage = errors.New("inbox: invalid message")
+	// ErrExpired is returned, under the default [RejectExpired] policy, for
+	// an event whose day is older than the retention window: its inbox row may
+	// already have been removed, so the inbox cannot tell whether the event was
+	// processed. Nothing was applied; route the message to a dead-letter queue
+	// or decide by hand.
+	ErrExpired = errors.New("inbox: event is older than the retention window")
+	// ErrHandlerPanic is wrapped by every *PanicError.
+	ErrHandlerPanic = errors.New("inbox: handler panicked")
+	// ErrInvalidConfig is wrapped by configuration errors from New and the
+	// adapters' constructors.
+	ErrInvalidConfig = errors.New("inbox: invalid configuration")
+)
+
+// ValidationError says which part of a message or name is unusable and why.
+type ValidationError struct {
+	Field  string
+	Value  string // the offending value, shortened for display; empty if not useful
+	Reason string
+
+	sentinel error // ErrInvalidConfig for names; nil means ErrInvalidMessage
+}
+
+func (e *ValidationError) Error() string {
+	if e.Value == "" {
+		return fmt.Sprintf("inbox: invalid %s: %s", e.Field, e.Reason)
+	}
+	v := e.Value
+	if len(v) > 64 {
+		v = v[:64] + "..."
+	}
+	return fmt.Sprintf("inbox: invalid %s %q: %s", e.Field, v, e.Reason)
+}
+
+func (e *ValidationError) Unwrap() error {
+	if e.sentinel != nil {
+		return e.sentinel
+	}
+	return ErrInvalidMessage
+}
+
+// ExpiredError is the error for an event older than the retention window.
+type ExpiredError struct {
+	Day    time.Time // the event's day
+	Oldest time.Time // the oldest day the inbox still guarantees to hold
+}
+
+func (e *ExpiredError) Error() string {
+	return fmt.Sprintf("inbox: event day %s is older than the retention window (oldest checked day %s): cannot tell whether it was processed",
+		e.Day.Format(time.DateOnly), e.Oldest.Format(time.DateOnly))
+}
+
+func (e *ExpiredError) Unwrap() error { return ErrExpired }
+
+// PanicError carries a recovered handler panic. The transaction was rolled
+// back.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("inbox: handler panicked: %v", e.Value) }
+
+func (e *PanicError) Unwrap() error { return ErrHandlerPanic }
+
+type retryableError struct{ err error }
+
+func (e retryableError) Error() string { return e.err.Error() }
+func (e retryableError) Unwrap() error { return e.err }
+
+// Retryable marks a handler error as transient: the inbox rolls the
+// transaction back and runs it again, within its attempt limit. Handler
+// errors that are not marked are returned at once, unless the Store
+// classifies them as transient database errors (a deadlock or serialization
+// failure raised by the handler's own statements).
+func Retryable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return retryableError{err: err}
+}
+
+// IsMarkedRetryable reports whether err, or an error it wraps, was marked
+// with [Retryable].
+func IsMarkedRetryable(err error) bool {
+	var r retryableError
+	return errors.As(err, &r)
+}

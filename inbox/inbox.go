@@ -1,0 +1,334 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Handler applies the business effect of one message inside tx, the
+// transaction that also holds the message's inbox row. It must use tx (not
+// another connection) for every write that has to be atomic with the inbox
+// row, and must not commit or roll back tx. It runs only for a message seen
+// for the first time; if it returns an error or panics, the inbox row and
+// everything written through tx are rolled back.
+type Handler func(ctx context.Context, tx *gorm.DB, msg Message) error
+
+// Outcome is what happened to a message.
+type Outcome int
+
+const (
+	// Processed: the inbox row was new, the handler ran and its effect
+	// committed together with the row.
+	Processed Outcome = iota + 1
+	// Duplicate: the inbox already held the row; the handler did not run.
+	Duplicate
+	// Failed: nothing of this message was committed; see the error.
+	Failed
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Processed:
+		return "processed"
+	case Duplicate:
+		return "duplicate"
+	case Failed:
+		return "failed"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// ExpiredPolicy decides what happens to an event older than the retention
+// window, whose inbox row may already have been removed.
+type ExpiredPolicy int
+
+const (
+	// RejectExpired returns an error wrapping [ErrExpired] and applies
+	// nothing: no effect is ever applied twice, and the caller must decide
+	// (dead-letter the message, or inspect it by hand). The default.
+	RejectExpired ExpiredPolicy = iota
+	// ProcessExpired processes the event as usual. If its day was already
+	// removed, a redelivery of an event that was processed long ago is
+	// applied again: use it only where the effect is naturally idempotent.
+	ProcessExpired
+)
+
+// Config tunes an Inbox. The zero value is usable.
+type Config struct {
+	// RetentionDays is how many days before today (UTC) the inbox keeps
+	// rows and therefore can detect duplicates. Choose it longer than the
+	// broker's retention plus any replay horizon. Default 30.
+	RetentionDays int
+	// PrepareDays is how many days after today Maintain prepares storage
+	// for. Default 7.
+	PrepareDays int
+	// Expired is the policy for events older than RetentionDays.
+	Expired ExpiredPolicy
+	// MaxAttempts bounds how often one transaction is run in all, when it
+	// fails with a transient error. Default 10.
+	MaxAttempts int
+	// MinBackoff and MaxBackoff bound the jittered exponential wait between
+	// attempts. Defaults 5ms and 1s.
+	MinBackoff, MaxBackoff time.Duration
+	// TxOptions are passed to BeginTx (isolation level, read-only is not
+	// allowed). Nil uses the database default.
+	TxOptions *sql.TxOptions
+	// Logger receives retries (Warn), failures (Error) and duplicates
+	// (Debug). Default slog.Default().
+	Logger *slog.Logger
+	// OnEvent, if set, is called synchronously for every outcome and retry;
+	// use it to feed a metrics system. It must be fast and safe for
+	// concurrent use.
+	OnEvent func(Event)
+	// Now is the clock used for the retention window and maintenance.
+	// Default time.Now. Tests set it to move days.
+	Now func() time.Time
+}
+
+// Inbox processes messages exactly once per consumer on top of a Store. It
+// is safe for concurrent use.
+type Inbox struct {
+	db       *gorm.DB
+	store    Store
+	cfg      Config
+	log      *slog.Logger
+	counters counters
+}
+
+// New returns an Inbox writing through db with store. It does not touch the
+// database; call Migrate once at start-up.
+func New(db *gorm.DB, store Store, cfg Config) (*Inbox, error) {
+	if db == nil || store == nil {
+		return nil, fmt.Errorf("%w: nil db or store", ErrInvalidConfig)
+	}
+	if cfg.RetentionDays < 0 || cfg.PrepareDays < 0 || cfg.MaxAttempts < 0 || cfg.MinBackoff < 0 || cfg.MaxBackoff < 0 {
+		return nil, fmt.Errorf("%w: negative value in %+v", ErrInvalidConfig, cfg)
+	}
+	if cfg.Expired != RejectExpired && cfg.Expired != ProcessExpired {
+		return nil, fmt.Errorf("%w: unknown expired policy %d", ErrInvalidConfig, cfg.Expired)
+	}
+	if cfg.TxOptions != nil && cfg.TxOptions.ReadOnly {
+		return nil, fmt.Errorf("%w: read-only transactions cannot hold inbox rows", ErrInvalidConfig)
+	}
+	if cfg.RetentionDays == 0 {
+		cfg.RetentionDays = 30
+	}
+	if cfg.PrepareDays == 0 {
+		cfg.PrepareDays = 7
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = 10
+	}
+	if cfg.MinBackoff == 0 {
+		cfg.MinBackoff = 5 * time.Millisecond
+	}
+	if cfg.MaxBackoff == 0 {
+		cfg.MaxBackoff = time.Second
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = cfg.MinBackoff
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox")}, nil
+}
+
+// Store returns the Store the inbox writes through.
+func (ib *Inbox) Store() Store { return ib.store }
+
+// DB returns the database handle the inbox opens transactions on.
+func (ib *Inbox) DB() *gorm.DB { return ib.db }
+
+// Migrate creates or upgrades the inbox table and prepares today's storage.
+func (ib *Inbox) Migrate(ctx context.Context) error {
+	if err := ib.store.Migrate(ctx, ib.db.WithContext(ctx)); err != nil {
+		return fmt.Errorf("inbox: migrate: %w", err)
+	}
+	return nil
+}
+
+// Process runs h for msg inside one transaction together with the insert of
+// msg's inbox row, and commits both, or neither. It returns Duplicate without
+// running h if the row already exists. Transient database errors, and handler
+// errors marked with [Retryable], run the whole transaction again, up to
+// Config.MaxAttempts. A handler panic rolls back and returns a *PanicError.
+//
+// Commit the broker offset of msg only after Process returns a nil error.
+func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, error) {
+	start := time.Now()
+	if err := ib.admit(msg); err != nil {
+		ib.record(ctx, msg, Failed, err, start)
+		return Failed, err
+	}
+	var out Outcome
+	err := ib.retry(ctx, func(attempt int) error {
+		return ib.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			var err error
+			out, err = ib.claimAndHandle(ctx, tx, msg, h)
+			return err
+		}, ib.cfg.TxOptions)
+	})
+	if err != nil {
+		err = fmt.Errorf("inbox: consumer %q event %q: %w", msg.Consumer, msg.ID, err)
+		ib.record(ctx, msg, Failed, err, start)
+		return Failed, err
+	}
+	ib.record(ctx, msg, out, nil, start)
+	return out, nil
+}
+
+// ProcessTx is Process inside a transaction the caller holds. The inbox row
+// and h's writes go into a savepoint of tx: if ProcessTx returns an error,
+// they are rolled back and tx stays usable; if the caller later rolls tx
+// back, the inbox row goes with it. ProcessTx never retries, since only the
+// owner of tx can run it again; use [Inbox.IsRetryable] on the error to decide.
+// The caller commits tx, and only then the broker offset.
+func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (Outcome, error) {
+	start := time.Now()
+	if err := ib.admit(msg); err != nil {
+		ib.record(ctx, msg, Failed, err, start)
+		return Failed, err
+	}
+	var out Outcome
+	err := tx.WithContext(ctx).Transaction(func(sp *gorm.DB) error {
+		var err error
+		out, err = ib.claimAndHandle(ctx, sp, msg, h)
+		return err
+	})
+	if err != nil {
+		err = fmt.Errorf("inbox: consumer %q event %q: %w", msg.Consumer, msg.ID, err)
+		ib.record(ctx, msg, Failed, err, start)
+		return Failed, err
+	}
+	ib.record(ctx, msg, out, nil, start)
+	return out, nil
+}
+
+// IsRetryable reports whether err is transient: marked with [Retryable] or
+// classified as transient by the Store.
+func (ib *Inbox) IsRetryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	return IsMarkedRetryable(err) || ib.store.IsRetryable(err)
+}
+
+// admit validates msg and applies the expired policy.
+func (ib *Inbox) admit(msg Message) error {
+	if err := msg.Validate(); err != nil {
+		return err
+	}
+	oldest := ib.OldestCheckedDay()
+	if day := msg.Day(); day.Before(oldest) {
+		if ib.cfg.Expired == RejectExpired {
+			return &ExpiredError{Day: day, Oldest: oldest}
+		}
+		ib.log.Warn("processing an event older than the retention window; a redelivery of it may be applied twice",
+			"consumer", msg.Consumer, "event_id", msg.ID, "day", day.Format(time.DateOnly))
+	}
+	return nil
+}
+
+// OldestCheckedDay is the oldest event day whose inbox rows are guaranteed to
+// be kept: events of earlier days are expired.
+func (ib *Inbox) OldestCheckedDay() time.Time {
+	return DayOf(ib.cfg.Now()).AddDate(0, 0, -ib.cfg.RetentionDays)
+}
+
+func (ib *Inbox) claimAndHandle(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (Outcome, error) {
+	inserted, err := ib.claim(ctx, tx, []Row{msg.Row()})
+	if err != nil {
+		return Failed, err
+	}
+	if !inserted[0] {
+		return Duplicate, nil
+	}
+	if err := callHandler(ctx, tx, msg, h); err != nil {
+		return Failed, err
+	}
+	return Processed, nil
+}
+
+// errStoreContract reports a Store that broke the Claim contract.
+var errStoreContract = errors.New("inbox: store broke the Claim contract")
+
+func (ib *Inbox) claim(ctx context.Context, tx *gorm.DB, rows []Row) ([]bool, error) {
+	inserted, err := ib.store.Claim(ctx, tx, rows)
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	if len(inserted) != len(rows) {
+		return nil, fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(inserted), len(rows))
+	}
+	return inserted, nil
+}
+
+func callHandler(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return h(ctx, tx, msg)
+}
+
+// retry runs fn until it succeeds, fails with a permanent error, the context
+// ends or the attempts are used up.
+func (ib *Inbox) retry(ctx context.Context, fn func(attempt int) error) error {
+	for attempt := 1; ; attempt++ {
+		err := fn(attempt)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return errors.Join(err, ctx.Err())
+		}
+		if !ib.IsRetryable(err) {
+			return err
+		}
+		if attempt >= ib.cfg.MaxAttempts {
+			return fmt.Errorf("gave up after %d attempts: %w", attempt, err)
+		}
+		ib.counters.retries.Add(1)
+		ib.log.Warn("transient failure, retrying the transaction", "attempt", attempt, "error", err)
+		if ib.cfg.OnEvent != nil {
+			ib.cfg.OnEvent(Event{Kind: EventRetry, Attempt: attempt, Err: err})
+		}
+		if err := sleep(ctx, ib.backoff(attempt)); err != nil {
+			return err
+		}
+	}
+}
+
+func (ib *Inbox) backoff(attempt int) time.Duration {
+	d := ib.cfg.MinBackoff << min(attempt-1, 20)
+	if d > ib.cfg.MaxBackoff || d <= 0 {
+		d = ib.cfg.MaxBackoff
+	}
+	// Full jitter: concurrent losers of the same race must not retry in step.
+	return ib.cfg.MinBackoff/2 + rand.N(d)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,108 @@
+package inbox
+
+import (
+	"context"
+	"regexp"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Store is the storage contract: the part of the inbox that differs between
+// databases. An adapter implements it with its own dialect SQL; [Inbox] owns
+// transactions, retries, validation, logging and metrics, so a Store does
+// none of those. The conformance package is the executable form of this
+// contract: a Store that passes it is fit for use.
+//
+// A Store must be safe for concurrent use.
+type Store interface {
+	// Migrate creates the inbox table (and whatever the Store's partitions and
+	// indexes need) or upgrades it to the Store's current schema. It must be
+	// idempotent and safe when several processes run it at the same time.
+	// The table must be transactional: a row inserted by a transaction that
+	// rolls back must vanish.
+	Migrate(ctx context.Context, db *gorm.DB) error
+
+	// Claim inserts rows inside tx, ignoring rows whose key (consumer, event
+	// id, day) already exists, and reports for each row whether this call
+	// inserted it: inserted[i] is true if and only if rows[i] is new. The
+	// keys in rows are distinct. Rows committed by other transactions, and
+	// rows of concurrent uncommitted transactions once those commit, are
+	// duplicates; if a concurrent inserter of the same key rolls back, the
+	// row is new.
+	//
+	// Claim must not issue a statement that fails on a duplicate key (on
+	// PostgreSQL that would abort the caller's transaction), and it must never
+	// report as a duplicate a row that was not stored for another reason (a
+	// missing partition, truncation, a NULL): such failures are errors. Ids
+	// must be stored byte for byte: ids that differ only in letter case or
+	// trailing spaces are different keys.
+	//
+	// On a transient failure Claim returns an error for which IsRetryable
+	// is true; it never retries by itself.
+	Claim(ctx context.Context, tx *gorm.DB, rows []Row) (inserted []bool, err error)
+
+	// Maintain prepares storage for the days up to plan.PrepareThrough and
+	// removes rows of days before plan.ExpireBefore, and of no other day. It
+	// must be idempotent and safe while other transactions insert and read
+	// rows. With plan.DryRun it changes nothing and reports what it would do.
+	Maintain(ctx context.Context, db *gorm.DB, plan MaintenancePlan) (MaintenanceReport, error)
+
+	// IsRetryable reports whether err (from Claim, or from any statement run
+	// in the same transaction) is a transient failure after which the whole
+	// transaction can be run again: a serialization failure, a deadlock, a
+	// lock wait timeout, a busy database. The decision must rest on error
+	// codes, never on message text.
+	IsRetryable(err error) bool
+}
+
+// MaintenancePlan tells a Store which days to prepare and which to expire.
+// All days are midnight UTC.
+type MaintenancePlan struct {
+	Today          time.Time
+	PrepareThrough time.Time // prepare every day from Today through this one
+	ExpireBefore   time.Time // remove rows of every day strictly before this one
+	DryRun         bool
+}
+
+// MaintenanceReport says what a Maintain call did (or, in a dry run, would
+// do).
+type MaintenanceReport struct {
+	Prepared    []time.Time // days (or partitions) made ready
+	Expired     []time.Time // days whose rows were removed
+	RowsRemoved int64       // rows deleted, where the Store counts them; -1 if unknown (a dropped partition)
+	DryRun      bool
+}
+
+// Verifier is an optional Store capability: Verify checks that the database
+// and connection settings behind db keep the Store's guarantees (a
+// transactional table engine, a strict SQL mode, write-ahead logging) and
+// returns an error naming each setting that does not.
+type Verifier interface {
+	Verify(ctx context.Context, db *gorm.DB) error
+}
+
+// DayStats is one line of [StatsReporter] output.
+type DayStats struct {
+	Consumer string
+	Day      time.Time
+	Rows     int64
+}
+
+// StatsReporter is an optional Store capability used by operators' tools.
+type StatsReporter interface {
+	Stats(ctx context.Context, db *gorm.DB) ([]DayStats, error)
+}
+
+var identifierPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// ValidateIdentifier reports whether name can be used unquoted as a table or
+// schema name in every supported dialect: ASCII letters, digits and
+// underscores, not starting with a digit, at most 63 bytes. Adapters call it
+// on every configured name before it goes into SQL.
+func ValidateIdentifier(kind, name string) error {
+	if !identifierPattern.MatchString(name) {
+		return &ValidationError{Field: kind, Value: name, Reason: "must be 1-63 ASCII letters, digits or underscores, not starting with a digit", sentinel: ErrInvalidConfig}
+	}
+	return nil
+}
