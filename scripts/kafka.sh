@@ -20,8 +20,9 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 POM="$HERE/kafka/pom.xml"
-# Keep in sync with <kafka.version> in scripts/kafka/pom.xml.
-KAFKA_VERSION="4.1.1"
+# Single source of truth for the version: <kafka.version> in the pom.
+KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$POM")"
+[[ -n "$KAFKA_VERSION" ]] || { echo "kafka.sh: no <kafka.version> in $POM" >&2; exit 1; }
 LIBS="${INBOX_KAFKA_LIBS:-${HOME:-/root}/.cache/inbox-kafka/$KAFKA_VERSION/libs}"
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
@@ -31,8 +32,13 @@ need_java() {
 	command -v java >/dev/null 2>&1 || die "java not found on PATH (need Java 17+)"
 }
 
-# A libs dir is complete when the marker written after a successful copy exists.
-libs_ok() { [[ -f "$LIBS/.complete" ]] && compgen -G "$LIBS/kafka_2.13-*.jar" >/dev/null; }
+# A libs dir is complete when the marker written after a successful copy holds
+# the hash of the current pom (so editing the pom's dependencies refetches).
+pom_hash() { sha256sum "$POM" | cut -d' ' -f1; }
+libs_ok() {
+	[[ -f "$LIBS/.complete" && "$(cat "$LIBS/.complete")" == "$(pom_hash)" ]] &&
+		compgen -G "$LIBS/kafka_2.13-*.jar" >/dev/null
+}
 
 fetch() {
 	libs_ok && return 0
@@ -52,7 +58,7 @@ fetch() {
 	fi
 	rm -f "$tmp.mvn.log"
 	compgen -G "$tmp/kafka_2.13-*.jar" >/dev/null || { rm -rf "$tmp"; die "maven fetch produced no kafka_2.13 jar"; }
-	touch "$tmp/.complete"
+	pom_hash >"$tmp/.complete"
 	# Atomic publish: rename the finished dir into place. If another process won
 	# the race (or a stale incomplete dir is there), keep the complete one.
 	if ! mv -T "$tmp" "$LIBS" 2>/dev/null; then
@@ -198,8 +204,9 @@ try_start() {
 		sleep 0.2
 	done
 	show_logs "$dir"
-	log "broker not ready after ${timeout}s; killing pid $pid"
+	log "broker not ready after ${timeout}s (ports $port/$cport); killing pid $pid"
 	kill -KILL "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
 	rm -f "$dir/pid"
 	return 1
 }
