@@ -1,0 +1,48 @@
+package sqlite_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/conformance"
+)
+
+// newHarness gives every check its own database file.
+func newHarness(t *testing.T) conformance.HarnessMaker {
+	return func(ctx context.Context) (*conformance.Harness, error) {
+		path := filepath.Join(t.TempDir(), "inbox.db")
+		open := func(context.Context) (*gorm.DB, error) {
+			return gorm.Open(inboxsqlite.Open(path), &gorm.Config{Logger: logger.Discard})
+		}
+		db, err := open(ctx)
+		if err != nil {
+			return nil, err
+		}
+		store, err := inboxsqlite.New(inboxsqlite.Options{})
+		if err != nil {
+			return nil, err
+		}
+		return &conformance.Harness{
+			DB:       db,
+			Store:    store,
+			Open:     open,
+			Features: conformance.Features{ExpiryCountsRows: true},
+			Close: func() error {
+				sqlDB, err := db.DB()
+				if err != nil {
+					return err
+				}
+				return sqlDB.Close()
+			},
+		}, nil
+	}
+}
+
+func TestConformance(t *testing.T) {
+	conformance.Run(t, newHarness(t))
+}

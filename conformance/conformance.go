@@ -1,0 +1,336 @@
+// Package conformance is the executable contract of inbox.Store: a suite of
+// checks every adapter, ours and third parties', runs to show that the inbox
+// row and the business effect commit atomically and that duplicates are
+// caught, under concurrency, failure, expiry and hostile ids.
+//
+// An adapter's test runs it with a HarnessMaker that returns a fresh,
+// isolated Store and database for every check:
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Run(t, func(ctx context.Context) (*conformance.Harness, error) {
+//			...
+//		})
+//	}
+//
+// Each check returns an error rather than failing a *testing.T, so the suite
+// can be run outside tests (inboxctl check does) and can itself be tested
+// against deliberately broken stores.
+package conformance
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// Harness is one isolated environment for one check.
+type Harness struct {
+	// DB is a connection to a database in which the suite may create and
+	// drop its own scratch tables.
+	DB *gorm.DB
+	// Store is a fresh Store whose table no other harness uses. The suite
+	// calls Migrate itself.
+	Store inbox.Store
+	// TxOptions are used for every inbox transaction (e.g. an isolation
+	// level); nil for the database default.
+	TxOptions *sql.TxOptions
+	// Open, if set, opens another independent connection pool to the same
+	// database, as a second process would. Checks of concurrent migration use
+	// it; without it they share DB.
+	Open func(ctx context.Context) (*gorm.DB, error)
+	// Features describes what the Store does, for checks whose expectations
+	// depend on it.
+	Features Features
+	// Close releases the harness; it may drop the Store's table.
+	Close func() error
+}
+
+// Features is plain data about a Store.
+type Features struct {
+	// ExpiryCountsRows is true if Maintain reports the exact number of rows
+	// it removed (a batched DELETE); false if it may report -1 (a dropped
+	// partition).
+	ExpiryCountsRows bool
+}
+
+// HarnessMaker returns a fresh harness. It is called once per check.
+type HarnessMaker func(ctx context.Context) (*Harness, error)
+
+// Check is one named property of a Store.
+type Check struct {
+	Area string
+	Name string
+	// What it proves, in one sentence.
+	Doc string
+	// Unmigrated checks start before the Store's Migrate has run.
+	Unmigrated bool
+	Run        func(ctx context.Context, env *Env) error
+}
+
+// ID returns "area/name", the stable name of the check.
+func (c Check) ID() string { return c.Area + "/" + c.Name }
+
+// Checks returns every check in its fixed order.
+func Checks() []Check {
+	var all []Check
+	for _, area := range [][]Check{schemaChecks, atomicityChecks, scopeChecks, idChecks, concurrencyChecks, batchChecks, retentionChecks} {
+		all = append(all, area...)
+	}
+	return all
+}
+
+// CheckTimeout bounds one check.
+var CheckTimeout = 3 * time.Minute
+
+// Run runs every check as a subtest named by its ID, each with a fresh
+// harness.
+func Run(t *testing.T, newHarness HarnessMaker) {
+	t.Helper()
+	for _, c := range Checks() {
+		t.Run(c.ID(), func(t *testing.T) {
+			if err := RunCheck(t.Context(), newHarness, c); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+// RunCheck runs one check with a fresh harness and returns what the check
+// found wrong, or nil.
+func RunCheck(ctx context.Context, newHarness HarnessMaker, c Check) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, CheckTimeout)
+	defer cancel()
+	h, err := newHarness(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: harness: %w", c.ID(), err)
+	}
+	defer func() {
+		if h.Close != nil {
+			if cerr := h.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("%s: closing harness: %w", c.ID(), cerr)
+			}
+		}
+	}()
+	env, err := newEnv(ctx, h, !c.Unmigrated)
+	if err != nil {
+		return fmt.Errorf("%s: setup: %w", c.ID(), err)
+	}
+	defer env.dropEffects()
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s: panicked: %v", c.ID(), r)
+		}
+	}()
+	if err := c.Run(ctx, env); err != nil {
+		return fmt.Errorf("%s: %w", c.ID(), err)
+	}
+	return nil
+}
+
+// Env is what a check works with: the harness, a controllable clock, and a
+// scratch table of business effects whose rows are counted to tell how often
+// an effect was applied.
+type Env struct {
+	H     *Harness
+	Clock *Clock
+	// Today is the clock's day when the check started.
+	Today time.Time
+
+	effects string
+}
+
+// Retention and preparation windows the suite's inboxes use.
+const (
+	RetentionDays = 3
+	PrepareDays   = 2
+)
+
+func newEnv(ctx context.Context, h *Harness, migrate bool) (*Env, error) {
+	if h == nil || h.DB == nil || h.Store == nil {
+		return nil, errors.New("harness without DB or Store")
+	}
+	now := time.Now().UTC()
+	env := &Env{H: h, Clock: &Clock{now: now}, Today: inbox.DayOf(now), effects: "conformance_effects_" + randomHex(6)}
+	if err := h.DB.WithContext(ctx).Table(env.effects).Migrator().CreateTable(&effectRow{}); err != nil {
+		return nil, fmt.Errorf("create effects table %s: %w", env.effects, err)
+	}
+	if !migrate {
+		return env, nil
+	}
+	if err := h.Store.Migrate(ctx, h.DB.WithContext(ctx)); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	return env, nil
+}
+
+func (env *Env) dropEffects() {
+	_ = env.H.DB.Migrator().DropTable(env.effects)
+}
+
+// effectRow is one application of a business effect. Label is a hash of the
+// consumer and event id, so counting does not depend on the database's
+// collation of the ids themselves.
+type effectRow struct {
+	ID    uint64 `gorm:"primaryKey;autoIncrement"`
+	Label string `gorm:"size:64;not null;index"`
+}
+
+func label(consumer, id string) string {
+	sum := sha256.Sum256([]byte(consumer + "\x00" + id))
+	return hex.EncodeToString(sum[:])
+}
+
+// Inbox returns an inbox over the harness with the suite's windows and the
+// env's clock; cfg adjusts it.
+func (env *Env) Inbox(adjust ...func(*inbox.Config)) *inbox.Inbox {
+	cfg := inbox.Config{
+		RetentionDays: RetentionDays,
+		PrepareDays:   PrepareDays,
+		TxOptions:     env.H.TxOptions,
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MinBackoff:    time.Millisecond,
+		MaxBackoff:    50 * time.Millisecond,
+		MaxAttempts:   30,
+		Now:           env.Clock.Now,
+	}
+	for _, f := range adjust {
+		f(&cfg)
+	}
+	ib, err := inbox.New(env.H.DB, env.H.Store, cfg)
+	if err != nil {
+		panic(err) // the suite's own configuration is valid
+	}
+	return ib
+}
+
+// Apply is the suite's business effect: it records one application of the
+// message's effect through tx.
+func (env *Env) Apply(ctx context.Context, tx *gorm.DB, msg inbox.Message) error {
+	return tx.WithContext(ctx).Table(env.effects).Create(&effectRow{Label: label(msg.Consumer, msg.ID)}).Error
+}
+
+// Effects counts how often msg's effect was applied and committed.
+func (env *Env) Effects(ctx context.Context, msg inbox.Message) (int64, error) {
+	var n int64
+	err := env.H.DB.WithContext(ctx).Table(env.effects).Where("label = ?", label(msg.Consumer, msg.ID)).Count(&n).Error
+	return n, err
+}
+
+// TotalEffects counts all committed effects.
+func (env *Env) TotalEffects(ctx context.Context) (int64, error) {
+	var n int64
+	err := env.H.DB.WithContext(ctx).Table(env.effects).Count(&n).Error
+	return n, err
+}
+
+// Stored reports whether msg's inbox row is stored, by claiming it in a
+// transaction that is always rolled back.
+func (env *Env) Stored(ctx context.Context, msg inbox.Message) (bool, error) {
+	var inserted []bool
+	errRollback := errors.New("probe rolls back")
+	err := env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var err error
+		inserted, err = env.H.Store.Claim(ctx, tx, []inbox.Row{msg.Row()})
+		if err != nil {
+			return err
+		}
+		return errRollback
+	}, env.H.TxOptions)
+	if !errors.Is(err, errRollback) {
+		return false, fmt.Errorf("probing the inbox row of %q: %w", msg.ID, err)
+	}
+	if len(inserted) != 1 {
+		return false, fmt.Errorf("probing the inbox row of %q: Claim answered %d values for 1 row", msg.ID, len(inserted))
+	}
+	return !inserted[0], nil
+}
+
+// Msg builds a message for the default consumer on the env's current day.
+func (env *Env) Msg(id string) inbox.Message {
+	return inbox.Message{Consumer: "conformance", ID: id, Time: env.Clock.Now()}
+}
+
+// MsgOn builds a message whose event time is at noon of today+days.
+func (env *Env) MsgOn(id string, days int) inbox.Message {
+	return inbox.Message{Consumer: "conformance", ID: id, Time: env.Today.AddDate(0, 0, days).Add(12 * time.Hour)}
+}
+
+// expect helpers: each returns an error describing the mismatch.
+
+func (env *Env) expectEffects(ctx context.Context, msg inbox.Message, want int64) error {
+	got, err := env.Effects(ctx, msg)
+	if err != nil {
+		return fmt.Errorf("counting effects: %w", err)
+	}
+	if got != want {
+		return fmt.Errorf("event %q of %q: effect applied %d times, want %d", msg.ID, msg.Consumer, got, want)
+	}
+	return nil
+}
+
+func (env *Env) expectStored(ctx context.Context, msg inbox.Message, want bool) error {
+	got, err := env.Stored(ctx, msg)
+	if err != nil {
+		return err
+	}
+	if got != want {
+		if want {
+			return fmt.Errorf("event %q of %q: inbox row missing", msg.ID, msg.Consumer)
+		}
+		return fmt.Errorf("event %q of %q: inbox row present, want none", msg.ID, msg.Consumer)
+	}
+	return nil
+}
+
+func expectOutcome(what string, got inbox.Outcome, err error, want inbox.Outcome) error {
+	if err != nil {
+		return fmt.Errorf("%s: unexpected error: %w", what, err)
+	}
+	if got != want {
+		return fmt.Errorf("%s: outcome %v, want %v", what, got, want)
+	}
+	return nil
+}
+
+// Clock is a settable clock for the suite's inboxes.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// AddDays moves the clock by n days.
+func (c *Clock) AddDays(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.AddDate(0, 0, n)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// RandomSuffix returns a random lower-case hex string, for harnesses that
+// need unique table or schema names.
+func RandomSuffix() string { return randomHex(6) }

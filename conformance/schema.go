@@ -1,0 +1,131 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+type gormDB = gorm.DB
+
+var schemaChecks = []Check{
+	{Area: "schema", Name: "migrate-is-idempotent",
+		Doc: "Migrate run again on a migrated database succeeds and keeps the rows",
+		Run: func(ctx context.Context, env *Env) error {
+			ib := env.Inbox()
+			msg := env.Msg("migrate-1")
+			if out, err := ib.Process(ctx, msg, env.Apply); err != nil || out != inbox.Processed {
+				return fmt.Errorf("first delivery: %v %v", out, err)
+			}
+			for range 2 {
+				if err := env.H.Store.Migrate(ctx, env.H.DB.WithContext(ctx)); err != nil {
+					return fmt.Errorf("second Migrate: %w", err)
+				}
+			}
+			out, err := ib.Process(ctx, msg, env.Apply)
+			return expectOutcome("redelivery after re-migration", out, err, inbox.Duplicate)
+		}},
+	{Area: "schema", Name: "migrate-concurrently",
+		Doc:        "several processes running Migrate at once on a fresh database all succeed",
+		Unmigrated: true,
+		Run: func(ctx context.Context, env *Env) error {
+			const n = 4
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					db := env.H.DB
+					if env.H.Open != nil {
+						other, err := env.H.Open(ctx)
+						if err != nil {
+							errs[i] = fmt.Errorf("open: %w", err)
+							return
+						}
+						defer closeDB(other)
+						db = other
+					}
+					errs[i] = env.H.Store.Migrate(ctx, db.WithContext(ctx))
+				})
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				return fmt.Errorf("concurrent Migrate: %w", err)
+			}
+			out, err := env.Inbox().Process(ctx, env.Msg("concurrent-migrate-1"), env.Apply)
+			return expectOutcome("delivery after concurrent migration", out, err, inbox.Processed)
+		}},
+	{Area: "schema", Name: "table-is-transactional",
+		Doc: "a claim in a rolled-back transaction leaves no row, a committed one does; a Store that can check its settings finds them safe",
+		Run: func(ctx context.Context, env *Env) error {
+			msg := env.Msg("tx-1")
+			for _, commit := range []bool{false, true} {
+				errRollback := errors.New("roll back")
+				err := env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+					inserted, err := env.H.Store.Claim(ctx, tx, []inbox.Row{msg.Row()})
+					if err != nil {
+						return err
+					}
+					if !slices.Equal(inserted, []bool{true}) {
+						return fmt.Errorf("claim of a new row answered %v", inserted)
+					}
+					if commit {
+						return nil
+					}
+					return errRollback
+				}, env.H.TxOptions)
+				if err != nil && !errors.Is(err, errRollback) {
+					return err
+				}
+				if err := env.expectStored(ctx, msg, commit); err != nil {
+					return fmt.Errorf("after commit=%v: %w", commit, err)
+				}
+			}
+			if v, ok := env.H.Store.(inbox.Verifier); ok {
+				if err := v.Verify(ctx, env.H.DB); err != nil {
+					return fmt.Errorf("Verify on the harness database: %w", err)
+				}
+			}
+			return nil
+		}},
+	{Area: "schema", Name: "claim-answers-each-row",
+		Doc: "one multi-row Claim answers, row by row and in order, which rows are new",
+		Run: func(ctx context.Context, env *Env) error {
+			m := func(id string) inbox.Row { return env.Msg(id).Row() }
+			steps := []struct {
+				rows []inbox.Row
+				want []bool
+			}{
+				{[]inbox.Row{m("c-a"), m("c-b"), m("c-c")}, []bool{true, true, true}},
+				{[]inbox.Row{m("c-d"), m("c-b"), m("c-e"), m("c-a")}, []bool{true, false, true, false}},
+				{[]inbox.Row{m("c-e")}, []bool{false}},
+			}
+			for i, s := range steps {
+				err := env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+					got, err := env.H.Store.Claim(ctx, tx, s.rows)
+					if err != nil {
+						return err
+					}
+					if !slices.Equal(got, s.want) {
+						return fmt.Errorf("Claim answered %v, want %v", got, s.want)
+					}
+					return nil
+				}, env.H.TxOptions)
+				if err != nil {
+					return fmt.Errorf("step %d: %w", i+1, err)
+				}
+			}
+			return nil
+		}},
+}
+
+func closeDB(db *gorm.DB) {
+	if sqlDB, err := db.DB(); err == nil {
+		_ = sqlDB.Close()
+	}
+}
