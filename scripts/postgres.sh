@@ -66,7 +66,6 @@ has_server_bins() {
 find_bindir() {
 	local d p
 	if [[ -n ${PG_BINDIR:-} ]]; then
-		has_server_bins "$PG_BINDIR" || die "PG_BINDIR=$PG_BINDIR lacks initdb/pg_ctl/postgres"
 		echo "$PG_BINDIR"
 		return 0
 	fi
@@ -193,6 +192,9 @@ cmd_start() {
 	((${#dir} <= 85)) || die "DIR path too long for a unix socket (${#dir} > 85 chars): $dir"
 	: >"$dir/$MARKER"
 
+	if [[ -n ${PG_BINDIR:-} ]] && ! has_server_bins "$PG_BINDIR"; then
+		die "PG_BINDIR=$PG_BINDIR lacks initdb/pg_ctl/postgres"
+	fi
 	if ! bindir=$(find_bindir); then
 		apt_install "$dir/apt.log" postgresql
 		# The package creates and starts a "main" cluster on 5432; we don't need it.

@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# Throwaway MariaDB server on loopback, for the test suite.
+#
+# Usage:
+#   scripts/mariadb.sh start DIR   # create DIR (absent or empty), init + start a server in it
+#   scripts/mariadb.sh stop DIR    # stop that server and remove DIR (no-op if DIR is missing)
+#
+# start writes the DSN (go-sql-driver/mysql form) to DIR/dsn and prints it on stdout:
+#   inbox:inbox@tcp(127.0.0.1:PORT)/inbox_test?parseTime=true&loc=UTC
+# Everything else goes to stderr; the server log is DIR/err.log, the socket DIR/sock.
+# The server listens on 127.0.0.1 only (free port picked at random). Users: inbox/inbox
+# @127.0.0.1 and @localhost with ALL ON *.* WITH GRANT OPTION; root@localhost has no
+# password (socket: mariadb --socket=DIR/sock -uroot). Missing binaries are installed
+# with `apt-get install mariadb-server` (needs root or passwordless sudo); a system
+# service the package starts is stopped again.
+# Env: MARIADB_START_TIMEOUT (seconds, default 90).
+set -euo pipefail
+
+readonly MARKER=.inbox-mariadb
+readonly DBNAME=inbox_test
+readonly START_TIMEOUT=${MARIADB_START_TIMEOUT:-90}
+readonly APT_LOCK=/tmp/inbox-scripts-apt.lock
+
+log() { printf 'mariadb.sh: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+usage() {
+	echo "usage: $0 start|stop DIR" >&2
+	exit 2
+}
+
+as_root() {
+	if [[ $EUID -eq 0 ]]; then
+		"$@"
+	elif command -v sudo >/dev/null 2>&1; then
+		sudo -n "$@"
+	else
+		die "need root (or sudo) to run: $*"
+	fi
+}
+
+# apt_install LOGFILE PKG...: serialised (flock) so parallel scripts don't fight over dpkg.
+apt_install() {
+	local logfile=$1
+	shift
+	command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install $* by hand"
+	log "installing $* with apt-get (log: $logfile)"
+	if ! (
+		flock -w 900 9 || exit 1
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 update &&
+			as_root env DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 \
+				-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+				--no-install-recommends install "$@"
+	) 9>"$APT_LOCK" >"$logfile" 2>&1; then
+		tail -n 30 "$logfile" >&2 || true
+		die "apt-get install $* failed"
+	fi
+}
+
+# find_bin NAME...: first of NAME... found on PATH or in the usual sbin dirs.
+find_bin() {
+	local name d
+	for name in "$@"; do
+		if command -v "$name" >/dev/null 2>&1; then
+			command -v "$name"
+			return 0
+		fi
+		for d in /usr/sbin /usr/local/sbin /usr/local/mysql/bin /usr/libexec; do
+			if [[ -x $d/$name ]]; then
+				echo "$d/$name"
+				return 0
+			fi
+		done
+	done
+	return 1
+}
+
+MYSQLD='' INSTALL_DB='' ADMIN='' CLIENT=''
+find_bins() {
+	MYSQLD=$(find_bin mariadbd mysqld) &&
+		INSTALL_DB=$(find_bin mariadb-install-db mysql_install_db) &&
+		ADMIN=$(find_bin mariadb-admin mysqladmin) &&
+		CLIENT=$(find_bin mariadb mysql)
+}
+
+# free_port: a currently unused TCP port on 127.0.0.1, below the kernel's ephemeral range.
+free_port() {
+	local p i
+	if command -v python3 >/dev/null 2>&1 && p=$(
+		python3 - 2>/dev/null <<'PY'
+import random, socket
+for _ in range(500):
+    port = random.randint(15000, 32000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+PY
+	) && [[ -n $p ]]; then
+		echo "$p"
+		return 0
+	fi
+	for ((i = 0; i < 500; i++)); do
+		p=$((15000 + RANDOM % 17000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# alive PID: process exists and is not a zombie (PID 1 may not reap in containers).
+alive() {
+	local st
+	kill -0 "$1" 2>/dev/null || return 1
+	st=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+	st=${st##*) }
+	[[ ${st%% *} != Z ]]
+}
+
+# server_pid DIR: pid of a live mariadbd for DIR, if any.
+server_pid() {
+	local f pid comm
+	for f in "$1/mariadb.pid" "$1/launch.pid"; do
+		[[ -f $f ]] || continue
+		read -r pid <"$f" || continue
+		[[ $pid =~ ^[0-9]+$ ]] || continue
+		alive "$pid" || continue
+		comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
+		[[ $comm == mariadbd* || $comm == mysqld* ]] || continue
+		echo "$pid"
+		return 0
+	done
+	return 1
+}
+
+stop_server() {
+	local dir=$1 pid admin i
+	pid=$(server_pid "$dir") || return 0
+	log "stopping server (pid $pid)"
+	if ! { admin=$(find_bin mariadb-admin mysqladmin) &&
+		"$admin" --no-defaults --socket="$dir/sock" -uroot --connect-timeout=5 \
+			--shutdown-timeout=60 shutdown >/dev/null 2>&1; }; then
+		kill -TERM "$pid" 2>/dev/null || true
+	fi
+	for ((i = 0; i < 600; i++)); do
+		alive "$pid" || return 0
+		sleep 0.1
+	done
+	log "server did not stop in 60s; killing it"
+	kill -KILL "$pid" 2>/dev/null || true
+}
+
+cmd_start() {
+	local dir=$1 user port attempt pid dsn t0 i ready
+	local -a user_opt=()
+	t0=$(date +%s.%N)
+	if [[ -e $dir && -n $(ls -A -- "$dir") ]]; then
+		die "$dir exists and is not empty"
+	fi
+	mkdir -p -- "$dir"
+	dir=$(cd -- "$dir" && pwd -P)
+	[[ $dir != *[[:space:]]* ]] || die "DIR must not contain spaces: $dir"
+	((${#dir} <= 95)) || die "DIR path too long for a unix socket (${#dir} > 95 chars): $dir"
+	: >"$dir/$MARKER"
+
+	if ! find_bins; then
+		apt_install "$dir/apt.log" mariadb-server
+		# The package may start a system server on 3306; we run our own, so stop it.
+		if command -v service >/dev/null 2>&1; then
+			as_root service mariadb stop >/dev/null 2>&1 || true
+		fi
+		find_bins || die "MariaDB binaries still not found after apt-get install"
+	fi
+	log "using $("$MYSQLD" --version) ($MYSQLD)"
+
+	# Run the server as `mysql` when root and that user can use DIR, else as ourselves.
+	user=$(id -un)
+	if [[ $EUID -eq 0 ]] && id mysql >/dev/null 2>&1; then
+		chown mysql: "$dir"
+		chmod 0755 "$dir"
+		if runuser -u mysql -- test -w "$dir" 2>/dev/null; then
+			user=mysql
+		else
+			log "user mysql cannot write $dir (parent not traversable); running the server as root"
+			chown root: "$dir"
+		fi
+	fi
+
+	if [[ $EUID -eq 0 ]]; then
+		user_opt=(--user="$user")
+	fi
+
+	# From here on, a failure stops whatever got started but keeps DIR for its logs.
+	START_DIR=$dir
+	trap 'stop_server "$START_DIR"; log "start failed; logs kept in $START_DIR (run: $0 stop $START_DIR)"' EXIT
+
+	if ! "$INSTALL_DB" --no-defaults --datadir="$dir/data" "${user_opt[@]}" \
+		--auth-root-authentication-method=normal --skip-test-db \
+		--skip-name-resolve >"$dir/install-db.log" 2>&1; then
+		tail -n 30 "$dir/install-db.log" >&2 || true
+		die "$(basename "$INSTALL_DB") failed"
+	fi
+
+	for attempt in 1 2 3; do
+		port=$(free_port) || die "no free TCP port found"
+		rm -f -- "$dir/err.log" "$dir/mariadb.pid" "$dir/launch.pid"
+		nohup "$MYSQLD" --no-defaults "${user_opt[@]}" \
+			--datadir="$dir/data" --socket="$dir/sock" --port="$port" --bind-address=127.0.0.1 \
+			--pid-file="$dir/mariadb.pid" --log-error="$dir/err.log" --skip-name-resolve \
+			--innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=1 \
+			--max-connections=300 --default-storage-engine=InnoDB \
+			--character-set-server=utf8mb4 \
+			</dev/null >>"$dir/stdout.log" 2>&1 &
+		pid=$!
+		echo "$pid" >"$dir/launch.pid"
+		ready=0
+		for ((i = 0; i < START_TIMEOUT * 5; i++)); do
+			if ! alive "$pid"; then
+				break
+			fi
+			if "$ADMIN" --no-defaults --socket="$dir/sock" -uroot --connect-timeout=2 ping \
+				>/dev/null 2>&1; then
+				ready=1
+				break
+			fi
+			sleep 0.2
+		done
+		((ready)) && break
+		if ! alive "$pid" && grep -qE 'Address already in use|Do you already have another' \
+			"$dir/err.log" 2>/dev/null && ((attempt < 3)); then
+			log "port $port was taken meanwhile; retrying with another"
+			continue
+		fi
+		tail -n 30 "$dir/err.log" "$dir/stdout.log" >&2 || true
+		if alive "$pid"; then
+			die "server not ready after ${START_TIMEOUT}s"
+		fi
+		die "server exited during startup"
+	done
+
+	if ! "$CLIENT" --no-defaults --socket="$dir/sock" -uroot >"$dir/setup.log" 2>&1 <<EOF; then
+CREATE DATABASE IF NOT EXISTS $DBNAME CHARACTER SET utf8mb4;
+CREATE USER 'inbox'@'127.0.0.1' IDENTIFIED BY 'inbox';
+CREATE USER 'inbox'@'localhost' IDENTIFIED BY 'inbox';
+GRANT ALL PRIVILEGES ON *.* TO 'inbox'@'127.0.0.1' WITH GRANT OPTION;
+GRANT ALL PRIVILEGES ON *.* TO 'inbox'@'localhost' WITH GRANT OPTION;
+-- drop the root@<hostname> entries (ignored, and warned about, under --skip-name-resolve)
+DELETE FROM mysql.global_priv WHERE Host NOT IN ('localhost', '127.0.0.1', '::1');
+DELETE FROM mysql.proxies_priv WHERE Host NOT IN ('localhost', '127.0.0.1', '::1');
+FLUSH PRIVILEGES;
+EOF
+		tail -n 30 "$dir/setup.log" "$dir/err.log" >&2 || true
+		die "could not create database/user"
+	fi
+
+	dsn="inbox:inbox@tcp(127.0.0.1:$port)/$DBNAME?parseTime=true&loc=UTC"
+	printf '%s\n' "$dsn" >"$dir/dsn"
+	trap - EXIT
+	log "ready on 127.0.0.1:$port in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1fs", b-a}')"
+	printf '%s\n' "$dsn"
+}
+
+cmd_stop() {
+	local dir=$1
+	if [[ ! -e $dir ]]; then
+		return 0
+	fi
+	dir=$(cd -- "$dir" && pwd -P)
+	[[ -f $dir/$MARKER ]] || die "$dir was not created by mariadb.sh (no $MARKER); not touching it"
+	stop_server "$dir"
+	rm -rf -- "$dir"
+}
+
+[[ $# -eq 2 && -n $2 ]] || usage
+case $1 in
+start) cmd_start "$2" ;;
+stop) cmd_stop "$2" ;;
+*) usage ;;
+esac

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Run a command with throwaway test services on loopback.
+#
+# Usage:
+#   scripts/with-services.sh [--postgres] [--mariadb] [--kafka] -- CMD [ARGS...]
+#
+# Each requested service whose variable is unset or empty is started (in parallel) in a
+# fresh temp dir, and the variable is exported for CMD:
+#   --postgres  INBOX_POSTGRES_DSN   via scripts/postgres.sh (DIR/dsn)
+#   --mariadb   INBOX_MYSQL_DSN      via scripts/mariadb.sh  (DIR/dsn)
+#   --kafka     INBOX_KAFKA_BROKERS  via scripts/kafka.sh    (DIR/brokers, host:port)
+# Everything it started is stopped again on exit (also on failure, INT and TERM), and it
+# exits with CMD's status. If a service fails to start, its log tail is printed, CMD is
+# not run and the exit status is 1. Progress goes to stderr, prefixed "with-services:".
+set -euo pipefail
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+readonly SCRIPT_DIR
+
+declare -A SCRIPT=([postgres]=postgres.sh [mariadb]=mariadb.sh [kafka]=kafka.sh)
+declare -A VAR=([postgres]=INBOX_POSTGRES_DSN [mariadb]=INBOX_MYSQL_DSN [kafka]=INBOX_KAFKA_BROKERS)
+declare -A OUTFILE=([postgres]=dsn [mariadb]=dsn [kafka]=brokers)
+
+log() { printf 'with-services: %s\n' "$*" >&2; }
+usage() {
+	echo "usage: $0 [--postgres] [--mariadb] [--kafka] -- CMD [ARGS...]" >&2
+	exit 2
+}
+
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1fs", b-a}'; }
+
+wanted=()
+while (($#)); do
+	case $1 in
+	--postgres) wanted+=(postgres) ;;
+	--mariadb | --mysql) wanted+=(mariadb) ;;
+	--kafka) wanted+=(kafka) ;;
+	--)
+		shift
+		break
+		;;
+	-h | --help) usage ;;
+	*)
+		log "unknown argument: $1"
+		usage
+		;;
+	esac
+	shift
+done
+(($#)) || usage
+
+# run_script SERVICE start|stop DIR
+run_script() {
+	local script=$SCRIPT_DIR/${SCRIPT[$1]}
+	if [[ -x $script ]]; then
+		"$script" "$2" "$3"
+	else
+		bash "$script" "$2" "$3"
+	fi
+}
+
+WORK=''
+STARTED=()
+declare -A PIDS=()
+
+# shellcheck disable=SC2317 # invoked via trap
+cleanup() {
+	set +e
+	local s pids=()
+	((${#STARTED[@]})) || return 0
+	# Let in-flight starts finish first, so that stop sees what they created.
+	for s in "${STARTED[@]}"; do
+		wait "${PIDS[$s]}" 2>/dev/null
+	done
+	for s in "${STARTED[@]}"; do
+		log "stopping $s"
+		run_script "$s" stop "$WORK/$s" >>"$WORK/$s.stop.log" 2>&1 &
+		pids+=("$!")
+	done
+	local failed=0 i
+	for i in "${!pids[@]}"; do
+		if ! wait "${pids[$i]}"; then
+			failed=1
+			log "stopping ${STARTED[$i]} failed:"
+			tail -n 20 "$WORK/${STARTED[$i]}.stop.log" >&2
+		fi
+	done
+	if ((failed)); then
+		log "leaving $WORK behind"
+	else
+		rm -rf -- "$WORK"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+to_start=()
+for s in "${wanted[@]}"; do
+	var=${VAR[$s]}
+	if [[ -n ${!var:-} ]]; then
+		log "$var is already set; not starting $s"
+	elif [[ ! -f $SCRIPT_DIR/${SCRIPT[$s]} ]]; then
+		log "cannot start $s: $SCRIPT_DIR/${SCRIPT[$s]} does not exist"
+		exit 1
+	elif [[ " ${to_start[*]} " != *" $s "* ]]; then
+		to_start+=("$s")
+	fi
+done
+
+if ((${#to_start[@]})); then
+	# Short base path: the services put unix sockets in their dirs (108-byte limit).
+	base=${TMPDIR:-/tmp}
+	((${#base} <= 40)) || base=/tmp
+	WORK=$(mktemp -d "$base/inbox-services.XXXXXX")
+	# Servers run as their own system users (postgres, mysql) and must reach their dirs.
+	chmod 0711 "$WORK"
+	t0=$(now)
+	for s in "${to_start[@]}"; do
+		log "starting $s in $WORK/$s"
+		run_script "$s" start "$WORK/$s" >"$WORK/$s.out" 2>"$WORK/$s.log" &
+		PIDS[$s]=$!
+		STARTED+=("$s")
+	done
+	failed=()
+	for s in "${to_start[@]}"; do
+		if wait "${PIDS[$s]}" && [[ -s $WORK/$s/${OUTFILE[$s]} ]]; then
+			value=$(<"$WORK/$s/${OUTFILE[$s]}")
+			export "${VAR[$s]}=$value"
+			log "$s ready after $(since "$t0"): ${VAR[$s]}=$value"
+		else
+			failed+=("$s")
+		fi
+	done
+	for s in "${failed[@]}"; do
+		log "$s failed to start; last lines of its log:"
+		tail -n 40 "$WORK/$s.log" | sed "s/^/with-services: [$s] /" >&2
+	done
+	((${#failed[@]} == 0)) || exit 1
+	log "all services up after $(since "$t0")"
+fi
+
+log "running: $*"
+set +e
+"$@"
+status=$?
+set -e
+((${#STARTED[@]} == 0)) || log "command exited with status $status"
+exit "$status"
