@@ -1,0 +1,165 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"gorm.io/gorm"
+)
+
+// columns are the inbox table's columns in table order; moves between
+// partitions name them explicitly.
+const columns = `consumer, event_id, day, event_time, topic, partition_no, offset_no, processed_at`
+
+func (s *Store) createStatements() []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + s.parent() + ` (
+			consumer     text COLLATE "C" NOT NULL,
+			event_id     text COLLATE "C" NOT NULL,
+			day          date        NOT NULL,
+			event_time   timestamptz NOT NULL,
+			topic        text        NOT NULL DEFAULT '',
+			partition_no integer     NOT NULL DEFAULT 0,
+			offset_no    bigint      NOT NULL DEFAULT 0,
+			processed_at timestamptz NOT NULL DEFAULT now(),
+			CONSTRAINT ` + quoteIdent(s.table+"_pkey") + ` PRIMARY KEY (consumer, event_id, day)
+		) PARTITION BY RANGE (day)`,
+		`CREATE TABLE IF NOT EXISTS ` + s.qualified(s.defaultPartition()) + ` PARTITION OF ` + s.parent() + ` DEFAULT`,
+		// Maintenance finds the rows of one day in the DEFAULT partition
+		// through this index; day partitions need none.
+		`CREATE INDEX IF NOT EXISTS ` + quoteIdent(s.table+"_dday") + ` ON ` + s.qualified(s.defaultPartition()) + ` (day)`,
+	}
+}
+
+// Migrate creates the schema if it is missing, the partitioned inbox table and
+// its DEFAULT partition, in one transaction under the store's advisory lock,
+// and then checks that an existing table has the expected layout. Day
+// partitions are made by Maintain; until then rows go to the DEFAULT
+// partition.
+func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := s.lock(tx); err != nil {
+			return err
+		}
+		var exists bool
+		if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = ?)`, s.schema).Scan(&exists).Error; err != nil {
+			return fmt.Errorf("postgres: look up schema %s: %w", s.schema, err)
+		}
+		if !exists {
+			if err := tx.Exec(`CREATE SCHEMA ` + quoteIdent(s.schema)).Error; err != nil {
+				return fmt.Errorf("postgres: create schema %s: %w", s.schema, err)
+			}
+		}
+		for _, q := range s.createStatements() {
+			if err := tx.Exec(q).Error; err != nil {
+				return fmt.Errorf("postgres: migrate %s: %w", s.parent(), err)
+			}
+		}
+		return nil
+	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return err
+	}
+	return s.checkLayout(ctx, db.WithContext(ctx))
+}
+
+// checkLayout reports how the existing inbox table differs from what the
+// store relies on: a table partitioned by RANGE on a date column day, with
+// a DEFAULT partition and the key (consumer, event_id, day), whose id
+// columns compare byte for byte.
+func (s *Store) checkLayout(ctx context.Context, db *gorm.DB) error {
+	var layout struct {
+		Found         bool
+		Strategy      string
+		KeyColumns    string
+		DayType       string
+		DefaultName   string
+		PrimaryKey    string
+		Deterministic bool
+	}
+	err := db.WithContext(ctx).Raw(`
+		SELECT true AS found,
+		       COALESCE(pt.partstrat::text, '') AS strategy,
+		       COALESCE((SELECT string_agg(a.attname, ',' ORDER BY k.ord)
+		                   FROM unnest(pt.partattrs::int2[]) WITH ORDINALITY AS k(attnum, ord)
+		                   JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum), '') AS key_columns,
+		       COALESCE((SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+		                  WHERE a.attrelid = c.oid AND a.attname = 'day' AND NOT a.attisdropped), '') AS day_type,
+		       COALESCE((SELECT d.relname FROM pg_class d WHERE d.oid = pt.partdefid), '') AS default_name,
+		       COALESCE((SELECT string_agg(a.attname, ',' ORDER BY k.ord)
+		                   FROM pg_constraint con,
+		                        unnest(con.conkey) WITH ORDINALITY AS k(attnum, ord)
+		                   JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
+		                  WHERE con.conrelid = c.oid AND con.contype = 'p'), '') AS primary_key,
+		       COALESCE((SELECT bool_and(coll.collisdeterministic) FROM pg_attribute a
+		                   JOIN pg_collation coll ON coll.oid = a.attcollation
+		                  WHERE a.attrelid = c.oid AND a.attname IN ('consumer', 'event_id')), false) AS deterministic
+		  FROM pg_class c
+		  JOIN pg_namespace n ON n.oid = c.relnamespace
+		  LEFT JOIN pg_partitioned_table pt ON pt.partrelid = c.oid
+		 WHERE n.nspname = ? AND c.relname = ?`, s.schema, s.table).Scan(&layout).Error
+	if err != nil {
+		return fmt.Errorf("postgres: read the layout of %s: %w", s.parent(), err)
+	}
+	if !layout.Found {
+		return fmt.Errorf("postgres: inbox table %s does not exist; run Migrate", s.parent())
+	}
+	var problems []string
+	if layout.Strategy != "r" || layout.KeyColumns != "day" {
+		problems = append(problems, fmt.Sprintf("not partitioned by RANGE (day) (strategy %q, key %q)", layout.Strategy, layout.KeyColumns))
+	}
+	if layout.DayType != "date" {
+		problems = append(problems, fmt.Sprintf("column day has type %q, want date", layout.DayType))
+	}
+	if layout.DefaultName != s.defaultPartition() {
+		problems = append(problems, fmt.Sprintf("DEFAULT partition is %q, want %q (rows of days without a partition would fail)", layout.DefaultName, s.defaultPartition()))
+	}
+	if layout.PrimaryKey != "consumer,event_id,day" {
+		problems = append(problems, fmt.Sprintf("primary key is (%s), want (consumer,event_id,day)", layout.PrimaryKey))
+	}
+	if !layout.Deterministic {
+		problems = append(problems, "consumer or event_id has a nondeterministic collation: ids differing in case or form could collide")
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("postgres: inbox table %s has an unexpected layout: %s", s.parent(), strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// Verify checks the inbox table's layout (see Migrate) and the server
+// settings that durability of committed inbox rows rests on: fsync and
+// full_page_writes on, synchronous_commit not off. With synchronous_commit
+// off a crash can lose transactions that were reported committed, after the
+// consumer committed their broker offsets: those messages would be lost.
+func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
+	db = db.WithContext(ctx)
+	var problems []error
+	if err := s.checkLayout(ctx, db); err != nil {
+		problems = append(problems, err)
+	}
+	var set struct {
+		Fsync             string
+		FullPageWrites    string
+		SynchronousCommit string
+	}
+	if err := db.Raw(`SELECT current_setting('fsync') AS fsync, current_setting('full_page_writes') AS full_page_writes,
+		current_setting('synchronous_commit') AS synchronous_commit`).Scan(&set).Error; err != nil {
+		return fmt.Errorf("postgres: read settings: %w", err)
+	}
+	if set.Fsync != "on" {
+		problems = append(problems, fmt.Errorf("fsync is %q: a crash can corrupt or lose committed inbox rows", set.Fsync))
+	}
+	if set.FullPageWrites != "on" {
+		problems = append(problems, fmt.Errorf("full_page_writes is %q: a crash can corrupt pages", set.FullPageWrites))
+	}
+	if set.SynchronousCommit == "off" {
+		problems = append(problems, errors.New("synchronous_commit is off: a crash can lose committed transactions whose offsets were already committed"))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("postgres: unsafe settings: %w", errors.Join(problems...))
+	}
+	return nil
+}

@@ -1,0 +1,79 @@
+package postgres
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// partitionName returns the name of day's partition of table:
+// <table>_pYYYYMMDD.
+func partitionName(table string, day time.Time) string {
+	return table + "_p" + day.UTC().Format("20060102")
+}
+
+// parsePartitionName returns the day of a partition named by partitionName
+// for table, and false for any other name.
+func parsePartitionName(table, name string) (time.Time, bool) {
+	rest, ok := strings.CutPrefix(name, table+"_p")
+	if !ok || len(rest) != len("20060102") {
+		return time.Time{}, false
+	}
+	d, err := time.Parse("20060102", rest)
+	if err != nil || d.Format("20060102") != rest {
+		return time.Time{}, false
+	}
+	return d, true
+}
+
+// bounds returns the FOR VALUES clause of day's partition.
+func bounds(day time.Time) string {
+	return fmt.Sprintf(`FOR VALUES FROM ('%s') TO ('%s')`, dayText(day), dayText(day.AddDate(0, 0, 1)))
+}
+
+// maintenanceOps is what one Maintain call has to do, derived from the plan
+// and the partitions that exist.
+type maintenanceOps struct {
+	create []time.Time // days to give a partition, ascending
+	drop   []time.Time // day partitions to drop, ascending
+	purge  []time.Time // expired days with rows in the DEFAULT partition, ascending
+}
+
+// planOps decides which day partitions to create (the plan's days from Today
+// through PrepareThrough that have none and are not expired) and which to
+// drop (those of days before ExpireBefore). defaultExpired are the expired
+// days that have rows in the DEFAULT partition.
+func planOps(plan inbox.MaintenancePlan, existing, defaultExpired []time.Time) maintenanceOps {
+	var ops maintenanceOps
+	have := make(map[time.Time]bool, len(existing))
+	for _, d := range existing {
+		d = inbox.DayOf(d)
+		have[d] = true
+		if d.Before(inbox.DayOf(plan.ExpireBefore)) {
+			ops.drop = append(ops.drop, d)
+		}
+	}
+	last := inbox.DayOf(plan.PrepareThrough)
+	for d := inbox.DayOf(plan.Today); !d.After(last); d = d.AddDate(0, 0, 1) {
+		if !have[d] && !d.Before(inbox.DayOf(plan.ExpireBefore)) {
+			ops.create = append(ops.create, d)
+		}
+	}
+	for _, d := range defaultExpired {
+		ops.purge = append(ops.purge, inbox.DayOf(d))
+	}
+	for _, s := range [][]time.Time{ops.create, ops.drop, ops.purge} {
+		slices.SortFunc(s, time.Time.Compare)
+	}
+	return ops
+}
+
+// expiredDays is the sorted union of the days whose rows ops removes.
+func (ops maintenanceOps) expiredDays() []time.Time {
+	days := slices.Concat(ops.drop, ops.purge)
+	slices.SortFunc(days, time.Time.Compare)
+	return slices.CompactFunc(days, time.Time.Equal)
+}

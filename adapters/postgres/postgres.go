@@ -1,0 +1,171 @@
+// Package postgres is the inbox Store for PostgreSQL (11 or later; tested on
+// 15) through gorm.io/driver/postgres and pgx.
+//
+// The inbox table is partitioned by RANGE on its day column, one partition per
+// UTC day, named <table>_pYYYYMMDD, plus a DEFAULT partition <table>_default
+// that catches rows of days that have no partition yet (events dated far
+// ahead, late events of past days). Its key is (consumer, event_id, day);
+// consumer and event_id are text with the "C" collation, so ids are compared
+// byte for byte.
+//
+// [Store.Maintain] creates the partitions of the days from plan.Today through
+// plan.PrepareThrough, and expires the days before plan.ExpireBefore by
+// dropping their partitions, at a cost that does not depend on how many rows
+// they hold; rows of expired days that sit in the DEFAULT partition are
+// deleted. When a day gets its partition while the DEFAULT partition holds
+// rows of that day, those rows are moved into it in the same transaction. Each
+// step runs in its own short transaction that takes an ACCESS EXCLUSIVE lock
+// on the inbox table, waiting at most Options.LockTimeout for it (a timeout is
+// retryable and the inbox retries). Migrate and Maintain are serialised
+// across processes with a transaction-level advisory lock.
+//
+// [Store.Claim] never raises a unique violation: it inserts with ON CONFLICT
+// DO NOTHING RETURNING and matches the returned keys. At REPEATABLE READ and
+// SERIALIZABLE a conflict with a row committed after the transaction's
+// snapshot fails with SQLSTATE 40001, which [Store.IsRetryable] reports as
+// transient, so the inbox runs the transaction again and then sees a
+// duplicate.
+//
+// The package name collides with gorm.io/driver/postgres; import it with an
+// alias:
+//
+//	import (
+//		"gorm.io/driver/postgres"
+//		inboxpg "github.com/inboxgo/inbox/adapters/postgres"
+//	)
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// Defaults for Options.
+const (
+	DefaultSchema      = "public"
+	DefaultTable       = "inbox_messages"
+	DefaultLockTimeout = 5 * time.Second
+)
+
+// MaxTableBytes is the longest table name New accepts: a day partition's
+// name, <table>_pYYYYMMDD, must fit PostgreSQL's 63-byte identifiers.
+const MaxTableBytes = 63 - len("_pYYYYMMDD")
+
+// Options configures a Store.
+type Options struct {
+	// Schema holds the inbox table and its partitions. It is created by
+	// Migrate if it does not exist. Default DefaultSchema.
+	Schema string
+	// Table is the inbox table name, at most MaxTableBytes bytes. Names are
+	// used quoted, so they are case sensitive. Default DefaultTable.
+	Table string
+	// LockTimeout bounds how long one maintenance step waits for its lock on
+	// the inbox table; inserts queue behind a waiting step, so keep it short.
+	// A step that times out fails with a retryable error. Default
+	// DefaultLockTimeout.
+	LockTimeout time.Duration
+}
+
+// Store is the PostgreSQL inbox Store. It is safe for concurrent use.
+type Store struct {
+	schema, table string
+	lockTimeout   time.Duration
+	lockKey       int64
+}
+
+// New validates opts and returns a Store. It does not touch the database.
+func New(opts Options) (*Store, error) {
+	if opts.Schema == "" {
+		opts.Schema = DefaultSchema
+	}
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	if err := inbox.ValidateIdentifier("schema name", opts.Schema); err != nil {
+		return nil, err
+	}
+	if err := inbox.ValidateIdentifier("table name", opts.Table); err != nil {
+		return nil, err
+	}
+	if len(opts.Table) > MaxTableBytes {
+		return nil, fmt.Errorf("%w: table name %q is %d bytes; at most %d, so that its day partitions %s_pYYYYMMDD fit PostgreSQL's 63-byte names",
+			inbox.ErrInvalidConfig, opts.Table, len(opts.Table), MaxTableBytes, opts.Table)
+	}
+	if opts.LockTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative lock timeout %v", inbox.ErrInvalidConfig, opts.LockTimeout)
+	}
+	if opts.LockTimeout == 0 {
+		opts.LockTimeout = DefaultLockTimeout
+	}
+	h := fnv.New64a()
+	h.Write([]byte("github.com/inboxgo/inbox/adapters/postgres\x00" + opts.Schema + "\x00" + opts.Table))
+	return &Store{schema: opts.Schema, table: opts.Table, lockTimeout: opts.LockTimeout, lockKey: int64(h.Sum64())}, nil
+}
+
+// Schema returns the schema of the inbox table.
+func (s *Store) Schema() string { return s.schema }
+
+// Table returns the inbox table name.
+func (s *Store) Table() string { return s.table }
+
+// qualified returns the quoted, schema-qualified name of relation rel.
+func (s *Store) qualified(rel string) string { return quoteIdent(s.schema) + "." + quoteIdent(rel) }
+
+// parent is the quoted name of the partitioned inbox table.
+func (s *Store) parent() string { return s.qualified(s.table) }
+
+// defaultPartition is the unquoted name of the DEFAULT partition.
+func (s *Store) defaultPartition() string { return s.table + "_default" }
+
+// quoteIdent quotes a name that inbox.ValidateIdentifier accepted (so it
+// holds no quote).
+func quoteIdent(name string) string { return `"` + name + `"` }
+
+// SQLSTATEs after which the whole transaction can run again.
+const (
+	sqlstateSerializationFailure = "40001"
+	sqlstateDeadlockDetected     = "40P01"
+	sqlstateLockNotAvailable     = "55P03" // lock_timeout, NOWAIT
+)
+
+// IsRetryable reports serialization failures (40001), deadlocks (40P01) and
+// lock timeouts (55P03), by SQLSTATE.
+func (s *Store) IsRetryable(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code {
+	case sqlstateSerializationFailure, sqlstateDeadlockDetected, sqlstateLockNotAvailable:
+		return true
+	}
+	return false
+}
+
+// lock takes the store's advisory lock for the rest of tx, then bounds the
+// wait for every further lock of tx by the lock timeout. The advisory lock
+// itself is waited for without a timeout (but not beyond ctx): it is only
+// held by other Migrate and Maintain calls, never by inbox traffic.
+func (s *Store) lock(tx *gorm.DB) error {
+	if err := tx.Exec(`SELECT pg_advisory_xact_lock(?)`, s.lockKey).Error; err != nil {
+		return fmt.Errorf("postgres: advisory lock for %s: %w", s.parent(), err)
+	}
+	ms := max(s.lockTimeout.Milliseconds(), 1)
+	if err := tx.Exec(fmt.Sprintf(`SET LOCAL lock_timeout = %d`, ms)).Error; err != nil {
+		return fmt.Errorf("postgres: set lock_timeout: %w", err)
+	}
+	return nil
+}
+
+var (
+	_ inbox.Store         = (*Store)(nil)
+	_ inbox.Verifier      = (*Store)(nil)
+	_ inbox.StatsReporter = (*Store)(nil)
+)
