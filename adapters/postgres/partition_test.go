@@ -1,0 +1,138 @@
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+func day(s string) time.Time {
+	d, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
+func days(ss ...string) []time.Time {
+	var out []time.Time
+	for _, s := range ss {
+		out = append(out, day(s))
+	}
+	return out
+}
+
+func TestPartitionName(t *testing.T) {
+	d := time.Date(2026, 3, 9, 23, 59, 0, 0, time.FixedZone("UTC+5", 5*3600)) // 18:59 UTC
+	if got := partitionName("inbox_messages", d); got != "inbox_messages_p20260309" {
+		t.Errorf("partitionName = %q", got)
+	}
+	for _, c := range []struct {
+		name string
+		ok   bool
+		day  string
+	}{
+		{"inbox_messages_p20260309", true, "2026-03-09"},
+		{"inbox_messages_default", false, ""},
+		{"inbox_messages_p2026030", false, ""},
+		{"inbox_messages_p202603090", false, ""},
+		{"inbox_messages_p20261309", false, ""},
+		{"inbox_messages_p2026-3-9", false, ""},
+		{"other_p20260309", false, ""},
+		{"inbox_messages_x_p20260309", false, ""},
+	} {
+		got, ok := parsePartitionName("inbox_messages", c.name)
+		if ok != c.ok || (ok && !got.Equal(day(c.day))) {
+			t.Errorf("parsePartitionName(%q) = %v, %v; want %s, %v", c.name, got, ok, c.day, c.ok)
+		}
+	}
+	if got := bounds(day("2026-12-31")); got != `FOR VALUES FROM ('2026-12-31') TO ('2027-01-01')` {
+		t.Errorf("bounds = %s", got)
+	}
+}
+
+func TestNewValidatesNames(t *testing.T) {
+	longest := strings.Repeat("t", MaxTableBytes)
+	s, err := New(Options{Table: longest})
+	if err != nil {
+		t.Fatalf("table of %d bytes: %v", MaxTableBytes, err)
+	}
+	if n := len(partitionName(s.Table(), day("2026-01-01"))); n != 63 {
+		t.Errorf("longest partition name is %d bytes, want 63", n)
+	}
+	if s.Schema() != DefaultSchema {
+		t.Errorf("default schema %q", s.Schema())
+	}
+	for _, o := range []Options{
+		{Table: longest + "t"},
+		{Table: "inbox-messages"},
+		{Table: `x"; DROP TABLE y; --`},
+		{Schema: "1abc"},
+		{Schema: strings.Repeat("s", 64)},
+		{LockTimeout: -time.Second},
+	} {
+		if _, err := New(o); !errors.Is(err, inbox.ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", o, err)
+		}
+	}
+	a, _ := New(Options{Schema: "a", Table: "b_c"})
+	b, _ := New(Options{Schema: "a_b", Table: "c"})
+	if a.lockKey == b.lockKey {
+		t.Error("different tables share an advisory lock key")
+	}
+}
+
+func TestPlanOps(t *testing.T) {
+	plan := inbox.MaintenancePlan{Today: day("2026-05-10"), PrepareThrough: day("2026-05-12"), ExpireBefore: day("2026-05-06")}
+	ops := planOps(plan,
+		days("2026-05-04", "2026-05-05", "2026-05-06", "2026-05-10", "2026-05-20"),
+		days("2026-05-05", "2026-04-01"))
+	check := func(what string, got, want []time.Time) {
+		t.Helper()
+		if !slices.EqualFunc(got, want, time.Time.Equal) {
+			t.Errorf("%s = %v, want %v", what, got, want)
+		}
+	}
+	check("create", ops.create, days("2026-05-11", "2026-05-12"))
+	check("drop", ops.drop, days("2026-05-04", "2026-05-05"))
+	check("purge", ops.purge, days("2026-04-01", "2026-05-05"))
+	check("expired", ops.expiredDays(), days("2026-04-01", "2026-05-04", "2026-05-05"))
+
+	// Nothing to do once done.
+	ops = planOps(plan, days("2026-05-06", "2026-05-10", "2026-05-11", "2026-05-12"), nil)
+	if len(ops.create)+len(ops.drop)+len(ops.purge) != 0 {
+		t.Errorf("second run plans %+v", ops)
+	}
+
+	// A plan that expires today never creates partitions it would drop.
+	odd := inbox.MaintenancePlan{Today: day("2026-05-10"), PrepareThrough: day("2026-05-11"), ExpireBefore: day("2026-05-11")}
+	ops = planOps(odd, days("2026-05-10"), nil)
+	check("odd create", ops.create, days("2026-05-11"))
+	check("odd drop", ops.drop, days("2026-05-10"))
+}
+
+func TestIsRetryable(t *testing.T) {
+	s, _ := New(Options{})
+	for code, want := range map[string]bool{
+		"40001": true, "40P01": true, "55P03": true,
+		"23505": false, "25P02": false, "57014": false, "42P01": false,
+	} {
+		err := fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code, Message: "serialization failure"})
+		if got := s.IsRetryable(err); got != want {
+			t.Errorf("IsRetryable(SQLSTATE %s) = %v, want %v", code, got, want)
+		}
+	}
+	if s.IsRetryable(errors.New("ERROR: could not serialize access due to concurrent update (SQLSTATE 40001)")) {
+		t.Error("IsRetryable trusted message text")
+	}
+	if s.IsRetryable(nil) {
+		t.Error("IsRetryable(nil)")
+	}
+}
