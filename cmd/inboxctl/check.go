@@ -146,6 +146,9 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 
+	if dropSchema := ck.schemaCreatedByRun(ctx, probe); dropSchema != nil {
+		defer dropSchema()
+	}
 	start := time.Now()
 	emit(ck.verify(ctx, probe))
 	for i, c := range checks {
@@ -208,13 +211,44 @@ type checker struct {
 	stderr io.Writer
 }
 
+// schema is the schema the scratch tables go to ("" where the dialect has
+// none).
+func (ck *checker) schema() string {
+	if ck.o.schema != "" {
+		return ck.o.schema
+	}
+	return ck.b.defaultSchema
+}
+
+// schemaCreatedByRun returns, if the scratch tables' schema does not exist
+// yet (the Store's Migrate will create it), a function that drops it again
+// once it is empty; nil otherwise.
+func (ck *checker) schemaCreatedByRun(ctx context.Context, db *gorm.DB) func() {
+	if ck.b.schemaExists == nil || ck.schema() == "" {
+		return nil
+	}
+	exists, err := ck.b.schemaExists(ctx, db, ck.schema())
+	if err != nil || exists {
+		return nil
+	}
+	return func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := ck.b.dropEmptySchema(cctx, db, ck.schema()); err != nil {
+			fmt.Fprintf(ck.stderr, "inboxctl check: warning: could not drop schema %s, created for the scratch tables: %v\n", ck.schema(), err)
+		}
+	}
+}
+
 // verify asks the adapter whether the connection's settings keep its
-// guarantees.
-func (ck *checker) verify(ctx context.Context, db *gorm.DB) checkResult {
-	r := checkResult{Check: verifyCheck.ID(), Doc: verifyCheck.Doc, Status: statusPass}
+// guarantees, on a migrated scratch table (adapters check the table's layout
+// and engine too).
+func (ck *checker) verify(ctx context.Context, db *gorm.DB) (r checkResult) {
+	r = checkResult{Check: verifyCheck.ID(), Doc: verifyCheck.Doc, Status: statusPass}
 	t0 := time.Now()
 	defer func() { r.Seconds = time.Since(t0).Seconds() }()
-	store, err := ck.b.newStore(scratchPrefix+conformance.RandomSuffix(), ck.o.schema)
+	table := scratchPrefix + conformance.RandomSuffix()
+	store, err := ck.b.newStore(table, ck.o.schema)
 	if err != nil {
 		r.Status, r.Reason = statusFail, err.Error()
 		return r
@@ -222,6 +256,18 @@ func (ck *checker) verify(ctx context.Context, db *gorm.DB) checkResult {
 	v, ok := store.(inbox.Verifier)
 	if !ok {
 		r.Status, r.Reason = statusSkip, "the "+ck.b.name+" adapter cannot check its settings"
+		return r
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := ck.dropScratch(cctx, db, table); err != nil {
+			r.Status = statusFail
+			r.Reason = strings.TrimPrefix(r.Reason+"\n", "\n") + err.Error()
+		}
+	}()
+	if err := store.Migrate(ctx, db); err != nil {
+		r.Status, r.Reason = statusFail, fmt.Sprintf("migrate a scratch table: %v", err)
 		return r
 	}
 	if err := v.Verify(ctx, db); err != nil {
@@ -269,7 +315,7 @@ func (ck *checker) harness(ctx context.Context) (*conformance.Harness, error) {
 func (ck *checker) dropScratch(ctx context.Context, db *gorm.DB, table string) error {
 	var errs []error
 	for attempt := 0; attempt < 3; attempt++ {
-		names, err := ck.b.tables(ctx, db, ck.o.schema, table)
+		names, err := ck.b.tables(ctx, db, ck.schema(), table)
 		if err != nil {
 			return fmt.Errorf("list scratch tables %s*: %w", table, err)
 		}
@@ -280,12 +326,12 @@ func (ck *checker) dropScratch(ctx context.Context, db *gorm.DB, table string) e
 		// The parent first: on PostgreSQL it takes its partitions along.
 		slices.Sort(names)
 		for _, n := range names {
-			if err := ck.b.dropTable(ctx, db, ck.o.schema, n); err != nil {
+			if err := ck.b.dropTable(ctx, db, ck.schema(), n); err != nil {
 				errs = append(errs, fmt.Errorf("drop %s: %w", n, err))
 			}
 		}
 	}
-	names, err := ck.b.tables(ctx, db, ck.o.schema, table)
+	names, err := ck.b.tables(ctx, db, ck.schema(), table)
 	if err == nil && len(names) > 0 {
 		errs = append(errs, fmt.Errorf("scratch tables left behind: %s", strings.Join(names, ", ")))
 	}

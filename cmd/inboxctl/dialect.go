@@ -17,8 +17,9 @@ import (
 // backend is what inboxctl needs to know about one dialect: how to open it,
 // which Store to use, and the raw SQL of its catalogue.
 type backend struct {
-	name         string
-	defaultTable string
+	name          string
+	defaultTable  string
+	defaultSchema string // "" for dialects without schemas
 	// checkDSN rejects DSNs the command cannot work with.
 	checkDSN func(dsn string) error
 	open     func(dsn string) gorm.Dialector
@@ -28,6 +29,10 @@ type backend struct {
 	tables func(ctx context.Context, db *gorm.DB, schema, prefix string) ([]string, error)
 	// dropTable drops a table (and, on PostgreSQL, what depends on it).
 	dropTable func(ctx context.Context, db *gorm.DB, schema, name string) error
+	// schemaExists and dropEmptySchema, for dialects with schemas, let check
+	// remove a schema that the Store's Migrate created for its scratch tables.
+	schemaExists    func(ctx context.Context, db *gorm.DB, schema string) (bool, error)
+	dropEmptySchema func(ctx context.Context, db *gorm.DB, schema string) error
 	// size reports the table's size on disk.
 	size func(ctx context.Context, db *gorm.DB, schema, table string) (*sizeInfo, error)
 	// features describe the Store to the conformance suite.
@@ -75,7 +80,8 @@ type conn struct {
 	b     *backend
 	db    *gorm.DB
 	store inbox.Store
-	table string // the inbox table's name, without schema
+	table  string // the inbox table's name, without schema
+	schema string // its schema; "" where the dialect has none
 }
 
 // connect opens the database of o and builds the Store for o's table.
@@ -96,7 +102,11 @@ func connect(ctx context.Context, o *options) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &conn{b: b, db: db, store: store, table: table}, nil
+	schema := o.schema
+	if schema == "" {
+		schema = b.defaultSchema
+	}
+	return &conn{b: b, db: db, store: store, table: table, schema: schema}, nil
 }
 
 // openDB opens a new connection pool to dsn and checks that it answers.

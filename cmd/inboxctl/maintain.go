@@ -97,7 +97,7 @@ func runMaintain(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return fail(stderr, "maintain", err)
 	}
 	res := maintainResult{
-		Dialect: c.b.name, Table: c.table, Schema: o.schema, DryRun: plan.DryRun,
+		Dialect: c.b.name, Table: c.table, Schema: c.schema, DryRun: plan.DryRun,
 		RetentionDays: o.retentionDays, PrepareDays: o.prepareDays,
 		Today: day(plan.Today), PrepareThrough: day(plan.PrepareThrough), ExpireBefore: day(plan.ExpireBefore),
 		Prepared: []string{}, Expired: []expiredDay{}, RowsRemoved: report.RowsRemoved,

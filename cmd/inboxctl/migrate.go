@@ -51,11 +51,11 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err := ib.Migrate(ctx); err != nil {
 		return fail(stderr, "migrate", err)
 	}
-	res := migrateResult{Dialect: c.b.name, Table: c.table, Schema: o.schema, OK: true}
+	res := migrateResult{Dialect: c.b.name, Table: c.table, Schema: c.schema, OK: true}
 	if o.json {
 		return writeJSON(stdout, stderr, "migrate", res)
 	}
-	fmt.Fprintf(stdout, "migrated %s table %s\n", c.b.name, qualified(o.schema, c.table))
+	fmt.Fprintf(stdout, "migrated %s table %s\n", c.b.name, qualified(c.schema, c.table))
 	return exitOK
 }
 

@@ -88,7 +88,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return cmp.Or(cmp.Compare(a.Consumer, b.Consumer), a.Day.Compare(b.Day))
 	})
 	expireBefore := ib.Plan().ExpireBefore
-	res := statsResult{Dialect: c.b.name, Table: c.table, Schema: o.schema, RetentionDays: o.retentionDays,
+	res := statsResult{Dialect: c.b.name, Table: c.table, Schema: c.schema, RetentionDays: o.retentionDays,
 		ExpireBefore: day(expireBefore), Consumers: []consumerStats{}}
 	var oldest, newest time.Time
 	for _, s := range rows {
@@ -118,7 +118,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		res.OldestDay, res.NewestDay = day(oldest), day(newest)
 	}
 	if c.b.size != nil {
-		size, err := c.b.size(ctx, c.db, o.schema, c.table)
+		size, err := c.b.size(ctx, c.db, c.schema, c.table)
 		if err != nil {
 			res.SizeError = err.Error()
 		} else {
