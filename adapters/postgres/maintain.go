@@ -16,9 +16,10 @@ var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 // Maintain creates the day partitions from plan.Today through
 // plan.PrepareThrough, drops the day partitions before plan.ExpireBefore and
 // deletes the rows of those days from the DEFAULT partition. Each partition
-// is created or dropped in its own transaction, which holds the advisory lock
+// is created or detached in its own transaction, which holds the advisory lock
 // and an ACCESS EXCLUSIVE lock on the inbox table for a few milliseconds (or
-// as long as moving that day's rows out of the DEFAULT partition takes).
+// as long as moving that day's rows out of the DEFAULT partition takes); a
+// detached partition is then dropped without that lock.
 //
 // RowsRemoved is -1 when a partition was dropped (its rows are not counted:
 // that would cost a scan); otherwise it is the exact number of rows deleted
@@ -62,6 +63,18 @@ func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Maintenanc
 		}
 	}
 	var dropped []time.Time
+	leftovers, err := s.detachedDays(db)
+	if err != nil {
+		return report, err
+	}
+	for _, d := range leftovers {
+		if d.Before(inbox.DayOf(plan.ExpireBefore)) {
+			if err := s.dropDetached(db, partitionName(s.table, d)); err != nil {
+				return report, err
+			}
+			dropped = append(dropped, d)
+		}
+	}
 	for _, d := range ops.drop {
 		ok, err := s.dropPartition(db, d)
 		if err != nil {
@@ -182,21 +195,84 @@ func (s *Store) createPartition(db *gorm.DB, day time.Time) (created bool, err e
 	return created, err
 }
 
-// dropPartition drops day's partition if it exists.
+// dropPartition removes day's partition if it exists, in two steps. It
+// detaches the partition while holding the lock on the inbox table (a catalog
+// change that takes no time whatever the partition holds), then drops the
+// detached table in a transaction that no longer locks the inbox table:
+// PostgreSQL frees a dropped table's files at commit, which takes time in
+// proportion to their size, and inserts must not wait for that.
 func (s *Store) dropPartition(db *gorm.DB, day time.Time) (dropped bool, err error) {
 	name := partitionName(s.table, day)
 	err = s.exclusive(db, func(tx *gorm.DB) error {
-		exists, err := s.relationExists(tx, name)
-		if err != nil || !exists {
+		attached, err := s.isPartition(tx, name)
+		if err != nil || !attached {
 			return err
 		}
-		if err := tx.Exec(`DROP TABLE ` + s.qualified(name)).Error; err != nil {
-			return fmt.Errorf("postgres: drop partition %s: %w", name, err)
+		if err := tx.Exec(`ALTER TABLE ` + s.parent() + ` DETACH PARTITION ` + s.qualified(name)).Error; err != nil {
+			return fmt.Errorf("postgres: detach partition %s: %w", name, err)
 		}
 		dropped = true
 		return nil
 	})
-	return dropped, err
+	if err != nil || !dropped {
+		return dropped, err
+	}
+	return true, s.dropDetached(db, name)
+}
+
+// dropDetached drops name, a day partition that was detached. A crash between
+// detaching and dropping leaves it behind; Maintain then finds it with
+// detachedDays and drops it.
+func (s *Store) dropDetached(db *gorm.DB, name string) error {
+	return db.Transaction(func(tx *gorm.DB) error {
+		if err := s.lock(tx); err != nil {
+			return err
+		}
+		attached, err := s.isPartition(tx, name)
+		if err != nil || attached {
+			return err
+		}
+		if err := tx.Exec(`DROP TABLE IF EXISTS ` + s.qualified(name)).Error; err != nil {
+			return fmt.Errorf("postgres: drop detached partition %s: %w", name, err)
+		}
+		return nil
+	}, readCommitted)
+}
+
+// isPartition reports whether name is a partition of the inbox table.
+func (s *Store) isPartition(tx *gorm.DB, name string) (bool, error) {
+	var ok bool
+	err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM pg_inherits i
+		  JOIN pg_class c ON c.oid = i.inhrelid
+		  JOIN pg_class p ON p.oid = i.inhparent
+		  JOIN pg_namespace n ON n.oid = p.relnamespace
+		 WHERE n.nspname = ? AND p.relname = ? AND c.relname = ?)`, s.schema, s.table, name).Scan(&ok).Error
+	if err != nil {
+		return false, fmt.Errorf("postgres: look up partition %s: %w", name, err)
+	}
+	return ok, nil
+}
+
+// detachedDays lists the days of tables named like day partitions of the
+// inbox table that are not attached to it: partitions whose drop was
+// interrupted after their detach.
+func (s *Store) detachedDays(db *gorm.DB) ([]time.Time, error) {
+	var names []string
+	err := db.Raw(`
+		SELECT c.relname FROM pg_class c
+		  JOIN pg_namespace n ON n.oid = c.relnamespace
+		 WHERE n.nspname = ? AND c.relkind = 'r' AND NOT c.relispartition AND starts_with(c.relname, ?)`,
+		s.schema, s.table+"_p").Scan(&names).Error
+	if err != nil {
+		return nil, fmt.Errorf("postgres: list detached partitions of %s: %w", s.parent(), err)
+	}
+	var days []time.Time
+	for _, name := range names {
+		if d, ok := parsePartitionName(s.table, name); ok {
+			days = append(days, d)
+		}
+	}
+	return days, nil
 }
 
 // purgeDefault deletes the rows of days before expireBefore from the DEFAULT

@@ -267,7 +267,9 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []inbox.DayStats{{Consumer: "c", Day: d.AddDate(0, 0, -1), Rows: 1}, {Consumer: "c", Day: d, Rows: 2}}
-	if !slices.EqualFunc(stats, want, func(a, b inbox.DayStats) bool { return a.Consumer == b.Consumer && a.Day.Equal(b.Day) && a.Rows == b.Rows }) {
+	if !slices.EqualFunc(stats, want, func(a, b inbox.DayStats) bool {
+		return a.Consumer == b.Consumer && a.Day.Equal(b.Day) && a.Rows == b.Rows
+	}) {
 		t.Errorf("stats %v, want %v", stats, want)
 	}
 }
