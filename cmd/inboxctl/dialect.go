@@ -77,9 +77,9 @@ func lookupBackend(dialect string) (*backend, error) {
 // conn is an open database with its backend and the Store for the inbox
 // table.
 type conn struct {
-	b     *backend
-	db    *gorm.DB
-	store inbox.Store
+	b      *backend
+	db     *gorm.DB
+	store  inbox.Store
 	table  string // the inbox table's name, without schema
 	schema string // its schema; "" where the dialect has none
 }

@@ -1,0 +1,421 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// result is one in-process run of the command.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\n--- stdout:\n%s--- stderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+func runArgs(t *testing.T, args ...string) result {
+	t.Helper()
+	return runArgsContext(t, t.Context(), args...)
+}
+
+func runArgsContext(t *testing.T, ctx context.Context, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := runContext(ctx, args, &out, &errOut)
+	return result{code: code, stdout: out.String(), stderr: errOut.String()}
+}
+
+func expectCode(t *testing.T, r result, want int) {
+	t.Helper()
+	if r.code != want {
+		t.Fatalf("want exit %d, got %v", want, r)
+	}
+}
+
+func decodeJSON[T any](t *testing.T, r result) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%v", err, r)
+	}
+	return v
+}
+
+// sqliteFile returns the path of a fresh database file.
+func sqliteFile(t *testing.T) string { return filepath.Join(t.TempDir(), "app.db") }
+
+// openGorm opens dsn of dialect for a test's own use.
+func openGorm(t *testing.T, dialect, dsn string) *gorm.DB {
+	t.Helper()
+	b, err := lookupBackend(dialect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := gorm.Open(b.open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeDB(db) })
+	return db
+}
+
+// expectNoTables fails if tables starting with any of the prefixes exist.
+func expectNoTables(t *testing.T, dialect string, db *gorm.DB, schema string, prefixes ...string) {
+	t.Helper()
+	b, err := lookupBackend(dialect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range prefixes {
+		names, err := b.tables(context.Background(), db, schema, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(names) > 0 {
+			t.Errorf("left behind in %s: %v", dialect, names)
+		}
+	}
+}
+
+// seed processes messages into the inbox table through the library, old
+// ones included.
+func seed(t *testing.T, db *gorm.DB, store inbox.Store, msgs []inbox.Message) {
+	t.Helper()
+	ib, err := inbox.New(db, store, inbox.Config{Expired: inbox.ProcessExpired, RetentionDays: 365})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		out, err := ib.Process(t.Context(), m, func(context.Context, *gorm.DB, inbox.Message) error { return nil })
+		if err != nil || out != inbox.Processed {
+			t.Fatalf("seeding %s/%s: %v %v", m.Consumer, m.ID, out, err)
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Setenv(dsnEnv, "")
+	dsn := inboxsqlite.DSN(sqliteFile(t))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in stderr
+	}{
+		{"no command", nil, "Usage:"},
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown flag", []string{"migrate", "--dsn", dsn, "--nope"}, "flag provided but not defined: -nope"},
+		{"bad flag value", []string{"maintain", "--dsn", dsn, "--retention-days", "many"}, "invalid value"},
+		{"positional argument", []string{"stats", "--dsn", dsn, "extra"}, `unexpected argument "extra"`},
+		{"no dsn", []string{"migrate"}, "no database: pass --dsn or set $INBOX_DSN"},
+		{"unknown dialect", []string{"migrate", "--dsn", dsn, "--dialect", "oracle"}, `unknown --dialect "oracle"`},
+		{"ambiguous dsn", []string{"stats", "--dsn", "somewhere"}, "cannot tell the dialect from the DSN"},
+		{"mysql url", []string{"stats", "--dsn", "mysql://u:p@db/app"}, "go-sql-driver/mysql form"},
+		{"schema on sqlite", []string{"migrate", "--dsn", dsn, "--schema", "x"}, "--schema is for PostgreSQL only"},
+		{"zero retention", []string{"maintain", "--dsn", dsn, "--retention-days", "0"}, "--retention-days must be at least 1"},
+		{"negative prepare", []string{"maintain", "--dsn", dsn, "--prepare-days", "-1"}, "--prepare-days must not be negative"},
+		{"zero timeout", []string{"stats", "--dsn", dsn, "--timeout", "0s"}, "--timeout must be positive"},
+		{"dry-run on migrate", []string{"migrate", "--dsn", dsn, "--dry-run"}, "flag provided but not defined: -dry-run"},
+		{"bad check pattern", []string{"check", "--dsn", dsn, "--run", "("}, "--run: error parsing regexp"},
+		{"check pattern matches nothing", []string{"check", "--dsn", dsn, "--run", "no-such-check"}, "matches no check"},
+		{"in-memory sqlite", []string{"check", "--dialect", "sqlite", "--dsn", "file::memory:?cache=shared"}, "in-memory SQLite"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runArgs(t, tc.args...)
+			expectCode(t, r, exitUsage)
+			if !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("stderr does not say %q:\n%v", tc.want, r)
+			}
+			if r.stdout != "" {
+				t.Errorf("usage error wrote to stdout:\n%v", r)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}} {
+		r := runArgs(t, args...)
+		expectCode(t, r, exitOK)
+		for _, c := range commands() {
+			if !strings.Contains(r.stdout, c.name) {
+				t.Errorf("%v: help does not list %s:\n%v", args, c.name, r)
+			}
+		}
+	}
+	for _, c := range commands() {
+		for _, args := range [][]string{{c.name, "-h"}, {c.name, "--help"}, {"help", c.name}} {
+			r := runArgs(t, args...)
+			expectCode(t, r, exitOK)
+			for _, want := range []string{"Usage: inboxctl " + c.name, "--dsn", "--dialect", "--timeout", "Examples:\n  inboxctl " + c.name, "Exit status"} {
+				if !strings.Contains(r.stdout, want) {
+					t.Errorf("%v: help lacks %q:\n%v", args, want, r)
+				}
+			}
+		}
+	}
+	r := runArgs(t, "maintain", "-h")
+	if !strings.Contains(r.stdout, "--dry-run") || !strings.Contains(r.stdout, "--retention-days days") {
+		t.Errorf("maintain help lacks its own flags:\n%v", r)
+	}
+}
+
+func TestInferDialect(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"postgres://app:secret@db:5432/app?sslmode=disable":              dialectPostgres,
+		"postgresql://db/app":                                            dialectPostgres,
+		"host=127.0.0.1 port=5432 user=postgres dbname=app":              dialectPostgres,
+		"dbname=app":                                                     dialectPostgres,
+		"app:secret@tcp(db:3306)/app?parseTime=true":                     dialectMySQL,
+		"app@unix(/run/mysqld/mysqld.sock)/app":                          dialectMySQL,
+		"tcp(127.0.0.1:3306)/app":                                        dialectMySQL,
+		"root@/app":                                                      dialectMySQL,
+		"file:/var/lib/app.db?_journal_mode=WAL":                         dialectSQLite,
+		"/var/lib/app/inbox.sqlite3":                                     dialectSQLite,
+		"app.db?_busy_timeout=5000":                                      dialectSQLite,
+		"file:test.db?_journal_mode=WAL&_txlock=immediate&_foreign_keys": dialectSQLite,
+	} {
+		got, err := inferDialect(dsn)
+		if err != nil || got != want {
+			t.Errorf("inferDialect(%q) = %q, %v; want %q", dsn, got, err, want)
+		}
+	}
+	for _, dsn := range []string{"somewhere", "app", "mysql://u:p@db/app"} {
+		if got, err := inferDialect(dsn); err == nil {
+			t.Errorf("inferDialect(%q) = %q, want an error", dsn, got)
+		}
+	}
+}
+
+func TestDialectFromEnvironment(t *testing.T) {
+	path := sqliteFile(t)
+	t.Setenv(dsnEnv, inboxsqlite.DSN(path))
+	r := runArgs(t, "migrate")
+	expectCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "migrated sqlite table inbox_messages") {
+		t.Errorf("unexpected output:\n%v", r)
+	}
+}
+
+func TestUnavailableDialect(t *testing.T) {
+	for dialect, why := range unavailable {
+		r := runArgs(t, "migrate", "--dialect", dialect, "--dsn", "whatever")
+		expectCode(t, r, exitFailed)
+		if !strings.Contains(r.stderr, "not available") || !strings.Contains(r.stderr, why) {
+			t.Errorf("%s: no clear error:\n%v", dialect, r)
+		}
+	}
+}
+
+// TestSQLiteMigrateMaintainStats drives the operator's day on SQLite:
+// migrate, look, preview maintenance, maintain, look again.
+func TestSQLiteMigrateMaintainStats(t *testing.T) {
+	path := sqliteFile(t)
+	dsn := inboxsqlite.DSN(path)
+	const table = "orders_inbox"
+	common := []string{"--dsn", dsn, "--table", table}
+	args := func(cmd string, extra ...string) []string {
+		return append(append([]string{cmd}, common...), extra...)
+	}
+
+	r := runArgs(t, args("migrate")...)
+	expectCode(t, r, exitOK)
+	if r.stdout != "migrated sqlite table orders_inbox\n" {
+		t.Errorf("migrate output:\n%v", r)
+	}
+	expectCode(t, runArgs(t, args("migrate")...), exitOK) // idempotent
+	mj := decodeJSON[migrateResult](t, runArgs(t, args("migrate", "--json")...))
+	if !mj.OK || mj.Table != table || mj.Dialect != "sqlite" {
+		t.Errorf("migrate --json: %+v", mj)
+	}
+
+	r = runArgs(t, args("stats")...)
+	expectCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "no rows") || !strings.Contains(r.stdout, "size on disk:") {
+		t.Errorf("stats of an empty table:\n%v", r)
+	}
+
+	db := openGorm(t, dialectSQLite, dsn)
+	store, err := inboxsqlite.New(inboxsqlite.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	today := inbox.DayOf(time.Now())
+	at := func(days int) time.Time { return today.AddDate(0, 0, days).Add(12 * time.Hour) }
+	var msgs []inbox.Message
+	for i, d := range []int{-40, -40, -35, -1, 0, 0, 0} {
+		msgs = append(msgs, inbox.Message{Consumer: "billing", ID: fmt.Sprintf("b-%d", i), Time: at(d)})
+	}
+	msgs = append(msgs, inbox.Message{Consumer: "shipping", ID: "s-1", Time: at(-2)})
+	seed(t, db, store, msgs)
+	day := func(days int) string { return today.AddDate(0, 0, days).Format(time.DateOnly) }
+
+	st := decodeJSON[statsResult](t, runArgs(t, args("stats", "--json", "--retention-days", "30")...))
+	if st.TotalRows != 8 || st.OldestDay != day(-40) || st.NewestDay != day(0) || st.ExpiredRows != 3 || st.ExpireBefore != day(-31) {
+		t.Errorf("stats --json totals: %+v", st)
+	}
+	if len(st.Consumers) != 2 || st.Consumers[0].Consumer != "billing" || st.Consumers[0].Rows != 7 || len(st.Consumers[0].Days) != 4 ||
+		st.Consumers[0].OldestDay != day(-40) || st.Consumers[0].NewestDay != day(0) ||
+		st.Consumers[1].Consumer != "shipping" || st.Consumers[1].Rows != 1 || st.Consumers[1].OldestDay != day(-2) {
+		t.Errorf("stats --json consumers: %+v", st.Consumers)
+	}
+	if st.Size == nil || st.Size.Bytes <= 0 {
+		t.Errorf("stats --json size: %+v (%s)", st.Size, st.SizeError)
+	}
+	r = runArgs(t, args("stats")...)
+	expectCode(t, r, exitOK)
+	for _, want := range []string{"sqlite table orders_inbox", "billing   " + day(-40) + "  2     expired", "shipping  1     1     " + day(-2) + "  " + day(-2),
+		"(all 2)   8     5     " + day(-40), "3 rows of days before " + day(-31) + " would be removed"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("stats output lacks %q:\n%v", want, r)
+		}
+	}
+
+	// The dry run says what would go, and changes nothing.
+	r = runArgs(t, args("maintain", "--dry-run", "--retention-days", "30")...)
+	expectCode(t, r, exitOK)
+	for _, want := range []string{"dry run: nothing was changed", "expire before    " + day(-31), "would remove 2 expired day(s):",
+		day(-40) + "  2 rows", day(-35) + "  1 rows", "rows would remove: 3"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("maintain --dry-run output lacks %q:\n%v", want, r)
+		}
+	}
+	dry := decodeJSON[maintainResult](t, runArgs(t, args("maintain", "--dry-run", "--json", "--retention-days", "30", "--prepare-days", "2")...))
+	if !dry.DryRun || dry.RowsRemoved != 3 || len(dry.Expired) != 2 || dry.Expired[0] != (expiredDay{day(-40), 2}) ||
+		dry.PrepareThrough != day(2) || dry.Today != day(0) {
+		t.Errorf("maintain --dry-run --json: %+v", dry)
+	}
+	if st := decodeJSON[statsResult](t, runArgs(t, args("stats", "--json")...)); st.TotalRows != 8 {
+		t.Fatalf("the dry run removed rows: %+v", st)
+	}
+
+	// A shorter retention removes more: it is the operator's to choose.
+	done := decodeJSON[maintainResult](t, runArgs(t, args("maintain", "--json", "--retention-days", "30")...))
+	if done.DryRun || done.RowsRemoved != 3 || len(done.Expired) != 2 {
+		t.Errorf("maintain --json: %+v", done)
+	}
+	st = decodeJSON[statsResult](t, runArgs(t, args("stats", "--json", "--retention-days", "30")...))
+	if st.TotalRows != 5 || st.ExpiredRows != 0 || st.OldestDay != day(-2) {
+		t.Errorf("stats after maintain: %+v", st)
+	}
+	r = runArgs(t, args("maintain", "--retention-days", "30")...)
+	expectCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "removed: no expired days") || strings.Contains(r.stdout, "dry run") {
+		t.Errorf("second maintain:\n%v", r)
+	}
+
+	// A table that does not exist is a failure, not a usage error.
+	r = runArgs(t, "stats", "--dsn", dsn, "--table", "missing_inbox")
+	expectCode(t, r, exitFailed)
+	if !strings.Contains(r.stderr, "missing_inbox") {
+		t.Errorf("stats of a missing table:\n%v", r)
+	}
+}
+
+func TestCheckSQLite(t *testing.T) {
+	path := sqliteFile(t)
+	dsn := inboxsqlite.DSN(path)
+	r := runArgs(t, "check", "--dsn", dsn)
+	expectCode(t, r, exitOK)
+	n := len(selectChecks(false, nil)) + 1
+	for _, want := range []string{"PASS  settings/verify", "PASS  schema/table-is-transactional", "PASS  atomicity/handler-error-rolls-back",
+		fmt.Sprintf("PASS: %d of %d checks passed against sqlite", n, n)} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("check output lacks %q:\n%v", want, r)
+		}
+	}
+	if strings.Contains(r.stdout, "retention/") {
+		t.Errorf("retention checks ran without --all:\n%v", r)
+	}
+	expectNoTables(t, dialectSQLite, openGorm(t, dialectSQLite, dsn), "", scratchPrefix, effectsPrefix)
+}
+
+func TestCheckSQLiteAllJSON(t *testing.T) {
+	dsn := inboxsqlite.DSN(sqliteFile(t))
+	r := runArgs(t, "check", "--dsn", dsn, "--all", "--run", "^(retention|atomicity)/", "--json")
+	expectCode(t, r, exitOK)
+	rep := decodeJSON[checkReport](t, r)
+	if rep.Failed != 0 || rep.Passed != len(rep.Results) || rep.Dialect != "sqlite" {
+		t.Errorf("check --json: %+v", rep)
+	}
+	areas := map[string]int{}
+	for _, res := range rep.Results {
+		area, _, _ := strings.Cut(res.Check, "/")
+		areas[area]++
+	}
+	if areas["retention"] == 0 || areas["atomicity"] == 0 || areas["settings"] != 1 || len(areas) != 3 {
+		t.Errorf("checks run: %v", areas)
+	}
+	expectNoTables(t, dialectSQLite, openGorm(t, dialectSQLite, dsn), "", scratchPrefix, effectsPrefix)
+}
+
+func TestCheckList(t *testing.T) {
+	r := runArgs(t, "check", "--list")
+	expectCode(t, r, exitOK)
+	if strings.Contains(r.stdout, "retention/") || !strings.Contains(r.stdout, "schema/claim-answers-each-row") {
+		t.Errorf("check --list:\n%v", r)
+	}
+	r = runArgs(t, "check", "--list", "--all")
+	if !strings.Contains(r.stdout, "retention/maintain-removes-only-expired-days") {
+		t.Errorf("check --list --all:\n%v", r)
+	}
+}
+
+// TestCheckSQLiteUnsafeSettings: a database opened without the settings
+// the SQLite adapter needs (no WAL, no busy timeout) fails the check, with
+// the reason.
+func TestCheckSQLiteUnsafeSettings(t *testing.T) {
+	dsn := "file:" + sqliteFile(t) + "?_busy_timeout=0"
+	r := runArgs(t, "check", "--dsn", dsn)
+	expectCode(t, r, exitFailed)
+	t.Logf("unsafe SQLite:\n%s", r.stdout)
+	for _, want := range []string{
+		"FAIL  settings/verify",
+		`journal_mode is "delete", want wal`,
+		"busy_timeout is 0",
+		"FAIL  schema/table-is-transactional",
+		"checks failed",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("check output lacks %q:\n%v", want, r)
+		}
+	}
+	expectNoTables(t, dialectSQLite, openGorm(t, dialectSQLite, dsn), "", scratchPrefix, effectsPrefix)
+}
+
+// TestCheckInterrupted: an interrupt in the middle of the checks stops them
+// and leaves no scratch table behind.
+func TestCheckInterrupted(t *testing.T) {
+	dsn := inboxsqlite.DSN(sqliteFile(t))
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	r := runArgsContext(t, ctx, "check", "--dsn", dsn, "--all", "--run", "concurrency|retention")
+	expectCode(t, r, exitFailed)
+	if !strings.Contains(r.stderr, "interrupted") || !strings.Contains(r.stdout, "FAIL") {
+		t.Errorf("interrupted check:\n%v", r)
+	}
+	expectNoTables(t, dialectSQLite, openGorm(t, dialectSQLite, dsn), "", scratchPrefix, effectsPrefix)
+}
+
+func TestCheckUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	// A directory is no database file.
+	r := runArgs(t, "check", "--dialect", "sqlite", "--dsn", dir)
+	expectCode(t, r, exitFailed)
+	if !strings.Contains(r.stderr, "inboxctl check:") {
+		t.Errorf("unreachable database:\n%v", r)
+	}
+}
