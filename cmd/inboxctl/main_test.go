@@ -175,10 +175,10 @@ func TestHelp(t *testing.T) {
 
 func TestInferDialect(t *testing.T) {
 	for dsn, want := range map[string]string{
-		"postgres://app:secret@db:5432/app?sslmode=disable":              dialectPostgres,
-		"postgresql://db/app":                                            dialectPostgres,
-		"host=127.0.0.1 port=5432 user=postgres dbname=app":              dialectPostgres,
-		"dbname=app":                                                     dialectPostgres,
+		"postgres://app:secret@db:5432/app?sslmode=disable": dialectPostgres,
+		"postgresql://db/app":                               dialectPostgres,
+		"host=127.0.0.1 port=5432 user=postgres dbname=app": dialectPostgres,
+		"dbname=app": dialectPostgres,
 		"app:secret@tcp(db:3306)/app?parseTime=true":                     dialectMySQL,
 		"app@unix(/run/mysqld/mysqld.sock)/app":                          dialectMySQL,
 		"tcp(127.0.0.1:3306)/app":                                        dialectMySQL,
