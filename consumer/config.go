@@ -1,0 +1,267 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// Message is one Kafka message with the event id and time the consumer
+// found in it (see [Extractor]).
+type Message struct {
+	kafka.Message
+	EventID   string
+	EventTime time.Time
+}
+
+// Handler applies the business effect of msg inside tx. With an inbox, tx
+// also holds msg's inbox row and the handler runs only for a message seen
+// for the first time; with Config.NaturallyIdempotent it runs for every
+// delivery. Every write that must be atomic with the inbox row (and the
+// stored offset) has to go through tx; the handler must not commit or roll
+// back tx. Returning an error (or panicking) rolls back everything of msg;
+// mark transient errors with [inbox.Retryable] to have the inbox retry the
+// transaction at once, before the consumer's own retries.
+type Handler func(ctx context.Context, tx *gorm.DB, msg Message) error
+
+// Policy is what happens to a message that cannot be processed: its
+// retries are used up, its id or time is missing, it is invalid, or it is
+// older than the inbox's retention window.
+type Policy int
+
+const (
+	// StopPartition halts the message's partition at it: the partition's
+	// worker stops fetching, commits the offsets before the message and
+	// nothing after it, logs an error, reports [EventPartitionStopped] and
+	// waits for the next rebalance or for Run to end, when the message is
+	// tried again. Other partitions go on. The default.
+	StopPartition Policy = iota
+	// DeadLetter publishes the message to Config.DeadLetterTopic, with its
+	// key, value and headers and headers saying why (see DLQ header
+	// constants), and then moves on. Publishing is retried until it succeeds
+	// or the partition is revoked; the offset passes the message only after
+	// Kafka acknowledged the dead letter.
+	DeadLetter
+)
+
+func (p Policy) String() string {
+	switch p {
+	case StopPartition:
+		return "stop-partition"
+	case DeadLetter:
+		return "dead-letter"
+	}
+	return fmt.Sprintf("Policy(%d)", int(p))
+}
+
+// MessageWriter publishes messages; *kafka.Writer implements it.
+type MessageWriter interface {
+	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
+}
+
+// Config configures a [Consumer]. Brokers, GroupID, Topics, Handler and
+// either Inbox with Consumer or NaturallyIdempotent with DB are required.
+type Config struct {
+	// Brokers are the Kafka bootstrap addresses (host:port).
+	Brokers []string
+	// GroupID is the Kafka consumer group.
+	GroupID string
+	// Topics are consumed by the group.
+	Topics []string
+
+	// Inbox deduplicates messages. Required unless NaturallyIdempotent.
+	Inbox *inbox.Inbox
+	// Consumer is the inbox consumer name: it names the effect Handler
+	// applies, and with the event id forms the inbox key. Keep it when the
+	// group changes (a replay under a new GroupID must find the rows of the
+	// old one). Required with Inbox.
+	Consumer string
+	// Handler applies each message. Required.
+	Handler Handler
+	// NaturallyIdempotent declares that Handler's effect is the same however
+	// often it runs (an upsert, a set-to-state, a version check): no inbox
+	// row is written and Inbox may be nil. Messages are then processed one by
+	// one, each in its own transaction on DB. Never set it for increments.
+	NaturallyIdempotent bool
+	// DB is the database the transactions run on. Default Inbox.DB().
+	DB *gorm.DB
+
+	// Extract finds the event id and time of a message. Default
+	// HeaderExtractor(nil, nil): event_id/event_time, then ce_id/ce_time.
+	Extract Extractor
+
+	// BatchSize is the most messages of one partition processed in one
+	// transaction (through inbox.ProcessBatch). Default 1.
+	BatchSize int
+	// BatchWait is how long a batch waits to fill up once its first message
+	// is there. Default 50ms; ignored when BatchSize is 1.
+	BatchWait time.Duration
+
+	// MaxAttempts bounds how often a failing message is tried before
+	// OnFailure applies, counting the first try. Default 5. Invalid
+	// messages, expired ones (inbox.ErrExpired) and messages without id or
+	// time are not retried. A database that cannot commit at all is not a
+	// failing message: the whole batch is retried without limit.
+	MaxAttempts int
+	// MinBackoff and MaxBackoff bound the jittered exponential wait between
+	// attempts and between reconnection tries. Defaults 100ms and 10s.
+	MinBackoff, MaxBackoff time.Duration
+	// OnFailure is the policy for a message that cannot be processed.
+	// Default StopPartition.
+	OnFailure Policy
+	// DeadLetterTopic receives dead letters. Required with DeadLetter.
+	DeadLetterTopic string
+	// DeadLetterWriter publishes dead letters. Default a *kafka.Writer on
+	// Brokers requiring all in-sync replicas; it is closed by Run.
+	DeadLetterWriter MessageWriter
+
+	// StoreOffsets writes each partition's next offset into the table
+	// OffsetsTable in the same transaction as the effect, and starts each
+	// assigned partition at the larger of that offset and the group's
+	// committed one. A crash between the database commit and the Kafka
+	// commit then causes no redelivery. Call Migrate first.
+	StoreOffsets bool
+	// OffsetsTable is the table of stored offsets. Default "inbox_offsets".
+	OffsetsTable string
+
+	// CommitInterval is how often processed offsets are committed to Kafka.
+	// Default 1s; a negative value commits after every batch. Offsets are
+	// also committed when a partition is revoked and when Run ends.
+	CommitInterval time.Duration
+	// StartOffset is where a partition without a committed offset starts:
+	// kafka.FirstOffset (the default) or kafka.LastOffset.
+	StartOffset int64
+	// SessionTimeout, HeartbeatInterval and RebalanceTimeout are passed to
+	// kafka.ConsumerGroupConfig; zero keeps kafka-go's defaults.
+	SessionTimeout, HeartbeatInterval, RebalanceTimeout time.Duration
+	// MaxWait is the longest a fetch waits for new data. Default 250ms; it
+	// also bounds how long a revoked partition takes to let go.
+	MaxWait time.Duration
+	// Dialer connects to the brokers. Default kafka.DefaultDialer.
+	Dialer *kafka.Dialer
+
+	// Logger receives the consumer's logs. Default slog.Default().
+	Logger *slog.Logger
+	// OnEvent, if set, is called synchronously for every [Event]; use it to
+	// feed metrics. It must be fast and safe for concurrent use.
+	OnEvent func(Event)
+
+	// afterDB, set by tests, runs after each database commit; returning
+	// errCrash simulates a crash before the offset commit.
+	afterDB func(topic string, partition int, next int64) error
+}
+
+var errInvalidConfig = inbox.ErrInvalidConfig
+
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf(format, args...))
+	}
+	if len(c.Brokers) == 0 {
+		bad("no brokers")
+	}
+	if c.GroupID == "" {
+		bad("no group id")
+	}
+	if len(c.Topics) == 0 {
+		bad("no topics")
+	}
+	for _, t := range c.Topics {
+		if t == "" {
+			bad("empty topic name")
+		}
+		if t == c.DeadLetterTopic {
+			bad("topic %q is also the dead-letter topic", t)
+		}
+	}
+	if c.Handler == nil {
+		bad("no handler")
+	}
+	if c.NaturallyIdempotent {
+		if c.DB == nil && c.Inbox == nil {
+			bad("a naturally idempotent consumer needs DB (or Inbox)")
+		}
+	} else {
+		if c.Inbox == nil {
+			bad("no inbox (set NaturallyIdempotent only for handlers whose effect is idempotent)")
+		}
+		if err := (inbox.Message{Consumer: c.Consumer, ID: "x", Time: time.Unix(0, 0)}).Validate(); err != nil {
+			bad("consumer name: %w", err)
+		}
+	}
+	if c.BatchSize < 0 || c.BatchWait < 0 || c.MaxAttempts < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.MaxWait < 0 {
+		bad("negative size, count or duration")
+	}
+	switch c.OnFailure {
+	case StopPartition:
+	case DeadLetter:
+		if c.DeadLetterTopic == "" {
+			bad("the dead-letter policy needs DeadLetterTopic")
+		}
+	default:
+		bad("unknown failure policy %d", int(c.OnFailure))
+	}
+	if c.StartOffset != 0 && c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset {
+		bad("StartOffset must be kafka.FirstOffset or kafka.LastOffset, not %d", c.StartOffset)
+	}
+	if c.OffsetsTable != "" {
+		if err := inbox.ValidateIdentifier("offsets table", c.OffsetsTable); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: consumer: %w", errInvalidConfig, errors.Join(errs...))
+	}
+	return nil
+}
+
+func (c *Config) setDefaults() {
+	if c.DB == nil && c.Inbox != nil {
+		c.DB = c.Inbox.DB()
+	}
+	if c.Extract == nil {
+		c.Extract = HeaderExtractor(nil, nil)
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 1
+	}
+	if c.BatchWait == 0 {
+		c.BatchWait = 50 * time.Millisecond
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = 100 * time.Millisecond
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 10 * time.Second
+	}
+	c.MaxBackoff = max(c.MaxBackoff, c.MinBackoff)
+	if c.OffsetsTable == "" {
+		c.OffsetsTable = DefaultOffsetsTable
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = time.Second
+	}
+	if c.StartOffset == 0 {
+		c.StartOffset = kafka.FirstOffset
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = 250 * time.Millisecond
+	}
+	if c.Dialer == nil {
+		c.Dialer = kafka.DefaultDialer
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}

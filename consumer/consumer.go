@@ -1,0 +1,338 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+)
+
+var (
+	// ErrRunning is returned by Run while another Run of the same Consumer
+	// is active, or after Close.
+	ErrRunning = errors.New("consumer: Run called twice or after Close")
+	// ErrPartitionStopped is wrapped by every *PartitionStoppedError.
+	ErrPartitionStopped = errors.New("consumer: partition stopped")
+	// errCrash is returned by the test seam Config.afterDB to simulate a
+	// process that dies after its database commit and before its offset
+	// commit.
+	errCrash = errors.New("consumer: simulated crash")
+	// errClosed is the cancellation cause used by Close.
+	errClosed = errors.New("consumer: closed")
+)
+
+// PartitionStoppedError reports a partition halted by the StopPartition
+// policy at the message at Offset, which was not processed. Nothing at or
+// after Offset is committed to Kafka (or stored in the offsets table).
+type PartitionStoppedError struct {
+	Topic     string
+	Partition int
+	Offset    int64
+	EventID   string // empty if none was found
+	Reason    string // one of the Reason constants
+	Attempts  int
+	Err       error
+}
+
+func (e *PartitionStoppedError) Error() string {
+	return fmt.Sprintf("consumer: partition %s/%d stopped at offset %d (%s after %d attempts): %v",
+		e.Topic, e.Partition, e.Offset, e.Reason, e.Attempts, e.Err)
+}
+
+// Unwrap returns ErrPartitionStopped and the cause.
+func (e *PartitionStoppedError) Unwrap() []error { return []error{ErrPartitionStopped, e.Err} }
+
+type topicPartition struct {
+	topic     string
+	partition int
+}
+
+// Consumer consumes a Kafka consumer group through an inbox: each message's
+// effect commits at most once per inbox consumer name, and the group's
+// offsets advance only past messages whose effect committed (or that went
+// to the dead-letter topic).
+//
+// One worker runs per assigned partition: messages of a partition are
+// processed in order, partitions in parallel. See Config for the options and
+// Run for the lifecycle.
+type Consumer struct {
+	cfg     Config
+	log     *slog.Logger
+	offsets offsetStore
+	dlq     MessageWriter
+	ownDLQ  *kafka.Writer
+
+	mu      sync.Mutex
+	state   int // 0 new, 1 running, 2 closed
+	cancel  context.CancelCauseFunc
+	done    chan struct{}
+	stopped map[topicPartition]*PartitionStoppedError
+}
+
+// New checks cfg and returns a Consumer. It does not connect to anything;
+// call Migrate (with StoreOffsets) and then Run.
+func New(cfg Config) (*Consumer, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	cfg.Topics = slices.Clone(cfg.Topics)
+	cfg.Brokers = slices.Clone(cfg.Brokers)
+	c := &Consumer{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "inbox-consumer", "group", cfg.GroupID),
+		offsets: offsetStore{table: cfg.OffsetsTable, group: cfg.GroupID},
+		dlq:     cfg.DeadLetterWriter,
+		stopped: make(map[topicPartition]*PartitionStoppedError),
+		done:    make(chan struct{}),
+	}
+	if cfg.OnFailure == DeadLetter && c.dlq == nil {
+		c.ownDLQ = &kafka.Writer{
+			Addr:         kafka.TCP(cfg.Brokers...),
+			Balancer:     &kafka.Hash{},
+			RequiredAcks: kafka.RequireAll,
+			MaxAttempts:  3,
+			BatchTimeout: 5 * time.Millisecond,
+			Transport:    &kafka.Transport{Dial: cfg.Dialer.DialFunc, TLS: cfg.Dialer.TLS, SASL: cfg.Dialer.SASLMechanism},
+		}
+		c.dlq = c.ownDLQ
+	}
+	return c, nil
+}
+
+// Migrate creates the offsets table when Config.StoreOffsets is set, and
+// does nothing otherwise. It is idempotent. (The inbox's own table is
+// created by inbox.Inbox.Migrate.)
+func (c *Consumer) Migrate(ctx context.Context) error {
+	if !c.cfg.StoreOffsets {
+		return nil
+	}
+	return c.offsets.migrate(ctx, c.cfg.DB)
+}
+
+// Run joins the group and consumes until ctx ends or Close is called; it
+// then stops every partition worker (a transaction in flight is rolled back,
+// a message in retry is abandoned: both are redelivered later), commits the
+// offsets of what was done, leaves the group and returns.
+//
+// Everything transient is retried with backoff and logged, never a reason to
+// return: an unreachable broker, failed joins, "Rebalance In Progress",
+// errors from the group, a database that cannot commit. On a rebalance the
+// workers of the old generation stop and commit before the new generation
+// starts, and a worker commits only for the partitions its generation
+// assigned.
+//
+// Run returns ctx's error when ctx ended (nil after Close), joined with a
+// *PartitionStoppedError for each partition still stopped; an error wrapping
+// inbox.ErrInvalidConfig if kafka-go rejects the configuration; ErrRunning if
+// called twice. A Consumer runs once.
+func (c *Consumer) Run(ctx context.Context) (err error) {
+	c.mu.Lock()
+	if c.state != 0 {
+		c.mu.Unlock()
+		return ErrRunning
+	}
+	c.state = 1
+	runCtx, cancel := context.WithCancelCause(ctx)
+	c.cancel = cancel
+	c.mu.Unlock()
+	defer close(c.done)
+	defer cancel(nil)
+	if c.ownDLQ != nil {
+		defer func() {
+			if cerr := c.ownDLQ.Close(); cerr != nil {
+				c.log.Warn("closing the dead-letter writer failed", "error", cerr)
+			}
+		}()
+	}
+
+	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                c.cfg.GroupID,
+		Brokers:           c.cfg.Brokers,
+		Dialer:            c.cfg.Dialer,
+		Topics:            c.cfg.Topics,
+		SessionTimeout:    c.cfg.SessionTimeout,
+		HeartbeatInterval: c.cfg.HeartbeatInterval,
+		RebalanceTimeout:  c.cfg.RebalanceTimeout,
+		JoinGroupBackoff:  c.cfg.MinBackoff,
+		StartOffset:       c.cfg.StartOffset,
+		Logger:            kafkaLogger(c.log, slog.LevelDebug),
+		ErrorLogger:       kafkaLogger(c.log, slog.LevelWarn),
+	})
+	if err != nil {
+		return fmt.Errorf("%w: consumer: kafka-go rejected the group configuration: %w", errInvalidConfig, err)
+	}
+	c.log.Info("consumer started", "topics", c.cfg.Topics, "batch_size", c.cfg.BatchSize,
+		"on_failure", c.cfg.OnFailure.String(), "store_offsets", c.cfg.StoreOffsets)
+
+	failures := 0
+	for {
+		gen, err := group.Next(runCtx)
+		if runCtx.Err() != nil {
+			break
+		}
+		if err != nil {
+			failures++
+			wait := backoff(c.cfg.MinBackoff, c.cfg.MaxBackoff, failures)
+			c.log.Warn("consumer group error; retrying", "error", err, "failures", failures, "retry_in", wait)
+			if sleep(runCtx, wait) != nil {
+				break
+			}
+			continue
+		}
+		failures = 0
+		c.startGeneration(runCtx, gen)
+	}
+	// Close waits for the workers of the current generation (which commit
+	// what they finished) and then leaves the group.
+	if cerr := group.Close(); cerr != nil {
+		c.log.Warn("closing the consumer group failed", "error", cerr)
+	}
+	c.log.Info("consumer stopped", "cause", context.Cause(runCtx))
+
+	cause := context.Cause(runCtx)
+	var errs []error
+	switch {
+	case errors.Is(cause, errClosed):
+	case errors.Is(cause, errCrash):
+		errs = append(errs, errCrash)
+	default:
+		errs = append(errs, ctx.Err())
+	}
+	for _, s := range c.Stopped() {
+		errs = append(errs, s)
+	}
+	return errors.Join(errs...)
+}
+
+// Close stops Run and waits for it to return. It is safe to call more than
+// once and before or without Run.
+func (c *Consumer) Close() error {
+	c.mu.Lock()
+	state := c.state
+	c.state = 2
+	cancel := c.cancel
+	c.mu.Unlock()
+	if state == 1 {
+		cancel(errClosed)
+		<-c.done
+	}
+	return nil
+}
+
+// Stopped returns the partitions halted by the StopPartition policy and not
+// yet resumed, oldest first.
+func (c *Consumer) Stopped() []*PartitionStoppedError {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*PartitionStoppedError, 0, len(c.stopped))
+	for _, s := range c.stopped {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b *PartitionStoppedError) int {
+		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+			return c
+		}
+		return a.Partition - b.Partition
+	})
+	return out
+}
+
+func (c *Consumer) setStopped(e *PartitionStoppedError) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped[topicPartition{e.Topic, e.Partition}] = e
+}
+
+// clearStopped forgets a stop once the partition got past its offset.
+func (c *Consumer) clearStopped(topic string, partition int, next int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := topicPartition{topic, partition}
+	if s, ok := c.stopped[k]; ok && next > s.Offset {
+		delete(c.stopped, k)
+	}
+}
+
+// crash simulates a process death (tests only): workers return at once
+// without committing, Run leaves the group and returns errCrash.
+func (c *Consumer) crash() {
+	c.mu.Lock()
+	cancel := c.cancel
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel(errCrash)
+	}
+}
+
+func (c *Consumer) crashed(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), errCrash)
+}
+
+func (c *Consumer) emit(e Event) {
+	if c.cfg.OnEvent != nil {
+		c.cfg.OnEvent(e)
+	}
+}
+
+// startGeneration starts one worker per assigned partition. kafka-go ends
+// the generation when any of them returns, and does not hand out the next
+// generation before all of them returned.
+func (c *Consumer) startGeneration(runCtx context.Context, gen *kafka.Generation) {
+	var commitMu sync.Mutex
+	n := 0
+	for _, topic := range c.cfg.Topics {
+		for _, pa := range gen.Assignments[topic] {
+			w := &worker{
+				c:         c,
+				gen:       gen,
+				commitMu:  &commitMu,
+				topic:     topic,
+				partition: pa.ID,
+				assigned:  pa.Offset,
+				log:       c.log.With("topic", topic, "partition", pa.ID, "generation", gen.ID),
+			}
+			gen.Start(func(genCtx context.Context) { w.run(runCtx, genCtx) })
+			n++
+		}
+	}
+	c.log.Info("generation started", "generation", gen.ID, "member", gen.MemberID, "partitions", n)
+}
+
+func (c *Consumer) db() *gorm.DB { return c.cfg.DB }
+
+// backoff returns a jittered exponential wait for the given failure count.
+func backoff(minD, maxD time.Duration, failures int) time.Duration {
+	d := minD << min(max(failures-1, 0), 20)
+	if d > maxD || d <= 0 {
+		d = maxD
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
+	return kafka.LoggerFunc(func(format string, args ...any) {
+		if log.Enabled(context.Background(), level) {
+			log.Log(context.Background(), level, "kafka-go: "+strings.TrimSpace(fmt.Sprintf(format, args...)))
+		}
+	})
+}

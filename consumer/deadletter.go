@@ -1,0 +1,65 @@
+package consumer
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Headers added to a dead letter, after the original message's headers.
+const (
+	HeaderDLQError     = "dlq_error"      // the error text
+	HeaderDLQReason    = "dlq_reason"     // a DLQReason
+	HeaderDLQTopic     = "dlq_topic"      // original topic
+	HeaderDLQPartition = "dlq_partition"  // original partition, decimal
+	HeaderDLQOffset    = "dlq_offset"     // original offset, decimal
+	HeaderDLQGroup     = "dlq_group"      // consumer group
+	HeaderDLQConsumer  = "dlq_consumer"   // inbox consumer name
+	HeaderDLQAttempts  = "dlq_attempts"   // tries made, decimal
+	HeaderDLQTime      = "dlq_time"       // when it was dead-lettered, RFC 3339 UTC
+	HeaderDLQEventID   = "dlq_event_id"   // the event id, when one was found
+	HeaderDLQEventTime = "dlq_event_time" // the event time, when one was found
+)
+
+// DLQ reasons, the values of the dlq_reason header.
+const (
+	ReasonHandlerError = "handler-error" // retries used up
+	ReasonNoEventID    = "no-event-id"   // the Extractor found no id or time
+	ReasonInvalid      = "invalid"       // inbox.ErrInvalidMessage
+	ReasonExpired      = "expired"       // inbox.ErrExpired
+)
+
+// deadLetter builds the dead letter of m: its key, value and headers, plus
+// headers saying what failed. The original timestamp is kept.
+func deadLetter(topic string, m *Message, reason string, attempts int, cause error, group, consumer string, now time.Time) kafka.Message {
+	hs := make([]kafka.Header, 0, len(m.Headers)+11)
+	hs = append(hs, m.Headers...)
+	add := func(k, v string) { hs = append(hs, kafka.Header{Key: k, Value: []byte(v)}) }
+	errText := "unknown error"
+	if cause != nil {
+		errText = cause.Error()
+	}
+	add(HeaderDLQError, errText)
+	add(HeaderDLQReason, reason)
+	add(HeaderDLQTopic, m.Topic)
+	add(HeaderDLQPartition, strconv.Itoa(m.Partition))
+	add(HeaderDLQOffset, strconv.FormatInt(m.Offset, 10))
+	add(HeaderDLQGroup, group)
+	if consumer != "" {
+		add(HeaderDLQConsumer, consumer)
+	}
+	add(HeaderDLQAttempts, strconv.Itoa(attempts))
+	add(HeaderDLQTime, now.UTC().Format(time.RFC3339Nano))
+	if m.EventID != "" {
+		add(HeaderDLQEventID, m.EventID)
+		add(HeaderDLQEventTime, m.EventTime.UTC().Format(time.RFC3339Nano))
+	}
+	return kafka.Message{
+		Topic:   topic,
+		Key:     m.Key,
+		Value:   m.Value,
+		Headers: hs,
+		Time:    m.Time,
+	}
+}

@@ -1,0 +1,214 @@
+package consumer
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+func TestOffsetTrackerOutOfOrder(t *testing.T) {
+	tr := newOffsetTracker(10)
+	if next, ok := tr.committable(); !ok || next != 10 {
+		t.Fatalf("initial committable = %d, %v; want 10", next, ok)
+	}
+	// Offsets 10..14 and, after a compaction gap, 17 and 18.
+	for _, off := range []int64{10, 11, 12, 13, 14, 17, 18} {
+		if err := tr.fetched(off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		done int64
+		want int64
+	}{
+		{12, 10}, // 10 and 11 still running
+		{14, 10},
+		{11, 10},
+		{10, 13}, // 10..12 contiguous; 13 holds back 14
+		{18, 13},
+		{13, 15}, // 13, 14 done: next is 15 (gap up to 17)
+		{17, 19},
+	}
+	for _, s := range steps {
+		if err := tr.markDone(s.done); err != nil {
+			t.Fatal(err)
+		}
+		if next, _ := tr.committable(); next != s.want {
+			t.Fatalf("after %d done: committable %d, want %d", s.done, next, s.want)
+		}
+	}
+	if tr.inFlight() != 0 {
+		t.Fatalf("in flight %d, want 0", tr.inFlight())
+	}
+	if err := tr.markDone(17); err == nil {
+		t.Fatal("completing an offset twice was accepted")
+	}
+	if err := tr.fetched(18); err == nil {
+		t.Fatal("fetching below the committable offset was accepted")
+	}
+}
+
+func TestOffsetTrackerSentinelStart(t *testing.T) {
+	tr := newOffsetTracker(kafka.FirstOffset)
+	if _, ok := tr.committable(); ok {
+		t.Fatal("a sentinel start must not be committable")
+	}
+	for _, off := range []int64{5, 6} {
+		if err := tr.fetched(off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if next, ok := tr.committable(); !ok || next != 5 {
+		t.Fatalf("committable = %d, %v; want 5", next, ok)
+	}
+	_ = tr.markDone(6)
+	if next, _ := tr.committable(); next != 5 {
+		t.Fatalf("committable %d with 5 unfinished, want 5", next)
+	}
+	_ = tr.markDone(5)
+	if next, _ := tr.committable(); next != 7 {
+		t.Fatalf("committable %d, want 7", next)
+	}
+}
+
+func hdrs(kv ...string) []kafka.Header {
+	var hs []kafka.Header
+	for i := 0; i < len(kv); i += 2 {
+		hs = append(hs, kafka.Header{Key: kv[i], Value: []byte(kv[i+1])})
+	}
+	return hs
+}
+
+func TestHeaderExtractor(t *testing.T) {
+	at := "2026-11-29T10:00:00.5+01:00"
+	want := time.Date(2026, 11, 29, 9, 0, 0, 5e8, time.UTC)
+	cases := []struct {
+		name    string
+		headers []kafka.Header
+		id      string
+		err     error
+	}{
+		{"event headers", hdrs("event_id", "e1", "event_time", at), "e1", nil},
+		{"cloudevents binary", hdrs("ce_id", "c1", "ce_time", at, "ce_type", "OrderCreated"), "c1", nil},
+		{"event_id wins over ce_id", hdrs("ce_id", "c1", "event_id", "e1", "ce_time", at), "e1", nil},
+		{"repeated same value", hdrs("event_id", "e1", "event_id", "e1", "event_time", at), "e1", nil},
+		{"repeated different values", hdrs("event_id", "e1", "event_id", "e2", "event_time", at), "", ErrNoEventID},
+		{"no id", hdrs("event_time", at), "", ErrNoEventID},
+		{"empty id", hdrs("event_id", "", "event_time", at), "", ErrNoEventID},
+		{"no time", hdrs("event_id", "e1"), "", ErrNoEventTime},
+		{"bad time", hdrs("event_id", "e1", "event_time", "yesterday"), "", ErrNoEventTime},
+		{"no headers", nil, "", ErrNoEventID},
+	}
+	ex := HeaderExtractor(nil, nil)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			id, got, err := extract(ex, &kafka.Message{Headers: c.headers})
+			if c.err != nil {
+				if !errors.Is(err, c.err) {
+					t.Fatalf("err = %v, want %v", err, c.err)
+				}
+				return
+			}
+			if err != nil || id != c.id || !got.Equal(want) {
+				t.Fatalf("got %q %v %v, want %q %v", id, got, err, c.id, want)
+			}
+		})
+	}
+}
+
+func TestCustomAndFallbackExtractors(t *testing.T) {
+	m := &kafka.Message{Topic: "orders", Partition: 3, Offset: 88121, Time: time.Unix(1700000000, 0)}
+	id, at, err := extract(ProvenanceExtractor(), m)
+	if err != nil || id != "orders/3/88121" || !at.Equal(m.Time) {
+		t.Fatalf("provenance: %q %v %v", id, at, err)
+	}
+	if _, _, err := extract(ProvenanceExtractor(), &kafka.Message{Topic: "t"}); !errors.Is(err, ErrNoEventTime) {
+		t.Fatalf("provenance without timestamp: %v", err)
+	}
+	panicky := func(*kafka.Message) (string, time.Time, error) { panic("boom") }
+	if _, _, err := extract(panicky, m); !errors.Is(err, ErrNoEventID) {
+		t.Fatalf("panicking extractor: %v", err)
+	}
+	plainErr := func(*kafka.Message) (string, time.Time, error) { return "", time.Time{}, errors.New("bad json") }
+	if _, _, err := extract(plainErr, m); !errors.Is(err, ErrNoEventID) {
+		t.Fatalf("extractor error not classified as a missing id: %v", err)
+	}
+	zeroTime := func(*kafka.Message) (string, time.Time, error) { return "x", time.Time{}, nil }
+	if _, _, err := extract(zeroTime, m); !errors.Is(err, ErrNoEventTime) {
+		t.Fatalf("zero time: %v", err)
+	}
+}
+
+func TestDeadLetterHeaders(t *testing.T) {
+	orig := &Message{
+		Message: kafka.Message{Topic: "orders", Partition: 2, Offset: 41, Key: []byte("k"), Value: []byte("v"),
+			Headers: hdrs("event_id", "e1", "trace", "t1"), Time: time.Unix(1700000000, 0)},
+		EventID: "e1", EventTime: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+	}
+	now := time.Date(2026, 11, 30, 1, 2, 3, 0, time.UTC)
+	dl := deadLetter("orders.dlq", orig, ReasonHandlerError, 5, errors.New("sku unknown"), "inventory", "reserve-stock", now)
+	if dl.Topic != "orders.dlq" || string(dl.Key) != "k" || string(dl.Value) != "v" || !dl.Time.Equal(orig.Time) {
+		t.Fatalf("dead letter lost the original: %+v", dl)
+	}
+	if len(dl.Headers) < 2 || dl.Headers[0].Key != "event_id" || dl.Headers[1].Key != "trace" {
+		t.Fatalf("original headers not kept first: %v", dl.Headers)
+	}
+	want := map[string]string{
+		HeaderDLQError: "sku unknown", HeaderDLQReason: ReasonHandlerError, HeaderDLQTopic: "orders",
+		HeaderDLQPartition: "2", HeaderDLQOffset: "41", HeaderDLQGroup: "inventory", HeaderDLQConsumer: "reserve-stock",
+		HeaderDLQAttempts: "5", HeaderDLQTime: "2026-11-30T01:02:03Z", HeaderDLQEventID: "e1",
+		HeaderDLQEventTime: "2026-01-02T03:04:05Z",
+	}
+	got := map[string]string{}
+	for _, h := range dl.Headers[2:] {
+		got[h.Key] = string(h.Value)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("header %s = %q, want %q", k, got[k], v)
+		}
+	}
+	// The original's header slice is not aliased.
+	if len(orig.Headers) != 2 {
+		t.Fatal("deadLetter modified the original headers")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	ib := &inbox.Inbox{}
+	ok := Config{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topics: []string{"t"}, Inbox: ib, Consumer: "c",
+		Handler: (&shop{}).reserve}
+	if _, err := New(ok); err != nil {
+		t.Fatalf("valid config rejected: %v", err)
+	}
+	cases := map[string]func(*Config){
+		"no brokers":            func(c *Config) { c.Brokers = nil },
+		"no group":              func(c *Config) { c.GroupID = "" },
+		"no topics":             func(c *Config) { c.Topics = nil },
+		"no handler":            func(c *Config) { c.Handler = nil },
+		"no inbox":              func(c *Config) { c.Inbox = nil },
+		"no consumer name":      func(c *Config) { c.Consumer = "" },
+		"dead letter, no topic": func(c *Config) { c.OnFailure = DeadLetter },
+		"dlq is a source topic": func(c *Config) { c.OnFailure = DeadLetter; c.DeadLetterTopic = "t" },
+		"unknown policy":        func(c *Config) { c.OnFailure = 7 },
+		"bad start offset":      func(c *Config) { c.StartOffset = 42 },
+		"bad offsets table":     func(c *Config) { c.OffsetsTable = "x; DROP TABLE y" },
+		"negative batch":        func(c *Config) { c.BatchSize = -1 },
+		"idempotent, no db":     func(c *Config) { c.Inbox = nil; c.NaturallyIdempotent = true },
+	}
+	for name, mutate := range cases {
+		cfg := ok
+		mutate(&cfg)
+		_, err := New(cfg)
+		if !errors.Is(err, inbox.ErrInvalidConfig) {
+			t.Errorf("%s: err = %v, want ErrInvalidConfig", name, err)
+		} else if !strings.Contains(err.Error(), "consumer:") && name != "bad offsets table" {
+			t.Errorf("%s: unclear error %v", name, err)
+		}
+	}
+}

@@ -1,0 +1,520 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// worker consumes one assigned partition for one generation.
+type worker struct {
+	c         *Consumer
+	gen       *kafka.Generation
+	commitMu  *sync.Mutex // serialises the generation's offset commits
+	topic     string
+	partition int
+	assigned  int64 // the group's committed offset, or a kafka-go sentinel
+	log       *slog.Logger
+
+	tracker       *offsetTracker
+	lastCommitted int64
+	lastCommitAt  time.Time
+}
+
+// item is one fetched message on its way through the worker.
+type item struct {
+	msg        Message
+	extractErr error
+	attempts   int
+}
+
+// resolution is what became of a message that failed.
+type resolution int
+
+const (
+	resolved  resolution = iota // finished: processed, duplicate or dead-lettered
+	stopped                     // the partition stops at it
+	abandoned                   // the worker is stopping; the message stays unfinished
+)
+
+// run is the worker's whole life. It returns only when ctx or genCtx ends:
+// kafka-go ends the generation as soon as one started function returns.
+func (w *worker) run(runCtx, genCtx context.Context) {
+	ctx, cancel := context.WithCancelCause(runCtx)
+	defer cancel(nil)
+	stopAfter := context.AfterFunc(genCtx, func() { cancel(kafka.ErrGenerationEnded) })
+	defer stopAfter()
+	// Database work in flight finishes when the generation ends (a rebalance)
+	// and is rolled back when Run ends.
+	dbCtx := runCtx
+
+	start, ok := w.position(ctx, dbCtx)
+	if !ok {
+		return
+	}
+	w.tracker = newOffsetTracker(start)
+	w.lastCommitted = -1
+	if w.assigned >= 0 {
+		w.lastCommitted = w.assigned
+	}
+	w.c.emit(Event{Kind: EventAssigned, Topic: w.topic, Partition: w.partition, Offset: start})
+	w.log.Info("partition assigned", "start_offset", start, "group_committed", w.assigned)
+
+	reader := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:     w.c.cfg.Brokers,
+		Topic:       w.topic,
+		Partition:   w.partition,
+		Dialer:      w.c.cfg.Dialer,
+		MinBytes:    1,
+		MaxBytes:    10 << 20,
+		MaxWait:     w.c.cfg.MaxWait,
+		Logger:      kafkaLogger(w.log, slog.LevelDebug),
+		ErrorLogger: kafkaLogger(w.log, slog.LevelWarn),
+	})
+	closeReader := func() {
+		if reader == nil {
+			return
+		}
+		if err := reader.Close(); err != nil {
+			w.log.Debug("closing the partition reader failed", "error", err)
+		}
+		reader = nil
+	}
+	defer closeReader()
+	if err := reader.SetOffset(start); err != nil {
+		// Only fails on a closed reader; nothing to fetch from.
+		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
+		<-ctx.Done()
+		return
+	}
+
+	halted := false
+	for ctx.Err() == nil && !halted {
+		batch := w.fetch(ctx, reader)
+		if len(batch) > 0 {
+			halted = w.process(ctx, dbCtx, batch)
+			if w.c.crashed(ctx) {
+				return
+			}
+		}
+		w.commit(false)
+	}
+	if w.c.crashed(ctx) {
+		return
+	}
+	closeReader()
+	w.commit(true)
+	if halted {
+		// Keep the partition (and the generation) until the next rebalance or
+		// the end of Run: returning would trigger a rebalance at once, and the
+		// message would come straight back.
+		<-ctx.Done()
+	}
+	w.c.emit(Event{Kind: EventRevoked, Topic: w.topic, Partition: w.partition})
+	w.log.Info("partition released", "cause", context.Cause(ctx))
+}
+
+// position returns the offset to start at: the larger of the group's
+// committed offset and the stored one. ok is false if ctx ended first.
+func (w *worker) position(ctx, dbCtx context.Context) (int64, bool) {
+	start := w.assigned
+	if !w.c.cfg.StoreOffsets {
+		return start, true
+	}
+	for attempt := 1; ; attempt++ {
+		stored, err := w.c.offsets.load(dbCtx, w.c.db(), w.topic, w.partition)
+		if err == nil {
+			if stored >= 0 && stored > start {
+				w.log.Info("starting at the stored offset, past the group's committed one",
+					"stored", stored, "group_committed", start)
+				start = stored
+			}
+			return start, true
+		}
+		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		w.log.Warn("cannot read the stored offset; retrying", "error", err, "retry_in", wait)
+		if sleep(ctx, wait) != nil {
+			return 0, false
+		}
+	}
+}
+
+// fetch returns the next batch: up to BatchSize messages, waiting at most
+// BatchWait after the first. It returns nothing when ctx ends, when an idle
+// period of CommitInterval passed (so the caller can commit), or after a
+// fetch error (logged, then retried after a backoff).
+func (w *worker) fetch(ctx context.Context, r *kafka.Reader) []kafka.Message {
+	idle := w.c.cfg.CommitInterval
+	if idle <= 0 {
+		idle = time.Second
+	}
+	fctx, cancel := context.WithTimeout(ctx, idle)
+	m, err := r.FetchMessage(fctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+			w.log.Warn("fetch failed; retrying", "error", err)
+			_ = sleep(ctx, w.c.cfg.MinBackoff)
+		}
+		return nil
+	}
+	batch := []kafka.Message{m}
+	if w.c.cfg.BatchSize > 1 {
+		bctx, cancel := context.WithTimeout(ctx, w.c.cfg.BatchWait)
+		defer cancel()
+		for len(batch) < w.c.cfg.BatchSize {
+			m, err := r.FetchMessage(bctx)
+			if err != nil {
+				break
+			}
+			batch = append(batch, m)
+		}
+	}
+	return batch
+}
+
+// process handles a batch in order and reports whether the partition must
+// stop. Messages left unfinished (the worker is stopping) are not marked
+// done, so their offsets are not committed.
+func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (halt bool) {
+	items := make([]*item, len(batch))
+	for i, m := range batch {
+		if err := w.tracker.fetched(m.Offset); err != nil {
+			w.log.Error("offset bookkeeping broken", "error", err)
+		}
+		id, at, err := extract(w.c.cfg.Extract, &batch[i])
+		items[i] = &item{msg: Message{Message: m, EventID: id, EventTime: at}, extractErr: err}
+	}
+	defer func() {
+		last := batch[len(batch)-1]
+		if last.HighWaterMark > 0 {
+			next, _ := w.tracker.committable()
+			w.c.emit(Event{Kind: EventLag, Topic: w.topic, Partition: w.partition, Offset: next, Lag: max(last.HighWaterMark-next, 0)})
+		}
+	}()
+	if w.c.cfg.NaturallyIdempotent {
+		for _, it := range items {
+			switch w.processIdempotent(ctx, dbCtx, it) {
+			case stopped:
+				return true
+			case abandoned:
+				return false
+			}
+		}
+		return false
+	}
+
+	results, ok := w.processInbox(ctx, dbCtx, items)
+	if !ok {
+		return false
+	}
+	for i, it := range items {
+		r := results[i]
+		switch r.Outcome {
+		case inbox.Processed, inbox.Duplicate:
+			w.finish(it, r.Outcome)
+			continue
+		}
+		var res resolution
+		if it.extractErr != nil {
+			res = w.applyPolicy(ctx, dbCtx, it, ReasonNoEventID, it.extractErr)
+		} else {
+			res = w.retryInbox(ctx, dbCtx, it, r.Err)
+		}
+		switch res {
+		case stopped:
+			return true
+		case abandoned:
+			return false
+		}
+	}
+	return false
+}
+
+// processInbox runs the messages with an id through inbox.ProcessBatch, in
+// one transaction, retrying without limit while the batch as a whole cannot
+// commit. results[i] belongs to items[i]; items without id are Failed. ok is
+// false when the worker is stopping and the batch did not commit.
+func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (results []inbox.Result, ok bool) {
+	results = make([]inbox.Result, len(items))
+	var msgs []inbox.Message
+	var idx []int
+	blockedFrom := int64(math.MaxInt64)
+	for i, it := range items {
+		if it.extractErr != nil {
+			results[i] = inbox.Result{Outcome: inbox.Failed, Err: it.extractErr}
+			blockedFrom = min(blockedFrom, it.msg.Offset)
+			continue
+		}
+		it.attempts++
+		m := w.inboxMessage(it)
+		if m.Validate() != nil || m.Day().Before(w.c.cfg.Inbox.OldestCheckedDay()) {
+			// The inbox will fail it before its transaction: nothing after it
+			// may store an offset.
+			blockedFrom = min(blockedFrom, it.msg.Offset)
+		}
+		msgs = append(msgs, m)
+		idx = append(idx, i)
+	}
+	if len(msgs) == 0 {
+		return results, true
+	}
+	for attempt := 1; ; attempt++ {
+		rs, err := w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items, blockedFrom))
+		if err == nil {
+			for j, i := range idx {
+				results[i] = rs[j]
+			}
+			if w.afterCommit(ctx) {
+				return results, false
+			}
+			return results, true
+		}
+		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		w.log.Warn("the batch could not commit; retrying it", "messages", len(msgs), "error", err, "retry_in", wait)
+		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
+		if sleep(ctx, wait) != nil {
+			return nil, false
+		}
+	}
+}
+
+// wrap adapts the user's Handler to the inbox and, with StoreOffsets,
+// writes the partition's next offset in the same transaction. The offset is
+// written only for a message with no possibly failed message before it in
+// the batch, so the stored offset never passes an unfinished message.
+func (w *worker) wrap(items []*item, blockedFrom int64) inbox.Handler {
+	byOffset := make(map[int64]*item, len(items))
+	for _, it := range items {
+		byOffset[it.msg.Offset] = it
+	}
+	var mu sync.Mutex
+	block := func(off int64) {
+		mu.Lock()
+		blockedFrom = min(blockedFrom, off)
+		mu.Unlock()
+	}
+	blocked := func(off int64) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return blockedFrom < off
+	}
+	return func(ctx context.Context, tx *gorm.DB, m inbox.Message) (err error) {
+		it, ok := byOffset[m.Offset]
+		if !ok {
+			return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
+		}
+		done := false
+		defer func() {
+			if !done {
+				block(m.Offset) // an error or a panic: a rerun skips this message
+			}
+		}()
+		if err := w.c.cfg.Handler(ctx, tx, it.msg); err != nil {
+			return err
+		}
+		if w.c.cfg.StoreOffsets && !blocked(m.Offset) {
+			if err := w.c.offsets.save(ctx, tx, w.topic, w.partition, m.Offset+1); err != nil {
+				return err
+			}
+		}
+		done = true
+		return nil
+	}
+}
+
+// retryInbox tries a failed message again, alone, until it commits, its
+// attempts are used up (then the policy applies) or the worker stops.
+// Invalid and expired messages go to the policy at once.
+func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) resolution {
+	for {
+		switch {
+		case errors.Is(err, inbox.ErrExpired):
+			return w.applyPolicy(ctx, dbCtx, it, ReasonExpired, err)
+		case errors.Is(err, inbox.ErrInvalidMessage):
+			return w.applyPolicy(ctx, dbCtx, it, ReasonInvalid, err)
+		case it.attempts >= w.c.cfg.MaxAttempts:
+			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
+		}
+		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
+		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "event_id", it.msg.EventID,
+			"attempt", it.attempts, "error", err, "retry_in", wait)
+		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
+		if sleep(ctx, wait) != nil {
+			return abandoned
+		}
+		rs, ok := w.processInbox(ctx, dbCtx, []*item{it})
+		if !ok {
+			return abandoned
+		}
+		if o := rs[0].Outcome; o == inbox.Processed || o == inbox.Duplicate {
+			w.finish(it, o)
+			return resolved
+		}
+		err = rs[0].Err
+	}
+}
+
+// processIdempotent runs the handler for one message in its own
+// transaction, without an inbox row, with the consumer's retries.
+func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolution {
+	for {
+		it.attempts++
+		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
+			if err := callHandler(dbCtx, tx, w.c.cfg.Handler, it.msg); err != nil {
+				return err
+			}
+			if w.c.cfg.StoreOffsets {
+				return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, it.msg.Offset+1)
+			}
+			return nil
+		})
+		if err == nil {
+			if w.afterCommit(ctx) {
+				return abandoned
+			}
+			w.finish(it, inbox.Processed)
+			return resolved
+		}
+		if ctx.Err() != nil {
+			return abandoned
+		}
+		if it.attempts >= w.c.cfg.MaxAttempts {
+			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
+		}
+		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
+		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait)
+		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
+		if sleep(ctx, wait) != nil {
+			return abandoned
+		}
+	}
+}
+
+func callHandler(ctx context.Context, tx *gorm.DB, h Handler, msg Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", inbox.ErrHandlerPanic, r)
+		}
+	}()
+	return h(ctx, tx, msg)
+}
+
+// afterCommit runs the test seam after a database commit and reports
+// whether it simulated a crash.
+func (w *worker) afterCommit(ctx context.Context) bool {
+	if w.c.cfg.afterDB == nil {
+		return false
+	}
+	next, _ := w.tracker.committable()
+	if errors.Is(w.c.cfg.afterDB(w.topic, w.partition, next), errCrash) {
+		w.c.crash()
+		<-ctx.Done()
+		return true
+	}
+	return false
+}
+
+// finish marks a message done.
+func (w *worker) finish(it *item, o inbox.Outcome) {
+	if err := w.tracker.markDone(it.msg.Offset); err != nil {
+		w.log.Error("offset bookkeeping broken", "error", err)
+	}
+	kind := EventProcessed
+	if o == inbox.Duplicate {
+		kind = EventDuplicate
+		w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
+	}
+	w.c.emit(Event{Kind: kind, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset})
+	next, _ := w.tracker.committable()
+	w.c.clearStopped(w.topic, w.partition, next)
+}
+
+// applyPolicy dead-letters the message or stops the partition at it.
+func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string, cause error) resolution {
+	if w.c.cfg.OnFailure == StopPartition {
+		e := &PartitionStoppedError{Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset,
+			EventID: it.msg.EventID, Reason: reason, Attempts: it.attempts, Err: cause}
+		w.c.setStopped(e)
+		w.log.Error("PARTITION STOPPED: a message cannot be processed; nothing at or after it is committed until it is fixed and the partition reassigned",
+			"offset", it.msg.Offset, "event_id", it.msg.EventID, "reason", reason, "attempts", it.attempts, "error", cause)
+		w.c.emit(Event{Kind: EventPartitionStopped, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: e})
+		return stopped
+	}
+	dl := deadLetter(w.c.cfg.DeadLetterTopic, &it.msg, reason, it.attempts, cause, w.c.cfg.GroupID, w.c.cfg.Consumer, time.Now())
+	for attempt := 1; ; attempt++ {
+		err := w.c.dlq.WriteMessages(ctx, dl)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return abandoned
+		}
+		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		w.log.Warn("publishing a dead letter failed; retrying", "offset", it.msg.Offset, "error", err, "retry_in", wait)
+		if sleep(ctx, wait) != nil {
+			return abandoned
+		}
+	}
+	w.log.Error("message dead-lettered", "offset", it.msg.Offset, "event_id", it.msg.EventID,
+		"reason", reason, "attempts", it.attempts, "dead_letter_topic", w.c.cfg.DeadLetterTopic, "error", cause)
+	if err := w.tracker.markDone(it.msg.Offset); err != nil {
+		w.log.Error("offset bookkeeping broken", "error", err)
+	}
+	w.c.emit(Event{Kind: EventDeadLettered, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: cause})
+	if w.c.cfg.StoreOffsets {
+		// Not required for safety (the stored offset may lag), but it saves
+		// dead-lettering the message again after a crash.
+		next, _ := w.tracker.committable()
+		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
+			return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, next)
+		})
+		if err != nil {
+			w.log.Warn("storing the offset after a dead letter failed", "error", err)
+		}
+	}
+	return resolved
+}
+
+// inboxMessage is the inbox's view of an item.
+func (w *worker) inboxMessage(it *item) inbox.Message {
+	return inbox.Message{
+		Consumer:  w.c.cfg.Consumer,
+		ID:        it.msg.EventID,
+		Time:      it.msg.EventTime,
+		Topic:     w.topic,
+		Partition: int32(w.partition),
+		Offset:    it.msg.Offset,
+	}
+}
+
+// commit commits the committable offset to Kafka if it moved, at most once
+// per CommitInterval unless force.
+func (w *worker) commit(force bool) {
+	next, ok := w.tracker.committable()
+	if !ok || next <= w.lastCommitted {
+		return
+	}
+	if !force && w.c.cfg.CommitInterval > 0 && time.Since(w.lastCommitAt) < w.c.cfg.CommitInterval {
+		return
+	}
+	w.commitMu.Lock()
+	err := w.gen.CommitOffsets(map[string]map[int]int64{w.topic: {w.partition: next}})
+	w.commitMu.Unlock()
+	if err != nil {
+		w.log.Warn("offset commit failed; the messages will be redelivered if it never succeeds (the inbox absorbs them)",
+			"next_offset", next, "error", err)
+		return
+	}
+	w.lastCommitted, w.lastCommitAt = next, time.Now()
+	w.c.emit(Event{Kind: EventCommitted, Topic: w.topic, Partition: w.partition, Offset: next})
+}
