@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
+	"io"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -271,5 +273,42 @@ func TestStats(t *testing.T) {
 		return a.Consumer == b.Consumer && a.Day.Equal(b.Day) && a.Rows == b.Rows
 	}) {
 		t.Errorf("stats %v, want %v", stats, want)
+	}
+}
+
+// TestExample runs Example against the test server and checks what it
+// prints.
+func TestExample(t *testing.T) {
+	dsn := testenv.PostgresDSN(t)
+	t.Setenv("INBOX_POSTGRES_DSN", dsn)
+	db, err := openDB(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeDB(db)
+	drop := func() {
+		if err := db.Exec(`DROP SCHEMA IF EXISTS inbox_example CASCADE`).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	drop()
+	defer drop()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	func() {
+		defer func() { os.Stdout = stdout }()
+		Example()
+	}()
+	w.Close()
+	out, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "processed\nduplicate\nreserved: 1\n"; string(out) != want {
+		t.Errorf("Example printed %q, want %q", out, want)
 	}
 }
