@@ -67,9 +67,12 @@ var concurrencyChecks = []Check{
 			msg := env.Msg("race-rollback-1")
 			claimed := make(chan struct{})
 			var firstErr error
+			var firstOut inbox.Outcome
 			var firstDone sync.WaitGroup
+			firstFinished := make(chan struct{})
 			firstDone.Go(func() {
-				_, firstErr = ib.Process(ctx, msg, func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
+				defer close(firstFinished)
+				firstOut, firstErr = ib.Process(ctx, msg, func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
 					if err := env.Apply(ctx, tx, m); err != nil {
 						return err
 					}
@@ -81,6 +84,8 @@ var concurrencyChecks = []Check{
 			})
 			select {
 			case <-claimed:
+			case <-firstFinished:
+				return fmt.Errorf("the first delivery of a new id ended without running its handler: outcome %v, error %v", firstOut, firstErr)
 			case <-ctx.Done():
 				return ctx.Err()
 			}

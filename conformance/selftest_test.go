@@ -1,0 +1,214 @@
+package conformance_test
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// The suite is only worth something if it fails on broken stores. Each store
+// below breaks one promise of the Store contract on top of the healthy
+// SQLite store; the test runs every check against it and requires the checks
+// that guard that promise to fail.
+
+// outsideTx claims through its own connection to a separate database, so the
+// inbox row commits on its own, outside the caller's transaction.
+type outsideTx struct {
+	*inboxsqlite.Store
+	own *gorm.DB
+}
+
+func (s outsideTx) Claim(ctx context.Context, _ *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	return s.Store.Claim(ctx, s.own, rows)
+}
+
+func (s outsideTx) Migrate(ctx context.Context, db *gorm.DB) error {
+	if err := s.Store.Migrate(ctx, db); err != nil {
+		return err
+	}
+	return s.Store.Migrate(ctx, s.own)
+}
+
+// duplicateAsNew stores rows but reports every row as new.
+type duplicateAsNew struct{ *inboxsqlite.Store }
+
+func (s duplicateAsNew) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	if _, err := s.Store.Claim(ctx, tx, rows); err != nil {
+		return nil, err
+	}
+	all := make([]bool, len(rows))
+	for i := range all {
+		all[i] = true
+	}
+	return all, nil
+}
+
+// newAsDuplicate stores rows but reports every row as a duplicate, the way
+// INSERT IGNORE reports a row it dropped for want of a partition.
+type newAsDuplicate struct{ *inboxsqlite.Store }
+
+func (s newAsDuplicate) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	if _, err := s.Store.Claim(ctx, tx, rows); err != nil {
+		return nil, err
+	}
+	return make([]bool, len(rows)), nil
+}
+
+// caseFolding compares ids case-insensitively and ignores trailing spaces,
+// like MySQL's default collations.
+type caseFolding struct{ *inboxsqlite.Store }
+
+func (s caseFolding) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	folded := make([]inbox.Row, len(rows))
+	for i, r := range rows {
+		r.EventID = strings.TrimRight(strings.ToLower(r.EventID), " ")
+		r.Consumer = strings.TrimRight(strings.ToLower(r.Consumer), " ")
+		folded[i] = r
+	}
+	return claimDistinct(ctx, s.Store, tx, folded)
+}
+
+// truncating keeps only the first 191 bytes of an id, like an index prefix.
+type truncating struct{ *inboxsqlite.Store }
+
+func (s truncating) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	cut := make([]inbox.Row, len(rows))
+	for i, r := range rows {
+		if len(r.EventID) > 191 {
+			r.EventID = r.EventID[:191]
+		}
+		cut[i] = r
+	}
+	return claimDistinct(ctx, s.Store, tx, cut)
+}
+
+// claimDistinct claims rows whose keys may now repeat, one at a time.
+func claimDistinct(ctx context.Context, s inbox.Store, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	out := make([]bool, len(rows))
+	for i, r := range rows {
+		got, err := s.Claim(ctx, tx, []inbox.Row{r})
+		if err != nil {
+			return nil, err
+		}
+		out[i] = got[0]
+	}
+	return out, nil
+}
+
+// overExpiring removes every day, not just the expired ones.
+type overExpiring struct{ *inboxsqlite.Store }
+
+func (s overExpiring) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
+	plan.ExpireBefore = plan.PrepareThrough.AddDate(1, 0, 0)
+	return s.Store.Maintain(ctx, db, plan)
+}
+
+// neverExpiring removes nothing.
+type neverExpiring struct{ *inboxsqlite.Store }
+
+func (s neverExpiring) Maintain(context.Context, *gorm.DB, inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
+	return inbox.MaintenanceReport{}, nil
+}
+
+func openSQLite(t *testing.T, name string) *gorm.DB {
+	t.Helper()
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), name)), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	return db
+}
+
+func harnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.Store) inbox.Store) conformance.HarnessMaker {
+	return func(ctx context.Context) (*conformance.Harness, error) {
+		db := openSQLite(t, "inbox.db")
+		s, err := inboxsqlite.New(inboxsqlite.Options{})
+		if err != nil {
+			return nil, err
+		}
+		return &conformance.Harness{DB: db, Store: wrap(t, s), Features: conformance.Features{ExpiryCountsRows: true}}, nil
+	}
+}
+
+func TestSuiteFailsBrokenStores(t *testing.T) {
+	cases := []struct {
+		name string
+		wrap func(t *testing.T, s *inboxsqlite.Store) inbox.Store
+		// Checks that must catch this breakage.
+		mustFail []string
+	}{
+		{"writes-outside-the-transaction",
+			func(t *testing.T, s *inboxsqlite.Store) inbox.Store { return outsideTx{s, openSQLite(t, "elsewhere.db")} },
+			[]string{"atomicity/handler-error-rolls-back", "atomicity/handler-panic-rolls-back", "atomicity/cancelled-context-rolls-back",
+				"atomicity/caller-rollback-removes-both", "schema/table-is-transactional", "batch/failing-message-is-isolated"}},
+		{"reports-duplicate-as-new",
+			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return duplicateAsNew{s} },
+			[]string{"atomicity/duplicate-skips-handler", "concurrency/concurrent-deliveries-of-one-id", "batch/duplicates-inside-batch-and-stored",
+				"retention/redelivery-after-days-turn-and-maintenance", "schema/claim-answers-each-row"}},
+		{"reports-new-as-duplicate",
+			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return newAsDuplicate{s} },
+			[]string{"atomicity/first-delivery-commits-row-and-effect", "scope/same-id-two-consumers", "schema/claim-answers-each-row"}},
+		{"folds-case-and-trailing-spaces",
+			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return caseFolding{s} },
+			[]string{"scope/case-and-trailing-spaces-are-distinct"}},
+		{"truncates-long-ids",
+			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return truncating{s} },
+			[]string{"ids/maximum-length-ids"}},
+		{"expires-live-days",
+			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return overExpiring{s} },
+			[]string{"retention/redelivery-after-days-turn-and-maintenance", "retention/maintain-removes-only-expired-days", "retention/future-dated-events"}},
+		{"never-expires",
+			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return neverExpiring{s} },
+			[]string{"retention/maintain-removes-only-expired-days", "retention/maintain-while-inserting", "retention/maintain-dry-run-changes-nothing"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var failed []string
+			for _, c := range conformance.Checks() {
+				if err := conformance.RunCheck(t.Context(), harnessWith(t, tc.wrap), c); err != nil {
+					failed = append(failed, c.ID())
+					t.Logf("caught: %v", err)
+				}
+			}
+			for _, id := range tc.mustFail {
+				if !slices.Contains(failed, id) {
+					t.Errorf("check %s passed a store that %s", id, tc.name)
+				}
+			}
+		})
+	}
+}
+
+func TestSuitePassesHealthyStore(t *testing.T) {
+	conformance.Run(t, harnessWith(t, func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return s }))
+}
+
+func TestChecksHaveStableUniqueNames(t *testing.T) {
+	seen := map[string]bool{}
+	for _, c := range conformance.Checks() {
+		if seen[c.ID()] {
+			t.Errorf("duplicate check %s", c.ID())
+		}
+		seen[c.ID()] = true
+		if c.Doc == "" || c.Run == nil {
+			t.Errorf("check %s lacks Doc or Run", c.ID())
+		}
+	}
+	if len(seen) < 25 {
+		t.Errorf("only %d checks", len(seen))
+	}
+}
