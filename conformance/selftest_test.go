@@ -152,7 +152,9 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 		mustFail []string
 	}{
 		{"writes-outside-the-transaction",
-			func(t *testing.T, s *inboxsqlite.Store) inbox.Store { return outsideTx{s, openSQLite(t, "elsewhere.db")} },
+			func(t *testing.T, s *inboxsqlite.Store) inbox.Store {
+				return outsideTx{s, openSQLite(t, "elsewhere.db")}
+			},
 			[]string{"atomicity/handler-error-rolls-back", "atomicity/handler-panic-rolls-back", "atomicity/cancelled-context-rolls-back",
 				"atomicity/caller-rollback-removes-both", "schema/table-is-transactional", "batch/failing-message-is-isolated"}},
 		{"reports-duplicate-as-new",
