@@ -135,14 +135,20 @@ const (
 	sqlstateLockNotAvailable     = "55P03" // lock_timeout, NOWAIT
 )
 
+// sqlStater is implemented by the errors of pgx (*pgconn.PgError, the
+// default driver of gorm.io/driver/postgres) and of lib/pq.
+type sqlStater interface{ SQLState() string }
+
+var _ sqlStater = (*pgconn.PgError)(nil)
+
 // IsRetryable reports serialization failures (40001), deadlocks (40P01) and
 // lock timeouts (55P03), by SQLSTATE.
 func (s *Store) IsRetryable(err error) bool {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
+	var se sqlStater
+	if !errors.As(err, &se) {
 		return false
 	}
-	switch pe.Code {
+	switch se.SQLState() {
 	case sqlstateSerializationFailure, sqlstateDeadlockDetected, sqlstateLockNotAvailable:
 		return true
 	}

@@ -312,3 +312,64 @@ func TestExample(t *testing.T) {
 		t.Errorf("Example printed %q, want %q", out, want)
 	}
 }
+
+// The longest table name leaves 63 bytes for partition names; the names
+// PostgreSQL derives from them for indexes are truncated and must not
+// collide.
+func TestLongestTableName(t *testing.T) {
+	db, store := fresh(t, inboxpg.Options{Table: strings.Repeat("t", inboxpg.MaxTableBytes)})
+	d := inbox.DayOf(time.Now())
+	claim(t, db, store, row("a", d), row("b", d.AddDate(0, 0, 1)))
+	plan := inbox.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, 3), ExpireBefore: d.AddDate(0, 0, -3)}
+	for range 2 {
+		if _, err := store.Maintain(t.Context(), db, plan); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := claim(t, db, store, row("a", d), row("b", d.AddDate(0, 0, 1)), row("c", d.AddDate(0, 0, 2))); !slices.Equal(got, []bool{false, false, true}) {
+		t.Errorf("claims after maintenance: %v", got)
+	}
+	if err := store.Verify(t.Context(), db); err != nil {
+		t.Error(err)
+	}
+	plan = inbox.MaintenancePlan{Today: d.AddDate(0, 0, 9), PrepareThrough: d.AddDate(0, 0, 9), ExpireBefore: d.AddDate(0, 0, 9)}
+	if report, err := store.Maintain(t.Context(), db, plan); err != nil || len(report.Expired) != 4 {
+		t.Fatalf("expiring every day: %+v, %v", report, err)
+	}
+}
+
+// A partition whose drop was interrupted after its detach is dropped by the
+// next Maintain that finds its day expired.
+func TestMaintainDropsLeftoverDetachedPartition(t *testing.T) {
+	db, store := fresh(t, inboxpg.Options{Table: "leftover"})
+	d := inbox.DayOf(time.Now())
+	plan := inbox.MaintenancePlan{Today: d, PrepareThrough: d, ExpireBefore: d.AddDate(0, 0, -3)}
+	if _, err := store.Maintain(t.Context(), db, plan); err != nil {
+		t.Fatal(err)
+	}
+	part := `"` + store.Schema() + `".leftover_p` + d.Format("20060102")
+	if err := db.Exec(`ALTER TABLE "` + store.Schema() + `".leftover DETACH PARTITION ` + part).Error; err != nil {
+		t.Fatal(err)
+	}
+	report, err := store.Maintain(t.Context(), db, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(report.Expired) != 0 {
+		t.Errorf("a detached partition of a live day was expired: %+v", report)
+	}
+	// Today's partition is gone from the table; its rows would go to DEFAULT.
+	// Once the day expires, the leftover table is dropped.
+	later := inbox.MaintenancePlan{Today: d.AddDate(0, 0, 5), PrepareThrough: d.AddDate(0, 0, 5), ExpireBefore: d.AddDate(0, 0, 1)}
+	report, err = store.Maintain(t.Context(), db, later)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(report.Expired, d.Equal) || report.RowsRemoved != -1 {
+		t.Errorf("report %+v does not name the leftover's day", report)
+	}
+	var n int64
+	if err := db.Raw(`SELECT count(*) FROM pg_class WHERE oid = to_regclass(?)`, part).Scan(&n).Error; err != nil || n != 0 {
+		t.Errorf("leftover %s still exists (%d, %v)", part, n, err)
+	}
+}
