@@ -1,0 +1,35 @@
+# The inbox library. `make help` lists the targets.
+
+GO       ?= go
+SERVICES := scripts/with-services.sh
+PKGS     := ./...
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: demo
+demo: ## Run the demo: SQLite and an in-process Kafka broker, nothing to install.
+	$(GO) run ./cmd/inbox-demo
+
+.PHONY: test
+test: ## Run every test against real PostgreSQL, MariaDB, SQLite and Kafka (started and stopped here); no backend may be skipped.
+	$(SERVICES) --postgres --mariadb --kafka -- env INBOX_REQUIRE_BACKENDS=1 $(GO) test -race -count=1 -timeout 45m $(PKGS)
+
+.PHONY: test-short
+test-short: ## Run the tests that need no server (backends are skipped; not for CI).
+	$(GO) test -race -count=1 $(PKGS)
+
+.PHONY: lint
+lint: ## gofmt and go vet.
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+.PHONY: bench
+bench: ## Run the benchmarks against every backend, side by side (see docs/BENCHMARKS.md).
+	$(SERVICES) --postgres --mariadb --kafka -- env INBOX_REQUIRE_BACKENDS=1 $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
+
+.PHONY: ci
+ci: lint test ## What CI runs.

@@ -1,0 +1,290 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/inbox"
+)
+
+var errTransient = errors.New("transient")
+
+// flakyStore fails the first failClaims claims with an error it classifies
+// as retryable, then behaves like the SQLite store.
+type flakyStore struct {
+	*inboxsqlite.Store
+	failClaims atomic.Int32
+	claims     atomic.Int32
+	answers    int // if > 0, Claim answers this many values (a broken store)
+}
+
+func (s *flakyStore) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	s.claims.Add(1)
+	if s.failClaims.Add(-1) >= 0 {
+		return nil, errTransient
+	}
+	got, err := s.Store.Claim(ctx, tx, rows)
+	if s.answers > 0 {
+		return make([]bool, s.answers), err
+	}
+	return got, err
+}
+
+func (s *flakyStore) IsRetryable(err error) bool {
+	return errors.Is(err, errTransient) || s.Store.IsRetryable(err)
+}
+
+func newTestInbox(t *testing.T, cfg inbox.Config) (*inbox.Inbox, *flakyStore) {
+	t.Helper()
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "t.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if s, err := db.DB(); err == nil {
+			s.Close()
+		}
+	})
+	base, err := inboxsqlite.New(inboxsqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &flakyStore{Store: base}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.MinBackoff == 0 {
+		cfg.MinBackoff = time.Millisecond
+		cfg.MaxBackoff = 2 * time.Millisecond
+	}
+	ib, err := inbox.New(db, store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return ib, store
+}
+
+func msg(id string) inbox.Message {
+	return inbox.Message{Consumer: "unit", ID: id, Time: time.Now()}
+}
+
+func noop(context.Context, *gorm.DB, inbox.Message) error { return nil }
+
+func TestValidate(t *testing.T) {
+	now := time.Now()
+	cases := []struct {
+		name string
+		m    inbox.Message
+		want string // substring of the error; "" for valid
+	}{
+		{"valid", inbox.Message{Consumer: "c", ID: "id", Time: now}, ""},
+		{"max lengths", inbox.Message{Consumer: strings.Repeat("c", inbox.MaxConsumerBytes), ID: strings.Repeat("i", inbox.MaxEventIDBytes), Time: now}, ""},
+		{"empty id", inbox.Message{Consumer: "c", Time: now}, "invalid event id: empty"},
+		{"empty consumer", inbox.Message{ID: "x", Time: now}, "invalid consumer: empty"},
+		{"long id", inbox.Message{Consumer: "c", ID: strings.Repeat("i", inbox.MaxEventIDBytes+1), Time: now}, "longer than the 255 allowed"},
+		{"long consumer", inbox.Message{Consumer: strings.Repeat("c", inbox.MaxConsumerBytes+1), ID: "x", Time: now}, "longer than the 128 allowed"},
+		{"bad utf8", inbox.Message{Consumer: "c", ID: "\xff", Time: now}, "not valid UTF-8"},
+		{"nul", inbox.Message{Consumer: "c", ID: "a\x00b", Time: now}, "NUL"},
+		{"no time", inbox.Message{Consumer: "c", ID: "x"}, "event time"},
+		{"year 10000", inbox.Message{Consumer: "c", ID: "x", Time: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, "outside the years"},
+		{"negative offset", inbox.Message{Consumer: "c", ID: "x", Time: now, Offset: -1}, "negative"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.m.Validate()
+			if c.want == "" {
+				if err != nil {
+					t.Fatalf("valid message rejected: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want one containing %q", err, c.want)
+			}
+			var ve *inbox.ValidationError
+			if !errors.Is(err, inbox.ErrInvalidMessage) || !errors.As(err, &ve) {
+				t.Fatalf("error %v is not an *inbox.ValidationError wrapping ErrInvalidMessage", err)
+			}
+		})
+	}
+}
+
+func TestDayIsUTC(t *testing.T) {
+	// 01:30 on 2 March at UTC+14 is 11:30 on 1 March UTC.
+	tm := time.Date(2026, 3, 2, 1, 30, 0, 0, time.FixedZone("+14", 14*3600))
+	m := inbox.Message{Time: tm}
+	if got, want := m.Day(), time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC); !got.Equal(want) || got.Location() != time.UTC {
+		t.Fatalf("Day() = %v, want %v", got, want)
+	}
+}
+
+func TestValidateIdentifier(t *testing.T) {
+	for _, ok := range []string{"inbox", "Inbox_2", "_x", strings.Repeat("a", 63)} {
+		if err := inbox.ValidateIdentifier("table", ok); err != nil {
+			t.Errorf("%q rejected: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "1x", "a-b", "a b", "a;drop", `a"`, "ä", strings.Repeat("a", 64)} {
+		err := inbox.ValidateIdentifier("table", bad)
+		if !errors.Is(err, inbox.ErrInvalidConfig) {
+			t.Errorf("%q: error %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	for name, cfg := range map[string]inbox.Config{
+		"negative retention": {RetentionDays: -1},
+		"unknown policy":     {Expired: inbox.ExpiredPolicy(7)},
+		"negative attempts":  {MaxAttempts: -1},
+	} {
+		if _, err := inbox.New(&gorm.DB{}, &flakyStore{}, cfg); !errors.Is(err, inbox.ErrInvalidConfig) {
+			t.Errorf("%s: error %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	if _, err := inbox.New(nil, &flakyStore{}, inbox.Config{}); !errors.Is(err, inbox.ErrInvalidConfig) {
+		t.Errorf("nil db: error %v", err)
+	}
+}
+
+func TestRetriesTransientErrors(t *testing.T) {
+	var retries atomic.Int32
+	ib, store := newTestInbox(t, inbox.Config{OnEvent: func(e inbox.Event) {
+		if e.Kind == inbox.EventRetry {
+			retries.Add(1)
+		}
+	}})
+	store.failClaims.Store(2)
+	out, err := ib.Process(t.Context(), msg("r1"), noop)
+	if err != nil || out != inbox.Processed {
+		t.Fatalf("Process = %v, %v", out, err)
+	}
+	if got := store.claims.Load(); got != 3 {
+		t.Errorf("%d claims, want 3", got)
+	}
+	if c := ib.Counters(); c.Retries != 2 || c.Processed != 1 || retries.Load() != 2 {
+		t.Errorf("counters %+v, retry events %d", c, retries.Load())
+	}
+}
+
+func TestGivesUpAfterMaxAttempts(t *testing.T) {
+	ib, store := newTestInbox(t, inbox.Config{MaxAttempts: 3})
+	store.failClaims.Store(100)
+	out, err := ib.Process(t.Context(), msg("r2"), noop)
+	if out != inbox.Failed || !errors.Is(err, errTransient) || !strings.Contains(err.Error(), "after 3 attempts") {
+		t.Fatalf("Process = %v, %v", out, err)
+	}
+	if got := store.claims.Load(); got != 3 {
+		t.Errorf("%d claims, want 3", got)
+	}
+	if c := ib.Counters(); c.Failed != 1 {
+		t.Errorf("counters %+v", c)
+	}
+}
+
+func TestHandlerErrorsRetriedOnlyWhenMarked(t *testing.T) {
+	ib, _ := newTestInbox(t, inbox.Config{})
+	var calls int
+	plain := errors.New("plain")
+	out, err := ib.Process(t.Context(), msg("h1"), func(context.Context, *gorm.DB, inbox.Message) error {
+		calls++
+		return plain
+	})
+	if out != inbox.Failed || !errors.Is(err, plain) || calls != 1 {
+		t.Fatalf("plain error: %v %v after %d calls", out, err, calls)
+	}
+	calls = 0
+	out, err = ib.Process(t.Context(), msg("h2"), func(context.Context, *gorm.DB, inbox.Message) error {
+		calls++
+		if calls < 3 {
+			return inbox.Retryable(errors.New("try again"))
+		}
+		return nil
+	})
+	if out != inbox.Processed || err != nil || calls != 3 {
+		t.Fatalf("retryable error: %v %v after %d calls", out, err, calls)
+	}
+}
+
+func TestCancelledContextStopsRetrying(t *testing.T) {
+	ib, store := newTestInbox(t, inbox.Config{MinBackoff: time.Second, MaxBackoff: time.Second})
+	store.failClaims.Store(100)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := ib.Process(ctx, msg("c1"), noop)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 900*time.Millisecond {
+		t.Fatalf("Process = %v after %v", err, time.Since(start))
+	}
+}
+
+func TestStoreAnsweringWrongCountIsAnError(t *testing.T) {
+	ib, store := newTestInbox(t, inbox.Config{})
+	store.answers = 2
+	ran := false
+	_, err := ib.Process(t.Context(), msg("w1"), func(context.Context, *gorm.DB, inbox.Message) error {
+		ran = true
+		return nil
+	})
+	if err == nil || ran || !strings.Contains(err.Error(), "broke the Claim contract") {
+		t.Fatalf("Process = %v, handler ran %v", err, ran)
+	}
+}
+
+func TestPlanDates(t *testing.T) {
+	now := time.Date(2026, 11, 30, 23, 59, 0, 0, time.UTC)
+	ib, _ := newTestInbox(t, inbox.Config{RetentionDays: 10, PrepareDays: 3, Now: func() time.Time { return now }})
+	p := ib.Plan()
+	day := func(m time.Month, d int) time.Time { return time.Date(2026, m, d, 0, 0, 0, 0, time.UTC) }
+	if !p.Today.Equal(day(11, 30)) || !p.PrepareThrough.Equal(day(12, 3)) || !p.ExpireBefore.Equal(day(11, 19)) {
+		t.Fatalf("plan %+v", p)
+	}
+	if got := ib.OldestCheckedDay(); !got.Equal(day(11, 20)) {
+		t.Fatalf("oldest checked day %v", got)
+	}
+}
+
+func TestBatchRecordsEveryMessage(t *testing.T) {
+	ib, _ := newTestInbox(t, inbox.Config{})
+	res, err := ib.ProcessBatch(t.Context(), []inbox.Message{msg("b1"), msg("b1"), msg(""), msg("b2")}, noop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []inbox.Outcome{inbox.Processed, inbox.Duplicate, inbox.Failed, inbox.Processed}
+	for i, r := range res {
+		if r.Outcome != want[i] {
+			t.Errorf("result %d: %v (%v), want %v", i, r.Outcome, r.Err, want[i])
+		}
+	}
+	if c := ib.Counters(); c.Processed != 2 || c.Duplicates != 1 || c.Failed != 1 {
+		t.Errorf("counters %+v", c)
+	}
+}
+
+func TestBatchTransientFailureOfWholeBatch(t *testing.T) {
+	ib, store := newTestInbox(t, inbox.Config{MaxAttempts: 2})
+	store.failClaims.Store(100)
+	res, err := ib.ProcessBatch(t.Context(), []inbox.Message{msg("t1"), msg("t2")}, noop)
+	if !errors.Is(err, errTransient) {
+		t.Fatalf("batch error %v", err)
+	}
+	for i, r := range res {
+		if r.Outcome != inbox.Failed || !errors.Is(r.Err, errTransient) {
+			t.Errorf("result %d: %v %v", i, r.Outcome, r.Err)
+		}
+	}
+}
