@@ -65,7 +65,7 @@ type order struct {
 func orderMessage(n, partition int) kafka.Message {
 	o := order{OrderID: "order-" + strconv.Itoa(n), SKU: "sku-" + strconv.Itoa(n%7), Qty: 1 + n%3}
 	v, _ := json.Marshal(o)
-	at := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC).Add(time.Duration(n) * time.Second)
+	at := eventBase.Add(time.Duration(n) * time.Second)
 	return kafka.Message{
 		Partition: partition,
 		Key:       []byte(o.OrderID),
@@ -76,6 +76,11 @@ func orderMessage(n, partition int) kafka.Message {
 		},
 	}
 }
+
+// eventBase is the time of order 0: recent, so that the events are inside the
+// inbox's retention window, and fixed for the test binary, so that a
+// producer's duplicate carries the same time.
+var eventBase = time.Now().UTC().Add(-time.Hour).Truncate(time.Hour)
 
 type partitionBalancer struct{}
 
@@ -165,7 +170,7 @@ func newSQLiteShop(t *testing.T) *shop {
 func setupShop(t *testing.T, db *gorm.DB, store inbox.Store, suffix string) *shop {
 	t.Helper()
 	ctx := context.Background()
-	ib, err := inbox.New(db, store, inbox.Config{Logger: testLogger(t), RetentionDays: 36500})
+	ib, err := inbox.New(db, store, inbox.Config{Logger: testLogger(t), RetentionDays: 30})
 	if err != nil {
 		t.Fatal(err)
 	}
