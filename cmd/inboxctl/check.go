@@ -359,12 +359,22 @@ func printCheckResult(w io.Writer, r checkResult, verbose bool) {
 	if verbose {
 		fmt.Fprintf(w, "      %s\n", r.Doc)
 	}
-	if r.Reason != "" {
-		for line := range strings.SplitSeq(r.Reason, "\n") {
-			fmt.Fprintf(w, "      %s\n", line)
+	if r.Reason == "" {
+		return
+	}
+	lines := strings.Split(r.Reason, "\n")
+	for i, line := range lines {
+		if i == maxReasonLines && len(lines) > maxReasonLines+1 {
+			fmt.Fprintf(w, "      ... %d more lines (--json gives the whole reason)\n", len(lines)-i)
+			break
 		}
+		fmt.Fprintf(w, "      %s\n", line)
 	}
 }
+
+// maxReasonLines bounds the reason printed under a failed check; a check of
+// concurrent deliveries can fail with hundreds of joined errors.
+const maxReasonLines = 10
 
 func printCheckSummary(w io.Writer, r checkReport) {
 	total := len(r.Results) + r.NotRun

@@ -46,7 +46,7 @@ func newFlagSet(spec cmdSpec) (*flag.FlagSet, *options) {
 	fs.StringVar(&o.dialect, "dialect", "", "database `dialect`: postgres, mysql (also MariaDB) or sqlite; inferred from the DSN when unambiguous")
 	fs.StringVar(&o.dsn, "dsn", "", "the driver's `DSN`, used exactly as given (default $"+dsnEnv+")")
 	fs.StringVar(&o.table, "table", "", "inbox `table` name (default: the adapter's, inbox_messages)")
-	fs.StringVar(&o.schema, "schema", "", "PostgreSQL `schema` of the inbox table (default: the adapter's)")
+	fs.StringVar(&o.schema, "schema", "", "`schema` of the inbox table: PostgreSQL schema (default public), MySQL database (default the DSN's)")
 	timeout := spec.timeout
 	if timeout == 0 {
 		timeout = 10 * time.Minute
@@ -140,8 +140,8 @@ func (o *options) resolve(retention bool) error {
 	default:
 		return usageErrorf("unknown --dialect %q: want postgres, mysql or sqlite", o.dialect)
 	}
-	if o.schema != "" && o.dialect != dialectPostgres {
-		return usageErrorf("--schema is for PostgreSQL only; the %s table lives in the database of the DSN", o.dialect)
+	if o.schema != "" && o.dialect == dialectSQLite {
+		return usageErrorf("--schema is for PostgreSQL and MySQL only; the SQLite table lives in the database file")
 	}
 	if o.timeout <= 0 {
 		return usageErrorf("--timeout must be positive, got %v", o.timeout)
@@ -159,7 +159,7 @@ func (o *options) resolve(retention bool) error {
 
 var (
 	// user:password@tcp(host:3306)/db, @unix(/path)/db, tcp(host)/db, or user@/db.
-	mysqlDSN = regexp.MustCompile(`^([^@/]*@)?(tcp|tcp4|tcp6|unix)\([^)]*\)/|^[^@/\s]*@/`)
+	mysqlDSNForm = regexp.MustCompile(`^([^@/]*@)?(tcp|tcp4|tcp6|unix)\([^)]*\)/|^[^@/\s]*@/`)
 	// libpq key=value form.
 	pgKeyValue = regexp.MustCompile(`(^|\s)(host|hostaddr|dbname|user|port|sslmode|password)=`)
 	sqliteExt  = regexp.MustCompile(`(?i)\.(db|sqlite|sqlite3|db3)$`)
@@ -175,7 +175,7 @@ func inferDialect(dsn string) (string, error) {
 		return dialectPostgres, nil
 	case strings.HasPrefix(lower, "mysql://"), strings.HasPrefix(lower, "mariadb://"):
 		return "", usageErrorf("MySQL DSNs are in the go-sql-driver/mysql form user:password@tcp(host:3306)/dbname?parseTime=true, not a URL")
-	case mysqlDSN.MatchString(dsn):
+	case mysqlDSNForm.MatchString(dsn):
 		return dialectMySQL, nil
 	case strings.HasPrefix(lower, "file:"), sqliteExt.MatchString(path):
 		return dialectSQLite, nil

@@ -124,7 +124,7 @@ func TestUsageErrors(t *testing.T) {
 		{"unknown dialect", []string{"migrate", "--dsn", dsn, "--dialect", "oracle"}, `unknown --dialect "oracle"`},
 		{"ambiguous dsn", []string{"stats", "--dsn", "somewhere"}, "cannot tell the dialect from the DSN"},
 		{"mysql url", []string{"stats", "--dsn", "mysql://u:p@db/app"}, "go-sql-driver/mysql form"},
-		{"schema on sqlite", []string{"migrate", "--dsn", dsn, "--schema", "x"}, "--schema is for PostgreSQL only"},
+		{"schema on sqlite", []string{"migrate", "--dsn", dsn, "--schema", "x"}, "--schema is for PostgreSQL and MySQL only"},
 		{"zero retention", []string{"maintain", "--dsn", dsn, "--retention-days", "0"}, "--retention-days must be at least 1"},
 		{"negative prepare", []string{"maintain", "--dsn", dsn, "--prepare-days", "-1"}, "--prepare-days must not be negative"},
 		{"zero timeout", []string{"stats", "--dsn", dsn, "--timeout", "0s"}, "--timeout must be positive"},
