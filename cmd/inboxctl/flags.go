@@ -53,7 +53,7 @@ func newFlagSet(spec cmdSpec) (*flag.FlagSet, *options) {
 	}
 	fs.DurationVar(&o.timeout, "timeout", timeout, "give up after this `duration`")
 	fs.BoolVar(&o.json, "json", false, "print the result as JSON")
-	fs.BoolVar(&o.verbose, "v", false, "log what the inbox does to stderr")
+	fs.BoolVar(&o.verbose, "v", false, "verbose: the inbox's log on stderr; for check, what each check proves")
 	if spec.retention {
 		fs.IntVar(&o.retentionDays, "retention-days", 30, "`days` before today whose rows are kept (the applications' Config.RetentionDays)")
 		fs.IntVar(&o.prepareDays, "prepare-days", 7, "`days` after today to prepare storage for (the applications' Config.PrepareDays)")

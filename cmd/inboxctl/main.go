@@ -20,10 +20,10 @@
 //	--dialect postgres|mysql|sqlite  the database (default: inferred from the DSN)
 //	--dsn DSN                        the database to use (default: $INBOX_DSN)
 //	--table NAME                     the inbox table (default: the adapter's default, inbox_messages)
-//	--schema NAME                    the PostgreSQL schema of the table
+//	--schema NAME                    the table's PostgreSQL schema (default public) or MySQL database (default the DSN's)
 //	--timeout DURATION               give up after this long (default 10m)
 //	--json                           print the result as JSON
-//	-v                               log what the inbox does to stderr
+//	-v                               verbose: the inbox's log on stderr; for check, what each check proves
 //
 // and maintain and stats take --retention-days (default 30) and
 // --prepare-days (default 7), which must match the Config of the
