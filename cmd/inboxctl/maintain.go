@@ -21,7 +21,8 @@ applications that use the table: a shorter retention here removes rows they
 still rely on to detect duplicates.
 
 With --dry-run nothing is changed: the plan, the days that would be prepared
-and those that would be removed (with their rows) are printed.`,
+and those that would be removed, with the rows of each, are printed (counting
+them scans the table).`,
 	examples: `  inboxctl maintain --dsn "$DSN" --retention-days 14 --dry-run
   inboxctl maintain --dsn "$DSN" --retention-days 14 --prepare-days 3
   inboxctl maintain --dialect sqlite --dsn app.db --json
@@ -47,7 +48,7 @@ type maintainResult struct {
 
 type expiredDay struct {
 	Day string `json:"day"`
-	// Rows the day held before maintenance; -1 if the Store cannot tell.
+	// Rows the day holds; counted in a dry run only (a full scan), else -1.
 	Rows int64 `json:"rows"`
 }
 
@@ -78,9 +79,11 @@ func runMaintain(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	plan.PrepareThrough = plan.Today.AddDate(0, 0, o.prepareDays)
 	plan.DryRun = *dryRun
 
-	// Rows per day before anything is removed, to say what expiry takes.
-	rowsByDay := map[time.Time]int64{}
-	if sr, ok := c.store.(inbox.StatsReporter); ok {
+	// In a dry run, the rows of each day that would go. Counting scans the
+	// whole table, so a real run (daily, on a big table) does not.
+	var rowsByDay map[time.Time]int64
+	if sr, ok := c.store.(inbox.StatsReporter); ok && plan.DryRun {
+		rowsByDay = map[time.Time]int64{}
 		stats, err := sr.Stats(ctx, c.db)
 		if err != nil {
 			return fail(stderr, "maintain", fmt.Errorf("count rows per day: %w", err))
@@ -88,8 +91,6 @@ func runMaintain(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		for _, s := range stats {
 			rowsByDay[s.Day] += s.Rows
 		}
-	} else {
-		rowsByDay = nil
 	}
 
 	report, err := ib.MaintainPlan(ctx, plan)
