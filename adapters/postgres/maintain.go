@@ -165,8 +165,19 @@ func (s *Store) createPartition(db *gorm.DB, day time.Time) (created bool, err e
 	name := partitionName(s.table, day)
 	err = s.exclusive(db, func(tx *gorm.DB) error {
 		exists, err := s.relationExists(tx, name)
-		if err != nil || exists {
+		if err != nil {
 			return err
+		}
+		if exists {
+			attached, err := s.isPartition(tx, name)
+			if err != nil || attached {
+				return err
+			}
+			// Only expired days are detached, so this table holds rows of
+			// a live day (detached by hand, or by a Maintain whose plan
+			// expired more days than this one's): they must not be ignored.
+			return fmt.Errorf("postgres: %s exists but is not a partition of %s: attach it (after moving its day's rows out of %s) or drop it",
+				name, s.parent(), s.defaultPartition())
 		}
 		var waiting bool
 		if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM `+s.qualified(s.defaultPartition())+` WHERE day = ?::date)`, dayText(day)).Scan(&waiting).Error; err != nil {
@@ -304,26 +315,4 @@ func (s *Store) purgeDefault(db *gorm.DB, expireBefore time.Time) ([]time.Time, 
 		n += g.N
 	}
 	return days, n, nil
-}
-
-// Stats counts rows per consumer and day. It scans the whole table.
-func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]inbox.DayStats, error) {
-	var raw []struct {
-		Consumer string
-		Day      string
-		N        int64
-	}
-	if err := db.WithContext(ctx).Raw(`SELECT consumer, to_char(day, 'YYYY-MM-DD') AS day, count(*) AS n FROM ` + s.parent() +
-		` GROUP BY consumer, day ORDER BY consumer, day`).Scan(&raw).Error; err != nil {
-		return nil, fmt.Errorf("postgres: stats of %s: %w", s.parent(), err)
-	}
-	out := make([]inbox.DayStats, 0, len(raw))
-	for _, r := range raw {
-		d, err := time.Parse(time.DateOnly, r.Day)
-		if err != nil {
-			return nil, fmt.Errorf("postgres: malformed day %q: %w", r.Day, err)
-		}
-		out = append(out, inbox.DayStats{Consumer: r.Consumer, Day: d, Rows: r.N})
-	}
-	return out, nil
 }
