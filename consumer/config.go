@@ -141,7 +141,7 @@ type Config struct {
 	// SessionTimeout, HeartbeatInterval and RebalanceTimeout are passed to
 	// kafka.ConsumerGroupConfig; zero keeps kafka-go's defaults.
 	SessionTimeout, HeartbeatInterval, RebalanceTimeout time.Duration
-	// MaxWait is the longest a fetch waits for new data. Default 250ms; it
+	// MaxWait is the longest a fetch waits for new data. Default 500ms; it
 	// also bounds how long a revoked partition takes to let go.
 	MaxWait time.Duration
 	// Dialer connects to the brokers. Default kafka.DefaultDialer.
@@ -256,7 +256,7 @@ func (c *Config) setDefaults() {
 		c.StartOffset = kafka.FirstOffset
 	}
 	if c.MaxWait == 0 {
-		c.MaxWait = 250 * time.Millisecond
+		c.MaxWait = 500 * time.Millisecond
 	}
 	if c.Dialer == nil {
 		c.Dialer = kafka.DefaultDialer
