@@ -3,10 +3,13 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"io"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -368,5 +371,66 @@ func TestMaintainDropsLeftoverDetachedPartition(t *testing.T) {
 	var n int64
 	if err := db.Raw(`SELECT count(*) FROM pg_class WHERE oid = to_regclass(?)`, part).Scan(&n).Error; err != nil || n != 0 {
 		t.Errorf("leftover %s still exists (%d, %v)", part, n, err)
+	}
+}
+
+// One Claim of more rows than one statement can bind (65535 parameters, 7 a
+// row) answers each row right.
+func TestClaimBeyondBindLimit(t *testing.T) {
+	db, store := fresh(t, inboxpg.Options{})
+	d := inbox.DayOf(time.Now())
+	const n = 12_000
+	rows := make([]inbox.Row, n)
+	var seeded []inbox.Row
+	for i := range rows {
+		rows[i] = row(fmt.Sprintf("bulk-%05d", i), d.AddDate(0, 0, -(i%3)))
+		if i%7 == 0 {
+			seeded = append(seeded, rows[i])
+		}
+	}
+	claim(t, db, store, seeded...)
+	got := claim(t, db, store, rows...)
+	for i, ins := range got {
+		if ins != (i%7 != 0) {
+			t.Fatalf("row %d: inserted %v", i, ins)
+		}
+	}
+}
+
+// Maintain run by several processes at once: all succeed, and the days are
+// prepared once.
+func TestMaintainConcurrently(t *testing.T) {
+	db, store := fresh(t, inboxpg.Options{})
+	d := inbox.DayOf(time.Now())
+	claim(t, db, store, row("early", d.AddDate(0, 0, 1)))
+	plan := inbox.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, 5), ExpireBefore: d.AddDate(0, 0, -3)}
+	const n = 4
+	reports := make([]inbox.MaintenanceReport, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			other, err := openDB(testenv.PostgresDSN(t))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer closeDB(other)
+			reports[i], errs[i] = store.Maintain(t.Context(), other, plan)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	prepared := 0
+	for _, r := range reports {
+		prepared += len(r.Prepared)
+	}
+	if prepared != 6 {
+		t.Errorf("%d days prepared in all, want 6: %+v", prepared, reports)
+	}
+	if got := rowsPerPartition(t, db, store); got["inbox_messages_p"+d.AddDate(0, 0, 1).Format("20060102")] != 1 {
+		t.Errorf("rows per partition %v", got)
 	}
 }
