@@ -2,10 +2,13 @@ package consumer
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"sync"
 	"time"
 
@@ -342,6 +345,9 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 			return w.applyPolicy(ctx, dbCtx, it, ReasonExpired, err)
 		case errors.Is(err, inbox.ErrInvalidMessage):
 			return w.applyPolicy(ctx, dbCtx, it, ReasonInvalid, err)
+		case w.infrastructure(err):
+			// The database, not the message: retry without using up attempts.
+			it.attempts = min(it.attempts, w.c.cfg.MaxAttempts-1)
 		case it.attempts >= w.c.cfg.MaxAttempts:
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
@@ -362,6 +368,26 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 		}
 		err = rs[0].Err
 	}
+}
+
+// infrastructure reports whether err says the database failed rather than
+// the message: a lost connection, or a failure the Store classifies as
+// transient (a deadlock, a serialization failure, a busy database) that
+// outlasted the inbox's own retries. Such errors never send a message to
+// the failure policy. Errors the handler marked with inbox.Retryable are the
+// handler's and count as attempts.
+func (w *worker) infrastructure(err error) bool {
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	if w.c.cfg.Inbox != nil && !inbox.IsMarkedRetryable(err) && w.c.cfg.Inbox.Store().IsRetryable(err) {
+		return true
+	}
+	return false
 }
 
 // processIdempotent runs the handler for one message in its own
@@ -388,7 +414,9 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 		if ctx.Err() != nil {
 			return abandoned
 		}
-		if it.attempts >= w.c.cfg.MaxAttempts {
+		if w.infrastructure(err) {
+			it.attempts = min(it.attempts, w.c.cfg.MaxAttempts-1)
+		} else if it.attempts >= w.c.cfg.MaxAttempts {
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)

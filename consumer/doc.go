@@ -1,0 +1,79 @@
+// Package consumer runs a Kafka consumer group (github.com/segmentio/kafka-go)
+// through an [inbox.Inbox], so that each event's effect on the database
+// commits exactly once, whatever Kafka redelivers.
+//
+// # What it guarantees
+//
+//   - The effect of a message and its inbox row commit in one transaction;
+//     a redelivered event (a producer retry, a crash before the offset commit,
+//     a rebalance, a replay under a new group) finds its row and is skipped.
+//   - The group's offset of a partition is committed only after the database
+//     commit, and only up to the highest contiguous finished offset: a message
+//     that has not committed (or been dead-lettered) holds back every offset
+//     after it.
+//   - One worker per assigned partition: messages of a partition are handled
+//     in order, partitions in parallel. On a rebalance the old generation's
+//     workers finish the transaction in flight, commit and stop before the new
+//     generation starts (kafka-go's Generation guarantees the order), and a
+//     worker commits only for the partitions its generation was assigned.
+//   - A message is never skipped silently. One that cannot be processed
+//     (retries used up, no event id or time, invalid, older than the inbox's
+//     retention) goes to [Config.OnFailure]: [DeadLetter] publishes it with
+//     headers saying why before its offset may pass, [StopPartition] halts
+//     the partition at it.
+//   - Everything transient is retried with backoff, never a reason to stop:
+//     an unreachable broker, failed joins, "Rebalance In Progress", a
+//     database that cannot commit. Run returns only when its context ends or
+//     Close is called (or on a configuration kafka-go rejects).
+//
+// # Event ids
+//
+// The inbox key is the producer's event id and time, read by an [Extractor]:
+// by default the headers event_id / event_time (RFC 3339), or the CloudEvents
+// binary mode headers ce_id / ce_time. A message without them goes to the
+// failure policy; it is never processed without deduplication.
+// [ProvenanceExtractor] (topic/partition/offset and the broker timestamp) is
+// there for producers that set no id; choose it explicitly, knowing that it
+// covers redelivery by the consumer only, not a producer's duplicates.
+//
+// Config.Consumer names the effect in the inbox key. Keep it when the group
+// changes: a replay of the topic under a new GroupID must find the old
+// group's rows.
+//
+// # Batches
+//
+// With Config.BatchSize > 1 up to that many messages of one partition (or
+// what arrived within Config.BatchWait) are processed in one transaction by
+// [inbox.Inbox.ProcessBatch]. A poison message is isolated: the rest of the
+// batch commits, and the poison is retried alone and then sent to the policy.
+// The retried message is then applied after the later messages of its batch:
+// order within a partition holds for everything but a message that failed.
+//
+// # Offsets in the database
+//
+// With Config.StoreOffsets the next offset of each partition is written to a
+// table (inbox_offsets: group_id, topic, partition, next_offset; create it
+// with [Consumer.Migrate]) in the same transaction as the effect, and each
+// assigned partition starts at the larger of that offset and the group's
+// committed one. A crash between the database commit and the Kafka commit
+// then redelivers nothing; the inbox still catches the producer's
+// duplicates. The stored offset never passes a message that is not finished;
+// it may lag behind (after a duplicate, or when a batch had a failure), which
+// costs only redeliveries that the inbox absorbs.
+//
+// # Naturally idempotent handlers
+//
+// An effect that is the same however often it runs (an upsert of the latest
+// state, UPDATE ... SET status = 'shipped', a version check) needs no inbox
+// row. Set Config.NaturallyIdempotent and give Config.DB instead of an Inbox
+// (see Example_naturallyIdempotent): every delivery runs the handler, each in
+// its own transaction. Never do this for increments such as
+// reserved = reserved + n.
+//
+// # Observability
+//
+// Logs go to Config.Logger (log/slog): retries and transient failures at
+// Warn, dead letters and stopped partitions at Error. Config.OnEvent receives
+// every [Event]: processed, duplicate, retry, dead-lettered,
+// partition-stopped, committed, lag per partition, assigned and revoked.
+package consumer

@@ -1,0 +1,120 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// An unreachable broker is transient: Run keeps trying until its context
+// ends, and then returns the context's error.
+func TestRunKeepsRetryingAnUnreachableBroker(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	s := newSQLiteShop(t)
+	ev := newEvents()
+	cfg := baseConfig(t, []string{addr}, "orders", "inventory", s, ev)
+	cfg.Logger = testLogger(t)
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Run gave up on an unreachable broker: %v", err)
+	case <-time.After(1500 * time.Millisecond):
+	}
+	if err := c.Run(ctx); !errors.Is(err, ErrRunning) {
+		t.Fatalf("second Run = %v, want ErrRunning", err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run = %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCloseBeforeRun(t *testing.T) {
+	s := newSQLiteShop(t)
+	c, err := New(baseConfig(t, []string{"127.0.0.1:1"}, "orders", "g", s, newEvents()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(context.Background()); !errors.Is(err, ErrRunning) {
+		t.Fatalf("Run after Close = %v, want ErrRunning", err)
+	}
+}
+
+// orderStatus is the read model of a naturally idempotent consumer: the
+// latest known state of each order, set (not incremented) by every delivery.
+type orderStatus struct {
+	OrderID string `gorm:"primaryKey;size:64"`
+	SKU     string `gorm:"size:64"`
+	Qty     int
+}
+
+// A naturally idempotent handler (an upsert) needs no inbox row: every
+// delivery runs it, and running it twice changes nothing.
+func TestNaturallyIdempotentHandler(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 2, "orders")
+	s := newSQLiteShop(t)
+	if err := s.db.AutoMigrate(&orderStatus{}); err != nil {
+		t.Fatal(err)
+	}
+	sendOrders(t, brokers, "orders", 2, 10, []int{1, 2, 3})
+	ev := newEvents()
+	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
+	cfg.Inbox, cfg.Consumer, cfg.DB = nil, "", s.db
+	cfg.NaturallyIdempotent, cfg.StoreOffsets = true, true
+	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg Message) error {
+		var o order
+		if err := json.Unmarshal(msg.Value, &o); err != nil {
+			return err
+		}
+		return tx.Clauses(clause.OnConflict{UpdateAll: true}).
+			Create(&orderStatus{OrderID: o.OrderID, SKU: o.SKU, Qty: o.Qty}).Error
+	}
+	r := start(t, cfg)
+	waitUntil(t, 20*time.Second, "13 deliveries", func() bool { return ev.count(EventProcessed) == 13 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := s.db.Model(&orderStatus{}).Count(&n).Error; err != nil || n != 10 {
+		t.Fatalf("%d order states (%v), want 10", n, err)
+	}
+	if ev.count(EventDuplicate) != 0 {
+		t.Fatal("a consumer without inbox reported duplicates")
+	}
+	for p, want := range map[int]int64{0: 6, 1: 7} {
+		got, err := r.c.offsets.load(context.Background(), s.db, "orders", p)
+		if err != nil || got != want {
+			t.Errorf("stored offset of partition %d = %d (%v), want %d", p, got, err, want)
+		}
+	}
+}
