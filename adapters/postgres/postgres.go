@@ -10,14 +10,24 @@
 //
 // [Store.Maintain] creates the partitions of the days from plan.Today through
 // plan.PrepareThrough, and expires the days before plan.ExpireBefore by
-// dropping their partitions, at a cost that does not depend on how many rows
-// they hold; rows of expired days that sit in the DEFAULT partition are
-// deleted. When a day gets its partition while the DEFAULT partition holds
-// rows of that day, those rows are moved into it in the same transaction. Each
-// step runs in its own short transaction that takes an ACCESS EXCLUSIVE lock
-// on the inbox table, waiting at most Options.LockTimeout for it (a timeout is
-// retryable and the inbox retries). Migrate and Maintain are serialised
-// across processes with a transaction-level advisory lock.
+// detaching and dropping their partitions: the inbox table is locked for
+// about a millisecond whatever the partition holds, no row is deleted one by
+// one and no WAL is written per row; what remains in proportion to size is
+// the file system freeing the dropped files, outside that lock. Rows of
+// expired days that sit in the DEFAULT partition are deleted. When a day gets
+// its partition while the DEFAULT partition holds rows of that day, those rows
+// are moved into it in the same transaction. Each step runs in its own short
+// transaction that takes an ACCESS EXCLUSIVE lock on the inbox table, waiting
+// at most Options.LockTimeout for it (a timeout is retryable and the inbox
+// retries). Migrate and Maintain are serialised across processes with a
+// transaction-level advisory lock.
+//
+// Run Maintain at start-up and then regularly ([inbox.Inbox.RunMaintenance]).
+// Rows of days that have no partition (written before the first Maintain, or
+// dated beyond PrepareThrough, or late and already expired) are kept, and
+// deduplicated, in the DEFAULT partition; a day's rows move to its partition
+// when Maintain creates it, and rows of days that expired there are deleted
+// row by row.
 //
 // [Store.Claim] never raises a unique violation: it inserts with ON CONFLICT
 // DO NOTHING RETURNING and matches the returned keys. At REPEATABLE READ and
