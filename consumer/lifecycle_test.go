@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 )
@@ -117,4 +118,49 @@ func TestNaturallyIdempotentHandler(t *testing.T) {
 			t.Errorf("stored offset of partition %d = %d (%v), want %d", p, got, err, want)
 		}
 	}
+}
+
+// The broker goes away and comes back (here: a new cluster on the same
+// port): Run rides it out and consumes what is produced afterwards.
+func TestRunSurvivesBrokerRestart(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	newCluster := func() *kfake.Cluster {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(1, "orders"),
+			kfake.GroupMinSessionTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	cluster := newCluster()
+	brokers := cluster.ListenAddrs()
+	s := newSQLiteShop(t)
+	ev := newEvents()
+	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
+	r := start(t, cfg)
+	produce(t, brokers, "orders", orderMessage(0, 0), orderMessage(1, 0))
+	waitUntil(t, 20*time.Second, "the first two orders", func() bool { return len(s.counts(t)) == 2 })
+
+	cluster.Close()
+	time.Sleep(time.Second)
+	cluster = newCluster()
+	defer cluster.Close()
+	// The new cluster has lost the log: the orders start at offset 0 again.
+	produce(t, brokers, "orders", orderMessage(0, 0), orderMessage(1, 0), orderMessage(2, 0), orderMessage(3, 0))
+	waitUntil(t, 40*time.Second, "the orders sent after the restart", func() bool { return len(s.counts(t)) == 4 })
+	select {
+	case err := <-r.done:
+		t.Fatalf("Run returned during the outage: %v", err)
+	default:
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 4, nil)
 }
