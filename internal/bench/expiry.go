@@ -1,0 +1,187 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// DefaultExpiryRows is the size of the expired day in ExpiryLoad.
+const DefaultExpiryRows = 1_000_000
+
+// Expiry modes.
+const (
+	ExpiryNone     = "none"     // no expiry: the reference
+	ExpiryMaintain = "maintain" // the Store's own expiry (Inbox.MaintainPlan)
+	ExpiryDelete   = "delete"   // one DELETE ... WHERE day < cutoff, as row-based inboxes do
+)
+
+// ExpiryResult is the insert latency of Process workers while a day of rows
+// expires.
+type ExpiryResult struct {
+	Mode         string
+	Rows         int           // rows of the expired day
+	ExpiryTime   time.Duration // how long the expiry took (0 for none)
+	Removed      int64         // rows removed as the Store reports them (-1: dropped partition)
+	Ops          int           // Process calls overlapping the expiry (the whole run for none)
+	P50, P99     time.Duration // of those calls
+	Max          time.Duration
+	P99Ratio     float64 // P99 / the none run's P99
+	EventsPerSec float64 // Process throughput over the whole run
+}
+
+// ExpiryLoad pre-fills one day (today) with rows rows, then runs o.Workers
+// workers calling Process for events dated three days later, and after one
+// second expires the day: not at all, by the Store's Maintain, or by one
+// DELETE. The workers run on until the expiry is done and at least minRun
+// has passed. Each mode gets fresh tables.
+func ExpiryLoad(ctx context.Context, b *Backend, rows int, o Options) ([]ExpiryResult, error) {
+	o = o.withDefaults()
+	var out []ExpiryResult
+	for _, mode := range []string{ExpiryNone, ExpiryMaintain, ExpiryDelete} {
+		r, err := expiryRun(ctx, b, rows, mode, o)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, r)
+	}
+	for i := range out {
+		if out[0].P99 > 0 {
+			out[i].P99Ratio = float64(out[i].P99) / float64(out[0].P99)
+		}
+	}
+	return out, nil
+}
+
+// expiryLead is how long the workers run before the expiry starts, and
+// minRun the shortest run.
+const (
+	expiryLead = time.Second
+	minRun     = 4 * time.Second
+)
+
+func expiryRun(ctx context.Context, b *Backend, rows int, mode string, o Options) (ExpiryResult, error) {
+	res := ExpiryResult{Mode: mode, Rows: rows}
+	today := Today()
+	f, err := NewFixture(ctx, b, o.SKUs, inbox.Config{}, 0)
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = f.Drop(context.WithoutCancel(ctx)) }()
+	if _, err := Prefill(ctx, f, rows, today, 1, 24*time.Hour); err != nil {
+		return res, err
+	}
+	if b.Dialect == Postgres {
+		// An expired day was written out by checkpoints long ago.
+		if err := b.DB.WithContext(ctx).Exec(`CHECKPOINT`).Error; err != nil {
+			return res, err
+		}
+	}
+	if err := warm(ctx, b, o.Workers+1); err != nil {
+		return res, err
+	}
+	v, _ := VariantByKey("b")
+	later := today.AddDate(0, 0, 3)
+	var (
+		next             atomic.Int64
+		expiryDone       atomic.Bool
+		expStart, expEnd time.Duration
+		expErr           error
+	)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	ops := make([][]Op, o.Workers)
+	errs := make([]error, o.Workers)
+	var wg sync.WaitGroup
+	for w := range o.Workers {
+		wg.Go(func() {
+			for runCtx.Err() == nil {
+				if el := time.Since(start); el >= minRun && (mode == ExpiryNone || expiryDone.Load()) {
+					return
+				}
+				e := NewEvent(next.Add(1)-1, o.SKUs, later)
+				t0 := time.Now()
+				_, err := v.apply(runCtx, f, []Event{e})
+				ops[w] = append(ops[w], Op{Start: t0.Sub(start), Dur: time.Since(t0)})
+				if err != nil {
+					errs[w] = err
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	if mode != ExpiryNone {
+		wg.Go(func() {
+			defer expiryDone.Store(true)
+			select {
+			case <-runCtx.Done():
+				return
+			case <-time.After(expiryLead):
+			}
+			cutoff := today.AddDate(0, 0, 1)
+			expStart = time.Since(start)
+			switch mode {
+			case ExpiryMaintain:
+				var rep inbox.MaintenanceReport
+				rep, expErr = f.Inbox.MaintainPlan(runCtx, inbox.MaintenancePlan{Today: later, PrepareThrough: later, ExpireBefore: cutoff})
+				res.Removed = rep.RowsRemoved
+			case ExpiryDelete:
+				r := b.DB.WithContext(runCtx).Exec(`DELETE FROM `+f.InboxTable+` WHERE day < ?`, cutoffArg(b.Dialect, cutoff))
+				expErr, res.Removed = r.Error, r.RowsAffected
+			}
+			expEnd = time.Since(start)
+			if expErr != nil {
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if expErr != nil {
+		return res, fmt.Errorf("bench: expiry (%s) on %s: %w", mode, b.Name, expErr)
+	}
+	for _, err := range errs {
+		if err != nil {
+			return res, fmt.Errorf("bench: Process during expiry (%s) on %s: %w", mode, b.Name, err)
+		}
+	}
+	var all []Op
+	for _, o := range ops {
+		all = append(all, o...)
+	}
+	res.EventsPerSec = float64(len(all)) / elapsed.Seconds()
+	from, to := time.Duration(0), elapsed
+	if mode != ExpiryNone {
+		from, to = expStart, expEnd
+		res.ExpiryTime = expEnd - expStart
+	}
+	for _, op := range all {
+		if op.Start+op.Dur >= from && op.Start < to {
+			res.Ops++
+		}
+	}
+	res.P50 = quantile(all, 0.5, from, to+1)
+	res.P99 = quantile(all, 0.99, from, to+1)
+	res.Max = quantile(all, 1, from, to+1)
+	if mode != ExpiryNone {
+		left, err := f.InboxRows(ctx)
+		if err != nil {
+			return res, err
+		}
+		if want := int64(len(all)); left != want {
+			return res, fmt.Errorf("bench: after expiry (%s) on %s the inbox holds %d rows, want the %d processed", mode, b.Name, left, want)
+		}
+	}
+	return res, nil
+}
+
+// cutoffArg is a day as the dialect's day column compares it.
+func cutoffArg(d Dialect, day time.Time) any {
+	return day.Format(time.DateOnly)
+}

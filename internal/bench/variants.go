@@ -1,0 +1,256 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// ConsumerName is the inbox consumer (and dedup scope) of every benchmark
+// event.
+const ConsumerName = "bench"
+
+var discardLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// Event is one benchmark event: reserve one unit of SKU.
+type Event struct {
+	Seq  int64 // 0-based position in the stream; the upsert's version is Seq+1
+	ID   string
+	SKU  int64
+	Time time.Time
+}
+
+// mix64 is splitmix64's finaliser: ids spread over the key space like
+// random (UUIDv4-like) ids, not appended at the right edge of the index.
+func mix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// NewEvent returns event seq of the stream dated day (at a time of that
+// day that depends on seq). Ids never collide with prefilled rows, whose ids
+// end in "-p".
+func NewEvent(seq int64, skus int, day time.Time) Event {
+	return Event{
+		Seq:  seq,
+		ID:   fmt.Sprintf("%016x-e%d", mix64(uint64(seq)), seq),
+		SKU:  int64(mix64(uint64(seq)^0x5bd1e995) % uint64(skus)),
+		Time: day.Add(time.Duration(seq%86400) * time.Second),
+	}
+}
+
+// Events returns n events dated today.
+func Events(n, skus int) []Event {
+	evs := make([]Event, n)
+	day := Today()
+	for i := range evs {
+		evs[i] = NewEvent(int64(i), skus, day)
+	}
+	return evs
+}
+
+// Message is the inbox message of e.
+func (e Event) Message() inbox.Message {
+	return inbox.Message{Consumer: ConsumerName, ID: e.ID, Time: e.Time, Topic: "bench", Offset: e.Seq}
+}
+
+// Variant is one way of applying the events' effect.
+type Variant struct {
+	Key  string // "a", "b", ... as in docs/BENCHMARKS.md
+	Name string
+	// Batched: one operation applies a batch of events (latency is per batch).
+	Batched bool
+	// Dedup: a replay of the same events applies nothing.
+	Dedup bool
+	// Idempotent: the effect is a set-to-state, not an increment.
+	Idempotent bool
+	// apply applies evs in one operation and returns how many effects it
+	// applied.
+	apply func(ctx context.Context, f *Fixture, evs []Event) (int, error)
+}
+
+// Variants are the variants (a)-(e), in order.
+var Variants = []Variant{
+	{Key: "a", Name: "effect only, no dedup (baseline)", apply: applyEffectOnly},
+	{Key: "b", Name: "inbox, Process (1 tx per event)", Dedup: true, apply: applyProcess},
+	{Key: "c", Name: "inbox, ProcessBatch", Batched: true, Dedup: true, apply: applyProcessBatch},
+	{Key: "d1", Name: "hand-rolled check-then-insert (SELECT, INSERT, effect in 1 tx)", Dedup: true, apply: applyCheckThenInsert},
+	{Key: "d2", Name: "hand-rolled, dedup row in a separate tx (not atomic)", Dedup: true, apply: applySeparateTx},
+	{Key: "e", Name: "naturally idempotent upsert, no inbox row", Dedup: true, Idempotent: true, apply: applyUpsert},
+}
+
+// VariantByKey returns the variant with key k.
+func VariantByKey(k string) (Variant, bool) {
+	for _, v := range Variants {
+		if v.Key == k {
+			return v, true
+		}
+	}
+	return Variant{}, false
+}
+
+// effect reserves one unit of e.SKU inside tx.
+func (f *Fixture) effect(tx *gorm.DB, sku int64) error {
+	res := tx.Exec(`UPDATE `+f.Stock+` SET reserved = reserved + 1 WHERE sku = ?`, sku)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected != 1 {
+		return fmt.Errorf("bench: sku %d: %d rows updated", sku, res.RowsAffected)
+	}
+	return nil
+}
+
+func (f *Fixture) handler(ctx context.Context, tx *gorm.DB, msg inbox.Message) error {
+	// The sku travels in the offset's place in a real consumer; here it is
+	// derived from the event again, as a handler would decode its payload.
+	return f.effect(tx, NewEvent(msg.Offset, f.SKUs, msg.Time).SKU)
+}
+
+// withRetry runs fn again after the transient errors the inbox itself
+// retries (by the same Store classification and the same backoff bounds),
+// so the hand-rolled variants are not penalised by failures the inbox
+// would have absorbed.
+func (f *Fixture) withRetry(ctx context.Context, fn func() error) error {
+	var err error
+	for attempt := 1; attempt <= 10; attempt++ {
+		if err = fn(); err == nil || !f.Store.IsRetryable(err) {
+			return err
+		}
+		t := time.NewTimer(min(5*time.Millisecond<<(attempt-1), time.Second))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+	}
+	return err
+}
+
+func (f *Fixture) tx(ctx context.Context, fn func(tx *gorm.DB) error) error {
+	return f.withRetry(ctx, func() error { return f.Backend.DB.WithContext(ctx).Transaction(fn) })
+}
+
+func applyEffectOnly(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	e := evs[0]
+	return 1, f.tx(ctx, func(tx *gorm.DB) error { return f.effect(tx, e.SKU) })
+}
+
+func applyProcess(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	out, err := f.Inbox.Process(ctx, evs[0].Message(), f.handler)
+	if err != nil {
+		return 0, err
+	}
+	if out == inbox.Processed {
+		return 1, nil
+	}
+	return 0, nil
+}
+
+func applyProcessBatch(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	msgs := make([]inbox.Message, len(evs))
+	for i, e := range evs {
+		msgs[i] = e.Message()
+	}
+	results, err := f.Inbox.ProcessBatch(ctx, msgs, f.handler)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i, r := range results {
+		switch r.Outcome {
+		case inbox.Processed:
+			n++
+		case inbox.Failed:
+			return n, fmt.Errorf("event %s: %w", evs[i].ID, r.Err)
+		}
+	}
+	return n, nil
+}
+
+func (f *Fixture) seen(tx *gorm.DB, e Event) (bool, error) {
+	var n int64
+	err := tx.Raw(`SELECT COUNT(*) FROM `+f.Dedup+` WHERE consumer = ? AND event_id = ?`, ConsumerName, e.ID).Scan(&n).Error
+	return n > 0, err
+}
+
+func (f *Fixture) insertDedup(tx *gorm.DB, e Event) error {
+	return tx.Exec(`INSERT INTO `+f.Dedup+` (consumer, event_id, processed_at) VALUES (?, ?, ?)`, ConsumerName, e.ID, time.Now().UTC()).Error
+}
+
+// applyCheckThenInsert is the common hand-rolled dedup: look the id up,
+// insert it, apply the effect, all in one transaction. (Concurrent
+// deliveries of one id make the loser fail with a unique violation rather
+// than see a duplicate; the benchmark has none.)
+func applyCheckThenInsert(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	e := evs[0]
+	applied := 0
+	err := f.tx(ctx, func(tx *gorm.DB) error {
+		applied = 0
+		dup, err := f.seen(tx, e)
+		if err != nil || dup {
+			return err
+		}
+		if err := f.insertDedup(tx, e); err != nil {
+			return err
+		}
+		applied = 1
+		return f.effect(tx, e.SKU)
+	})
+	return applied, err
+}
+
+// applySeparateTx checks the id, applies the effect in one transaction and
+// records the id in another: a crash between the two commits applies the
+// effect again on redelivery.
+func applySeparateTx(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	e := evs[0]
+	db := f.Backend.DB.WithContext(ctx)
+	dup, err := f.seen(db, e)
+	if err != nil || dup {
+		return 0, err
+	}
+	if err := f.tx(ctx, func(tx *gorm.DB) error { return f.effect(tx, e.SKU) }); err != nil {
+		return 0, err
+	}
+	return 1, f.tx(ctx, func(tx *gorm.DB) error { return f.insertDedup(tx, e) })
+}
+
+// applyUpsert sets the sku's level to the event's state unless a newer
+// version is already stored: the same however often it runs.
+func applyUpsert(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	e := evs[0]
+	var q string
+	switch f.Backend.Dialect {
+	case MySQL:
+		// Assignments run left to right: qty must read the old version.
+		q = `INSERT INTO ` + f.Level + ` (sku, qty, version) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE
+			qty = IF(VALUES(version) > version, VALUES(qty), qty), version = GREATEST(version, VALUES(version))`
+	default:
+		q = `INSERT INTO ` + f.Level + ` (sku, qty, version) VALUES (?, ?, ?) ON CONFLICT (sku) DO UPDATE
+			SET qty = excluded.qty, version = excluded.version WHERE ` + f.Level + `.version < excluded.version`
+	}
+	applied := 0
+	err := f.tx(ctx, func(tx *gorm.DB) error {
+		res := tx.Exec(q, e.SKU, e.Seq%1000, e.Seq+1)
+		if res.Error != nil {
+			return res.Error
+		}
+		applied = 0
+		if res.RowsAffected > 0 {
+			applied = 1
+		}
+		return nil
+	})
+	return applied, err
+}
