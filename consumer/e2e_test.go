@@ -253,3 +253,16 @@ func runEndToEnd(t *testing.T, brokers []string, s *shop, batch int, storeOffset
 	t.Logf("%d messages (%d orders), %d partitions, batch %d, stored offsets %v: exactly once in %v",
 		total, n, partitions, batch, storeOffsets, time.Since(began).Round(time.Millisecond))
 }
+
+// TestScenarioOnKfake runs the end-to-end scenario against the in-process
+// broker, so that it runs everywhere in a few seconds; TestEndToEnd is the
+// one that counts.
+func TestScenarioOnKfake(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 10} {
+		t.Run("batch="+strconv.Itoa(batch), func(t *testing.T) {
+			t.Parallel()
+			runEndToEnd(t, newKfake(t, 1), newSQLiteShop(t), batch, batch > 1)
+		})
+	}
+}
