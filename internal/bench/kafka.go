@@ -1,18 +1,231 @@
 package bench
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
 
-// DefaultKafkaEvents is the events produced for the end-to-end benchmark.
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// DefaultKafkaEvents is how many events the end-to-end benchmark produces.
 const DefaultKafkaEvents = 20000
 
-// KafkaResult is one end-to-end mode.
+// kafkaTimeout bounds one end-to-end mode.
+const kafkaTimeout = 10 * time.Minute
+
+// End-to-end modes.
+const (
+	KafkaPlain = "no-inbox"    // the consumer applies the effect in its own transaction, no dedup
+	KafkaInbox = "inbox"       // through Inbox.Process, one transaction per message
+	KafkaBatch = "inbox-batch" // through Inbox.ProcessBatch, Options.BatchSize messages per transaction
+)
+
+// KafkaResult is one end-to-end mode: N events from a Kafka topic into the
+// database through consumer.Consumer.
 type KafkaResult struct {
-	Mode  string
-	Ratio float64
-	Result
+	Mode    string
+	Events  int
+	Join    time.Duration // from Run until the first effect committed (group join, first fetch)
+	Elapsed time.Duration // from the first effect to the last
+	Ratio   float64       // throughput / the no-inbox mode's
+	Produce time.Duration // producing the topic (same topic for every mode)
 }
 
-// Kafka is not written yet.
+// EventsPerSec is the steady throughput, first to last effect.
+func (r KafkaResult) EventsPerSec() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Events-1) / r.Elapsed.Seconds()
+}
+
+// Kafka produces n events to a fresh topic with o.Workers partitions (keyed
+// by sku, like Partition), then consumes the whole topic with
+// consumer.Consumer into fresh tables of b, once per mode, each as a new
+// consumer group from the first offset, and checks that every effect was
+// applied exactly once.
 func Kafka(ctx context.Context, b *Backend, brokers []string, n int, o Options) ([]KafkaResult, error) {
-	return nil, nil
+	o = o.withDefaults()
+	topic := "inbox-bench-" + randomSuffix()
+	if err := createTopic(ctx, brokers, topic, o.Workers); err != nil {
+		return nil, err
+	}
+	evs := Events(n, o.SKUs)
+	produce, err := produceEvents(ctx, brokers, topic, evs)
+	if err != nil {
+		return nil, err
+	}
+	var out []KafkaResult
+	for _, mode := range []string{KafkaPlain, KafkaInbox, KafkaBatch} {
+		r, err := consumeAll(ctx, b, brokers, topic, mode, n, o)
+		if err != nil {
+			return out, err
+		}
+		r.Produce = produce
+		out = append(out, r)
+	}
+	for i := range out {
+		out[i].Ratio = out[i].EventsPerSec() / out[0].EventsPerSec()
+	}
+	return out, nil
+}
+
+func createTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
+	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
+	if err != nil {
+		return fmt.Errorf("bench: dial kafka: %w", err)
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		return fmt.Errorf("bench: kafka controller: %w", err)
+	}
+	cc, err := kafka.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
+	if err != nil {
+		return fmt.Errorf("bench: dial kafka controller: %w", err)
+	}
+	defer cc.Close()
+	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}); err != nil {
+		return fmt.Errorf("bench: create topic %s: %w", topic, err)
+	}
+	return nil
+}
+
+func produceEvents(ctx context.Context, brokers []string, topic string, evs []Event) (time.Duration, error) {
+	w := &kafka.Writer{
+		Addr:  kafka.TCP(brokers...),
+		Topic: topic,
+		Balancer: kafka.BalancerFunc(func(m kafka.Message, partitions ...int) int {
+			sku, _ := strconv.ParseInt(string(m.Key), 10, 64)
+			return partitions[int(sku%int64(len(partitions)))]
+		}),
+		RequiredAcks: kafka.RequireAll,
+		BatchSize:    1000,
+		BatchTimeout: 5 * time.Millisecond,
+	}
+	defer w.Close()
+	start := time.Now()
+	const chunk = 5000
+	for lo := 0; lo < len(evs); lo += chunk {
+		msgs := make([]kafka.Message, 0, chunk)
+		for _, e := range evs[lo:min(lo+chunk, len(evs))] {
+			msgs = append(msgs, kafka.Message{
+				Key:   []byte(strconv.FormatInt(e.SKU, 10)),
+				Value: []byte(strconv.FormatInt(e.Seq, 10)),
+				Headers: []kafka.Header{
+					{Key: consumer.HeaderEventID, Value: []byte(e.ID)},
+					{Key: consumer.HeaderEventTime, Value: []byte(e.Time.UTC().Format(time.RFC3339Nano))},
+				},
+			})
+		}
+		// Retry while the new topic's leaders are being elected.
+		for attempt := 1; ; attempt++ {
+			err := w.WriteMessages(ctx, msgs...)
+			if err == nil {
+				break
+			}
+			if attempt == 20 || ctx.Err() != nil {
+				return 0, fmt.Errorf("bench: produce to %s: %w", topic, err)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+	return time.Since(start), nil
+}
+
+func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode string, n int, o Options) (KafkaResult, error) {
+	res := KafkaResult{Mode: mode, Events: n}
+	f, err := NewFixture(ctx, b, o.SKUs, inbox.Config{}, 0)
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = f.Drop(context.WithoutCancel(ctx)) }()
+	var (
+		processed   atomic.Int64
+		mu          sync.Mutex
+		first, last time.Time
+		done        = make(chan struct{})
+		doneOnce    sync.Once
+	)
+	cfg := consumer.Config{
+		Brokers: brokers,
+		GroupID: topic + "-" + mode,
+		Topics:  []string{topic},
+		Handler: func(ctx context.Context, tx *gorm.DB, m consumer.Message) error {
+			sku, err := strconv.ParseInt(string(m.Key), 10, 64)
+			if err != nil {
+				return err
+			}
+			return f.effect(tx, sku)
+		},
+		BatchSize: 1,
+		Logger:    discardLogger,
+		OnEvent: func(e consumer.Event) {
+			if e.Kind != consumer.EventProcessed {
+				return
+			}
+			now := time.Now()
+			mu.Lock()
+			if first.IsZero() {
+				first = now
+			}
+			last = now
+			mu.Unlock()
+			if processed.Add(1) == int64(n) {
+				doneOnce.Do(func() { close(done) })
+			}
+		},
+	}
+	switch mode {
+	case KafkaPlain:
+		// The baseline: the same consumer loop and transaction per message,
+		// without an inbox row (the flag skips the inbox; the effect is an
+		// increment, so this is exactly the non-idempotent baseline).
+		cfg.NaturallyIdempotent, cfg.DB = true, b.DB
+	case KafkaInbox:
+		cfg.Inbox, cfg.Consumer = f.Inbox, ConsumerName
+	case KafkaBatch:
+		cfg.Inbox, cfg.Consumer, cfg.BatchSize = f.Inbox, ConsumerName, o.BatchSize
+	}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		return res, err
+	}
+	runCtx, cancel := context.WithTimeout(ctx, kafkaTimeout)
+	defer cancel()
+	start := time.Now()
+	runErr := make(chan error, 1)
+	go func() { runErr <- c.Run(runCtx) }()
+	select {
+	case <-done:
+	case err := <-runErr:
+		return res, fmt.Errorf("bench: consumer (%s) on %s stopped after %d of %d events: %w", mode, b.Name, processed.Load(), n, err)
+	case <-runCtx.Done():
+		_ = c.Close()
+		return res, fmt.Errorf("bench: consumer (%s) on %s: %d of %d events after %v: %w", mode, b.Name, processed.Load(), n, kafkaTimeout, runCtx.Err())
+	}
+	if err := c.Close(); err != nil && !errors.Is(err, context.Canceled) {
+		return res, err
+	}
+	mu.Lock()
+	res.Join, res.Elapsed = first.Sub(start), last.Sub(first)
+	mu.Unlock()
+	reserved, err := f.Reserved(ctx)
+	if err != nil {
+		return res, err
+	}
+	if reserved != int64(n) {
+		return res, fmt.Errorf("bench: consumer (%s) on %s applied %d effects for %d events", mode, b.Name, reserved, n)
+	}
+	return res, nil
 }
