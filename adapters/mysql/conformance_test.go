@@ -1,0 +1,107 @@
+package mysql_test
+
+import (
+	"context"
+	"testing"
+
+	gomysql "github.com/go-sql-driver/mysql"
+	gormmysql "gorm.io/driver/mysql"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
+	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/internal/testenv"
+)
+
+// withParams returns dsn with the given driver parameters set.
+func withParams(t testing.TB, dsn string, params map[string]string) string {
+	t.Helper()
+	cfg, err := gomysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatalf("parse DSN: %v", err)
+	}
+	for k, v := range params {
+		switch k {
+		case "clientFoundRows":
+			cfg.ClientFoundRows = v == "true"
+		case "interpolateParams":
+			cfg.InterpolateParams = v == "true"
+		default:
+			if cfg.Params == nil {
+				cfg.Params = map[string]string{}
+			}
+			cfg.Params[k] = v
+		}
+	}
+	return cfg.FormatDSN()
+}
+
+// dialect opens dsn either the way the package recommends (Open) or with
+// GORM's plain dialector, whose use of RETURNING on MariaDB stays on.
+type dialect func(dsn string) (gorm.Dialector, error)
+
+func recommended(dsn string) (gorm.Dialector, error) { return inboxmysql.Open(dsn) }
+
+func plainGORM(dsn string) (gorm.Dialector, error) { return gormmysql.Open(dsn), nil }
+
+func openDB(dsn string, open dialect) (*gorm.DB, error) {
+	d, err := open(dsn)
+	if err != nil {
+		return nil, err
+	}
+	// A fresh gorm.Config per Open: a shared one shares clause builders
+	// between dialects.
+	return gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+}
+
+// newHarness gives every check its own table, dropped again in Close.
+func newHarness(dsn string, open dialect) conformance.HarnessMaker {
+	return func(ctx context.Context) (*conformance.Harness, error) {
+		db, err := openDB(dsn, open)
+		if err != nil {
+			return nil, err
+		}
+		store, err := inboxmysql.New(inboxmysql.Options{Table: "inbox_" + conformance.RandomSuffix()})
+		if err != nil {
+			return nil, err
+		}
+		return &conformance.Harness{
+			DB:       db,
+			Store:    store,
+			Open:     func(context.Context) (*gorm.DB, error) { return openDB(dsn, open) },
+			Features: conformance.Features{ExpiryCountsRows: false},
+			Close: func() error {
+				dropErr := db.Exec("DROP TABLE IF EXISTS `" + store.Table() + "`").Error
+				sqlDB, err := db.DB()
+				if err != nil {
+					return err
+				}
+				if err := sqlDB.Close(); err != nil {
+					return err
+				}
+				return dropErr
+			},
+		}, nil
+	}
+}
+
+// TestConformance runs the suite under the driver settings users run:
+// clientFoundRows off (the default) and on, and through GORM's plain
+// dialector with interpolated parameters (RETURNING left on by GORM).
+func TestConformance(t *testing.T) {
+	dsn := testenv.MySQLDSN(t)
+	for _, v := range []struct {
+		name   string
+		params map[string]string
+		open   dialect
+	}{
+		{"clientFoundRows=false", map[string]string{"clientFoundRows": "false"}, recommended},
+		{"clientFoundRows=true", map[string]string{"clientFoundRows": "true"}, recommended},
+		{"plain-gorm+interpolateParams+clientFoundRows", map[string]string{"clientFoundRows": "true", "interpolateParams": "true"}, plainGORM},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			conformance.Run(t, newHarness(withParams(t, dsn, v.params), v.open))
+		})
+	}
+}

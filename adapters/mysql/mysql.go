@@ -1,0 +1,279 @@
+// Package mysql is the inbox Store for MySQL 8 and MariaDB 10.5+ (through
+// gorm.io/driver/mysql and github.com/go-sql-driver/mysql).
+//
+// The package name collides with gorm.io/driver/mysql; import it with an
+// alias, e.g. inboxmysql.
+//
+// # Table
+//
+// The inbox table is InnoDB, keyed by (consumer, event_id, day) and
+// partitioned by RANGE COLUMNS(day): one partition per prepared day, and a
+// catch-all pmax partition (VALUES LESS THAN MAXVALUE), so no row is ever
+// without a partition. Consumer and event id are VARBINARY, compared byte
+// for byte: the usual utf8mb4 collations are case-insensitive and PAD SPACE,
+// and would make "Order-1", "order-1" and "order-1 " one key.
+//
+// # Claim
+//
+// Claim writes its own SQL: INSERT ... ON DUPLICATE KEY UPDATE deliveries =
+// deliveries + 1. A duplicate is really updated, so the server reports 1
+// affected row for an inserted row and 2 for a duplicate whatever the DSN's
+// clientFoundRows setting; INSERT IGNORE is never used, since it would also
+// turn a missing partition, truncation or a NULL into a silent "duplicate".
+// Every row of one statement carries a random claim token that the update
+// does not touch: when a multi-row statement reports a mix of new rows and
+// duplicates, the rows holding this statement's token (read back in the same
+// transaction by primary key) are the new ones. No RETURNING is needed, so
+// MySQL 8 and MariaDB take the same path (on MariaDB, RETURNING of an ODKU
+// returns the existing row for a duplicate: it cannot tell the two apart by
+// itself). Claim checks every value against its column before sending it,
+// so nothing can be truncated even under a lax sql_mode.
+//
+// # Maintenance
+//
+// Maintain splits new days out of pmax with REORGANIZE PARTITION (cheap:
+// pmax only holds far-future rows) and expires old days with DROP PARTITION
+// and TRUNCATE PARTITION, neither of which touches rows one by one. Rows of
+// expired days that arrive late land in the lowest partition; to keep that
+// partition small and the expiry of late rows cheap, the newest expired
+// partition is truncated rather than dropped and becomes the new lowest
+// partition, and rows of expired days still in a kept partition are removed
+// with a short batched DELETE. Migrate and Maintain take a named lock
+// (GET_LOCK) so that concurrent processes serialise, and DDL waits at most
+// Options.DDLLockWait for the table's metadata lock, so that maintenance
+// never stalls live traffic for long: on timeout it fails with a retryable
+// error.
+//
+// # Settings
+//
+// Open the database with [Open] (or a DSN from [StrictDSN]) so that every
+// connection runs with a strict sql_mode; [Store.Verify] checks it.
+//
+// Tested on MariaDB 10.11 (the only server available where it was written).
+// The MySQL 8 paths are the same SQL; differences are noted where they exist.
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+	gormmysql "gorm.io/driver/mysql"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// DefaultTable is the inbox table name used when Options.Table is empty.
+const DefaultTable = "inbox_messages"
+
+// MaxTopicBytes is the longest topic (provenance only) a row may carry.
+const MaxTopicBytes = 1024
+
+// Options configures a Store.
+type Options struct {
+	// Table is the inbox table name, a plain identifier. Default DefaultTable.
+	Table string
+	// Schema is the database holding the table; empty means the
+	// connection's current database.
+	Schema string
+	// DeleteBatch is how many rows one DELETE of late expired rows removes.
+	// Default 5000.
+	DeleteBatch int
+	// LockWait bounds how long Migrate and Maintain wait for another
+	// process's maintenance to finish. Default 60s.
+	LockWait time.Duration
+	// DDLLockWait bounds how long one partition change waits for the
+	// table's metadata lock (lock_wait_timeout). While it waits, new
+	// transactions on the table queue behind it, so keep it short; on
+	// timeout Maintain fails with a retryable error. Default 5s.
+	DDLLockWait time.Duration
+	// InitialDays is how many days from today (UTC) Migrate creates
+	// partitions for when it creates the table; the day before today gets
+	// one as well. Default 7.
+	InitialDays int
+}
+
+// Store is the MySQL/MariaDB inbox Store.
+type Store struct {
+	table       string // quoted, possibly schema-qualified
+	name        string
+	schema      string
+	deleteBatch int
+	lockWait    time.Duration
+	ddlLockWait time.Duration
+	initialDays int
+}
+
+// New returns a Store for the configured table.
+func New(opts Options) (*Store, error) {
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	if err := inbox.ValidateIdentifier("table name", opts.Table); err != nil {
+		return nil, err
+	}
+	qualified := "`" + opts.Table + "`"
+	if opts.Schema != "" {
+		if err := inbox.ValidateIdentifier("schema name", opts.Schema); err != nil {
+			return nil, err
+		}
+		qualified = "`" + opts.Schema + "`." + qualified
+	}
+	if opts.DeleteBatch < 0 || opts.LockWait < 0 || opts.DDLLockWait < 0 || opts.InitialDays < 0 {
+		return nil, fmt.Errorf("%w: negative value in %+v", inbox.ErrInvalidConfig, opts)
+	}
+	if opts.DeleteBatch == 0 {
+		opts.DeleteBatch = 5000
+	}
+	if opts.LockWait == 0 {
+		opts.LockWait = time.Minute
+	}
+	if opts.DDLLockWait == 0 {
+		opts.DDLLockWait = 5 * time.Second
+	}
+	if opts.InitialDays == 0 {
+		opts.InitialDays = 7
+	}
+	return &Store{
+		table:       qualified,
+		name:        opts.Table,
+		schema:      opts.Schema,
+		deleteBatch: opts.DeleteBatch,
+		lockWait:    opts.LockWait,
+		ddlLockWait: opts.DDLLockWait,
+		initialDays: opts.InitialDays,
+	}, nil
+}
+
+// Table returns the inbox table name (unqualified).
+func (s *Store) Table() string { return s.name }
+
+// StrictDSN returns dsn (go-sql-driver/mysql form) with settings the inbox
+// relies on: unless the DSN already sets sql_mode, every connection adds
+// STRICT_TRANS_TABLES to the server's sql_mode, so that a value that does not
+// fit its column is an error and never silently truncated.
+func StrictDSN(dsn string) (string, error) {
+	cfg, err := gomysql.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("%w: mysql DSN: %w", inbox.ErrInvalidConfig, err)
+	}
+	if _, ok := cfg.Params["sql_mode"]; !ok {
+		if cfg.Params == nil {
+			cfg.Params = map[string]string{}
+		}
+		cfg.Params["sql_mode"] = "CONCAT(@@sql_mode,',STRICT_TRANS_TABLES')"
+	}
+	return cfg.FormatDSN(), nil
+}
+
+// Open returns a GORM dialector for dsn with [StrictDSN]'s settings and
+// GORM's use of RETURNING on MariaDB turned off: with it, GORM reports
+// RowsAffected = 1 for an INSERT ... ON DUPLICATE KEY UPDATE that hit a
+// duplicate, which misleads handlers that count on RowsAffected.
+func Open(dsn string) (gorm.Dialector, error) {
+	strict, err := StrictDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return gormmysql.New(gormmysql.Config{DSN: strict, DisableWithReturning: true}), nil
+}
+
+// MySQL and MariaDB error numbers the Store acts on.
+const (
+	errLockWaitTimeout   = 1205 // ER_LOCK_WAIT_TIMEOUT: row lock, or metadata lock under lock_wait_timeout
+	errLockDeadlock      = 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back
+	errTableDefChanged   = 1412 // ER_TABLE_DEF_CHANGED: a partition change since this transaction's snapshot
+	errCheckRead         = 1020 // ER_CHECKREAD: record changed since last read (snapshot isolation)
+	errTooManyConcurrent = 1637 // ER_TOO_MANY_CONCURRENT_TRXS
+	errConnectionKilled  = 1927 // ER_CONNECTION_KILLED (MariaDB)
+	errNoPartition       = 1526 // ER_NO_PARTITION_FOR_GIVEN_VALUE
+	errDupPartitionName  = 1517 // ER_SAME_NAME_PARTITION
+	errRangeNotIncr      = 1493 // ER_RANGE_NOT_INCREASING_ERROR
+	errDropLastPartition = 1508 // ER_DROP_LAST_PARTITION
+	errUnknownPartition  = 1735 // ER_UNKNOWN_PARTITION
+)
+
+// IsRetryable reports deadlocks (1213), lock wait timeouts (1205, also for
+// metadata locks), a table definition changed by maintenance under a running
+// transaction (1412), a record changed under snapshot isolation (1020), too
+// many concurrent transactions (1637), a killed connection (1927), a broken
+// connection, and a timed-out maintenance lock. A retry of the whole inbox
+// transaction is safe even after a connection broke during COMMIT: a
+// committed row makes the retry a duplicate.
+func (s *Store) IsRetryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var me *gomysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case errLockWaitTimeout, errLockDeadlock, errTableDefChanged, errCheckRead, errTooManyConcurrent, errConnectionKilled:
+			return true
+		}
+		return false
+	}
+	var busy *LockBusyError
+	return errors.As(err, &busy) || errors.Is(err, gomysql.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn)
+}
+
+// LockBusyError says that another process held the maintenance lock for
+// longer than Options.LockWait. It is retryable.
+type LockBusyError struct {
+	Table string
+	Wait  time.Duration
+}
+
+func (e *LockBusyError) Error() string {
+	return fmt.Sprintf("mysql: another process kept the maintenance lock of %s for more than %v", e.Table, e.Wait)
+}
+
+func errorNumber(err error) uint16 {
+	var me *gomysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
+
+// withLock runs fn on one pinned connection holding the table's named
+// maintenance lock, with lock_wait_timeout set to DDLLockWait.
+func (s *Store) withLock(ctx context.Context, db *gorm.DB, fn func(conn *gorm.DB) error) error {
+	return db.WithContext(ctx).Connection(func(conn *gorm.DB) error {
+		var got sql.NullInt64
+		secs := int64(s.lockWait.Round(time.Second) / time.Second)
+		err := conn.Raw("SELECT GET_LOCK(CONCAT('inbox:', LEFT(SHA2(CONCAT(COALESCE(?, DATABASE(), ''), '.', ?), 256), 40)), ?)",
+			nullIfEmpty(s.schema), s.name, secs).Row().Scan(&got)
+		if err != nil {
+			return fmt.Errorf("mysql: take the maintenance lock of %s: %w", s.name, err)
+		}
+		if !got.Valid || got.Int64 != 1 {
+			return &LockBusyError{Table: s.name, Wait: s.lockWait}
+		}
+		defer conn.Exec("SELECT RELEASE_LOCK(CONCAT('inbox:', LEFT(SHA2(CONCAT(COALESCE(?, DATABASE(), ''), '.', ?), 256), 40)))",
+			nullIfEmpty(s.schema), s.name)
+		wait := max(int64(s.ddlLockWait.Round(time.Second)/time.Second), 1)
+		if err := conn.Exec(fmt.Sprintf("SET SESSION lock_wait_timeout = %d", wait)).Error; err != nil {
+			return fmt.Errorf("mysql: set lock_wait_timeout: %w", err)
+		}
+		defer conn.Exec("SET SESSION lock_wait_timeout = DEFAULT")
+		return fn(conn)
+	})
+}
+
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+var (
+	_ inbox.Store         = (*Store)(nil)
+	_ inbox.Verifier      = (*Store)(nil)
+	_ inbox.StatsReporter = (*Store)(nil)
+)
