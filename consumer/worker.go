@@ -283,7 +283,11 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			return results, true
 		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("the batch could not commit; retrying it", "messages", len(msgs), "error", err, "retry_in", wait)
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // still retried: the database, not the messages, is failing
+		}
+		w.log.Log(ctx, level, "the batch could not commit; retrying it", "messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait)
 		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
 		if sleep(ctx, wait) != nil {
 			return nil, false
