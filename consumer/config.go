@@ -98,7 +98,8 @@ type Config struct {
 	Extract Extractor
 
 	// BatchSize is the most messages of one partition processed in one
-	// transaction (through inbox.ProcessBatch). Default 1.
+	// transaction (through inbox.ProcessBatch). Default 1. Ignored with
+	// NaturallyIdempotent.
 	BatchSize int
 	// BatchWait is how long a batch waits to fill up once its first message
 	// is there. Default 50ms; ignored when BatchSize is 1.

@@ -278,3 +278,45 @@ func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 		})
 	}
 }
+
+// A dead letter that cannot be published holds the partition: the offset
+// does not pass the message until Kafka has the dead letter.
+func TestDeadLetterPublishFailureHoldsTheOffset(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders") // no dead-letter topic yet
+	s := newSQLiteShop(t)
+	sendOrders(t, brokers, "orders", 1, 4, nil)
+	ev := newEvents()
+	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
+	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = DeadLetter, "orders.dlq", 1
+	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg Message) error {
+		if string(msg.Key) == "order-1" {
+			return errors.New("poison")
+		}
+		return s.reserve(ctx, tx, msg)
+	}
+	r := start(t, cfg)
+	time.Sleep(1500 * time.Millisecond)
+	if got := committed(t, brokers, "inventory", "orders", 1); got[0] > 1 {
+		t.Fatalf("committed %v while the dead letter could not be published", got)
+	}
+	if n := ev.count(EventProcessed); n != 1 {
+		t.Fatalf("%d processed while held at the poison message, want 1", n)
+	}
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...)}
+	resp, err := cl.CreateTopics(context.Background(), &kafka.CreateTopicsRequest{
+		Topics: []kafka.TopicConfig{{Topic: "orders.dlq", NumPartitions: 1, ReplicationFactor: 1}}})
+	if err != nil || resp.Errors["orders.dlq"] != nil {
+		t.Fatalf("create the dead-letter topic: %v %v", err, resp)
+	}
+	waitUntil(t, 20*time.Second, "the dead letter and the rest", func() bool {
+		return ev.count(EventDeadLettered) == 1 && ev.count(EventProcessed) == 3
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 4 {
+		t.Fatalf("committed %v, want 4", got)
+	}
+	s.checkExactlyOnce(t, 4, map[int]bool{1: true})
+}
