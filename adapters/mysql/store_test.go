@@ -1,0 +1,375 @@
+package mysql_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+	"gorm.io/gorm"
+
+	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
+	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/testenv"
+)
+
+// These tests pin down, on the real server, the traps the Store is built
+// around, and the Store's own maintenance and error classification.
+
+func testDB(t *testing.T, params map[string]string) *gorm.DB {
+	t.Helper()
+	db, err := openDB(withParams(t, testenv.MySQLDSN(t), params), recommended)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	return db
+}
+
+func newStore(t *testing.T, db *gorm.DB, opts inboxmysql.Options) *inboxmysql.Store {
+	t.Helper()
+	if opts.Table == "" {
+		opts.Table = "inbox_t_" + conformance.RandomSuffix()
+	}
+	store, err := inboxmysql.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Exec("DROP TABLE IF EXISTS `" + store.Table() + "`").Error })
+	if err := store.Migrate(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
+func number(err error) uint16 {
+	var me *gomysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
+
+// TestTrapAffectedRows: what ON DUPLICATE KEY UPDATE reports, by
+// clientFoundRows. A no-op update (GORM's DoNothing for mysql) reports 1 for
+// a duplicate under clientFoundRows, the same as an insert; a real update
+// (the Store's counter) reports 2 either way.
+func TestTrapAffectedRows(t *testing.T) {
+	for _, found := range []bool{false, true} {
+		t.Run(fmt.Sprintf("clientFoundRows=%v", found), func(t *testing.T) {
+			db := testDB(t, map[string]string{"clientFoundRows": fmt.Sprint(found)})
+			table := "trap_odku_" + conformance.RandomSuffix()
+			if err := db.Exec("CREATE TABLE " + table + " (k VARBINARY(10) PRIMARY KEY, n INT NOT NULL DEFAULT 1) ENGINE=InnoDB").Error; err != nil {
+				t.Fatal(err)
+			}
+			defer db.Exec("DROP TABLE " + table)
+			affected := func(update string) int64 {
+				res := db.Exec("INSERT INTO "+table+" (k) VALUES (?) ON DUPLICATE KEY UPDATE "+update, "a")
+				if res.Error != nil {
+					t.Fatal(res.Error)
+				}
+				return res.RowsAffected
+			}
+			if got := affected("n = n + 1"); got != 1 {
+				t.Errorf("insert: %d rows affected, want 1", got)
+			}
+			if got := affected("n = n + 1"); got != 2 {
+				t.Errorf("duplicate with a counter: %d rows affected, want 2", got)
+			}
+			noop := int64(0)
+			if found {
+				noop = 1 // indistinguishable from an insert
+			}
+			if got := affected("k = k"); got != noop {
+				t.Errorf("duplicate with a no-op update: %d rows affected, want %d", got, noop)
+			}
+		})
+	}
+}
+
+// TestTrapInsertIgnoreHidesFailures: INSERT IGNORE turns a missing partition
+// into warning 1526 and 0 rows, which reads as "duplicate"; the Store's
+// statement fails with error 1526 instead.
+func TestTrapInsertIgnoreHidesFailures(t *testing.T) {
+	db := testDB(t, nil)
+	table := "trap_ignore_" + conformance.RandomSuffix()
+	if err := db.Exec("CREATE TABLE " + table + " (k INT NOT NULL, day DATE NOT NULL, PRIMARY KEY (k, day)) ENGINE=InnoDB " +
+		"PARTITION BY RANGE COLUMNS(day) (PARTITION p0 VALUES LESS THAN ('2000-01-01'))").Error; err != nil {
+		t.Fatal(err)
+	}
+	defer db.Exec("DROP TABLE " + table)
+	res := db.Exec("INSERT IGNORE INTO "+table+" VALUES (1, ?)", "2026-01-01")
+	if res.Error != nil || res.RowsAffected != 0 {
+		t.Errorf("INSERT IGNORE without a partition: %v, %d rows; want silence and 0 rows", res.Error, res.RowsAffected)
+	}
+	err := db.Exec("INSERT INTO "+table+" VALUES (1, ?) ON DUPLICATE KEY UPDATE k = k + 0", "2026-01-01").Error
+	if number(err) != 1526 {
+		t.Errorf("ODKU without a partition: %v, want error 1526", err)
+	}
+}
+
+// TestLaxSQLMode: under an empty sql_mode the server cuts a too long value
+// with a warning; Claim refuses it before it reaches the server, and Verify
+// names the setting.
+func TestLaxSQLMode(t *testing.T) {
+	db := testDB(t, map[string]string{"sql_mode": "''"})
+	store := newStore(t, db, inboxmysql.Options{})
+	table := "trap_lax_" + conformance.RandomSuffix()
+	if err := db.Exec("CREATE TABLE " + table + " (k VARBINARY(3) NOT NULL) ENGINE=InnoDB").Error; err != nil {
+		t.Fatal(err)
+	}
+	defer db.Exec("DROP TABLE " + table)
+	if err := db.Exec("INSERT INTO " + table + " VALUES ('abcdef')").Error; err != nil {
+		t.Fatalf("lax insert: %v", err)
+	}
+	var stored string
+	if err := db.Raw("SELECT k FROM " + table).Row().Scan(&stored); err != nil || stored != "abc" {
+		t.Fatalf("lax mode stored %q (%v), want the truncated %q", stored, err, "abc")
+	}
+
+	row := inbox.Message{Consumer: "c", ID: strings.Repeat("x", inbox.MaxEventIDBytes+1), Time: time.Now()}.Row()
+	err := db.Transaction(func(tx *gorm.DB) error {
+		_, err := store.Claim(t.Context(), tx, []inbox.Row{row})
+		return err
+	})
+	if !errors.Is(err, inbox.ErrInvalidMessage) {
+		t.Errorf("claim of a %d-byte id under a lax sql_mode: %v, want ErrInvalidMessage", len(row.EventID), err)
+	}
+	if err := store.Verify(t.Context(), db); err == nil || !strings.Contains(err.Error(), "sql_mode") {
+		t.Errorf("Verify under a lax sql_mode: %v, want a complaint about sql_mode", err)
+	}
+	if err := store.Verify(t.Context(), testDB(t, nil)); err != nil {
+		t.Errorf("Verify through Open: %v", err)
+	}
+}
+
+type partitionInfo struct {
+	Name  string
+	Bound string
+}
+
+func partitions(t *testing.T, db *gorm.DB, table string) []partitionInfo {
+	t.Helper()
+	var out []partitionInfo
+	err := db.Raw(`SELECT PARTITION_NAME AS name, PARTITION_DESCRIPTION AS bound FROM information_schema.PARTITIONS
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? ORDER BY PARTITION_ORDINAL_POSITION`, table).Scan(&out).Error
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func names(ps []partitionInfo) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.Name)
+	}
+	return out
+}
+
+func claimOne(t *testing.T, db *gorm.DB, store *inboxmysql.Store, m inbox.Message) bool {
+	t.Helper()
+	var inserted []bool
+	err := db.Transaction(func(tx *gorm.DB) error {
+		var err error
+		inserted, err = store.Claim(t.Context(), tx, []inbox.Row{m.Row()})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inserted[0]
+}
+
+// isStored probes for m's row with a claim that is rolled back.
+func isStored(t *testing.T, db *gorm.DB, store *inboxmysql.Store, m inbox.Message) bool {
+	t.Helper()
+	tx := db.Begin()
+	defer tx.Rollback()
+	inserted, err := store.Claim(t.Context(), tx, []inbox.Row{m.Row()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return !inserted[0]
+}
+
+// TestMaintainPartitions follows the partition layout through days of
+// maintenance: new days split out of pmax, expired days dropped, the newest
+// expired one truncated into the lowest partition, late rows deleted, and a
+// repeated run changes nothing.
+func TestMaintainPartitions(t *testing.T) {
+	db := testDB(t, nil)
+	store := newStore(t, db, inboxmysql.Options{InitialDays: 1})
+	ctx := t.Context()
+	today := inbox.DayOf(time.Now())
+	p := func(d time.Time) string { return "p" + d.Format("20060102") }
+	if got, want := names(partitions(t, db, store.Table())), []string{p(today.AddDate(0, 0, -1)), p(today), p(today.AddDate(0, 0, 1)), "pmax"}; !slices.Equal(got, want) {
+		t.Fatalf("after Migrate: partitions %v, want %v", got, want)
+	}
+	msg := func(id string, d time.Time) inbox.Message {
+		return inbox.Message{Consumer: "c", ID: id, Time: d.Add(time.Hour)}
+	}
+	for i := -6; i <= 4; i++ {
+		if !claimOne(t, db, store, msg(fmt.Sprint("m", i), today.AddDate(0, 0, i))) {
+			t.Fatalf("row of day %+d not new", i)
+		}
+	}
+
+	// Day +2: prepare through +4, expire before -1.
+	plan := inbox.MaintenancePlan{Today: today.AddDate(0, 0, 2), PrepareThrough: today.AddDate(0, 0, 4), ExpireBefore: today.AddDate(0, 0, -1)}
+	dry := plan
+	dry.DryRun = true
+	before := partitions(t, db, store.Table())
+	report, err := store.Maintain(ctx, db, dry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(partitions(t, db, store.Table()), before) || len(report.Prepared) != 3 || len(report.Expired) != 5 || report.RowsRemoved != 5 {
+		t.Errorf("dry run: %+v, partitions %v; want nothing changed, 3 days to prepare, 5 days (5 rows) to expire", report, names(partitions(t, db, store.Table())))
+	}
+	report, err = store.Maintain(ctx, db, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{p(today.AddDate(0, 0, -1)), p(today), p(today.AddDate(0, 0, 1)), p(today.AddDate(0, 0, 2)), p(today.AddDate(0, 0, 3)), p(today.AddDate(0, 0, 4)), "pmax"}
+	if got := names(partitions(t, db, store.Table())); !slices.Equal(got, want) || report.RowsRemoved != 5 || len(report.Expired) != 5 {
+		t.Errorf("day +2: partitions %v, report %+v; want %v, 5 rows of 5 days removed from the lowest partition", got, report, want)
+	}
+	for i := -6; i <= 4; i++ {
+		if stored := isStored(t, db, store, msg(fmt.Sprint("m", i), today.AddDate(0, 0, i))); stored != (i >= -1) {
+			t.Errorf("day %+d: stored %v after expiring before day -1", i, stored)
+		}
+	}
+
+	// Day +4: expire before +1. Partitions -1 and 0 hold expired days only:
+	// the lowest (-1) is dropped, 0 truncated and becomes the lowest.
+	plan = inbox.MaintenancePlan{Today: today.AddDate(0, 0, 4), PrepareThrough: today.AddDate(0, 0, 4), ExpireBefore: today.AddDate(0, 0, 1)}
+	if report, err = store.Maintain(ctx, db, plan); err != nil {
+		t.Fatal(err)
+	}
+	want = want[1:]
+	if got := names(partitions(t, db, store.Table())); !slices.Equal(got, want) || report.RowsRemoved != -1 || len(report.Prepared) != 0 ||
+		!slices.Equal(report.Expired, []time.Time{today.AddDate(0, 0, -1), today}) {
+		t.Errorf("day +4: partitions %v, report %+v; want %v, days -1 and 0 expired by partition", got, report, want)
+	}
+	// A late row of an expired day lands in the lowest partition and goes
+	// with the next run, which needs no DDL.
+	if !claimOne(t, db, store, msg("late", today.AddDate(0, 0, -9))) {
+		t.Fatal("late row not new")
+	}
+	before = partitions(t, db, store.Table())
+	if report, err = store.Maintain(ctx, db, plan); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(partitions(t, db, store.Table()), before) || report.RowsRemoved != 1 || !slices.Equal(report.Expired, []time.Time{today.AddDate(0, 0, -9)}) {
+		t.Errorf("repeated run: report %+v, partitions %v -> %v; want 1 late row removed and no partition change", report, names(before), names(partitions(t, db, store.Table())))
+	}
+	for i := -6; i <= 4; i++ {
+		if stored := isStored(t, db, store, msg(fmt.Sprint("m", i), today.AddDate(0, 0, i))); stored != (i >= 1) {
+			t.Errorf("day %+d: stored %v after expiring before day +1", i, stored)
+		}
+	}
+	if stats, err := store.Stats(ctx, db); err != nil || len(stats) != 4 || !stats[0].Day.Equal(today.AddDate(0, 0, 1)) || stats[0].Rows != 1 {
+		t.Errorf("Stats: %+v, %v; want one row on each of days +1..+4", stats, err)
+	}
+}
+
+// TestRetryableErrors provokes the transient errors the Store classifies as
+// retryable.
+func TestRetryableErrors(t *testing.T) {
+	ctx := t.Context()
+
+	t.Run("1213-three-claims-first-rolls-back", func(t *testing.T) {
+		db := testDB(t, nil)
+		store := newStore(t, db, inboxmysql.Options{})
+		row := inbox.Message{Consumer: "c", ID: "race", Time: time.Now()}.Row()
+		deadlocks := 0
+		for attempt := 0; attempt < 5 && deadlocks == 0; attempt++ {
+			row.EventID = fmt.Sprint("race-", attempt)
+			tx1 := db.Begin()
+			if _, err := store.Claim(ctx, tx1, []inbox.Row{row}); err != nil {
+				t.Fatal(err)
+			}
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
+			for i := range errs {
+				wg.Go(func() {
+					tx := db.Begin()
+					defer tx.Rollback()
+					_, errs[i] = store.Claim(ctx, tx, []inbox.Row{row})
+				})
+			}
+			time.Sleep(300 * time.Millisecond)
+			tx1.Rollback()
+			wg.Wait()
+			for _, err := range errs {
+				if err == nil {
+					continue
+				}
+				if number(err) != 1213 || !store.IsRetryable(err) {
+					t.Fatalf("waiter failed with %v (retryable %v), want a retryable 1213", err, store.IsRetryable(err))
+				}
+				deadlocks++
+			}
+		}
+		t.Logf("%d waiters failed with 1213", deadlocks)
+	})
+
+	t.Run("1205-ddl-waits-for-a-transaction", func(t *testing.T) {
+		db := testDB(t, nil)
+		store := newStore(t, db, inboxmysql.Options{DDLLockWait: time.Second})
+		holder := db.Begin()
+		defer holder.Rollback()
+		if _, err := store.Claim(ctx, holder, []inbox.Row{inbox.Message{Consumer: "c", ID: "held", Time: time.Now()}.Row()}); err != nil {
+			t.Fatal(err)
+		}
+		today := inbox.DayOf(time.Now())
+		start := time.Now()
+		_, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 30), ExpireBefore: today.AddDate(0, 0, -30)})
+		if number(err) != 1205 || !store.IsRetryable(err) {
+			t.Fatalf("Maintain while a transaction holds the table: %v (retryable %v), want a retryable 1205", err, store.IsRetryable(err))
+		}
+		if waited := time.Since(start); waited > 5*time.Second {
+			t.Errorf("Maintain waited %v for the metadata lock, want about DDLLockWait (1s)", waited)
+		}
+	})
+
+	t.Run("1412-snapshot-older-than-maintenance", func(t *testing.T) {
+		db := testDB(t, nil)
+		store := newStore(t, db, inboxmysql.Options{})
+		today := inbox.DayOf(time.Now())
+		old := inbox.Message{Consumer: "c", ID: "old", Time: today.AddDate(0, 0, -1)}
+		if !claimOne(t, db, store, old) {
+			t.Fatal("not new")
+		}
+		tx := db.Begin()
+		defer tx.Rollback()
+		if err := tx.Exec("START TRANSACTION WITH CONSISTENT SNAPSHOT").Error; err != nil {
+			t.Fatal(err)
+		}
+		// The maintenance truncates yesterday's partition under tx's snapshot.
+		if _, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today.AddDate(0, 0, 1)}); err != nil {
+			t.Fatal(err)
+		}
+		rows := []inbox.Row{inbox.Message{Consumer: "c", ID: "new", Time: today.Add(time.Hour)}.Row(), inbox.Message{Consumer: "c", ID: "new2", Time: today.Add(time.Hour)}.Row()}
+		_, err := store.Claim(ctx, tx, rows)
+		t.Logf("claim under a snapshot older than the partition change: %v", err)
+		if err != nil && !store.IsRetryable(err) {
+			t.Errorf("claim under an old snapshot: %v, not retryable", err)
+		}
+		var n int64
+		err = tx.Raw("SELECT COUNT(*) FROM `" + store.Table() + "`").Row().Scan(&n)
+		if number(err) != 1412 || !store.IsRetryable(err) {
+			t.Errorf("read under a snapshot older than the partition change: %v (retryable %v), want a retryable 1412", err, store.IsRetryable(err))
+		}
+	})
+}
