@@ -254,9 +254,22 @@ func (ck *checker) verify(ctx context.Context, db *gorm.DB) (r checkResult) {
 		r.Status, r.Reason = statusFail, err.Error()
 		return r
 	}
+	var problems []error
+	if ck.b.sessionCheck != nil {
+		if err := ck.b.sessionCheck(ctx, db); err != nil {
+			problems = append(problems, err)
+		}
+	}
+	defer func() {
+		if len(problems) > 0 {
+			r.Status, r.Reason = statusFail, errors.Join(problems...).Error()
+		}
+	}()
 	v, ok := store.(inbox.Verifier)
 	if !ok {
-		r.Status, r.Reason = statusSkip, "the "+ck.b.name+" adapter cannot check its settings"
+		if len(problems) == 0 {
+			r.Status, r.Reason = statusSkip, "the "+ck.b.name+" adapter cannot check its settings"
+		}
 		return r
 	}
 	defer func() {
@@ -268,11 +281,11 @@ func (ck *checker) verify(ctx context.Context, db *gorm.DB) (r checkResult) {
 		}
 	}()
 	if err := store.Migrate(ctx, db); err != nil {
-		r.Status, r.Reason = statusFail, fmt.Sprintf("migrate a scratch table: %v", err)
+		problems = append(problems, fmt.Errorf("migrate a scratch table: %w", err))
 		return r
 	}
 	if err := v.Verify(ctx, db); err != nil {
-		r.Status, r.Reason = statusFail, err.Error()
+		problems = append(problems, err)
 	}
 	return r
 }

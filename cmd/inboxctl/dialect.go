@@ -33,6 +33,10 @@ type backend struct {
 	// remove a schema that the Store's Migrate created for its scratch tables.
 	schemaExists    func(ctx context.Context, db *gorm.DB, schema string) (bool, error)
 	dropEmptySchema func(ctx context.Context, db *gorm.DB, schema string) error
+	// sessionCheck, if set, reports connection settings that break the
+	// atomicity of the applications' own writes (not only the inbox
+	// table's); check adds it to settings/verify.
+	sessionCheck func(ctx context.Context, db *gorm.DB) error
 	// size reports the table's size on disk.
 	size func(ctx context.Context, db *gorm.DB, schema, table string) (*sizeInfo, error)
 	// features describe the Store to the conformance suite.

@@ -34,6 +34,9 @@
 // go-sql-driver/mysql form user:password@tcp(host:3306)/db?... for MySQL and
 // MariaDB, and a go-sqlite3 file name or file: URI for SQLite. It is used
 // exactly as given, so that check tests the settings the applications use.
+// (Applications that open MySQL through the adapter's Open get
+// STRICT_TRANS_TABLES added when their DSN sets no sql_mode; inboxctl adds
+// nothing, so give it the DSN that inboxmysql.StrictDSN returns for theirs.)
 //
 // check runs each conformance check (conformance.Checks: by default every
 // area but the slow retention checks; --all for every check) in a scratch
