@@ -46,15 +46,18 @@ func TestDemoDefault(t *testing.T) {
 
 func TestDemoRealKafkaAndDatabases(t *testing.T) {
 	brokers := strings.Join(testenv.KafkaBrokers(t), ",")
-	for _, db := range []struct{ dialect, dsn string }{
-		{"sqlite", ""},
-		{"postgres", testenv.PostgresDSN(t)},
-		{"mysql", testenv.MySQLDSN(t)},
+	for _, db := range []struct {
+		dialect string
+		dsn     func(testing.TB) string
+	}{
+		{"sqlite", func(testing.TB) string { return "" }},
+		{"postgres", testenv.PostgresDSN},
+		{"mysql", testenv.MySQLDSN},
 	} {
 		t.Run(db.dialect, func(t *testing.T) {
 			args := []string{"-orders", "400", "-brokers", brokers, "-db", db.dialect}
-			if db.dsn != "" {
-				args = append(args, "-dsn", db.dsn)
+			if dsn := db.dsn(t); dsn != "" {
+				args = append(args, "-dsn", dsn)
 			}
 			out, code := runDemo(t, args...)
 			expectVerified(t, out, code)
