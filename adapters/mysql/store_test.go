@@ -1,8 +1,10 @@
 package mysql_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -372,4 +374,108 @@ func TestRetryableErrors(t *testing.T) {
 			t.Errorf("read under a snapshot older than the partition change: %v (retryable %v), want a retryable 1412", err, store.IsRetryable(err))
 		}
 	})
+}
+
+// TestMaintainDDLWhileInserting runs every kind of partition change (split
+// of pmax, DROP, TRUNCATE, DELETE of late rows) while live events, some of
+// them in pmax while it is split, and late expired events are processed: no
+// live delivery fails or is applied twice, and a redelivery of each is a
+// duplicate. (The conformance suite's maintain-while-inserting runs after
+// Migrate has prepared the days it uses, so it issues no DDL here.)
+func TestMaintainDDLWhileInserting(t *testing.T) {
+	db := testDB(t, nil)
+	store := newStore(t, db, inboxmysql.Options{InitialDays: 1, DDLLockWait: 2 * time.Second})
+	ctx := t.Context()
+	effects := "effects_" + conformance.RandomSuffix()
+	if err := db.Exec("CREATE TABLE " + effects + " (id VARBINARY(255) NOT NULL, KEY (id)) ENGINE=InnoDB").Error; err != nil {
+		t.Fatal(err)
+	}
+	defer db.Exec("DROP TABLE " + effects)
+	apply := func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
+		return tx.Exec("INSERT INTO "+effects+" (id) VALUES (?)", m.ID).Error
+	}
+	cfg := inbox.Config{RetentionDays: 365, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 50,
+		Expired: inbox.ProcessExpired, Logger: slog.New(slog.DiscardHandler)}
+	ib, err := inbox.New(db, store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	today := inbox.DayOf(time.Now())
+	const workers, perWorker = 4, 60
+	live := func(w, i int) inbox.Message {
+		return inbox.Message{Consumer: "c", ID: fmt.Sprintf("live-%d-%d", w, i), Time: today.AddDate(0, 0, 5+i%3).Add(time.Hour)}
+	}
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				out, err := ib.Process(ctx, live(w, i), apply)
+				if err != nil || out != inbox.Processed {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("live %d/%d: %v %v", w, i, out, err))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	stop := make(chan struct{})
+	var lateWG sync.WaitGroup
+	lateWG.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			m := inbox.Message{Consumer: "c", ID: fmt.Sprint("late-", i), Time: today.AddDate(0, 0, -i%5)}
+			if _, err := ib.Process(ctx, m, apply); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("late %d: %v", i, err))
+				mu.Unlock()
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	var ddl int
+	for k := 0; k <= 8; k++ {
+		plan := inbox.MaintenancePlan{Today: today.AddDate(0, 0, k), PrepareThrough: today.AddDate(0, 0, k+2), ExpireBefore: today.AddDate(0, 0, min(k, 5)-1)}
+		report, err := ib.MaintainPlan(ctx, plan)
+		if err != nil {
+			t.Fatalf("maintenance step %d: %v", k, err)
+		}
+		if len(report.Prepared) > 0 || report.RowsRemoved < 0 {
+			ddl++
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	close(stop)
+	lateWG.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if ddl < 6 {
+		t.Errorf("only %d maintenance steps changed partitions", ddl)
+	}
+	var n int64
+	if err := db.Raw("SELECT COUNT(*) FROM " + effects + " WHERE id LIKE 'live-%'").Row().Scan(&n); err != nil || n != workers*perWorker {
+		t.Fatalf("%d live effects (%v), want %d", n, err, workers*perWorker)
+	}
+	for w := range workers {
+		for i := range perWorker {
+			if out, err := ib.Process(ctx, live(w, i), apply); err != nil || out != inbox.Duplicate {
+				t.Fatalf("redelivery of live %d/%d: %v %v", w, i, out, err)
+			}
+		}
+	}
+	if _, err := ib.MaintainPlan(ctx, inbox.MaintenancePlan{Today: today.AddDate(0, 0, 8), PrepareThrough: today.AddDate(0, 0, 10), ExpireBefore: today.AddDate(0, 0, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	var old int64
+	if err := db.Raw("SELECT COUNT(*) FROM `" + store.Table() + "` WHERE day < ?", today.AddDate(0, 0, 4).Format(time.DateOnly)).Row().Scan(&old); err != nil || old != 0 {
+		t.Errorf("%d rows before the cutoff remain (%v)", old, err)
+	}
+	t.Logf("retries: %d", ib.Counters().Retries)
 }
