@@ -474,7 +474,7 @@ func TestMaintainDDLWhileInserting(t *testing.T) {
 		t.Fatal(err)
 	}
 	var old int64
-	if err := db.Raw("SELECT COUNT(*) FROM `" + store.Table() + "` WHERE day < ?", today.AddDate(0, 0, 4).Format(time.DateOnly)).Row().Scan(&old); err != nil || old != 0 {
+	if err := db.Raw("SELECT COUNT(*) FROM `"+store.Table()+"` WHERE day < ?", today.AddDate(0, 0, 4).Format(time.DateOnly)).Row().Scan(&old); err != nil || old != 0 {
 		t.Errorf("%d rows before the cutoff remain (%v)", old, err)
 	}
 	t.Logf("retries: %d", ib.Counters().Retries)
