@@ -229,7 +229,8 @@ func (c *Consumer) Close() error {
 }
 
 // Stopped returns the partitions halted by the StopPartition policy and not
-// yet resumed, oldest first.
+// yet past the message they stopped at, by topic and partition. It is safe
+// to call at any time, also after Run returned.
 func (c *Consumer) Stopped() []*PartitionStoppedError {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -238,8 +239,8 @@ func (c *Consumer) Stopped() []*PartitionStoppedError {
 		out = append(out, s)
 	}
 	slices.SortFunc(out, func(a, b *PartitionStoppedError) int {
-		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
-			return c
+		if n := strings.Compare(a.Topic, b.Topic); n != 0 {
+			return n
 		}
 		return a.Partition - b.Partition
 	})

@@ -320,3 +320,77 @@ func TestDeadLetterPublishFailureHoldsTheOffset(t *testing.T) {
 	}
 	s.checkExactlyOnce(t, 4, map[int]bool{1: true})
 }
+
+// StopPartition in batch mode: the rest of the poison's batch commits in the
+// database, but neither the group's offset nor the stored offset passes the
+// poison. Once the cause is fixed, a restart applies it; the later messages
+// are duplicates.
+func TestBatchStopStoresNoOffsetPastThePoison(t *testing.T) {
+	t.Parallel()
+	poisons := map[string]func(m *kafka.Message){
+		"handler-error": func(m *kafka.Message) { m.Value = []byte(`{"order_id":"order-3","qty":"three"}`) },
+		"no-event-id":   func(m *kafka.Message) { m.Headers = m.Headers[1:] },
+		"expired":       func(m *kafka.Message) { m.Headers[1].Value = []byte("2001-01-01T00:00:00Z") },
+	}
+	for name, poison := range poisons {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			brokers := newKfake(t, 1, "orders")
+			s := newSQLiteShop(t)
+			var msgs []kafka.Message
+			for i := range 10 {
+				msgs = append(msgs, orderMessage(i, 0))
+			}
+			poison(&msgs[3])
+			produce(t, brokers, "orders", msgs...)
+			ev := newEvents()
+			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
+			cfg.BatchSize, cfg.BatchWait, cfg.MaxAttempts, cfg.StoreOffsets = 10, time.Second, 2, true
+			r := start(t, cfg)
+			waitUntil(t, 20*time.Second, "the partition to stop", func() bool { return ev.count(EventPartitionStopped) == 1 })
+			if err := r.stop(t); !errors.Is(err, ErrPartitionStopped) {
+				t.Fatalf("Run = %v, want the stopped partition", err)
+			}
+			if n := ev.count(EventProcessed); n != 9 {
+				t.Fatalf("%d processed, want the 9 others of the batch", n)
+			}
+			if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 3 {
+				t.Fatalf("group committed %v, want 3 (the poison's offset)", got)
+			}
+			stored, err := r.c.offsets.load(context.Background(), s.db, "orders", 0)
+			if err != nil || stored != 3 {
+				t.Fatalf("stored offset %d (%v), want 3: the poison's offset, not past it", stored, err)
+			}
+
+			// The cause is fixed (here: the handler and the inbox accept it).
+			ev2 := newEvents()
+			cfg.OnEvent = ev2.on
+			cfg.Extract = func(m *kafka.Message) (string, time.Time, error) {
+				if m.Offset == 3 {
+					return "evt-order-3", eventBase.Add(3 * time.Second), nil
+				}
+				return HeaderExtractor(nil, nil)(m)
+			}
+			cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg Message) error {
+				if msg.Offset == 3 {
+					msg.Value = orderMessage(3, 0).Value
+				}
+				return s.reserve(ctx, tx, msg)
+			}
+			r2 := start(t, cfg)
+			waitUntil(t, 20*time.Second, "the rest", func() bool {
+				return ev2.count(EventProcessed)+ev2.count(EventDuplicate) == 7
+			})
+			if p := ev2.count(EventProcessed); p != 1 {
+				t.Errorf("%d processed after the fix, want only the former poison", p)
+			}
+			if err := r2.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			if len(r2.c.Stopped()) != 0 {
+				t.Fatalf("still stopped: %v", r2.c.Stopped())
+			}
+			s.checkExactlyOnce(t, 10, nil)
+		})
+	}
+}

@@ -220,11 +220,16 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 	if !ok {
 		return false
 	}
+	// Every message whose effect committed is finished, also those after a
+	// failure: the tracker still holds the commit back at the failure.
+	for i, it := range items {
+		if o := results[i].Outcome; o == inbox.Processed || o == inbox.Duplicate {
+			w.finish(it, o)
+		}
+	}
 	for i, it := range items {
 		r := results[i]
-		switch r.Outcome {
-		case inbox.Processed, inbox.Duplicate:
-			w.finish(it, r.Outcome)
+		if r.Outcome == inbox.Processed || r.Outcome == inbox.Duplicate {
 			continue
 		}
 		var res resolution
