@@ -196,6 +196,11 @@ func label(consumer, id string) string {
 // Inbox returns an inbox over the harness with the suite's windows and the
 // env's clock; cfg adjusts it.
 func (env *Env) Inbox(adjust ...func(*inbox.Config)) *inbox.Inbox {
+	return env.InboxOn(env.H.DB, adjust...)
+}
+
+// InboxOn is Inbox over another connection pool to the harness database.
+func (env *Env) InboxOn(db *gorm.DB, adjust ...func(*inbox.Config)) *inbox.Inbox {
 	cfg := inbox.Config{
 		RetentionDays: RetentionDays,
 		PrepareDays:   PrepareDays,
@@ -209,7 +214,7 @@ func (env *Env) Inbox(adjust ...func(*inbox.Config)) *inbox.Inbox {
 	for _, f := range adjust {
 		f(&cfg)
 	}
-	ib, err := inbox.New(env.H.DB, env.H.Store, cfg)
+	ib, err := inbox.New(db, env.H.Store, cfg)
 	if err != nil {
 		panic(err) // the suite's own configuration is valid
 	}

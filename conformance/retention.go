@@ -152,6 +152,47 @@ var retentionChecks = []Check{
 			}
 			return nil
 		}},
+	{Area: "retention", Name: "maintain-concurrently",
+		Doc: "several processes running Maintain at once all succeed and leave exactly the unexpired rows",
+		Run: func(ctx context.Context, env *Env) error {
+			var msgs []inbox.Message
+			for d := -8; d <= PrepareDays+2; d++ {
+				msgs = append(msgs, env.MsgOn(fmt.Sprintf("cm%+d", d), d))
+			}
+			if err := seed(ctx, env, msgs...); err != nil {
+				return err
+			}
+			const n = 4
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					db := env.H.DB
+					if env.H.Open != nil {
+						other, err := env.H.Open(ctx)
+						if err != nil {
+							errs[i] = fmt.Errorf("open: %w", err)
+							return
+						}
+						defer closeDB(other)
+						db = other
+					}
+					ib := env.InboxOn(db)
+					_, errs[i] = ib.Maintain(ctx)
+				})
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				return fmt.Errorf("concurrent Maintain: %w", err)
+			}
+			expireBefore := env.Inbox().Plan().ExpireBefore
+			for _, m := range msgs {
+				if err := env.expectStored(ctx, m, !m.Day().Before(expireBefore)); err != nil {
+					return fmt.Errorf("day %s after concurrent maintenance: %w", m.Day().Format(time.DateOnly), err)
+				}
+			}
+			return nil
+		}},
 	{Area: "retention", Name: "maintain-dry-run-changes-nothing",
 		Doc: "a dry run reports the expired days and removes nothing",
 		Run: func(ctx context.Context, env *Env) error {

@@ -175,7 +175,7 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 			[]string{"retention/redelivery-after-days-turn-and-maintenance", "retention/maintain-removes-only-expired-days", "retention/future-dated-events"}},
 		{"never-expires",
 			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return neverExpiring{s} },
-			[]string{"retention/maintain-removes-only-expired-days", "retention/maintain-while-inserting", "retention/maintain-dry-run-changes-nothing"}},
+			[]string{"retention/maintain-removes-only-expired-days", "retention/maintain-while-inserting", "retention/maintain-dry-run-changes-nothing", "retention/maintain-concurrently"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

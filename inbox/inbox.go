@@ -152,9 +152,12 @@ func (ib *Inbox) Store() Store { return ib.store }
 // DB returns the database handle the inbox opens transactions on.
 func (ib *Inbox) DB() *gorm.DB { return ib.db }
 
-// Migrate creates or upgrades the inbox table and prepares today's storage.
+// Migrate creates or upgrades the inbox table, retrying transient errors.
+// It does not prepare partitions: call Maintain (or start RunMaintenance)
+// after it.
 func (ib *Inbox) Migrate(ctx context.Context) error {
-	if err := ib.store.Migrate(ctx, ib.db.WithContext(ctx)); err != nil {
+	err := ib.retry(ctx, func(int) error { return ib.store.Migrate(ctx, ib.db.WithContext(ctx)) })
+	if err != nil {
 		return fmt.Errorf("inbox: migrate: %w", err)
 	}
 	return nil

@@ -288,3 +288,16 @@ func TestBatchTransientFailureOfWholeBatch(t *testing.T) {
 		}
 	}
 }
+
+func TestMaintainPlanRefusesExpiringCheckedDays(t *testing.T) {
+	ib, _ := newTestInbox(t, inbox.Config{RetentionDays: 5})
+	plan := ib.Plan()
+	plan.ExpireBefore = ib.OldestCheckedDay().AddDate(0, 0, 1)
+	if _, err := ib.MaintainPlan(t.Context(), plan); !errors.Is(err, inbox.ErrInvalidConfig) {
+		t.Fatalf("MaintainPlan = %v, want ErrInvalidConfig", err)
+	}
+	plan.ExpireBefore = ib.OldestCheckedDay()
+	if _, err := ib.MaintainPlan(t.Context(), plan); err != nil {
+		t.Fatalf("plan expiring up to the oldest checked day: %v", err)
+	}
+}

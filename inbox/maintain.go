@@ -30,11 +30,16 @@ func (ib *Inbox) Maintain(ctx context.Context) (MaintenanceReport, error) {
 }
 
 // MaintainPlan runs maintenance for an explicit plan; set plan.DryRun to see
-// what would be done.
+// what would be done. A plan that would expire a day the inbox still checks
+// duplicates on (ExpireBefore after OldestCheckedDay) is refused.
 func (ib *Inbox) MaintainPlan(ctx context.Context, plan MaintenancePlan) (MaintenanceReport, error) {
 	if plan.PrepareThrough.Before(plan.Today) {
 		return MaintenanceReport{}, fmt.Errorf("%w: maintenance plan prepares through %s, before today %s",
 			ErrInvalidConfig, plan.PrepareThrough.Format(time.DateOnly), plan.Today.Format(time.DateOnly))
+	}
+	if oldest := ib.OldestCheckedDay(); plan.ExpireBefore.After(oldest) {
+		return MaintenanceReport{}, fmt.Errorf("%w: maintenance plan expires days before %s, but the inbox still checks duplicates from %s on",
+			ErrInvalidConfig, plan.ExpireBefore.Format(time.DateOnly), oldest.Format(time.DateOnly))
 	}
 	var report MaintenanceReport
 	err := ib.retry(ctx, func(int) error {
