@@ -16,6 +16,10 @@ import (
 // backend opens the named backend for b; PostgreSQL and MariaDB come from
 // internal/testenv (skipped locally when missing, failed under make bench).
 func backend(tb testing.TB, name string, pool int) *bench.Backend {
+	return backendSync(tb, name, pool, bench.SQLiteSynchronous)
+}
+
+func backendSync(tb testing.TB, name string, pool int, sqliteSync string) *bench.Backend {
 	tb.Helper()
 	var (
 		be  *bench.Backend
@@ -23,7 +27,7 @@ func backend(tb testing.TB, name string, pool int) *bench.Backend {
 	)
 	switch name {
 	case "sqlite":
-		be, err = bench.OpenSQLite(pool)
+		be, err = bench.OpenSQLite(pool, sqliteSync)
 	case "postgres":
 		be, err = bench.OpenPostgres(testenv.PostgresDSN(tb), pool)
 	case "mariadb":
