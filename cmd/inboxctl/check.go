@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -37,6 +38,7 @@ clock over several days of maintenance; --all adds them.`,
 	examples: `  inboxctl check --dsn "$DSN"
   inboxctl check --dialect mysql --dsn 'app:secret@tcp(db:3306)/app?parseTime=true' --all
   inboxctl check --dsn "$DSN" --run 'atomicity|concurrency' --json
+  inboxctl check --dsn "$DSN" --isolation serializable
   inboxctl check --list --all
 `,
 	timeout: 30 * time.Minute,
@@ -84,6 +86,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	all := fs.Bool("all", false, "also run the slow retention checks")
 	pattern := fs.String("run", "", "run only the checks whose area/name matches this `regexp`")
 	list := fs.Bool("list", false, "list the checks that would run, and exit")
+	isolation := fs.String("isolation", "", "run the inbox transactions at this isolation `level`, as the applications do: read-committed, repeatable-read or serializable (default: the database's)")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		if err == errHelp {
 			return exitOK
@@ -96,6 +99,10 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if re, err = regexp.Compile(*pattern); err != nil {
 			return fail(stderr, "check", usageErrorf("--run: %v", err))
 		}
+	}
+	txOpts, err := txOptions(*isolation)
+	if err != nil {
+		return fail(stderr, "check", err)
 	}
 	checks := selectChecks(*all, re)
 	if *list {
@@ -120,7 +127,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 
-	ck := &checker{b: b, o: o, stderr: stderr}
+	ck := &checker{b: b, o: o, txOpts: txOpts, stderr: stderr}
 	probe, err := openDB(ctx, b, o.dsn)
 	if err != nil {
 		return fail(stderr, "check", err)
@@ -209,7 +216,25 @@ func selectChecks(all bool, re *regexp.Regexp) []conformance.Check {
 type checker struct {
 	b      *backend
 	o      *options
+	txOpts *sql.TxOptions
 	stderr io.Writer
+}
+
+// txOptions parses --isolation.
+func txOptions(level string) (*sql.TxOptions, error) {
+	levels := map[string]sql.IsolationLevel{
+		"read-committed":  sql.LevelReadCommitted,
+		"repeatable-read": sql.LevelRepeatableRead,
+		"serializable":    sql.LevelSerializable,
+	}
+	if level == "" {
+		return nil, nil
+	}
+	l, ok := levels[strings.ToLower(strings.ReplaceAll(level, " ", "-"))]
+	if !ok {
+		return nil, usageErrorf("unknown --isolation %q: want read-committed, repeatable-read or serializable", level)
+	}
+	return &sql.TxOptions{Isolation: l}, nil
 }
 
 // schema is the schema the scratch tables go to ("" where the dialect has
@@ -308,10 +333,11 @@ func (ck *checker) harness(ctx context.Context) (*conformance.Harness, error) {
 		return nil, fmt.Errorf("list tables: %w", err)
 	}
 	return &conformance.Harness{
-		DB:       db,
-		Store:    store,
-		Open:     func(ctx context.Context) (*gorm.DB, error) { return openDB(ctx, ck.b, ck.o.dsn) },
-		Features: ck.b.features,
+		DB:        db,
+		Store:     store,
+		TxOptions: ck.txOpts,
+		Open:      func(ctx context.Context) (*gorm.DB, error) { return openDB(ctx, ck.b, ck.o.dsn) },
+		Features:  ck.b.features,
 		Close: func() error {
 			defer closeDB(db)
 			// Clean up even when ctx was cancelled: that is when it matters.

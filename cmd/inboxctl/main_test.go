@@ -131,6 +131,7 @@ func TestUsageErrors(t *testing.T) {
 		{"dry-run on migrate", []string{"migrate", "--dsn", dsn, "--dry-run"}, "flag provided but not defined: -dry-run"},
 		{"bad check pattern", []string{"check", "--dsn", dsn, "--run", "("}, "--run: error parsing regexp"},
 		{"check pattern matches nothing", []string{"check", "--dsn", dsn, "--run", "no-such-check"}, "matches no check"},
+		{"bad isolation", []string{"check", "--dsn", dsn, "--isolation", "snapshot"}, `unknown --isolation "snapshot"`},
 		{"in-memory sqlite", []string{"check", "--dialect", "sqlite", "--dsn", "file::memory:?cache=shared"}, "in-memory SQLite"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -400,6 +401,11 @@ func TestCheckSQLiteUnsafeSettings(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("check output lacks %q:\n%v", want, r)
 		}
+	}
+	rep := decodeJSON[checkReport](t, runArgs(t, "check", "--dsn", dsn, "--run", "^schema/table-is-transactional$", "--json"))
+	if rep.Failed != 2 || rep.Passed != 0 || len(rep.Results) != 2 || rep.Results[0].Status != statusFail ||
+		!strings.Contains(rep.Results[0].Reason, "busy_timeout is 0") || !strings.Contains(rep.Results[1].Reason, "journal_mode") {
+		t.Errorf("check --json of unsafe settings: %+v", rep)
 	}
 	expectNoTables(t, dialectSQLite, openGorm(t, dialectSQLite, dsn), "", scratchPrefix, effectsPrefix)
 }

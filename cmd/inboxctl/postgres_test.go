@@ -38,6 +38,18 @@ func TestCheckPostgres(t *testing.T) {
 	}
 }
 
+// TestCheckPostgresSerializable: applications that run their transactions
+// at SERIALIZABLE get 40001 on a concurrent duplicate, which the inbox
+// retries; check runs at their level.
+func TestCheckPostgresSerializable(t *testing.T) {
+	dsn := testenv.PostgresDSN(t)
+	r := runArgs(t, "check", "--dsn", dsn, "--isolation", "serializable", "--run", "^(atomicity|concurrency|batch)/")
+	expectCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "PASS  concurrency/concurrent-deliveries-of-one-id") {
+		t.Errorf("check --isolation serializable:\n%v", r)
+	}
+}
+
 // TestCheckPostgresRetention runs the retention checks (--all) on PostgreSQL,
 // where expiry drops partitions.
 func TestCheckPostgresRetention(t *testing.T) {
