@@ -132,8 +132,10 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 //
 // Run returns ctx's error when ctx ended (nil after Close), joined with a
 // *PartitionStoppedError for each partition still stopped; an error wrapping
-// inbox.ErrInvalidConfig if kafka-go rejects the configuration; ErrRunning if
-// called twice. A Consumer runs once.
+// inbox.ErrInvalidConfig if kafka-go or the group coordinator rejects the
+// configuration (an invalid session timeout or group id, failed
+// authentication or authorization: retrying cannot cure these); ErrRunning
+// if called twice. A Consumer runs once.
 func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.mu.Lock()
 	if c.state != 0 {
@@ -174,9 +176,16 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		"on_failure", c.cfg.OnFailure.String(), "store_offsets", c.cfg.StoreOffsets)
 
 	failures := 0
+	var fatal error
 	for {
 		gen, err := group.Next(runCtx)
 		if runCtx.Err() != nil {
+			break
+		}
+		if err != nil && fatalGroupError(err) {
+			c.log.Error("the group rejected this consumer's configuration; stopping", "error", err)
+			fatal = fmt.Errorf("%w: consumer: group %q: %w", errInvalidConfig, c.cfg.GroupID, err)
+			cancel(fatal)
 			break
 		}
 		if err != nil {
@@ -201,6 +210,8 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	cause := context.Cause(runCtx)
 	var errs []error
 	switch {
+	case fatal != nil:
+		errs = append(errs, fatal)
 	case errors.Is(cause, errClosed):
 	case errors.Is(cause, errCrash):
 		errs = append(errs, errCrash)
@@ -211,6 +222,24 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		errs = append(errs, s)
 	}
 	return errors.Join(errs...)
+}
+
+// fatalGroupError reports the errors of the group protocol that retrying
+// cannot cure: the configuration (or the credentials and ACLs behind it) must
+// change.
+func fatalGroupError(err error) bool {
+	for _, e := range []kafka.Error{
+		kafka.InvalidSessionTimeout,
+		kafka.InvalidGroupId,
+		kafka.GroupAuthorizationFailed,
+		kafka.TopicAuthorizationFailed,
+		kafka.SASLAuthenticationFailed,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // Close stops Run and waits for it to return. It is safe to call more than

@@ -8,9 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"github.com/inboxgo/inbox/inbox"
 )
 
 // An unreachable broker is transient: Run keeps trying until its context
@@ -163,4 +166,29 @@ func TestRunSurvivesBrokerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.checkExactlyOnce(t, 4, nil)
+}
+
+// A session timeout below the broker's minimum is a configuration error:
+// Run stops and says so instead of retrying forever.
+func TestRunStopsOnARejectedConfiguration(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	cfg := baseConfig(t, brokers, "orders", "inventory", s, newEvents())
+	cfg.SessionTimeout = 100 * time.Millisecond // kfake's minimum here is 1s
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, inbox.ErrInvalidConfig) || !errors.Is(err, kafka.InvalidSessionTimeout) {
+			t.Fatalf("Run = %v, want an invalid configuration (session timeout)", err)
+		}
+	case <-time.After(20 * time.Second):
+		c.Close()
+		t.Fatal("Run kept retrying a configuration the broker rejects")
+	}
 }
