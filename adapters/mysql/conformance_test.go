@@ -3,6 +3,7 @@ package mysql_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
 	gormmysql "gorm.io/driver/mysql"
@@ -27,6 +28,14 @@ func withParams(t testing.TB, dsn string, params map[string]string) string {
 			cfg.ClientFoundRows = v == "true"
 		case "interpolateParams":
 			cfg.InterpolateParams = v == "true"
+		case "parseTime":
+			cfg.ParseTime = v == "true"
+		case "loc":
+			loc, err := time.LoadLocation(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Loc = loc
 		default:
 			if cfg.Params == nil {
 				cfg.Params = map[string]string{}
@@ -87,8 +96,9 @@ func newHarness(dsn string, open dialect) conformance.HarnessMaker {
 }
 
 // TestConformance runs the suite under the driver settings users run:
-// clientFoundRows off (the default) and on, and through GORM's plain
-// dialector with interpolated parameters (RETURNING left on by GORM).
+// clientFoundRows off (the default) and on, through GORM's plain dialector
+// with interpolated parameters (RETURNING left on by GORM), and with times
+// left unparsed in a local time zone on both sides.
 func TestConformance(t *testing.T) {
 	dsn := testenv.MySQLDSN(t)
 	for _, v := range []struct {
@@ -99,6 +109,7 @@ func TestConformance(t *testing.T) {
 		{"clientFoundRows=false", map[string]string{"clientFoundRows": "false"}, recommended},
 		{"clientFoundRows=true", map[string]string{"clientFoundRows": "true"}, recommended},
 		{"plain-gorm+interpolateParams+clientFoundRows", map[string]string{"clientFoundRows": "true", "interpolateParams": "true"}, plainGORM},
+		{"parseTime=false+loc=Asia/Tokyo+time_zone=-10:00", map[string]string{"parseTime": "false", "loc": "Asia/Tokyo", "time_zone": "'-10:00'"}, recommended},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			conformance.Run(t, newHarness(withParams(t, dsn, v.params), v.open))

@@ -241,26 +241,30 @@ func errorNumber(err error) uint16 {
 }
 
 // withLock runs fn on one pinned connection holding the table's named
-// maintenance lock, with lock_wait_timeout set to DDLLockWait.
+// maintenance lock, with lock_wait_timeout set to DDLLockWait. The lock and
+// the setting are undone even when ctx has ended: a pooled connection must
+// not keep the lock (other processes would wait for it until the connection
+// closes).
 func (s *Store) withLock(ctx context.Context, db *gorm.DB, fn func(conn *gorm.DB) error) error {
 	return db.WithContext(ctx).Connection(func(conn *gorm.DB) error {
+		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		lockName := "CONCAT('inbox:', LEFT(SHA2(CONCAT(COALESCE(?, DATABASE(), ''), '.', ?), 256), 40))"
 		var got sql.NullInt64
-		secs := int64(s.lockWait.Round(time.Second) / time.Second)
-		err := conn.Raw("SELECT GET_LOCK(CONCAT('inbox:', LEFT(SHA2(CONCAT(COALESCE(?, DATABASE(), ''), '.', ?), 256), 40)), ?)",
-			nullIfEmpty(s.schema), s.name, secs).Row().Scan(&got)
+		secs := max(int64(s.lockWait.Round(time.Second)/time.Second), 1)
+		err := conn.Raw("SELECT GET_LOCK("+lockName+", ?)", nullIfEmpty(s.schema), s.name, secs).Row().Scan(&got)
 		if err != nil {
 			return fmt.Errorf("mysql: take the maintenance lock of %s: %w", s.name, err)
 		}
 		if !got.Valid || got.Int64 != 1 {
 			return &LockBusyError{Table: s.name, Wait: s.lockWait}
 		}
-		defer conn.Exec("SELECT RELEASE_LOCK(CONCAT('inbox:', LEFT(SHA2(CONCAT(COALESCE(?, DATABASE(), ''), '.', ?), 256), 40)))",
-			nullIfEmpty(s.schema), s.name)
+		defer conn.WithContext(cleanup).Exec("SELECT RELEASE_LOCK("+lockName+")", nullIfEmpty(s.schema), s.name)
 		wait := max(int64(s.ddlLockWait.Round(time.Second)/time.Second), 1)
 		if err := conn.Exec(fmt.Sprintf("SET SESSION lock_wait_timeout = %d", wait)).Error; err != nil {
 			return fmt.Errorf("mysql: set lock_wait_timeout: %w", err)
 		}
-		defer conn.Exec("SET SESSION lock_wait_timeout = DEFAULT")
+		defer conn.WithContext(cleanup).Exec("SET SESSION lock_wait_timeout = DEFAULT")
 		return fn(conn)
 	})
 }

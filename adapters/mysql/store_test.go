@@ -394,13 +394,16 @@ func TestMaintainDDLWhileInserting(t *testing.T) {
 	apply := func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
 		return tx.Exec("INSERT INTO "+effects+" (id) VALUES (?)", m.ID).Error
 	}
-	cfg := inbox.Config{RetentionDays: 365, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 50,
-		Expired: inbox.ProcessExpired, Logger: slog.New(slog.DiscardHandler)}
+	today := inbox.DayOf(time.Now())
+	// The inbox's clock is ten days ahead, so that the plans below expire
+	// only days it no longer checks.
+	cfg := inbox.Config{RetentionDays: 5, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 50,
+		Expired: inbox.ProcessExpired, Logger: slog.New(slog.DiscardHandler),
+		Now: func() time.Time { return today.AddDate(0, 0, 10).Add(time.Hour) }}
 	ib, err := inbox.New(db, store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	today := inbox.DayOf(time.Now())
 	const workers, perWorker = 4, 60
 	live := func(w, i int) inbox.Message {
 		return inbox.Message{Consumer: "c", ID: fmt.Sprintf("live-%d-%d", w, i), Time: today.AddDate(0, 0, 5+i%3).Add(time.Hour)}
