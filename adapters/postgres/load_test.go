@@ -44,7 +44,7 @@ func TestMaintainUnderLoad(t *testing.T) {
 				claim(t, db, store, row(fmt.Sprintf("old-%d", k), old))
 			}
 			ib, err := inbox.New(db, store, inbox.Config{
-				RetentionDays: 30, TxOptions: &sql.TxOptions{Isolation: level}, MaxAttempts: 100,
+				RetentionDays: 12, TxOptions: &sql.TxOptions{Isolation: level}, MaxAttempts: 100,
 				MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			})
