@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -410,18 +411,46 @@ func TestCheckSQLiteUnsafeSettings(t *testing.T) {
 	expectNoTables(t, dialectSQLite, openGorm(t, dialectSQLite, dsn), "", scratchPrefix, effectsPrefix)
 }
 
-// TestCheckInterrupted: an interrupt in the middle of the checks stops them
+// TestCheckInterrupted: an interrupt in the middle of a check stops the run
 // and leaves no scratch table behind.
 func TestCheckInterrupted(t *testing.T) {
 	dsn := inboxsqlite.DSN(sqliteFile(t))
-	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
-	defer cancel()
-	r := runArgsContext(t, ctx, "check", "--dsn", dsn, "--all", "--run", "concurrency|retention")
+	ctx, cancel := context.WithCancelCause(t.Context())
+	defer cancel(nil)
+	// The check holds its first delivery open for 300ms; interrupt it then.
+	out := &triggerWriter{on: "settings/verify", fire: func() {
+		time.AfterFunc(100*time.Millisecond, func() { cancel(errors.New("test interrupt")) })
+	}}
+	var errOut bytes.Buffer
+	code := runContext(ctx, []string{"check", "--dsn", dsn, "--all", "--run", "first-rolls-back|retention"}, out, &errOut)
+	r := result{code: code, stdout: out.String(), stderr: errOut.String()}
 	expectCode(t, r, exitFailed)
-	if !strings.Contains(r.stderr, "interrupted") || !strings.Contains(r.stdout, "FAIL") {
+	for _, want := range []string{"FAIL  concurrency/concurrent-deliveries-first-rolls-back", "interrupted before it finished (test interrupt)", "not run"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("interrupted check lacks %q:\n%v", want, r)
+		}
+	}
+	if !strings.Contains(r.stderr, "interrupted (test interrupt)") {
 		t.Errorf("interrupted check:\n%v", r)
 	}
 	expectNoTables(t, dialectSQLite, openGorm(t, dialectSQLite, dsn), "", scratchPrefix, effectsPrefix)
+}
+
+// triggerWriter calls fire once, when what is written contains on.
+type triggerWriter struct {
+	bytes.Buffer
+	on    string
+	fire  func()
+	fired bool
+}
+
+func (w *triggerWriter) Write(p []byte) (int, error) {
+	n, err := w.Buffer.Write(p)
+	if !w.fired && strings.Contains(w.String(), w.on) {
+		w.fired = true
+		w.fire()
+	}
+	return n, err
 }
 
 func TestCheckUnreachable(t *testing.T) {
