@@ -15,19 +15,30 @@
 //
 // # Claim
 //
-// Claim writes its own SQL: INSERT ... ON DUPLICATE KEY UPDATE deliveries =
-// deliveries + 1. A duplicate is really updated, so the server reports 1
-// affected row for an inserted row and 2 for a duplicate whatever the DSN's
-// clientFoundRows setting; INSERT IGNORE is never used, since it would also
-// turn a missing partition, truncation or a NULL into a silent "duplicate".
+// Claim writes its own SQL, straight to the transaction's connection (GORM
+// would rewrite it: a []byte bound right after "(" becomes one placeholder
+// per byte, "@" starts a named parameter): INSERT ... ON DUPLICATE KEY UPDATE
+// deliveries = deliveries + 1. A duplicate is really updated, so the server
+// reports 1 affected row for an inserted row and 2 for a duplicate whatever
+// the DSN's clientFoundRows setting (a no-op update such as GORM's
+// clause.OnConflict{DoNothing: true} reports 1 for a duplicate under
+// clientFoundRows, the same as an insert). INSERT IGNORE is never used: it
+// would also turn a missing partition, truncation or a NULL into a silent
+// "duplicate". A duplicate therefore costs a row write and holds the row's
+// exclusive lock until the transaction ends; the deliveries column counts
+// how often an event was claimed.
+//
 // Every row of one statement carries a random claim token that the update
 // does not touch: when a multi-row statement reports a mix of new rows and
 // duplicates, the rows holding this statement's token (read back in the same
 // transaction by primary key) are the new ones. No RETURNING is needed, so
-// MySQL 8 and MariaDB take the same path (on MariaDB, RETURNING of an ODKU
-// returns the existing row for a duplicate: it cannot tell the two apart by
-// itself). Claim checks every value against its column before sending it,
-// so nothing can be truncated even under a lax sql_mode.
+// MySQL 8 and MariaDB take the same path: MariaDB's ODKU ... RETURNING
+// returns the existing row for a duplicate and so cannot tell the two apart
+// by itself (with the token column it could, saving the read-back of mixed
+// batches; not done, to keep one path for both servers). Claim checks every
+// value against its column before sending it, and sends dates and times as
+// UTC text, so nothing is truncated even under a lax sql_mode and nothing
+// depends on the DSN's parseTime, loc or the session time_zone.
 //
 // # Maintenance
 //
@@ -49,8 +60,10 @@
 // Open the database with [Open] (or a DSN from [StrictDSN]) so that every
 // connection runs with a strict sql_mode; [Store.Verify] checks it.
 //
-// Tested on MariaDB 10.11 (the only server available where it was written).
-// The MySQL 8 paths are the same SQL; differences are noted where they exist.
+// Tested on MariaDB 10.11 only (the server available where it was
+// written). MySQL 8 runs the same statements (no RETURNING, no sequence
+// tables, no MariaDB-only syntax); [DetectServer] and Verify tell the two
+// apart and check the version.
 package mysql
 
 import (
@@ -183,7 +196,7 @@ func Open(dsn string) (gorm.Dialector, error) {
 	return gormmysql.New(gormmysql.Config{DSN: strict, DisableWithReturning: true}), nil
 }
 
-// MySQL and MariaDB error numbers the Store acts on.
+// MySQL and MariaDB error numbers the Store classifies as transient.
 const (
 	errLockWaitTimeout   = 1205 // ER_LOCK_WAIT_TIMEOUT: row lock, or metadata lock under lock_wait_timeout
 	errLockDeadlock      = 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back
@@ -191,11 +204,6 @@ const (
 	errCheckRead         = 1020 // ER_CHECKREAD: record changed since last read (snapshot isolation)
 	errTooManyConcurrent = 1637 // ER_TOO_MANY_CONCURRENT_TRXS
 	errConnectionKilled  = 1927 // ER_CONNECTION_KILLED (MariaDB)
-	errNoPartition       = 1526 // ER_NO_PARTITION_FOR_GIVEN_VALUE
-	errDupPartitionName  = 1517 // ER_SAME_NAME_PARTITION
-	errRangeNotIncr      = 1493 // ER_RANGE_NOT_INCREASING_ERROR
-	errDropLastPartition = 1508 // ER_DROP_LAST_PARTITION
-	errUnknownPartition  = 1735 // ER_UNKNOWN_PARTITION
 )
 
 // IsRetryable reports deadlocks (1213), lock wait timeouts (1205, also for
@@ -230,14 +238,6 @@ type LockBusyError struct {
 
 func (e *LockBusyError) Error() string {
 	return fmt.Sprintf("mysql: another process kept the maintenance lock of %s for more than %v", e.Table, e.Wait)
-}
-
-func errorNumber(err error) uint16 {
-	var me *gomysql.MySQLError
-	if errors.As(err, &me) {
-		return me.Number
-	}
-	return 0
 }
 
 // withLock runs fn on one pinned connection holding the table's named

@@ -482,3 +482,40 @@ func TestMaintainDDLWhileInserting(t *testing.T) {
 	}
 	t.Logf("retries: %d", ib.Counters().Retries)
 }
+
+// TestSchemaOption keeps the table in another database than the
+// connection's current one.
+func TestSchemaOption(t *testing.T) {
+	db := testDB(t, nil)
+	schema := "inbox_schema_" + conformance.RandomSuffix()
+	if err := db.Exec("CREATE DATABASE " + schema).Error; err != nil {
+		t.Fatal(err)
+	}
+	defer db.Exec("DROP DATABASE " + schema)
+	store, err := inboxmysql.New(inboxmysql.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := store.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Verify(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	today := inbox.DayOf(time.Now())
+	if !claimOne(t, db, store, inbox.Message{Consumer: "c", ID: "x", Time: today.AddDate(0, 0, -9)}) || !isStored(t, db, store, inbox.Message{Consumer: "c", ID: "x", Time: today.AddDate(0, 0, -9)}) {
+		t.Fatal("claim in another schema")
+	}
+	report, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 9), ExpireBefore: today.AddDate(0, 0, -1)})
+	if err != nil || len(report.Prepared) != 2 || report.RowsRemoved != 1 {
+		t.Fatalf("Maintain: %+v, %v; want 2 days prepared, 1 row removed", report, err)
+	}
+	var n int64
+	if err := db.Raw("SELECT COUNT(*) FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?", schema, store.Table()).Row().Scan(&n); err != nil || n != 12 {
+		t.Errorf("%d partitions in %s.%s (%v), want 12", n, schema, store.Table(), err)
+	}
+	if _, err := inboxmysql.New(inboxmysql.Options{Schema: "bad-name"}); !errors.Is(err, inbox.ErrInvalidConfig) {
+		t.Errorf("schema %q accepted: %v", "bad-name", err)
+	}
+}
