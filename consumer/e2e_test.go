@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/internal/testenv"
@@ -28,6 +29,7 @@ type e2eBackend struct {
 var e2eBackends = []e2eBackend{
 	{"sqlite", newSQLiteShop},
 	{"postgres", newPostgresShop},
+	{"mysql", newMySQLShop},
 }
 
 func newPostgresShop(t *testing.T) *shop {
@@ -45,6 +47,34 @@ func newPostgresShop(t *testing.T) *shop {
 	t.Cleanup(func() {
 		for _, table := range []string{"inbox_e2e" + suffix, "reservations" + suffix, "stock" + suffix, "inbox_offsets" + suffix} {
 			if err := db.Exec(`DROP TABLE IF EXISTS ` + table + ` CASCADE`).Error; err != nil {
+				t.Errorf("drop %s: %v", table, err)
+			}
+		}
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	return setupShop(t, db, store, suffix)
+}
+
+func newMySQLShop(t *testing.T) *shop {
+	t.Helper()
+	d, err := inboxmysql.Open(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffix := "_" + conformance.RandomSuffix()
+	store, err := inboxmysql.New(inboxmysql.Options{Table: "inbox_e2e" + suffix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, table := range []string{"inbox_e2e" + suffix, "reservations" + suffix, "stock" + suffix, "inbox_offsets" + suffix} {
+			if err := db.Exec("DROP TABLE IF EXISTS `" + table + "`").Error; err != nil {
 				t.Errorf("drop %s: %v", table, err)
 			}
 		}

@@ -287,6 +287,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			}
 			return results, true
 		}
+		if dbCtx.Err() != nil || ctx.Err() != nil {
+			return nil, false // stopping: the batch was rolled back and will be redelivered
+		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		level := slog.LevelWarn
 		if attempt >= 5 {
