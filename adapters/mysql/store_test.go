@@ -519,3 +519,24 @@ func TestSchemaOption(t *testing.T) {
 		t.Errorf("schema %q accepted: %v", "bad-name", err)
 	}
 }
+
+// TestVerifyFindsUnsafeTables: a table moved to MyISAM (ROLLBACK would leave
+// its rows: warning 1196) or given a case-insensitive id column is reported.
+func TestVerifyFindsUnsafeTables(t *testing.T) {
+	db := testDB(t, nil)
+	for _, c := range []struct{ alter, complaint string }{
+		{"ENGINE=MyISAM", "not InnoDB"},
+		{"MODIFY event_id VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL", "not VARBINARY"},
+	} {
+		store := newStore(t, db, inboxmysql.Options{})
+		if err := db.Exec("ALTER TABLE `" + store.Table() + "` " + c.alter).Error; err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Verify(t.Context(), db); err == nil || !strings.Contains(err.Error(), c.complaint) {
+			t.Errorf("after ALTER TABLE ... %s: Verify said %v, want %q", c.alter, err, c.complaint)
+		}
+		if err := store.Migrate(t.Context(), db); c.complaint == "not InnoDB" && (err == nil || !strings.Contains(err.Error(), c.complaint)) {
+			t.Errorf("Migrate on a MyISAM table: %v, want %q", err, c.complaint)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -84,23 +85,33 @@ func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 		problems = append(problems, err)
 	}
 	rows, err := db.Raw(`SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS
-		WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME IN ('consumer', 'event_id')`,
-		nullIfEmpty(s.schema), s.name).Rows()
+		WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?`, nullIfEmpty(s.schema), s.name).Rows()
 	if err != nil {
 		return fmt.Errorf("mysql: read the columns of %s: %w", s.name, err)
 	}
 	defer rows.Close()
+	missing := map[string]bool{"consumer": true, "event_id": true, "day": true, "event_time": true, "topic": true,
+		"partition_no": true, "offset_no": true, "claim_token": true, "deliveries": true, "processed_at": true}
 	for rows.Next() {
 		var col, typ string
 		if err := rows.Scan(&col, &typ); err != nil {
 			return fmt.Errorf("mysql: read the columns of %s: %w", s.name, err)
 		}
-		if !strings.EqualFold(typ, "varbinary") {
+		delete(missing, strings.ToLower(col))
+		if (strings.EqualFold(col, "consumer") || strings.EqualFold(col, "event_id")) && !strings.EqualFold(typ, "varbinary") {
 			problems = append(problems, fmt.Errorf("column %s.%s is %s, not VARBINARY: ids that differ in case or trailing spaces could collide", s.name, col, typ))
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("mysql: read the columns of %s: %w", s.name, err)
+	}
+	if len(missing) > 0 && len(missing) < 10 {
+		var cols []string
+		for c := range missing {
+			cols = append(cols, c)
+		}
+		slices.Sort(cols)
+		problems = append(problems, fmt.Errorf("table %s lacks the columns %s (run Migrate)", s.name, strings.Join(cols, ", ")))
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("mysql: unsafe settings on %s: %w", server, errors.Join(problems...))
