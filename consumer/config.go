@@ -128,6 +128,11 @@ type Config struct {
 	// assigned partition at the larger of that offset and the group's
 	// committed one. A crash between the database commit and the Kafka
 	// commit then causes no redelivery. Call Migrate first.
+	//
+	// The stored offsets win over the group's: resetting the group's offsets
+	// in Kafka (to replay, or after the topic was recreated) has no effect
+	// until the group's rows in OffsetsTable are deleted too. A replay under
+	// a new GroupID needs nothing: its rows do not exist yet.
 	StoreOffsets bool
 	// OffsetsTable is the table of stored offsets. Default "inbox_offsets".
 	OffsetsTable string
