@@ -24,11 +24,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/inboxgo/inbox/internal/inventory"
 )
 
 func main() {
-	if raw := os.Getenv(childEnv); raw != "" {
-		os.Exit(runChild(raw, os.Stderr))
+	if ran, code := inventory.RunProcessFromEnv(os.Stderr); ran {
+		os.Exit(code)
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -6,14 +6,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/inboxgo/inbox/internal/inventory"
 	"github.com/inboxgo/inbox/internal/testenv"
 )
 
 // The demo re-executes its own binary as consumer processes; under go test
 // that binary is the test binary, which must then act as a consumer.
 func TestMain(m *testing.M) {
-	if raw := os.Getenv(childEnv); raw != "" {
-		os.Exit(runChild(raw, os.Stderr))
+	if ran, code := inventory.RunProcessFromEnv(os.Stderr); ran {
+		os.Exit(code)
 	}
 	os.Exit(m.Run())
 }

@@ -4,36 +4,25 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/inventory"
 )
-
-// order is the OrderCreated event's payload.
-type order struct {
-	OrderID string `json:"order_id"`
-	SKU     string `json:"sku"`
-	Qty     int64  `json:"qty"`
-}
 
 type demo struct {
 	out        io.Writer
@@ -43,17 +32,15 @@ type demo struct {
 	partitions int
 	seed       uint64
 	keep       bool
-	backend    backend
+	backend    inventory.Backend
 	brokers    []string
+	inProcess  bool
 	topic      string
 	session    time.Duration
 	dir        string
 	db         *gorm.DB
-
-	sent      []order // unique orders, in production order
-	messages  int     // messages written, producer duplicates included
-	producerD int     // orders the producer sent twice
-	children  []*exec.Cmd
+	batch      inventory.Batch
+	children   []*exec.Cmd
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -94,7 +81,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, "-db %s needs -dsn", *dialect)
 	}
 	d.seed = *seed
-	d.backend = backend{Dialect: *dialect, DSN: *dsn, RunID: randomID()}
+	d.backend = inventory.Backend{Dialect: *dialect, DSN: *dsn, RunID: randomID()}
 	if *brokers != "" {
 		d.brokers = strings.Split(*brokers, ",")
 	}
@@ -144,18 +131,26 @@ func (d *demo) run(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	if !d.keep {
-		defer d.backend.dropTables(ctx, d.db)
+		defer d.backend.DropTables(ctx, d.db)
 	}
 	if err := d.setupBroker(ctx); err != nil {
 		return false, err
 	}
-	d.say("inbox demo: %d orders, %s database, %s Kafka, topic %q with %d partitions", d.orders, d.backend.Dialect, d.brokerKind(), d.topic, d.partitions)
+	kind := "real"
+	if d.inProcess {
+		kind = "in-process"
+	}
+	d.say("inbox demo: %d orders, %s database, %s Kafka, topic %q with %d partitions", d.orders, d.backend.Dialect, kind, d.topic, d.partitions)
 
 	d.say("[1/5] producing orders (%.0f%% sent twice by the producer)", d.dupRate*100)
-	if err := d.produce(ctx); err != nil {
-		return false, fmt.Errorf("produce: %w", err)
+	d.batch = inventory.Generate(d.backend.RunID, d.orders, d.dupRate, d.seed)
+	w := inventory.Writer(d.brokers, d.topic)
+	err = inventory.Write(ctx, w, d.batch.Messages)
+	w.Close()
+	if err != nil {
+		return false, err
 	}
-	d.say("      %d messages written: %d orders + %d producer duplicates", d.messages, d.orders, d.producerD)
+	d.say("      %d messages written: %d orders + %d producer duplicates", len(d.batch.Messages), d.orders, d.batch.Duplicates)
 
 	group := "inventory-" + d.backend.RunID
 	live := filepath.Join(dir, "live.log")
@@ -170,7 +165,7 @@ func (d *demo) run(ctx context.Context) (bool, error) {
 	_ = first.Process.Kill()
 	_ = first.Wait()
 	d.children = d.children[:0]
-	killedAt, err := d.backend.reservations(ctx, d.db)
+	killedAt, err := d.backend.Reservations(ctx, d.db)
 	if err != nil {
 		return false, err
 	}
@@ -207,7 +202,7 @@ func (d *demo) run(ctx context.Context) (bool, error) {
 }
 
 func (d *demo) setupDB(ctx context.Context) error {
-	db, store, err := d.backend.open()
+	db, store, err := d.backend.Open()
 	if err != nil {
 		return err
 	}
@@ -223,18 +218,7 @@ func (d *demo) setupDB(ctx context.Context) error {
 	if _, err := ib.Maintain(ctx); err != nil {
 		return err
 	}
-	skus := make([]string, 20)
-	for i := range skus {
-		skus[i] = fmt.Sprintf("sku-%02d", i+1)
-	}
-	return d.backend.createTables(ctx, db, skus)
-}
-
-func (d *demo) brokerKind() string {
-	if d.session == 0 || d.session >= 6*time.Second {
-		return "real"
-	}
-	return "in-process"
+	return d.backend.CreateTables(ctx, db, inventory.SKUs)
 }
 
 func (d *demo) setupBroker(ctx context.Context) error {
@@ -246,119 +230,22 @@ func (d *demo) setupBroker(ctx context.Context) error {
 		}
 		go func() { <-ctx.Done(); c.Close() }()
 		d.brokers = c.ListenAddrs()
+		d.inProcess = true
 		d.session = 2 * time.Second
 		return nil
 	}
+	// A real broker's group.min.session.timeout.ms is 6 s by default.
 	d.session = 6 * time.Second
-	return createTopic(ctx, d.brokers[0], d.topic, d.partitions)
-}
-
-func createTopic(ctx context.Context, broker, topic string, partitions int) error {
-	dialer := &kafka.Dialer{Timeout: 10 * time.Second}
-	conn, err := dialer.DialContext(ctx, "tcp", broker)
-	if err != nil {
-		return fmt.Errorf("connect to %s: %w", broker, err)
-	}
-	defer conn.Close()
-	controller, err := conn.Controller()
-	if err != nil {
-		return err
-	}
-	cc, err := dialer.DialContext(ctx, "tcp", net.JoinHostPort(controller.Host, strconv.Itoa(controller.Port)))
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}); err != nil {
-		return fmt.Errorf("create topic %s: %w", topic, err)
-	}
-	for {
-		if ps, err := conn.ReadPartitions(topic); err == nil && len(ps) == partitions {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("topic %s did not appear: %w", topic, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-// produce writes the orders, each with the event id and time the producer
-// sets, and writes some of them a second time, later, the way a relay resends
-// after a crash.
-func (d *demo) produce(ctx context.Context) error {
-	rng := rand.New(rand.NewPCG(d.seed, 7))
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(d.brokers...),
-		Topic:        d.topic,
-		Balancer:     &kafka.Hash{},
-		RequiredAcks: kafka.RequireAll,
-		BatchSize:    200,
-		BatchTimeout: 5 * time.Millisecond,
-	}
-	defer w.Close()
-	base := time.Now().UTC().Add(-time.Hour)
-	var msgs []kafka.Message
-	var resend []kafka.Message
-	for i := range d.orders {
-		o := order{OrderID: fmt.Sprintf("order-%s-%06d", d.backend.RunID, i), SKU: fmt.Sprintf("sku-%02d", 1+rng.IntN(20)), Qty: 1 + rng.Int64N(5)}
-		d.sent = append(d.sent, o)
-		value, _ := json.Marshal(o)
-		m := kafka.Message{Key: []byte(o.OrderID), Value: value, Headers: []kafka.Header{
-			{Key: "event_id", Value: []byte(o.OrderID)},
-			{Key: "event_time", Value: []byte(base.Add(time.Duration(i) * time.Millisecond).Format(time.RFC3339Nano))},
-			{Key: "type", Value: []byte("OrderCreated")},
-		}}
-		msgs = append(msgs, m)
-		if rng.Float64() < d.dupRate {
-			resend = append(resend, m)
-		}
-		// Resend a little later, in the same partition (same key).
-		if len(resend) > 0 && rng.IntN(4) == 0 {
-			msgs = append(msgs, resend[0])
-			resend = resend[1:]
-			d.producerD++
-		}
-	}
-	msgs = append(msgs, resend...)
-	d.producerD += len(resend)
-	for lo := 0; lo < len(msgs); lo += 500 {
-		hi := min(lo+500, len(msgs))
-		if err := writeRetrying(ctx, w, msgs[lo:hi]); err != nil {
-			return err
-		}
-	}
-	d.messages = len(msgs)
-	return nil
-}
-
-func writeRetrying(ctx context.Context, w *kafka.Writer, msgs []kafka.Message) error {
-	var err error
-	for attempt := 0; attempt < 20; attempt++ {
-		if err = w.WriteMessages(ctx, msgs...); err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return err
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	return err
+	return inventory.CreateTopic(ctx, d.brokers[0], d.topic, d.partitions)
 }
 
 func (d *demo) startChild(ctx context.Context, name, group, eventLog string) (*exec.Cmd, error) {
-	self, err := os.Executable()
+	cmd, err := inventory.StartProcess(ctx, inventory.ProcessConfig{
+		Backend: d.backend, Brokers: d.brokers, Topic: d.topic, Group: group, Name: name,
+		EventLog: eventLog, Session: d.session, BatchSize: 10,
+	}, d.stderr)
 	if err != nil {
 		return nil, err
-	}
-	raw, _ := json.Marshal(childConfig{Backend: d.backend, Brokers: d.brokers, Topic: d.topic, Group: group, Name: name, EventLog: eventLog, Session: d.session.String()})
-	cmd := exec.CommandContext(ctx, self)
-	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
-	cmd.Stdout = d.stderr
-	cmd.Stderr = d.stderr
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	d.children = append(d.children, cmd)
 	return cmd, nil
@@ -384,7 +271,7 @@ func (d *demo) stopChildren() {
 
 func (d *demo) waitReserved(ctx context.Context, target int) error {
 	return d.poll(ctx, func() (bool, string, error) {
-		n, err := d.backend.reservations(ctx, d.db)
+		n, err := d.backend.Reservations(ctx, d.db)
 		return n >= int64(target), fmt.Sprintf("%d/%d orders reserved", n, d.orders), err
 	})
 }
@@ -393,45 +280,12 @@ func (d *demo) waitReserved(ctx context.Context, target int) error {
 // partition: every message was processed (or skipped as a duplicate) and
 // acknowledged.
 func (d *demo) waitCommitted(ctx context.Context, group string) error {
-	client := &kafka.Client{Addr: kafka.TCP(d.brokers...), Timeout: 5 * time.Second}
-	parts := make([]int, d.partitions)
-	for i := range parts {
-		parts[i] = i
-	}
-	ends := map[int]int64{}
 	return d.poll(ctx, func() (bool, string, error) {
-		if len(ends) == 0 {
-			req := make([]kafka.OffsetRequest, d.partitions)
-			for i := range req {
-				req[i] = kafka.LastOffsetOf(i)
-			}
-			res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{d.topic: req}})
-			if err != nil {
-				return false, "", nil // transient: the broker may be busy
-			}
-			for _, p := range res.Topics[d.topic] {
-				if p.Error != nil {
-					return false, "", nil
-				}
-				ends[p.Partition] = p.LastOffset
-			}
-		}
-		res, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{d.topic: parts}})
+		p, err := inventory.GroupProgress(ctx, d.brokers, group, d.topic, d.partitions)
 		if err != nil {
-			return false, "waiting for the group's commits", nil
+			return false, "waiting for the group's commits", nil // the group may be rebalancing
 		}
-		var done, total int64
-		all := len(res.Topics[d.topic]) == d.partitions
-		for _, p := range res.Topics[d.topic] {
-			total += ends[p.Partition]
-			if p.CommittedOffset > 0 {
-				done += min(p.CommittedOffset, ends[p.Partition])
-			}
-			if p.CommittedOffset < ends[p.Partition] {
-				all = false
-			}
-		}
-		return all, fmt.Sprintf("%d/%d messages consumed and committed", done, total), nil
+		return p.Done, p.String(), nil
 	})
 }
 
@@ -464,86 +318,40 @@ func (d *demo) poll(ctx context.Context, check func() (bool, string, error)) err
 	}
 }
 
-func countOutcomes(path string) (processed, duplicates, assigned int, err error) {
-	data, err := os.ReadFile(path)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return 0, 0, 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		switch line {
-		case "P":
-			processed++
-		case "D":
-			duplicates++
-		case "A":
-			assigned++
-		}
-	}
-	return processed, duplicates, assigned, nil
-}
-
 func (d *demo) report(ctx context.Context, liveLog, replayLog string, took time.Duration) (bool, error) {
-	liveP, liveD, liveA, err := countOutcomes(liveLog)
+	live, err := inventory.CountOutcomes(liveLog)
 	if err != nil {
 		return false, err
 	}
-	replayP, replayD, _, err := countOutcomes(replayLog)
+	replay, err := inventory.CountOutcomes(replayLog)
 	if err != nil {
 		return false, err
 	}
-	applied, err := d.backend.reservations(ctx, d.db)
+	ledger, err := d.backend.Check(ctx, d.db, d.batch.Orders)
 	if err != nil {
 		return false, err
 	}
-	var twice []struct {
-		OrderID string
-		N       int64
-	}
-	if err := d.db.WithContext(ctx).Table(d.backend.ledgerTable()).Select("order_id, COUNT(*) AS n").Group("order_id").Having("COUNT(*) > 1").Scan(&twice).Error; err != nil {
-		return false, err
-	}
-	var distinct int64
-	if err := d.db.WithContext(ctx).Table(d.backend.ledgerTable()).Distinct("order_id").Count(&distinct).Error; err != nil {
-		return false, err
-	}
-	var reserved int64
-	if err := d.db.WithContext(ctx).Table(d.backend.stockTable()).Select("COALESCE(SUM(reserved), 0)").Scan(&reserved).Error; err != nil {
-		return false, err
-	}
-	var ordered int64
-	for _, o := range d.sent {
-		ordered += o.Qty
-	}
-
+	messages := len(d.batch.Messages)
 	d.say("")
-	d.say("  events sent            %7d  (%d orders, %d sent twice by the producer)", d.messages, d.orders, d.producerD)
-	d.say("  delivered to consumers %7d  (counted by the consumers; includes redeliveries after the kill and the rebalance)", liveP+liveD)
-	d.say("  partition assignments  %7d  (%d partitions; every assignment past the first %d is a hand-over: the kill and the rebalance)", liveA, d.partitions, d.partitions)
-	d.say("  duplicates skipped     %7d", liveD)
-	d.say("  reservations applied   %7d", applied)
-	d.say("  replay, new group      %7d delivered, %d applied, %d skipped as duplicates", replayP+replayD, replayP, replayD)
+	d.say("  events sent            %7d  (%d orders, %d sent twice by the producer)", messages, d.orders, d.batch.Duplicates)
+	d.say("  delivered to consumers %7d  (counted by the consumers; includes redeliveries after the kill and the rebalance)", live.Processed+live.Duplicates)
+	d.say("  partition assignments  %7d  (%d partitions; every assignment past the first %d is a hand-over: the kill and the rebalance)", live.Assigned, d.partitions, d.partitions)
+	d.say("  duplicates skipped     %7d", live.Duplicates)
+	d.say("  reservations applied   %7d", ledger.Applied)
+	d.say("  replay, new group      %7d delivered, %d applied, %d skipped as duplicates", replay.Processed+replay.Duplicates, replay.Processed, replay.Duplicates)
 	d.say("  time                   %7.1fs", took.Seconds())
 
-	var problems []string
-	if len(twice) > 0 {
-		problems = append(problems, fmt.Sprintf("%d orders reserved more than once (e.g. %s ×%d)", len(twice), twice[0].OrderID, twice[0].N))
+	problems := ledger.Problems()
+	if replay.Processed != 0 {
+		problems = append(problems, fmt.Sprintf("the replay applied %d effects again", replay.Processed))
 	}
-	if missing := int64(d.orders) - distinct; missing > 0 {
-		problems = append(problems, fmt.Sprintf("%d orders never reserved", missing))
-	}
-	if reserved != ordered {
-		problems = append(problems, fmt.Sprintf("stock reserved %d != %d ordered", reserved, ordered))
-	}
-	if replayP != 0 {
-		problems = append(problems, fmt.Sprintf("the replay applied %d effects again", replayP))
-	}
-	if replayP+replayD != d.messages {
-		problems = append(problems, fmt.Sprintf("the replay saw %d of %d messages", replayP+replayD, d.messages))
+	if replay.Processed+replay.Duplicates != messages {
+		problems = append(problems, fmt.Sprintf("the replay saw %d of %d messages", replay.Processed+replay.Duplicates, messages))
 	}
 	if len(problems) > 0 {
 		d.say("  verification           FAILED: %s", strings.Join(problems, "; "))
 		return false, nil
 	}
-	d.say("  verification           OK: stock reserved %d == %d ordered; each of %d orders reserved exactly once", reserved, ordered, d.orders)
+	d.say("  verification           OK: stock reserved %d == %d ordered; each of %d orders reserved exactly once", ledger.Reserved, ledger.Ordered, d.orders)
 	return true, nil
 }

@@ -1,0 +1,169 @@
+package inventory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// ProcessEnv carries a consumer process's configuration. Programs re-execute
+// their own binary (a test binary too) as consumer processes, so the
+// configuration travels in the environment rather than in flags; such a
+// program calls [RunProcessFromEnv] first thing in main (or TestMain).
+const ProcessEnv = "INBOX_INVENTORY_CONSUMER"
+
+// ProcessConfig configures one consumer process.
+type ProcessConfig struct {
+	Backend   Backend       `json:"backend"`
+	Brokers   []string      `json:"brokers"`
+	Topic     string        `json:"topic"`
+	Group     string        `json:"group"`
+	Name      string        `json:"name"`
+	EventLog  string        `json:"event_log"` // one line per outcome is appended here
+	Session   time.Duration `json:"session"`   // group session timeout
+	BatchSize int           `json:"batch_size"`
+}
+
+// RunProcessFromEnv runs a consumer process if ProcessEnv is set, until
+// SIGTERM or SIGINT (or until it is killed), and reports ran=true with the
+// process's exit code. It returns ran=false otherwise.
+func RunProcessFromEnv(stderr io.Writer) (ran bool, code int) {
+	raw := os.Getenv(ProcessEnv)
+	if raw == "" {
+		return false, 0
+	}
+	var cfg ProcessConfig
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		fmt.Fprintf(stderr, "inventory consumer: bad %s: %v\n", ProcessEnv, err)
+		return true, 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := Consume(ctx, cfg, stderr); err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintf(stderr, "inventory consumer %s: %v\n", cfg.Name, err)
+		return true, 1
+	}
+	return true, 0
+}
+
+// StartProcess starts this binary again as a consumer process with cfg.
+func StartProcess(ctx context.Context, cfg ProcessConfig, output io.Writer) (*exec.Cmd, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, self)
+	cmd.Env = append(os.Environ(), ProcessEnv+"="+string(raw))
+	cmd.Stdout = output
+	cmd.Stderr = output
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start consumer %s: %w", cfg.Name, err)
+	}
+	return cmd, nil
+}
+
+// Consume runs the inventory consumer until ctx ends.
+func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
+	db, store, err := cfg.Backend.Open()
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})).With("consumer", cfg.Name)
+	ib, err := inbox.New(db, store, inbox.Config{Logger: log, MaxAttempts: 20})
+	if err != nil {
+		return err
+	}
+	events, err := os.OpenFile(cfg.EventLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	defer events.Close()
+	batch := max(cfg.BatchSize, 1)
+	c, err := consumer.New(consumer.Config{
+		Brokers:           cfg.Brokers,
+		GroupID:           cfg.Group,
+		Topics:            []string{cfg.Topic},
+		Inbox:             ib,
+		Consumer:          "inventory",
+		Handler:           Handler(cfg.Backend),
+		BatchSize:         batch,
+		BatchWait:         20 * time.Millisecond,
+		SessionTimeout:    cfg.Session,
+		HeartbeatInterval: cfg.Session / 4,
+		RebalanceTimeout:  2 * cfg.Session,
+		Logger:            log,
+		OnEvent:           logOutcome(events),
+	})
+	if err != nil {
+		return err
+	}
+	return c.Run(ctx)
+}
+
+// Handler is the consumer handler: decode the order and reserve its stock.
+func Handler(b Backend) consumer.Handler {
+	return func(ctx context.Context, tx *gorm.DB, m consumer.Message) error {
+		var o Order
+		if err := json.Unmarshal(m.Value, &o); err != nil {
+			return fmt.Errorf("order %s: %w", m.EventID, err)
+		}
+		return b.Reserve(ctx, tx, o)
+	}
+}
+
+// logOutcome appends "P" or "D" per processed or duplicate message and "A"
+// per partition assignment, one unbuffered write each, so a killed process
+// loses at most the line of the message it was on.
+func logOutcome(w io.Writer) func(consumer.Event) {
+	return func(e consumer.Event) {
+		switch e.Kind {
+		case consumer.EventProcessed:
+			_, _ = w.Write([]byte("P\n"))
+		case consumer.EventDuplicate:
+			_, _ = w.Write([]byte("D\n"))
+		case consumer.EventAssigned:
+			_, _ = w.Write([]byte("A\n"))
+		}
+	}
+}
+
+// Outcomes are the counts of an event log.
+type Outcomes struct{ Processed, Duplicates, Assigned int }
+
+// CountOutcomes reads an event log written by consumer processes.
+func CountOutcomes(path string) (Outcomes, error) {
+	var o Outcomes
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return o, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		switch line {
+		case "P":
+			o.Processed++
+		case "D":
+			o.Duplicates++
+		case "A":
+			o.Assigned++
+		}
+	}
+	return o, nil
+}
