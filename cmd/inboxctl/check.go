@@ -128,6 +128,11 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer cancel()
 
 	ck := &checker{b: b, o: o, txOpts: txOpts, stderr: stderr}
+	if b.mustExist != nil {
+		if err := b.mustExist(o.dsn); err != nil {
+			return fail(stderr, "check", err)
+		}
+	}
 	probe, err := openDB(ctx, b, o.dsn)
 	if err != nil {
 		return fail(stderr, "check", err)

@@ -22,8 +22,11 @@ type backend struct {
 	defaultSchema string // "" for dialects without schemas
 	// checkDSN rejects DSNs the command cannot work with.
 	checkDSN func(dsn string) error
-	open     func(dsn string) gorm.Dialector
-	newStore func(table, schema string) (inbox.Store, error)
+	// mustExist, if set, reports a database that does not exist yet and
+	// that opening it would create (an SQLite file): only migrate may.
+	mustExist func(dsn string) error
+	open      func(dsn string) gorm.Dialector
+	newStore  func(table, schema string) (inbox.Store, error)
 	// tables lists the tables (in schema, where the dialect has schemas)
 	// whose names start with prefix.
 	tables func(ctx context.Context, db *gorm.DB, schema, prefix string) ([]string, error)
@@ -101,6 +104,11 @@ func connect(ctx context.Context, o *options) (*conn, error) {
 	store, err := b.newStore(table, o.schema)
 	if err != nil {
 		return nil, err
+	}
+	if b.mustExist != nil && !o.create {
+		if err := b.mustExist(o.dsn); err != nil {
+			return nil, err
+		}
 	}
 	db, err := openDB(ctx, b, o.dsn)
 	if err != nil {

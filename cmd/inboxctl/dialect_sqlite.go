@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
 	"strings"
 
 	gormsqlite "gorm.io/driver/sqlite"
@@ -19,9 +22,17 @@ func init() {
 	backends[dialectSQLite] = &backend{
 		name:         dialectSQLite,
 		defaultTable: inboxsqlite.DefaultTable,
-		checkDSN: func(dsn string) error {
-			if strings.Contains(dsn, ":memory:") || strings.Contains(dsn, "mode=memory") {
-				return usageErrorf("an in-memory SQLite database lives only as long as its connection; give the database file")
+		checkDSN:     sqliteCheckDSN,
+		mustExist: func(dsn string) error {
+			if err := sqliteCheckDSN(dsn); err != nil {
+				return err
+			}
+			path := sqlitePath(dsn)
+			if path == "" {
+				return nil
+			}
+			if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("SQLite database file %s does not exist (inboxctl migrate creates it)", path)
 			}
 			return nil
 		},
@@ -64,4 +75,28 @@ func sqliteSize(ctx context.Context, db *gorm.DB, _, table string) (*sizeInfo, e
 		return nil, errors.New("the database reports no pages")
 	}
 	return &sizeInfo{Bytes: pages * pageSize, Scope: "whole database file (this SQLite build has no dbstat table)", Method: "page_count*page_size"}, nil
+}
+
+// sqlitePath returns the file name of a go-sqlite3 DSN: a plain name, or a
+// file: URI whose authority, if any, is empty or localhost.
+func sqlitePath(dsn string) string {
+	path, _, _ := strings.Cut(dsn, "?")
+	if rest, ok := strings.CutPrefix(path, "file:"); ok {
+		path = rest
+		if rest, ok := strings.CutPrefix(path, "//"); ok {
+			_, path, _ = strings.Cut(rest, "/")
+			path = "/" + path
+		}
+		if p, err := url.PathUnescape(path); err == nil {
+			path = p
+		}
+	}
+	return path
+}
+
+func sqliteCheckDSN(dsn string) error {
+	if strings.Contains(dsn, ":memory:") || strings.Contains(dsn, "mode=memory") {
+		return usageErrorf("an in-memory SQLite database lives only as long as its connection; give the database file")
+	}
+	return nil
 }

@@ -25,6 +25,9 @@ type options struct {
 	json    bool
 	verbose bool
 
+	// create allows opening a database that does not exist yet (migrate).
+	create bool
+
 	// Only for commands that take the retention flags.
 	retentionDays int
 	prepareDays   int

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -56,8 +57,19 @@ func decodeJSON[T any](t *testing.T, r result) T {
 	return v
 }
 
-// sqliteFile returns the path of a fresh database file.
+// sqliteFile returns a path for a database file that does not exist yet.
 func sqliteFile(t *testing.T) string { return filepath.Join(t.TempDir(), "app.db") }
+
+// emptySQLite returns the path of a new, empty database file (SQLite takes
+// an empty file for an empty database).
+func emptySQLite(t *testing.T) string {
+	t.Helper()
+	path := sqliteFile(t)
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
 
 // openGorm opens dsn of dialect for a test's own use.
 func openGorm(t *testing.T, dialect, dsn string) *gorm.DB {
@@ -336,7 +348,7 @@ func TestSQLiteMigrateMaintainStats(t *testing.T) {
 }
 
 func TestCheckSQLite(t *testing.T) {
-	path := sqliteFile(t)
+	path := emptySQLite(t)
 	dsn := inboxsqlite.DSN(path)
 	r := runArgs(t, "check", "--dsn", dsn)
 	expectCode(t, r, exitOK)
@@ -354,7 +366,7 @@ func TestCheckSQLite(t *testing.T) {
 }
 
 func TestCheckSQLiteAllJSON(t *testing.T) {
-	dsn := inboxsqlite.DSN(sqliteFile(t))
+	dsn := inboxsqlite.DSN(emptySQLite(t))
 	r := runArgs(t, "check", "--dsn", dsn, "--all", "--run", "^(retention|atomicity)/", "--json")
 	expectCode(t, r, exitOK)
 	rep := decodeJSON[checkReport](t, r)
@@ -388,7 +400,7 @@ func TestCheckList(t *testing.T) {
 // the SQLite adapter needs (no WAL, no busy timeout) fails the check, with
 // the reason.
 func TestCheckSQLiteUnsafeSettings(t *testing.T) {
-	dsn := "file:" + sqliteFile(t) + "?_busy_timeout=0"
+	dsn := "file:" + emptySQLite(t) + "?_busy_timeout=0"
 	r := runArgs(t, "check", "--dsn", dsn)
 	expectCode(t, r, exitFailed)
 	t.Logf("unsafe SQLite:\n%s", r.stdout)
@@ -414,7 +426,7 @@ func TestCheckSQLiteUnsafeSettings(t *testing.T) {
 // TestCheckInterrupted: an interrupt in the middle of a check stops the run
 // and leaves no scratch table behind.
 func TestCheckInterrupted(t *testing.T) {
-	dsn := inboxsqlite.DSN(sqliteFile(t))
+	dsn := inboxsqlite.DSN(emptySQLite(t))
 	ctx, cancel := context.WithCancelCause(t.Context())
 	defer cancel(nil)
 	// The check holds its first delivery open for 300ms; interrupt it then.
@@ -451,6 +463,39 @@ func (w *triggerWriter) Write(p []byte) (int, error) {
 		w.fire()
 	}
 	return n, err
+}
+
+func TestSQLitePath(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"app.db":                              "app.db",
+		"/var/lib/app.db?_busy_timeout=5000":  "/var/lib/app.db",
+		"file:app.db?_journal_mode=WAL":       "app.db",
+		"file:/var/lib/my%20app.db?mode=rwc":  "/var/lib/my app.db",
+		"file:///var/lib/app.db":              "/var/lib/app.db",
+		"file://localhost/var/lib/app.db?x=1": "/var/lib/app.db",
+	} {
+		if got := sqlitePath(dsn); got != want {
+			t.Errorf("sqlitePath(%q) = %q, want %q", dsn, got, want)
+		}
+	}
+}
+
+// TestSQLiteFileMustExist: only migrate creates an SQLite database; a
+// mistyped path is an error, and no stray file is created.
+func TestSQLiteFileMustExist(t *testing.T) {
+	path := sqliteFile(t)
+	for _, cmd := range []string{"stats", "maintain", "check"} {
+		r := runArgs(t, cmd, "--dsn", inboxsqlite.DSN(path))
+		expectCode(t, r, exitFailed)
+		if !strings.Contains(r.stderr, "does not exist (inboxctl migrate creates it)") {
+			t.Errorf("%s of a missing file:\n%v", cmd, r)
+		}
+		if _, err := os.Stat(path); err == nil {
+			t.Fatalf("%s created %s", cmd, path)
+		}
+	}
+	expectCode(t, runArgs(t, "migrate", "--dsn", inboxsqlite.DSN(path)), exitOK)
+	expectCode(t, runArgs(t, "stats", "--dsn", inboxsqlite.DSN(path)), exitOK)
 }
 
 func TestCheckUnreachable(t *testing.T) {

@@ -37,6 +37,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err := o.resolve(false); err != nil {
 		return fail(stderr, "migrate", err)
 	}
+	o.create = true
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	c, err := connect(ctx, o)
