@@ -9,10 +9,11 @@ import (
 
 var migrateSpec = cmdSpec{
 	name: "migrate",
-	synopsis: `Create the inbox table, or upgrade it to the adapter's current schema, and
-prepare today's storage. It is idempotent and safe to run from several
+	synopsis: `Create the inbox table, or upgrade it to the adapter's current schema; the
+table accepts rows at once. It is idempotent and safe to run from several
 processes at once. Run "inboxctl maintain" afterwards (and daily) to prepare
-the coming days and expire old ones.`,
+the coming days' partitions and expire old days. On SQLite, migrate is the
+only command that creates the database file.`,
 	examples: `  inboxctl migrate --dsn 'postgres://app@db:5432/app' --schema inbox
   inboxctl migrate --dialect mysql --dsn 'app:secret@tcp(db:3306)/app?parseTime=true'
   INBOX_DSN='file:/var/lib/app/app.db?_journal_mode=WAL&_busy_timeout=5000&_txlock=immediate' inboxctl migrate --table orders_inbox
