@@ -306,8 +306,7 @@ func (ck *checker) verify(ctx context.Context, db *gorm.DB) (r checkResult) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		if err := ck.dropScratch(cctx, db, table); err != nil {
-			r.Status = statusFail
-			r.Reason = strings.TrimPrefix(r.Reason+"\n", "\n") + err.Error()
+			problems = append(problems, err) // reported by the deferred call above
 		}
 	}()
 	if err := store.Migrate(ctx, db); err != nil {
