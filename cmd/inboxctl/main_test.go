@@ -507,3 +507,23 @@ func TestCheckUnreachable(t *testing.T) {
 		t.Errorf("unreachable database:\n%v", r)
 	}
 }
+
+// TestCheckReportsLeftovers: a scratch table that cannot be dropped fails
+// the check that made it, naming the table, so nothing is left behind
+// unannounced.
+func TestCheckReportsLeftovers(t *testing.T) {
+	orig := backends[dialectSQLite]
+	broken := *orig
+	broken.dropTable = func(context.Context, *gorm.DB, string, string) error { return errors.New("drop refused") }
+	backends[dialectSQLite] = &broken
+	t.Cleanup(func() { backends[dialectSQLite] = orig })
+
+	dsn := inboxsqlite.DSN(emptySQLite(t))
+	r := runArgs(t, "check", "--dsn", dsn, "--run", "^schema/claim-answers-each-row$")
+	expectCode(t, r, exitFailed)
+	for _, want := range []string{"FAIL  settings/verify", "FAIL  schema/claim-answers-each-row", "drop refused", "scratch tables left behind: " + scratchPrefix} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("check output lacks %q:\n%v", want, r)
+		}
+	}
+}
