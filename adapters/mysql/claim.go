@@ -32,6 +32,15 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]boo
 	// would rewrite the SQL (a []byte bound right after "(" becomes one
 	// placeholder per byte; "@" starts a named parameter).
 	conn := tx.Statement.ConnPool
+	// Under gorm.Config{PrepareStmt: true} every distinct statement would be
+	// prepared and cached per connection, one per batch size: a few thousand
+	// per connection against the server's max_prepared_stmt_count.
+	switch p := conn.(type) {
+	case *gorm.PreparedStmtTX:
+		conn = p.Tx
+	case *gorm.PreparedStmtDB:
+		conn = p.ConnPool
+	}
 	if conn == nil {
 		return nil, fmt.Errorf("mysql: claim in %s: the *gorm.DB has no connection", s.name)
 	}

@@ -46,26 +46,33 @@ func withParams(t testing.TB, dsn string, params map[string]string) string {
 	return cfg.FormatDSN()
 }
 
-// dialect opens dsn either the way the package recommends (Open) or with
+// opener opens dsn either the way the package recommends (Open) or with
 // GORM's plain dialector, whose use of RETURNING on MariaDB stays on.
-type dialect func(dsn string) (gorm.Dialector, error)
+type opener func(dsn string) (*gorm.DB, error)
 
-func recommended(dsn string) (gorm.Dialector, error) { return inboxmysql.Open(dsn) }
+// A fresh gorm.Config per Open: a shared one shares clause builders between
+// dialects.
 
-func plainGORM(dsn string) (gorm.Dialector, error) { return gormmysql.Open(dsn), nil }
-
-func openDB(dsn string, open dialect) (*gorm.DB, error) {
-	d, err := open(dsn)
+func recommended(dsn string) (*gorm.DB, error) {
+	d, err := inboxmysql.Open(dsn)
 	if err != nil {
 		return nil, err
 	}
-	// A fresh gorm.Config per Open: a shared one shares clause builders
-	// between dialects.
 	return gorm.Open(d, &gorm.Config{Logger: logger.Discard})
 }
 
+func plainGORM(dsn string) (*gorm.DB, error) {
+	return gorm.Open(gormmysql.Open(dsn), &gorm.Config{Logger: logger.Discard})
+}
+
+func preparedGORM(dsn string) (*gorm.DB, error) {
+	return gorm.Open(gormmysql.Open(dsn), &gorm.Config{Logger: logger.Discard, PrepareStmt: true})
+}
+
+func openDB(dsn string, open opener) (*gorm.DB, error) { return open(dsn) }
+
 // newHarness gives every check its own table, dropped again in Close.
-func newHarness(dsn string, open dialect) conformance.HarnessMaker {
+func newHarness(dsn string, open opener) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		db, err := openDB(dsn, open)
 		if err != nil {
@@ -97,18 +104,20 @@ func newHarness(dsn string, open dialect) conformance.HarnessMaker {
 
 // TestConformance runs the suite under the driver settings users run:
 // clientFoundRows off (the default) and on, through GORM's plain dialector
-// with interpolated parameters (RETURNING left on by GORM), and with times
+// with interpolated parameters (RETURNING left on by GORM), with GORM's
+// prepared statement cache, and with times
 // left unparsed in a local time zone on both sides.
 func TestConformance(t *testing.T) {
 	dsn := testenv.MySQLDSN(t)
 	for _, v := range []struct {
 		name   string
 		params map[string]string
-		open   dialect
+		open   opener
 	}{
 		{"clientFoundRows=false", map[string]string{"clientFoundRows": "false"}, recommended},
 		{"clientFoundRows=true", map[string]string{"clientFoundRows": "true"}, recommended},
 		{"plain-gorm+interpolateParams+clientFoundRows", map[string]string{"clientFoundRows": "true", "interpolateParams": "true"}, plainGORM},
+		{"plain-gorm+PrepareStmt", nil, preparedGORM},
 		{"parseTime=false+loc=Asia/Tokyo+time_zone=-10:00", map[string]string{"parseTime": "false", "loc": "Asia/Tokyo", "time_zone": "'-10:00'"}, recommended},
 	} {
 		t.Run(v.name, func(t *testing.T) {
