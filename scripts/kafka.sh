@@ -6,6 +6,10 @@
 #   scripts/kafka.sh start DIR    start a broker whose state lives in DIR;
 #                                 prints 127.0.0.1:<port> (also in DIR/brokers)
 #   scripts/kafka.sh stop DIR     stop it and remove DIR (idempotent)
+#   scripts/kafka.sh restart DIR  stop the broker of DIR (TERM, then KILL after
+#                                 20s) and start it again with the same
+#                                 server.properties: same port, same data;
+#                                 prints 127.0.0.1:<port> when it is ready
 #   scripts/kafka.sh libs         print the libs dir (no fetch)
 #
 # Environment:
@@ -153,6 +157,18 @@ show_logs() {
 	done
 }
 
+# launch DIR: start the broker of DIR/server.properties in the background and
+# write its pid to DIR/pid.
+launch() {
+	local dir="$1"
+	# shellcheck disable=SC2046,SC2086
+	nohup java ${INBOX_KAFKA_HEAP:--Xmx512m -Xms256m} -Xss1m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+		-XX:+ExitOnOutOfMemoryError $(java_common "$dir") \
+		-cp "$LIBS/*" kafka.Kafka "$dir/server.properties" \
+		>>"$dir/kafka.log" 2>&1 </dev/null &
+	echo "$!" >"$dir/pid"
+}
+
 # One start attempt. Returns 0 when ready, 2 when the broker died because a
 # port was taken (caller retries with new ports), 1 on other failures.
 try_start() {
@@ -175,13 +191,8 @@ try_start() {
 		die "storage format failed"
 	fi
 
-	# shellcheck disable=SC2046,SC2086
-	nohup java ${INBOX_KAFKA_HEAP:--Xmx512m -Xms256m} -Xss1m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-		-XX:+ExitOnOutOfMemoryError $(java_common "$dir") \
-		-cp "$LIBS/*" kafka.Kafka "$dir/server.properties" \
-		>"$dir/kafka.log" 2>&1 </dev/null &
-	pid=$!
-	echo "$pid" >"$dir/pid"
+	launch "$dir"
+	pid="$(cat "$dir/pid")"
 
 	local deadline=$((SECONDS + timeout))
 	while ((SECONDS < deadline)); do
@@ -238,10 +249,9 @@ start() {
 	die "broker failed to start: ports kept colliding"
 }
 
-stop() {
-	local dir="${1:-}"
-	[[ -n "$dir" ]] || die "usage: kafka.sh stop DIR"
-	[[ -d "$dir" ]] || return 0
+# stop_broker DIR: stop the broker of DIR, if it runs; keep DIR.
+stop_broker() {
+	local dir="$1"
 	local pid=""
 	[[ -f "$dir/pid" ]] && pid="$(cat "$dir/pid" 2>/dev/null || true)"
 	# Only signal the pid if it is still our broker (guards against pid reuse).
@@ -261,7 +271,48 @@ stop() {
 			done
 		fi
 	fi
+	wait "$pid" 2>/dev/null || true
+}
+
+stop() {
+	local dir="${1:-}"
+	[[ -n "$dir" ]] || die "usage: kafka.sh stop DIR"
+	[[ -d "$dir" ]] || return 0
+	stop_broker "$dir"
 	rm -rf "$dir"
+}
+
+restart() {
+	local dir="${1:-}"
+	[[ -n "$dir" ]] || die "usage: kafka.sh restart DIR"
+	[[ -f "$dir/server.properties" && -f "$dir/ports" ]] || die "$dir holds no broker started by kafka.sh"
+	dir="$(cd "$dir" && pwd)"
+	need_java
+	libs_ok || die "jars missing in $LIBS (run: kafka.sh fetch)"
+	local port _ pid timeout="${INBOX_KAFKA_START_TIMEOUT:-90}" t0=$SECONDS
+	read -r port _ <"$dir/ports"
+	stop_broker "$dir"
+	# The readiness marker is searched in a fresh log.
+	[[ -f "$dir/server.log" ]] && mv -f "$dir/server.log" "$dir/server.log.before-restart"
+	rm -f "$dir/pid" "$dir/server.log".[0-9]*
+	launch "$dir"
+	pid="$(cat "$dir/pid")"
+	local deadline=$((SECONDS + timeout))
+	while ((SECONDS < deadline)); do
+		if ! alive "$pid"; then
+			show_logs "$dir"
+			rm -f "$dir/pid"
+			die "broker process $pid exited during restart"
+		fi
+		if grep -qs "Kafka Server started" "$dir/server.log" && port_in_use "$port"; then
+			log "broker restarted at 127.0.0.1:$port in $((SECONDS - t0))s (pid $pid)"
+			echo "127.0.0.1:$port"
+			return 0
+		fi
+		sleep 0.2
+	done
+	show_logs "$dir"
+	die "broker not ready ${timeout}s after restart (pid $pid left running; kafka.sh stop $dir)"
 }
 
 case "${1:-}" in
@@ -269,8 +320,9 @@ fetch) fetch; echo "$LIBS" ;;
 libs) echo "$LIBS" ;;
 start) start "${2:-}" ;;
 stop) stop "${2:-}" ;;
+restart) restart "${2:-}" ;;
 *)
-	echo "usage: $0 fetch | libs | start DIR | stop DIR" >&2
+	echo "usage: $0 fetch | libs | start DIR | stop DIR | restart DIR" >&2
 	exit 2
 	;;
 esac

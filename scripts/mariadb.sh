@@ -4,6 +4,8 @@
 # Usage:
 #   scripts/mariadb.sh start DIR   # create DIR (absent or empty), init + start a server in it
 #   scripts/mariadb.sh stop DIR    # stop that server and remove DIR (no-op if DIR is missing)
+#   scripts/mariadb.sh restart DIR # stop that server (clean shutdown) and start it again:
+#                                  # same port, same data; prints the DSN when it is ready
 #
 # start writes the DSN (go-sql-driver/mysql form) to DIR/dsn and prints it on stdout:
 #   inbox:inbox@tcp(127.0.0.1:PORT)/inbox_test?parseTime=true&loc=UTC
@@ -27,7 +29,7 @@ die() {
 	exit 1
 }
 usage() {
-	echo "usage: $0 start|stop DIR" >&2
+	echo "usage: $0 start|stop|restart DIR" >&2
 	exit 2
 }
 
@@ -159,6 +161,34 @@ stop_server() {
 	kill -KILL "$pid" 2>/dev/null || true
 }
 
+# launch_server DIR PORT: start mariadbd on DIR's data in the background (user_opt set
+# by the caller); its pid goes to DIR/launch.pid.
+launch_server() {
+	local dir=$1 port=$2
+	nohup "$MYSQLD" --no-defaults "${user_opt[@]}" \
+		--datadir="$dir/data" --socket="$dir/sock" --port="$port" --bind-address=127.0.0.1 \
+		--pid-file="$dir/mariadb.pid" --log-error="$dir/err.log" --skip-name-resolve \
+		--innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=1 \
+		--max-connections=300 --default-storage-engine=InnoDB \
+		--character-set-server=utf8mb4 \
+		</dev/null >>"$dir/stdout.log" 2>&1 &
+	echo "$!" >"$dir/launch.pid"
+}
+
+# wait_ready DIR PID: until the server answers on DIR/sock (fails if PID dies or on timeout).
+wait_ready() {
+	local dir=$1 pid=$2 i
+	for ((i = 0; i < START_TIMEOUT * 5; i++)); do
+		alive "$pid" || return 1
+		if "$ADMIN" --no-defaults --socket="$dir/sock" -uroot --connect-timeout=2 ping \
+			>/dev/null 2>&1; then
+			return 0
+		fi
+		sleep 0.2
+	done
+	return 1
+}
+
 cmd_start() {
 	local dir=$1 user port attempt pid dsn t0 i ready
 	local -a user_opt=()
@@ -213,27 +243,10 @@ cmd_start() {
 	for attempt in 1 2 3; do
 		port=$(free_port) || die "no free TCP port found"
 		rm -f -- "$dir/err.log" "$dir/mariadb.pid" "$dir/launch.pid"
-		nohup "$MYSQLD" --no-defaults "${user_opt[@]}" \
-			--datadir="$dir/data" --socket="$dir/sock" --port="$port" --bind-address=127.0.0.1 \
-			--pid-file="$dir/mariadb.pid" --log-error="$dir/err.log" --skip-name-resolve \
-			--innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=1 \
-			--max-connections=300 --default-storage-engine=InnoDB \
-			--character-set-server=utf8mb4 \
-			</dev/null >>"$dir/stdout.log" 2>&1 &
-		pid=$!
-		echo "$pid" >"$dir/launch.pid"
+		launch_server "$dir" "$port"
+		pid=$(<"$dir/launch.pid")
 		ready=0
-		for ((i = 0; i < START_TIMEOUT * 5; i++)); do
-			if ! alive "$pid"; then
-				break
-			fi
-			if "$ADMIN" --no-defaults --socket="$dir/sock" -uroot --connect-timeout=2 ping \
-				>/dev/null 2>&1; then
-				ready=1
-				break
-			fi
-			sleep 0.2
-		done
+		wait_ready "$dir" "$pid" && ready=1
 		((ready)) && break
 		if ! alive "$pid" && grep -qE 'Address already in use|Do you already have another' \
 			"$dir/err.log" 2>/dev/null && ((attempt < 3)); then
@@ -280,9 +293,36 @@ cmd_stop() {
 	rm -rf -- "$dir"
 }
 
+cmd_restart() {
+	local dir=$1 dsn port pid owner t0
+	local -a user_opt=()
+	t0=$(date +%s.%N)
+	[[ -d $dir ]] || die "$dir does not exist"
+	dir=$(cd -- "$dir" && pwd -P)
+	[[ -f $dir/$MARKER && -f $dir/dsn ]] || die "$dir holds no server started by mariadb.sh"
+	dsn=$(<"$dir/dsn")
+	port=$(sed -n 's/.*tcp(127\.0\.0\.1:\([0-9]*\)).*/\1/p' <<<"$dsn")
+	[[ -n $port ]] || die "no port in $dir/dsn"
+	find_bins || die "MariaDB binaries not found"
+	if [[ $EUID -eq 0 ]]; then
+		owner=$(stat -c %U "$dir/data")
+		user_opt=(--user="$owner")
+	fi
+	stop_server "$dir"
+	launch_server "$dir" "$port"
+	pid=$(<"$dir/launch.pid")
+	if ! wait_ready "$dir" "$pid"; then
+		tail -n 30 "$dir/err.log" "$dir/stdout.log" >&2 || true
+		die "server not ready after restart (port $port)"
+	fi
+	log "restarted on 127.0.0.1:$port in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1fs", b-a}')"
+	printf '%s\n' "$dsn"
+}
+
 [[ $# -eq 2 && -n $2 ]] || usage
 case $1 in
 start) cmd_start "$2" ;;
 stop) cmd_stop "$2" ;;
+restart) cmd_restart "$2" ;;
 *) usage ;;
 esac

@@ -4,6 +4,8 @@
 # Usage:
 #   scripts/postgres.sh start DIR   # create DIR (absent or empty), init + start a server in it
 #   scripts/postgres.sh stop DIR    # stop that server and remove DIR (no-op if DIR is missing)
+#   scripts/postgres.sh restart DIR # stop that server (fast shutdown) and start it again:
+#                                   # same port, same data; prints the DSN when it is ready
 #
 # start writes the DSN (libpq key=value form) to DIR/dsn and prints it on stdout:
 #   host=127.0.0.1 port=PORT user=postgres dbname=inbox_test sslmode=disable
@@ -26,7 +28,7 @@ die() {
 	exit 1
 }
 usage() {
-	echo "usage: $0 start|stop DIR" >&2
+	echo "usage: $0 start|stop|restart DIR" >&2
 	exit 2
 }
 
@@ -292,9 +294,30 @@ cmd_stop() {
 	rm -rf -- "$dir"
 }
 
+cmd_restart() {
+	local dir=$1 bindir port dsn t0
+	t0=$(date +%s.%N)
+	[[ -d $dir ]] || die "$dir does not exist"
+	dir=$(cd -- "$dir" && pwd -P)
+	[[ -f $dir/$MARKER && -f $dir/dsn ]] || die "$dir holds no server started by postgres.sh"
+	dsn=$(<"$dir/dsn")
+	port=$(sed -n 's/.*port=\([0-9]*\).*/\1/p' <<<"$dsn")
+	[[ -n $port ]] || die "no port in $dir/dsn"
+	bindir=$(find_bindir) || die "PostgreSQL binaries not found"
+	stop_server "$dir"
+	if ! run_pg "$bindir/pg_ctl" start -w -t "$START_TIMEOUT" -D "$dir/data" -l "$dir/postgres.log" \
+		-o "-p $port" >"$dir/pg_ctl.log" 2>&1; then
+		tail -n 30 "$dir/postgres.log" "$dir/pg_ctl.log" >&2 || true
+		die "pg_ctl start failed after stop (port $port)"
+	fi
+	log "restarted on 127.0.0.1:$port in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1fs", b-a}')"
+	printf '%s\n' "$dsn"
+}
+
 [[ $# -eq 2 && -n $2 ]] || usage
 case $1 in
 start) cmd_start "$2" ;;
 stop) cmd_stop "$2" ;;
+restart) cmd_restart "$2" ;;
 *) usage ;;
 esac

@@ -9,6 +9,9 @@
 #   --postgres  INBOX_POSTGRES_DSN   via scripts/postgres.sh (DIR/dsn)
 #   --mariadb   INBOX_MYSQL_DSN      via scripts/mariadb.sh  (DIR/dsn)
 #   --kafka     INBOX_KAFKA_BROKERS  via scripts/kafka.sh    (DIR/brokers, host:port)
+# and so is the service's DIR, for CMD to run `scripts/<service>.sh restart "$DIR"`:
+#   INBOX_POSTGRES_DIR, INBOX_MYSQL_DIR, INBOX_KAFKA_DIR
+# (only for services started here: a service given by its variable has no DIR).
 # Everything it started is stopped again on exit (also on failure, INT and TERM), and it
 # exits with CMD's status. If a service fails to start, its log tail is printed, CMD is
 # not run and the exit status is 1. Progress goes to stderr, prefixed "with-services:".
@@ -20,6 +23,7 @@ readonly SCRIPT_DIR
 declare -A SCRIPT=([postgres]=postgres.sh [mariadb]=mariadb.sh [kafka]=kafka.sh)
 declare -A VAR=([postgres]=INBOX_POSTGRES_DSN [mariadb]=INBOX_MYSQL_DSN [kafka]=INBOX_KAFKA_BROKERS)
 declare -A OUTFILE=([postgres]=dsn [mariadb]=dsn [kafka]=brokers)
+declare -A DIRVAR=([postgres]=INBOX_POSTGRES_DIR [mariadb]=INBOX_MYSQL_DIR [kafka]=INBOX_KAFKA_DIR)
 
 log() { printf 'with-services: %s\n' "$*" >&2; }
 usage() {
@@ -128,6 +132,7 @@ if ((${#to_start[@]})); then
 		if wait "${PIDS[$s]}" && [[ -s $WORK/$s/${OUTFILE[$s]} ]]; then
 			value=$(<"$WORK/$s/${OUTFILE[$s]}")
 			export "${VAR[$s]}=$value"
+			export "${DIRVAR[$s]}=$WORK/$s"
 			log "$s ready after $(since "$t0"): ${VAR[$s]}=$value"
 		else
 			failed+=("$s")
