@@ -236,6 +236,18 @@ func runEndToEnd(t *testing.T, brokers []string, s *shop, batch int, storeOffset
 	}
 	afterCrash := applied()
 	t.Logf("A crashed after %d database commits; %d orders applied", dbCommits.Load(), afterCrash)
+	// The gap: the last database commit's orders are applied, but A never
+	// finished them, so the group's offsets do not cover them.
+	if finished := evA.count(EventProcessed); afterCrash <= finished {
+		t.Fatalf("A applied %d orders and finished %d: the crash did not fall between the two commits", afterCrash, finished)
+	}
+	var kafkaCommitted int64
+	for _, off := range committed(t, brokers, group, topic, partitions) {
+		kafkaCommitted += max(off, 0)
+	}
+	if finished := int64(evA.count(EventProcessed) + evA.count(EventDuplicate)); kafkaCommitted > finished {
+		t.Fatalf("the group committed %d offsets but A finished only %d messages", kafkaCommitted, finished)
+	}
 
 	// B takes over; C joins mid-stream.
 	evB, evC := newEvents(), newEvents()
