@@ -88,7 +88,9 @@ type Config struct {
 	// NaturallyIdempotent declares that Handler's effect is the same however
 	// often it runs (an upsert, a set-to-state, a version check): no inbox
 	// row is written and Inbox may be nil. Messages are then processed one by
-	// one, each in its own transaction on DB. Never set it for increments.
+	// one, each in its own transaction on DB, and a message without event id
+	// is processed all the same (Message.EventID is then empty). Never set it
+	// for increments.
 	NaturallyIdempotent bool
 	// DB is the database the transactions run on. Default Inbox.DB().
 	DB *gorm.DB
