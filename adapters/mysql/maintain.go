@@ -18,10 +18,10 @@ import (
 // the rows of days before plan.ExpireBefore:
 //
 //   - every partition above the lowest whose bound is at or before
-//     ExpireBefore holds expired days only: the lowest partition and all of
-//     them but the newest are dropped, and the newest is truncated and
-//     becomes the new lowest partition, which catches expired rows that
-//     arrive late;
+//     ExpireBefore holds expired days only: the newest of them is
+//     truncated, then the lowest partition and the others are dropped, so
+//     that the truncated one becomes the new lowest partition, which
+//     catches expired rows that arrive late;
 //   - rows of expired days in a kept partition (late rows in the lowest
 //     partition, or a partition that spans ExpireBefore) are deleted in
 //     batches of Options.DeleteBatch.
@@ -134,11 +134,15 @@ func (s *Store) maintain(db *gorm.DB, plan inbox.MaintenancePlan) (inbox.Mainten
 		for _, i := range expired[:len(expired)-1] {
 			drop = append(drop, quoteName(parts[i].name))
 		}
-		if err := db.Exec("ALTER TABLE " + s.table + " DROP PARTITION " + strings.Join(drop, ", ")).Error; err != nil {
-			return report, fmt.Errorf("mysql: drop expired partitions %s of %s: %w", strings.Join(drop, ", "), s.name, err)
-		}
+		// Truncate first: if the DROP does not happen (a crash, a lock
+		// timeout), the next run finds the same expired partitions and
+		// only repeats a cheap TRUNCATE of an empty partition, instead of
+		// finding a full expired day as the lowest partition to DELETE.
 		if err := db.Exec("ALTER TABLE " + s.table + " TRUNCATE PARTITION " + quoteName(newest.name)).Error; err != nil {
 			return report, fmt.Errorf("mysql: truncate expired partition %s of %s: %w", newest.name, s.name, err)
+		}
+		if err := db.Exec("ALTER TABLE " + s.table + " DROP PARTITION " + strings.Join(drop, ", ")).Error; err != nil {
+			return report, fmt.Errorf("mysql: drop expired partitions %s of %s: %w", strings.Join(drop, ", "), s.name, err)
 		}
 		report.RowsRemoved = -1
 		if parts, err = s.readPartitions(db); err != nil {
