@@ -31,5 +31,9 @@ lint: ## gofmt and go vet.
 bench: ## Run the benchmarks against every backend, side by side (see docs/BENCHMARKS.md).
 	$(SERVICES) --postgres --mariadb --kafka -- env INBOX_REQUIRE_BACKENDS=1 $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
 
+.PHONY: chaos
+chaos: ## Kill consumers, restart Kafka and the databases, inject duplicates; prove exactly once on every database (see docs/RELIABILITY.md).
+	$(SERVICES) --postgres --mariadb --kafka -- $(GO) run ./cmd/inbox-chaos -session 3s
+
 .PHONY: ci
 ci: lint test ## What CI runs.

@@ -1,0 +1,172 @@
+// Command inbox-chaos runs the inventory scenario under chaos against each
+// database in turn and proves that every event's effect was applied exactly
+// once: consumer processes of one group are killed with SIGKILL at random
+// moments and replaced, the Kafka broker and the database server are
+// restarted, database connections are terminated from the server side, and
+// the producer injects duplicates. After a quiet period in which the group
+// catches up, the ledger is checked.
+//
+// It needs real servers: run it through make chaos, which starts throwaway
+// ones with scripts/with-services.sh. The broker and database restarts use
+// the service dirs that script exports (INBOX_KAFKA_DIR, INBOX_POSTGRES_DIR,
+// INBOX_MYSQL_DIR); without them they are skipped with a loud log line, and
+// under CI=true or INBOX_REQUIRE_BACKENDS=1 that is an error.
+//
+// Usage:
+//
+//	scripts/with-services.sh --postgres --mariadb --kafka -- go run ./cmd/inbox-chaos [flags]
+//
+// It exits 0 when every check holds, 1 when one does not or a run fails, 2 on
+// a usage error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/inboxgo/inbox/internal/chaos"
+	"github.com/inboxgo/inbox/internal/inventory"
+)
+
+func main() {
+	if ran, code := inventory.RunProcessFromEnv(os.Stderr); ran {
+		os.Exit(code)
+	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("inbox-chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c chaos.Config
+	dbs := fs.String("db", "sqlite,postgres,mysql", "databases to run against, in turn")
+	fs.IntVar(&c.Orders, "orders", 10000, "orders (events) to produce")
+	fs.Float64Var(&c.DupRate, "dup", 0.1, "share of orders the producer sends twice (0..1)")
+	fs.IntVar(&c.Waves, "waves", 10, "the orders are written in this many waves during the chaos")
+	fs.IntVar(&c.Partitions, "partitions", 6, "partitions of the topic")
+	fs.IntVar(&c.Consumers, "consumers", 4, "consumer processes running at a time")
+	fs.IntVar(&c.BatchSize, "batch", 10, "messages per inbox transaction")
+	fs.DurationVar(&c.Session, "session", 6*time.Second, "group session timeout (the broker's group.min.session.timeout.ms bounds it)")
+	fs.DurationVar(&c.Duration, "duration", 150*time.Second, "length of the chaos phase per database")
+	fs.IntVar(&c.Kills, "kills", 55, "SIGKILLs per database")
+	fs.IntVar(&c.BrokerRestarts, "broker-restarts", 2, "Kafka broker restarts per database")
+	fs.IntVar(&c.DBRestarts, "db-restarts", 1, "database server restarts per database (PostgreSQL, MariaDB)")
+	fs.IntVar(&c.Terminations, "terminations", 6, "rounds of server-side connection terminations per database (PostgreSQL, MariaDB)")
+	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
+	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
+	keep := fs.Bool("keep", false, "keep the run's files (consumer logs, event logs)")
+	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: inbox-chaos [flags]\n\nRuns the inventory scenario under chaos and checks that every event was applied exactly once.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		return usage(stderr, "unexpected arguments %q", fs.Args())
+	case c.Orders < 1 || c.Orders > 1_000_000:
+		return usage(stderr, "-orders %d: want 1..1000000", c.Orders)
+	case c.DupRate < 0 || c.DupRate > 1:
+		return usage(stderr, "-dup %v: want 0..1", c.DupRate)
+	case c.Waves < 1 || c.Partitions < 1 || c.Consumers < 1 || c.BatchSize < 1:
+		return usage(stderr, "-waves, -partitions, -consumers and -batch must be positive")
+	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0:
+		return usage(stderr, "disruption counts must not be negative")
+	}
+	brokers := strings.TrimSpace(os.Getenv("INBOX_KAFKA_BROKERS"))
+	if brokers == "" {
+		return usage(stderr, "INBOX_KAFKA_BROKERS is not set; run it with make chaos")
+	}
+	c.Brokers = strings.Split(brokers, ",")
+	c.KafkaDir = os.Getenv("INBOX_KAFKA_DIR")
+	c.Strict = os.Getenv("CI") == "true" || os.Getenv("INBOX_REQUIRE_BACKENDS") == "1"
+	c.Log = stderr
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+
+	failed := false
+	var reports []*chaos.Report
+	for _, db := range strings.Split(*dbs, ",") {
+		cfg := c
+		cfg.Dialect = db
+		switch db {
+		case "sqlite":
+		case "postgres":
+			cfg.DSN, cfg.DBDir = os.Getenv("INBOX_POSTGRES_DSN"), os.Getenv("INBOX_POSTGRES_DIR")
+		case "mysql":
+			cfg.DSN, cfg.DBDir = os.Getenv("INBOX_MYSQL_DSN"), os.Getenv("INBOX_MYSQL_DIR")
+		default:
+			return usage(stderr, "-db %q: want sqlite, postgres or mysql", db)
+		}
+		if db != "sqlite" && cfg.DSN == "" {
+			fmt.Fprintf(stderr, "inbox-chaos: no DSN for %s (INBOX_POSTGRES_DSN / INBOX_MYSQL_DSN); run it with make chaos\n", db)
+			failed = true
+			continue
+		}
+		dir, err := os.MkdirTemp("", "inbox-chaos-"+db+"-")
+		if err != nil {
+			fmt.Fprintln(stderr, "inbox-chaos:", err)
+			return 1
+		}
+		cfg.WorkDir = dir
+		rep, err := chaos.Run(ctx, cfg)
+		if rep != nil {
+			fmt.Fprint(stdout, rep.String())
+			reports = append(reports, rep)
+		}
+		if err != nil {
+			fmt.Fprintf(stdout, "  run FAILED: %v\n", err)
+			failed = true
+		} else if !rep.OK() {
+			failed = true
+		}
+		if *keep || err != nil {
+			fmt.Fprintf(stdout, "  files kept in %s\n", dir)
+		} else {
+			os.RemoveAll(dir)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	fmt.Fprintln(stdout)
+	fmt.Fprint(stdout, table(reports))
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// table is the markdown table of docs/RELIABILITY.md.
+func table(reps []*chaos.Report) string {
+	var b strings.Builder
+	b.WriteString("| database | events | messages | duplicates injected | kills | broker restarts | DB restarts | connection terminations | effects applied | lost | applied twice | consumers restarted | wall time |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range reps {
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d rounds, %d conns | %d | %d | %d | %d | %.0fs |\n",
+			r.Dialect, r.Orders, r.InTopic, r.Duplicates, r.Kills, r.BrokerRestarts, r.DBRestarts, r.Terminations, r.ConnsTerminated,
+			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, r.StoppedConsumers, r.Wall.Seconds())
+	}
+	return b.String()
+}
+
+func usage(stderr io.Writer, format string, args ...any) int {
+	fmt.Fprintf(stderr, "inbox-chaos: "+format+"\n", args...)
+	return 2
+}

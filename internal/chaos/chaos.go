@@ -1,0 +1,554 @@
+// Package chaos runs the inventory scenario (internal/inventory) under fire
+// and proves that nothing was lost and nothing applied twice: real consumer
+// processes of one group consume from a real Kafka broker into a database
+// while the driver kills them with SIGKILL at random moments, restarts the
+// broker and the database server, terminates database connections from the
+// server side, and a producer injects duplicates. After a quiet period in
+// which the group catches up, the ledger check must hold.
+//
+// It is used by cmd/inbox-chaos (make chaos, the full run) and by
+// TestChaosShort (a short run in make test).
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/inventory"
+)
+
+// Config configures one run against one database.
+type Config struct {
+	Dialect string // sqlite, postgres or mysql
+	DSN     string // postgres, mysql; sqlite uses a file in WorkDir
+	Brokers []string
+
+	// KafkaDir and DBDir are the service dirs of scripts/kafka.sh and
+	// scripts/postgres.sh / scripts/mariadb.sh, for restarts. An empty dir
+	// skips that restart with a loud log line, or fails the run if Strict.
+	KafkaDir, DBDir string
+	Scripts         string // the scripts directory; default: found above the working directory
+	Strict          bool   // a restart that cannot be done is an error
+
+	Orders     int           // orders produced (each once, DupRate of them twice)
+	DupRate    float64       // share of orders the producer sends twice
+	Waves      int           // the orders are written in this many waves during the chaos
+	Partitions int           // partitions of the topic
+	Consumers  int           // consumer processes running at a time
+	BatchSize  int           // messages per inbox transaction in the consumers
+	Session    time.Duration // group session timeout
+
+	Duration       time.Duration // length of the chaos phase
+	Kills          int           // SIGKILLs during the chaos phase
+	BrokerRestarts int
+	DBRestarts     int
+	Terminations   int           // rounds of server-side connection terminations
+	CatchUp        time.Duration // longest quiet period for the group to catch up
+
+	Seed    uint64
+	WorkDir string    // files of the run (event log, consumer output)
+	Log     io.Writer // progress
+}
+
+// Report holds the figures of a run.
+type Report struct {
+	Dialect          string
+	Orders           int
+	Messages         int   // messages written by the generator (orders + duplicates)
+	InTopic          int64 // messages in the topic (more than Messages when a write was retried)
+	Duplicates       int   // producer duplicates generated
+	Kills            int
+	Replacements     int // consumer processes started after the first ones
+	BrokerRestarts   int
+	DBRestarts       int
+	Terminations     int // rounds
+	ConnsTerminated  int // connections terminated over all rounds
+	Skipped          []string
+	Findings         []string // stopped partitions, consumers that exited on their own
+	StoppedConsumers int      // consumers restarted because a partition stopped or they exited
+	Processed        int      // effects applied, as counted by the consumers
+	DupSkipped       int      // deliveries skipped as duplicates
+	Assigned         int      // partition assignments
+	Ledger           inventory.Ledger
+	Problems         []string
+	Wall             time.Duration
+	CatchUp          time.Duration
+}
+
+// OK reports whether the ledger check held.
+func (r *Report) OK() bool { return len(r.Problems) == 0 }
+
+func (r *Report) String() string {
+	var b strings.Builder
+	f := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	f("chaos run on %s", r.Dialect)
+	f("  events (orders)          %7d", r.Orders)
+	f("  messages written         %7d  (%d producer duplicates injected; %d messages in the topic, retried writes included)", r.Messages, r.Duplicates, r.InTopic)
+	f("  consumer kills (SIGKILL) %7d  (%d replacement processes)", r.Kills, r.Replacements)
+	f("  broker restarts          %7d", r.BrokerRestarts)
+	f("  database restarts        %7d", r.DBRestarts)
+	f("  connection terminations  %7d  (%d connections, server side)", r.Terminations, r.ConnsTerminated)
+	f("  partition assignments    %7d", r.Assigned)
+	f("  deliveries skipped (dup) %7d", r.DupSkipped)
+	f("  effects applied          %7d  (ledger rows; %d counted by the consumers)", r.Ledger.Applied, r.Processed)
+	f("  lost                     %7d", r.Ledger.Lost)
+	f("  applied twice            %7d", r.Ledger.AppliedTwice)
+	f("  stock                    %7d reserved, %d ordered", r.Ledger.Reserved, r.Ledger.Ordered)
+	f("  consumers restarted      %7d  (stopped partition or exited on their own)", r.StoppedConsumers)
+	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
+	f("  wall time                %7.1fs", r.Wall.Seconds())
+	for _, s := range r.Skipped {
+		f("  SKIPPED: %s", s)
+	}
+	for _, s := range r.Findings {
+		f("  FINDING: %s", s)
+	}
+	if r.OK() {
+		f("  verification: OK, every order applied exactly once")
+	} else {
+		f("  verification: FAILED: %s", strings.Join(r.Problems, "; "))
+	}
+	return b.String()
+}
+
+func (c *Config) defaults() error {
+	if c.Orders <= 0 {
+		c.Orders = 1000
+	}
+	if c.Waves <= 0 {
+		c.Waves = 5
+	}
+	if c.Partitions <= 0 {
+		c.Partitions = 4
+	}
+	if c.Consumers <= 0 {
+		c.Consumers = 3
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 10
+	}
+	if c.Session <= 0 {
+		c.Session = 6 * time.Second
+	}
+	if c.Duration <= 0 {
+		c.Duration = 30 * time.Second
+	}
+	if c.CatchUp <= 0 {
+		c.CatchUp = 3 * time.Minute
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	if c.WorkDir == "" {
+		return errors.New("chaos: WorkDir is required")
+	}
+	if len(c.Brokers) == 0 {
+		return errors.New("chaos: Brokers are required")
+	}
+	if c.Scripts == "" && (c.KafkaDir != "" || c.DBDir != "") {
+		dir, err := FindScripts()
+		if err != nil {
+			return err
+		}
+		c.Scripts = dir
+	}
+	return nil
+}
+
+// FindScripts returns the repository's scripts directory, searched upwards
+// from the working directory.
+func FindScripts() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for range 10 {
+		if _, err := os.Stat(filepath.Join(dir, "scripts", "kafka.sh")); err == nil {
+			return filepath.Join(dir, "scripts"), nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return "", errors.New("chaos: scripts/kafka.sh not found above the working directory")
+}
+
+type run struct {
+	cfg     Config
+	rep     *Report
+	rng     *rand.Rand
+	rngMu   sync.Mutex
+	backend inventory.Backend // what the consumers use
+	db      *gorm.DB          // the driver's own connection
+	admin   admin             // server-side connection control
+	topic   string
+	group   string
+	fleet   *fleet
+	mu      sync.Mutex // guards rep's counters written by the goroutines
+}
+
+func (r *run) say(format string, args ...any) {
+	fmt.Fprintf(r.cfg.Log, "chaos %s %s: %s\n", time.Now().UTC().Format("15:04:05.0"), r.cfg.Dialect, fmt.Sprintf(format, args...))
+}
+
+func (r *run) intn(n int) int {
+	r.rngMu.Lock()
+	defer r.rngMu.Unlock()
+	return r.rng.IntN(n)
+}
+
+func (r *run) jitter(d time.Duration) time.Duration {
+	r.rngMu.Lock()
+	defer r.rngMu.Unlock()
+	return time.Duration(float64(d) * (0.5 + r.rng.Float64()))
+}
+
+// Run runs the scenario under chaos until the group caught up, checks the
+// ledger and reports. An error means the run could not be carried out; a
+// failed check is in Report.Problems.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	r := &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect, Orders: cfg.Orders}, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
+	runID := fmt.Sprintf("%08x", rand.Uint32())
+	r.topic = "chaos-orders-" + runID
+	r.group = "chaos-inventory-" + runID
+
+	var err error
+	r.admin, r.backend, err = newAdmin(ctx, cfg, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer r.admin.close()
+	// The driver connects as given (the consumers' connections are the
+	// ones marked for termination).
+	driver := r.backend
+	if cfg.Dialect != "sqlite" {
+		driver.DSN = cfg.DSN
+	}
+	db, store, err := driver.Open()
+	if err != nil {
+		return nil, err
+	}
+	r.db = db
+	if sqlDB, err := r.db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	if err := r.setup(ctx, store); err != nil {
+		return nil, err
+	}
+	defer r.backend.DropTables(ctx, r.db)
+	if err := inventory.CreateTopic(ctx, cfg.Brokers[0], r.topic, cfg.Partitions); err != nil {
+		return nil, err
+	}
+
+	r.fleet = newFleet(r)
+	defer r.fleet.stopAll()
+	err = r.chaos(ctx)
+	r.rep.Wall = time.Since(start)
+	if err != nil {
+		return r.rep, err
+	}
+	return r.rep, nil
+}
+
+// setup creates the inbox table and the business tables.
+func (r *run) setup(ctx context.Context, store inbox.Store) error {
+	ib, err := inbox.New(r.db, store, inbox.Config{})
+	if err != nil {
+		return err
+	}
+	if err := ib.Migrate(ctx); err != nil {
+		return err
+	}
+	if _, err := ib.Maintain(ctx); err != nil {
+		return err
+	}
+	return r.backend.CreateTables(ctx, r.db, inventory.SKUs)
+}
+
+func (r *run) chaos(ctx context.Context) error {
+	cfg := r.cfg
+	batch := inventory.Generate(r.backend.RunID, cfg.Orders, cfg.DupRate, cfg.Seed)
+	r.rep.Messages, r.rep.Duplicates = len(batch.Messages), batch.Duplicates
+	r.say("%d orders, %d messages (%d producer duplicates) in %d waves over %v; %d consumers, %d partitions; topic %s",
+		cfg.Orders, len(batch.Messages), batch.Duplicates, cfg.Waves, cfg.Duration, cfg.Consumers, cfg.Partitions, r.topic)
+
+	for range cfg.Consumers {
+		if err := r.fleet.start(ctx); err != nil {
+			return err
+		}
+	}
+	chaosCtx, cancelChaos := context.WithCancel(ctx)
+	defer cancelChaos()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	superDone := make(chan struct{})
+	go func() { defer close(superDone); r.fleet.supervise(chaosCtx) }()
+	wg.Add(3)
+	go func() { defer wg.Done(); errs <- r.produce(chaosCtx, batch.Messages) }()
+	go func() { defer wg.Done(); errs <- r.killer(chaosCtx) }()
+	go func() { defer wg.Done(); errs <- r.disruptor(chaosCtx) }()
+	wg.Wait()
+	close(errs)
+	var failed error
+	for err := range errs {
+		failed = errors.Join(failed, err)
+	}
+	if failed != nil {
+		cancelChaos()
+		<-superDone
+		return failed
+	}
+
+	r.say("chaos over: %d kills, %d broker restarts, %d database restarts, %d termination rounds; quiet period until the group catches up",
+		r.rep.Kills, r.rep.BrokerRestarts, r.rep.DBRestarts, r.rep.Terminations)
+	quiet := time.Now()
+	err := r.waitCaughtUp(ctx)
+	r.rep.CatchUp = time.Since(quiet)
+	cancelChaos()
+	<-superDone
+	r.fleet.stopAll()
+	if err != nil {
+		return err
+	}
+	return r.verify(ctx, batch)
+}
+
+// produce writes the messages in waves spread over the chaos phase.
+func (r *run) produce(ctx context.Context, msgs []kafka.Message) error {
+	w := inventory.Writer(r.cfg.Brokers, r.topic)
+	defer w.Close()
+	waves := r.cfg.Waves
+	every := r.cfg.Duration / time.Duration(waves+1)
+	for i := range waves {
+		lo, hi := len(msgs)*i/waves, len(msgs)*(i+1)/waves
+		wctx, cancel := context.WithTimeout(ctx, r.cfg.Duration+2*time.Minute)
+		err := inventory.Write(wctx, w, msgs[lo:hi])
+		cancel()
+		if err != nil {
+			return err
+		}
+		r.say("wave %d/%d written (%d messages)", i+1, waves, hi-lo)
+		if i < waves-1 && sleep(ctx, r.jitter(every)) != nil {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// killer sends SIGKILL to a random consumer Kills times, spread over the
+// chaos phase, and starts a replacement after each.
+func (r *run) killer(ctx context.Context) error {
+	if r.cfg.Kills == 0 {
+		return nil
+	}
+	deadline := time.Now().Add(r.cfg.Duration)
+	every := r.cfg.Duration / time.Duration(r.cfg.Kills+1)
+	for i := 0; i < r.cfg.Kills; i++ {
+		wait := r.jitter(every)
+		if left := time.Until(deadline) / time.Duration(r.cfg.Kills-i+1); wait > 2*left {
+			wait = left
+		}
+		if sleep(ctx, wait) != nil {
+			return ctx.Err()
+		}
+		if err := r.fleet.killRandom(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// disruptor restarts the broker and the database and terminates database
+// connections at random moments of the chaos phase, in a random order.
+func (r *run) disruptor(ctx context.Context) error {
+	var acts []string
+	for range r.cfg.BrokerRestarts {
+		acts = append(acts, "broker")
+	}
+	for range r.cfg.DBRestarts {
+		acts = append(acts, "db")
+	}
+	for range r.cfg.Terminations {
+		acts = append(acts, "terminate")
+	}
+	if len(acts) == 0 {
+		return nil
+	}
+	r.rngMu.Lock()
+	r.rng.Shuffle(len(acts), func(i, j int) { acts[i], acts[j] = acts[j], acts[i] })
+	r.rngMu.Unlock()
+	every := r.cfg.Duration / time.Duration(len(acts)+1)
+	for _, a := range acts {
+		if sleep(ctx, r.jitter(every)) != nil {
+			return ctx.Err()
+		}
+		var err error
+		switch a {
+		case "broker":
+			err = r.restartBroker(ctx)
+		case "db":
+			err = r.restartDB(ctx)
+		case "terminate":
+			err = r.terminate(ctx)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *run) skip(what string) error {
+	msg := what
+	if r.cfg.Strict {
+		return fmt.Errorf("chaos: cannot %s, and every disruption is required (CI=true or INBOX_REQUIRE_BACKENDS=1)", msg)
+	}
+	r.say("!!!!! SKIPPED: %s !!!!!", msg)
+	r.mu.Lock()
+	r.rep.Skipped = append(r.rep.Skipped, msg)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *run) restartBroker(ctx context.Context) error {
+	if r.cfg.KafkaDir == "" {
+		return r.skip("restart the Kafka broker: INBOX_KAFKA_DIR is not set (a broker not started by scripts/with-services.sh)")
+	}
+	r.say("restarting the Kafka broker")
+	t0 := time.Now()
+	if err := r.script(ctx, "kafka.sh", "restart", r.cfg.KafkaDir); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.rep.BrokerRestarts++
+	r.mu.Unlock()
+	r.say("Kafka broker back after %.1fs", time.Since(t0).Seconds())
+	return nil
+}
+
+func (r *run) restartDB(ctx context.Context) error {
+	var script string
+	switch r.cfg.Dialect {
+	case "postgres":
+		script = "postgres.sh"
+	case "mysql":
+		script = "mariadb.sh"
+	default:
+		r.say("no database server to restart for %s (an embedded database; consumer kills cover its crashes)", r.cfg.Dialect)
+		return nil
+	}
+	if r.cfg.DBDir == "" {
+		return r.skip(fmt.Sprintf("restart the %s server: its service dir is not set (a server not started by scripts/with-services.sh)", r.cfg.Dialect))
+	}
+	r.say("restarting the %s server", r.cfg.Dialect)
+	t0 := time.Now()
+	if err := r.script(ctx, script, "restart", r.cfg.DBDir); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.rep.DBRestarts++
+	r.mu.Unlock()
+	r.say("%s server back after %.1fs", r.cfg.Dialect, time.Since(t0).Seconds())
+	return nil
+}
+
+func (r *run) terminate(ctx context.Context) error {
+	if r.cfg.Dialect == "sqlite" {
+		return nil
+	}
+	n, err := r.admin.terminate(ctx)
+	if err != nil {
+		// The server may be restarting at this moment: not a reason to stop.
+		r.say("terminating connections failed: %v", err)
+		return nil
+	}
+	r.mu.Lock()
+	r.rep.Terminations++
+	r.rep.ConnsTerminated += n
+	r.mu.Unlock()
+	r.say("terminated %d consumer connections from the server side", n)
+	return nil
+}
+
+// waitCaughtUp waits, within CatchUp, until the group committed every
+// partition to its end. Stopped consumers are still replaced meanwhile.
+func (r *run) waitCaughtUp(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CatchUp)
+	defer cancel()
+	last := time.Now()
+	var p inventory.Progress
+	for {
+		pp, err := inventory.GroupProgress(ctx, r.cfg.Brokers, r.group, r.topic, r.cfg.Partitions)
+		if err == nil {
+			p = pp
+			if p.Done {
+				r.rep.InTopic = p.Total
+				r.say("caught up: %s", p)
+				return nil
+			}
+		}
+		if time.Since(last) > 5*time.Second {
+			r.say("catching up: %s", p)
+			last = time.Now()
+		}
+		if sleep(ctx, 250*time.Millisecond) != nil {
+			return fmt.Errorf("chaos: the group did not catch up within %v (%s)", r.cfg.CatchUp, p)
+		}
+	}
+}
+
+func (r *run) verify(ctx context.Context, batch inventory.Batch) error {
+	out, err := inventory.CountOutcomes(r.fleet.eventLog)
+	if err != nil {
+		return err
+	}
+	r.rep.Processed, r.rep.DupSkipped, r.rep.Assigned = out.Processed, out.Duplicates, out.Assigned
+	var ledger inventory.Ledger
+	for attempt := 1; ; attempt++ {
+		ledger, err = r.backend.Check(ctx, r.db, batch.Orders)
+		if err == nil || attempt == 5 {
+			break
+		}
+		if sleep(ctx, time.Second) != nil {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("ledger check: %w", err)
+	}
+	r.rep.Ledger = ledger
+	r.rep.Problems = ledger.Problems()
+	if ledger.Applied != int64(len(batch.Orders)) {
+		r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%d effects applied for %d orders", ledger.Applied, len(batch.Orders)))
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
