@@ -27,6 +27,7 @@ import (
 type demo struct {
 	out        io.Writer
 	stderr     io.Writer
+	childOut   io.Writer // stderr, shared by the consumer processes
 	orders     int
 	dupRate    float64
 	partitions int
@@ -46,7 +47,7 @@ type demo struct {
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("inbox-demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	d := &demo{out: stdout, stderr: stderr}
+	d := &demo{out: stdout, stderr: stderr, childOut: inventory.SyncWriter(stderr)}
 	fs.IntVar(&d.orders, "orders", 2000, "orders to produce")
 	fs.Float64Var(&d.dupRate, "dup", 0.1, "share of orders the producer sends twice (0..1)")
 	fs.IntVar(&d.partitions, "partitions", 4, "partitions of the orders topic")
@@ -243,7 +244,7 @@ func (d *demo) startChild(ctx context.Context, name, group, eventLog string) (*e
 	cmd, err := inventory.StartProcess(ctx, inventory.ProcessConfig{
 		Backend: d.backend, Brokers: d.brokers, Topic: d.topic, Group: group, Name: name,
 		EventLog: eventLog, Session: d.session, BatchSize: 10,
-	}, d.stderr)
+	}, d.childOut)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -166,4 +167,19 @@ func CountOutcomes(path string) (Outcomes, error) {
 		}
 	}
 	return o, nil
+}
+
+// SyncWriter serialises writes to w: the output of several consumer
+// processes is copied by one goroutine each.
+func SyncWriter(w io.Writer) io.Writer { return &syncWriter{w: w} }
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
