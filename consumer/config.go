@@ -162,8 +162,9 @@ type Config struct {
 	OnEvent func(Event)
 
 	// afterDB, set by tests, runs after each database commit; returning
-	// errCrash simulates a crash before the offset commit.
-	afterDB func(topic string, partition int, next int64) error
+	// errCrash simulates a crash before the offset commit. processed is how
+	// many messages of that commit were applied (not duplicates).
+	afterDB func(topic string, partition int, next int64, processed int) error
 }
 
 var errInvalidConfig = inbox.ErrInvalidConfig

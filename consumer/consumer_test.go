@@ -233,7 +233,7 @@ func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev1)
 			cfg.StoreOffsets = storeOffsets
 			var commits atomic.Int32
-			cfg.afterDB = func(topic string, partition int, next int64) error {
+			cfg.afterDB = func(topic string, partition int, next int64, _ int) error {
 				if commits.Add(1) == 7 {
 					return errCrash
 				}

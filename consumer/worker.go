@@ -279,10 +279,14 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	for attempt := 1; ; attempt++ {
 		rs, err := w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items, blockedFrom))
 		if err == nil {
+			processed := 0
 			for j, i := range idx {
 				results[i] = rs[j]
+				if rs[j].Outcome == inbox.Processed {
+					processed++
+				}
 			}
-			if w.afterCommit(ctx) {
+			if w.afterCommit(ctx, processed) {
 				return results, false
 			}
 			return results, true
@@ -417,7 +421,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 			return nil
 		})
 		if err == nil {
-			if w.afterCommit(ctx) {
+			if w.afterCommit(ctx, 1) {
 				return abandoned
 			}
 			w.finish(it, inbox.Processed)
@@ -451,12 +455,12 @@ func callHandler(ctx context.Context, tx *gorm.DB, h Handler, msg Message) (err 
 
 // afterCommit runs the test seam after a database commit and reports
 // whether it simulated a crash.
-func (w *worker) afterCommit(ctx context.Context) bool {
+func (w *worker) afterCommit(ctx context.Context, processed int) bool {
 	if w.c.cfg.afterDB == nil {
 		return false
 	}
 	next, _ := w.tracker.committable()
-	if errors.Is(w.c.cfg.afterDB(w.topic, w.partition, next), errCrash) {
+	if errors.Is(w.c.cfg.afterDB(w.topic, w.partition, next, processed), errCrash) {
 		w.c.crash()
 		<-ctx.Done()
 		return true
