@@ -2,6 +2,7 @@ package mysql_test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
@@ -72,7 +73,7 @@ func preparedGORM(dsn string) (*gorm.DB, error) {
 func openDB(dsn string, open opener) (*gorm.DB, error) { return open(dsn) }
 
 // newHarness gives every check its own table, dropped again in Close.
-func newHarness(dsn string, open opener) conformance.HarnessMaker {
+func newHarness(dsn string, open opener, txOptions *sql.TxOptions) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		db, err := openDB(dsn, open)
 		if err != nil {
@@ -83,10 +84,11 @@ func newHarness(dsn string, open opener) conformance.HarnessMaker {
 			return nil, err
 		}
 		return &conformance.Harness{
-			DB:       db,
-			Store:    store,
-			Open:     func(context.Context) (*gorm.DB, error) { return openDB(dsn, open) },
-			Features: conformance.Features{ExpiryCountsRows: false},
+			DB:        db,
+			Store:     store,
+			TxOptions: txOptions,
+			Open:      func(context.Context) (*gorm.DB, error) { return openDB(dsn, open) },
+			Features:  conformance.Features{ExpiryCountsRows: false},
 			Close: func() error {
 				dropErr := db.Exec("DROP TABLE IF EXISTS `" + store.Table() + "`").Error
 				sqlDB, err := db.DB()
@@ -105,23 +107,27 @@ func newHarness(dsn string, open opener) conformance.HarnessMaker {
 // TestConformance runs the suite under the driver settings users run:
 // clientFoundRows off (the default) and on, through GORM's plain dialector
 // with interpolated parameters (RETURNING left on by GORM), with GORM's
-// prepared statement cache, and with times
-// left unparsed in a local time zone on both sides.
+// prepared statement cache, with times left unparsed in a local time zone
+// on both sides, and at the isolation levels other than the default
+// REPEATABLE READ that users choose.
 func TestConformance(t *testing.T) {
 	dsn := testenv.MySQLDSN(t)
 	for _, v := range []struct {
 		name   string
 		params map[string]string
 		open   opener
+		tx     *sql.TxOptions
 	}{
-		{"clientFoundRows=false", map[string]string{"clientFoundRows": "false"}, recommended},
-		{"clientFoundRows=true", map[string]string{"clientFoundRows": "true"}, recommended},
-		{"plain-gorm+interpolateParams+clientFoundRows", map[string]string{"clientFoundRows": "true", "interpolateParams": "true"}, plainGORM},
-		{"plain-gorm+PrepareStmt", nil, preparedGORM},
-		{"parseTime=false+loc=Asia/Tokyo+time_zone=-10:00", map[string]string{"parseTime": "false", "loc": "Asia/Tokyo", "time_zone": "'-10:00'"}, recommended},
+		{"clientFoundRows=false", map[string]string{"clientFoundRows": "false"}, recommended, nil},
+		{"clientFoundRows=true", map[string]string{"clientFoundRows": "true"}, recommended, nil},
+		{"plain-gorm+interpolateParams+clientFoundRows", map[string]string{"clientFoundRows": "true", "interpolateParams": "true"}, plainGORM, nil},
+		{"plain-gorm+PrepareStmt", nil, preparedGORM, nil},
+		{"parseTime=false+loc=Asia/Tokyo+time_zone=-10:00", map[string]string{"parseTime": "false", "loc": "Asia/Tokyo", "time_zone": "'-10:00'"}, recommended, nil},
+		{"READ-COMMITTED", nil, recommended, &sql.TxOptions{Isolation: sql.LevelReadCommitted}},
+		{"SERIALIZABLE", nil, recommended, &sql.TxOptions{Isolation: sql.LevelSerializable}},
 	} {
 		t.Run(v.name, func(t *testing.T) {
-			conformance.Run(t, newHarness(withParams(t, dsn, v.params), v.open))
+			conformance.Run(t, newHarness(withParams(t, dsn, v.params), v.open, v.tx))
 		})
 	}
 }
