@@ -265,7 +265,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		}
 		it.attempts++
 		m := w.inboxMessage(it)
-		if m.Validate() != nil || m.Day().Before(w.c.cfg.Inbox.OldestCheckedDay()) {
+		if w.c.cfg.Inbox.Admit(m) != nil {
 			// The inbox will fail it before its transaction: nothing after it
 			// may store an offset.
 			blockedFrom = min(blockedFrom, it.msg.Offset)

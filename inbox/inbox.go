@@ -229,6 +229,12 @@ func (ib *Inbox) IsRetryable(err error) bool {
 	return IsMarkedRetryable(err) || ib.store.IsRetryable(err)
 }
 
+// Admit reports the error Process would return for msg before opening a
+// transaction: an invalid message (wrapping ErrInvalidMessage), or, under the
+// RejectExpired policy, an event older than the retention window (wrapping
+// ErrExpired). A nil error means msg would reach the database.
+func (ib *Inbox) Admit(msg Message) error { return ib.admit(msg) }
+
 // admit validates msg and applies the expired policy.
 func (ib *Inbox) admit(msg Message) error {
 	if err := msg.Validate(); err != nil {

@@ -76,7 +76,13 @@ func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error
 	default:
 		kind = EventFailed
 		ib.counters.failed.Add(1)
-		ib.log.LogAttrs(ctx, slog.LevelError, "message failed; nothing of it was committed",
+		// A cancelled context (a shutdown, a rebalance) rolls back every
+		// message in flight: expected, and no reason for an alarm.
+		level := slog.LevelError
+		if ctx.Err() != nil {
+			level = slog.LevelInfo
+		}
+		ib.log.LogAttrs(ctx, level, "message failed; nothing of it was committed",
 			slog.String("consumer", msg.Consumer), slog.String("event_id", msg.ID), slog.Any("error", err))
 	}
 	if ib.cfg.OnEvent != nil {
