@@ -242,13 +242,11 @@ func (e *LockBusyError) Error() string {
 
 // withLock runs fn on one pinned connection holding the table's named
 // maintenance lock, with lock_wait_timeout set to DDLLockWait. The lock and
-// the setting are undone even when ctx has ended: a pooled connection must
-// not keep the lock (other processes would wait for it until the connection
-// closes).
+// the setting are undone even when ctx has ended, and a connection on which
+// that fails is discarded: a pooled connection must not keep the lock (other
+// processes would wait for it until the connection closes).
 func (s *Store) withLock(ctx context.Context, db *gorm.DB, fn func(conn *gorm.DB) error) error {
 	return db.WithContext(ctx).Connection(func(conn *gorm.DB) error {
-		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
 		lockName := "CONCAT('inbox:', LEFT(SHA2(CONCAT(COALESCE(?, DATABASE(), ''), '.', ?), 256), 40))"
 		var got sql.NullInt64
 		secs := max(int64(s.lockWait.Round(time.Second)/time.Second), 1)
@@ -259,12 +257,21 @@ func (s *Store) withLock(ctx context.Context, db *gorm.DB, fn func(conn *gorm.DB
 		if !got.Valid || got.Int64 != 1 {
 			return &LockBusyError{Table: s.name, Wait: s.lockWait}
 		}
-		defer conn.WithContext(cleanup).Exec("SELECT RELEASE_LOCK("+lockName+")", nullIfEmpty(s.schema), s.name)
+		defer func() {
+			cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			c := conn.WithContext(cleanup)
+			if c.Exec("SET SESSION lock_wait_timeout = DEFAULT").Error != nil ||
+				c.Exec("SELECT RELEASE_LOCK("+lockName+")", nullIfEmpty(s.schema), s.name).Error != nil {
+				if pinned, ok := conn.Statement.ConnPool.(*sql.Conn); ok {
+					_ = pinned.Raw(func(any) error { return driver.ErrBadConn }) // discard the connection
+				}
+			}
+		}()
 		wait := max(int64(s.ddlLockWait.Round(time.Second)/time.Second), 1)
 		if err := conn.Exec(fmt.Sprintf("SET SESSION lock_wait_timeout = %d", wait)).Error; err != nil {
 			return fmt.Errorf("mysql: set lock_wait_timeout: %w", err)
 		}
-		defer conn.WithContext(cleanup).Exec("SET SESSION lock_wait_timeout = DEFAULT")
 		return fn(conn)
 	})
 }

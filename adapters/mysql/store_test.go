@@ -343,6 +343,21 @@ func TestRetryableErrors(t *testing.T) {
 		if waited := time.Since(start); waited > 5*time.Second {
 			t.Errorf("Maintain waited %v for the metadata lock, want about DDLLockWait (1s)", waited)
 		}
+
+		// Neither the failure nor a context that ends during the wait
+		// leaves the maintenance lock held by a pooled connection.
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		if _, err := store.Maintain(short, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 30), ExpireBefore: today.AddDate(0, 0, -30)}); err == nil {
+			t.Fatal("Maintain with an ending context succeeded while the table was held")
+		}
+		other, err := inboxmysql.New(inboxmysql.Options{Table: store.Table(), LockWait: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Maintain(ctx, testDB(t, nil), inbox.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today.AddDate(0, 0, -30)}); err != nil {
+			t.Errorf("another process's Maintain after the failures: %v", err)
+		}
 	})
 
 	t.Run("1412-snapshot-older-than-maintenance", func(t *testing.T) {
