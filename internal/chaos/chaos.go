@@ -70,6 +70,7 @@ type Report struct {
 	InTopic          int64 // messages in the topic (more than Messages when a write was retried)
 	Duplicates       int   // producer duplicates generated
 	Kills            int
+	BusyKills        int // kills while the consumers were applying effects
 	Replacements     int // consumer processes started after the first ones
 	BrokerRestarts   int
 	DBRestarts       int
@@ -78,6 +79,8 @@ type Report struct {
 	Skipped          []string
 	Findings         []string // stopped partitions, consumers that exited on their own
 	StoppedConsumers int      // consumers restarted because a partition stopped or they exited
+	ErrorLines       int      // lines the consumers logged at level ERROR
+	ErrorKinds       []string // distinct ERROR messages, with a count and an example
 	Processed        int      // effects applied, as counted by the consumers
 	DupSkipped       int      // deliveries skipped as duplicates
 	Assigned         int      // partition assignments
@@ -96,7 +99,7 @@ func (r *Report) String() string {
 	f("chaos run on %s", r.Dialect)
 	f("  events (orders)          %7d", r.Orders)
 	f("  messages written         %7d  (%d producer duplicates injected; %d messages in the topic, retried writes included)", r.Messages, r.Duplicates, r.InTopic)
-	f("  consumer kills (SIGKILL) %7d  (%d replacement processes)", r.Kills, r.Replacements)
+	f("  consumer kills (SIGKILL) %7d  (%d while effects were being applied; %d replacement processes)", r.Kills, r.BusyKills, r.Replacements)
 	f("  broker restarts          %7d", r.BrokerRestarts)
 	f("  database restarts        %7d", r.DBRestarts)
 	f("  connection terminations  %7d  (%d connections, server side)", r.Terminations, r.ConnsTerminated)
@@ -107,6 +110,10 @@ func (r *Report) String() string {
 	f("  applied twice            %7d", r.Ledger.AppliedTwice)
 	f("  stock                    %7d reserved, %d ordered", r.Ledger.Reserved, r.Ledger.Ordered)
 	f("  consumers restarted      %7d  (stopped partition or exited on their own)", r.StoppedConsumers)
+	f("  consumer ERROR lines     %7d", r.ErrorLines)
+	for _, k := range r.ErrorKinds {
+		f("      %s", k)
+	}
 	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
 	f("  wall time                %7.1fs", r.Wall.Seconds())
 	for _, s := range r.Skipped {
@@ -369,11 +376,35 @@ func (r *run) killer(ctx context.Context) error {
 		if sleep(ctx, wait) != nil {
 			return ctx.Err()
 		}
-		if err := r.fleet.killRandom(ctx); err != nil {
+		busy := r.waitBusy(ctx, 3*time.Second)
+		if err := r.fleet.killRandom(ctx, busy); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// waitBusy waits, at most max, for a moment when the consumers are applying
+// effects (the ledger grows), so that a kill is likely to land in the middle
+// of a transaction or between a commit and its offset commit.
+func (r *run) waitBusy(ctx context.Context, max time.Duration) bool {
+	deadline := time.Now().Add(max)
+	prev := int64(-1)
+	for time.Now().Before(deadline) {
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		n, err := r.backend.Reservations(qctx, r.db)
+		cancel()
+		if err == nil {
+			if prev >= 0 && n > prev {
+				return true
+			}
+			prev = n
+		}
+		if sleep(ctx, 100*time.Millisecond) != nil {
+			return false
+		}
+	}
+	return false
 }
 
 // disruptor restarts the broker and the database and terminates database
@@ -521,6 +552,7 @@ func (r *run) verify(ctx context.Context, batch inventory.Batch) error {
 		return err
 	}
 	r.rep.Processed, r.rep.DupSkipped, r.rep.Assigned = out.Processed, out.Duplicates, out.Assigned
+	r.rep.ErrorLines, r.rep.ErrorKinds = r.fleet.errors.summary()
 	var ledger inventory.Ledger
 	for attempt := 1; ; attempt++ {
 		ledger, err = r.backend.Check(ctx, r.db, batch.Orders)

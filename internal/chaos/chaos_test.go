@@ -3,6 +3,8 @@ package chaos_test
 import (
 	"bytes"
 	"context"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -119,3 +121,5 @@ func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(b), "\n"))
 	return len(b), nil
 }
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,6 +24,8 @@ type fleet struct {
 	r        *run
 	eventLog string
 
+	errors *errorLog
+
 	mu      sync.Mutex
 	procs   []*proc
 	started int
@@ -36,7 +40,7 @@ type proc struct {
 }
 
 func newFleet(r *run) *fleet {
-	return &fleet{r: r, eventLog: filepath.Join(r.cfg.WorkDir, "events.log")}
+	return &fleet{r: r, eventLog: filepath.Join(r.cfg.WorkDir, "events.log"), errors: &errorLog{kinds: map[string]*errorKind{}}}
 }
 
 // start starts one consumer process.
@@ -53,7 +57,7 @@ func (f *fleet) startLocked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w := &watcher{file: logFile}
+	w := &watcher{file: logFile, errors: f.errors}
 	cfg := f.r.cfg
 	// The process is not bound to ctx: it is always ended by the fleet.
 	cmd, err := inventory.StartProcess(context.WithoutCancel(ctx), inventory.ProcessConfig{
@@ -83,7 +87,7 @@ func (f *fleet) startLocked(ctx context.Context) error {
 
 // killRandom sends SIGKILL to a random running consumer, reaps it and starts
 // a replacement.
-func (f *fleet) killRandom(ctx context.Context) error {
+func (f *fleet) killRandom(ctx context.Context, busy bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.procs) == 0 {
@@ -98,9 +102,16 @@ func (f *fleet) killRandom(ctx context.Context) error {
 	f.procs = append(f.procs[:i], f.procs[i+1:]...)
 	f.r.mu.Lock()
 	f.r.rep.Kills++
+	if busy {
+		f.r.rep.BusyKills++
+	}
 	kills := f.r.rep.Kills
 	f.r.mu.Unlock()
-	f.r.say("SIGKILL %s (kill #%d)", p.name, kills)
+	state := "idle"
+	if busy {
+		state = "applying effects"
+	}
+	f.r.say("SIGKILL %s (kill #%d, consumers %s)", p.name, kills, state)
 	return f.startLocked(ctx)
 }
 
@@ -176,6 +187,7 @@ func reap(p *proc, timeout time.Duration) error {
 type watcher struct {
 	mu      sync.Mutex
 	file    *os.File
+	errors  *errorLog
 	partial []byte
 	last    []string
 	stop    string
@@ -194,6 +206,9 @@ func (w *watcher) Write(b []byte) (int, error) {
 		}
 		line := string(w.partial[:i])
 		w.partial = w.partial[i+1:]
+		if strings.Contains(line, "level=ERROR") {
+			w.errors.add(line)
+		}
 		if strings.Contains(line, "PARTITION STOPPED") && w.stop == "" {
 			w.stop = line
 		}
@@ -220,4 +235,72 @@ func (w *watcher) tail() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return strings.Join(w.last, " | ")
+}
+
+// errorLog counts the consumers' ERROR lines by message and error text.
+type errorLog struct {
+	mu    sync.Mutex
+	lines int
+	kinds map[string]*errorKind
+	order []string
+}
+
+type errorKind struct {
+	n       int
+	example string
+}
+
+var (
+	msgField   = regexp.MustCompile(`msg="([^"]*)"|msg=(\S+)`)
+	errorField = regexp.MustCompile(`error="((?:[^"\\]|\\.)*)"|error=(\S+)`)
+	digits     = regexp.MustCompile(`[0-9]{3,}`) // ids, ports, offsets; not SQLSTATEs
+)
+
+func (e *errorLog) add(line string) {
+	key := field(msgField, line)
+	if er := field(errorField, line); er != "" {
+		key += ": " + digits.ReplaceAllString(er, "N")
+	}
+	if len(key) > 300 {
+		key = key[:300]
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lines++
+	k, ok := e.kinds[key]
+	if !ok {
+		k = &errorKind{example: line}
+		e.kinds[key] = k
+		e.order = append(e.order, key)
+	}
+	k.n++
+}
+
+func field(re *regexp.Regexp, line string) string {
+	m := re.FindStringSubmatch(line)
+	if m == nil {
+		return ""
+	}
+	if m[1] != "" {
+		return m[1]
+	}
+	return m[2]
+}
+
+// summary returns the number of lines and the distinct kinds, most frequent
+// first, at most 12.
+func (e *errorLog) summary() (int, []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	keys := slices.Clone(e.order)
+	slices.SortStableFunc(keys, func(a, b string) int { return e.kinds[b].n - e.kinds[a].n })
+	var out []string
+	for i, k := range keys {
+		if i == 12 {
+			out = append(out, fmt.Sprintf("... and %d more kinds", len(keys)-12))
+			break
+		}
+		out = append(out, fmt.Sprintf("%dx %s", e.kinds[k].n, k))
+	}
+	return e.lines, out
 }
