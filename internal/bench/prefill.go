@@ -21,8 +21,11 @@ var DefaultSizes = []int{0, 1_000_000, 10_000_000}
 // that would not finish in it stops early and is reported as incomplete.
 const DefaultFillBudget = 6 * time.Minute
 
-// prefillChunk is the rows of one INSERT ... SELECT statement.
-const prefillChunk = 500_000
+// prefillChunk is the rows of one INSERT ... SELECT statement. Each
+// statement inserts its rows in key order: one sweep through the key index
+// instead of a random page per row, which is what makes 10M rows fit in a
+// few minutes on a small machine. The rows, and so the index, are the same.
+const prefillChunk = 2_000_000
 
 // ParseSizes parses a comma-separated list of row counts ("0,1e6,10000000").
 func ParseSizes(s string) ([]int, error) {
@@ -55,7 +58,7 @@ func (f Fill) RowsPerSec() float64 {
 }
 
 // Prefill writes n rows into the fixture's inbox table with set-based SQL,
-// in statements of prefillChunk rows, spread evenly over the days
+// in statements of prefillChunk rows sorted by id, spread evenly over the days
 // last-days+1 .. last, with random-looking ids (ending in "-p") so that they
 // land all over the key index like real ids. It stops early once the
 // projected total time exceeds budget, and then reports Complete false. The
@@ -74,14 +77,16 @@ func Prefill(ctx context.Context, f *Fixture, n int, last time.Time, days int, b
 			q = `INSERT INTO ` + f.InboxTable + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no)
 				SELECT ?, md5(g::text) || '-p', ?::date - (g % ?)::int,
 				       ((?::date - (g % ?)::int) + make_interval(secs => g % 86400)) AT TIME ZONE 'UTC', 'prefill', 0, g
-				  FROM generate_series(?::bigint, ?::bigint) AS g`
+				  FROM generate_series(?::bigint, ?::bigint) AS g
+				 ORDER BY 2`
 			args = []any{ConsumerName, lastDay, days, lastDay, days, lo, hi}
 		case MySQL:
 			// MariaDB's SEQUENCE engine; the table's name carries the bounds.
 			q = fmt.Sprintf("INSERT INTO "+f.InboxTable+` (consumer, event_id, day, event_time, topic, partition_no, offset_no, claim_token, processed_at)
 				SELECT ?, CONCAT(MD5(seq), '-p'), ? - INTERVAL (seq %% ?) DAY,
 				       (? - INTERVAL (seq %% ?) DAY) + INTERVAL (seq %% 86400) SECOND, 'prefill', 0, seq, 0, UTC_TIMESTAMP(6)
-				  FROM seq_%d_to_%d`, lo, hi)
+				  FROM seq_%d_to_%d
+				 ORDER BY 2`, lo, hi)
 			args = []any{ConsumerName, lastDay, days, lastDay, days}
 		default:
 			q = `WITH RECURSIVE g(n) AS (SELECT ? UNION ALL SELECT n + 1 FROM g WHERE n < ?)
@@ -90,7 +95,8 @@ func Prefill(ctx context.Context, f *Fixture, n int, last time.Time, days int, b
 				       date(?, '-' || (n % ?) || ' days'),
 				       strftime('%Y-%m-%dT%H:%M:%SZ', ?, '-' || (n % ?) || ' days', '+' || (n % 86400) || ' seconds'),
 				       'prefill', 0, n
-				  FROM g`
+				  FROM g
+				 ORDER BY 2`
 			args = []any{lo, hi, ConsumerName, lastDay, days, lastDay, days}
 		}
 		if err := db.Exec(q, args...).Error; err != nil {
