@@ -155,6 +155,7 @@ func run(ctx context.Context, c config) (string, error) {
 		o.Events, o.Workers, o.Workers, o.SKUs, o.BatchSize, o.Workers, o.Rounds)
 
 	has := func(s string) bool { return slices.Contains(c.suites, s) }
+	var tg targets
 	backends := map[string]*bench.Backend{}
 	md.WriteString("\n#### Servers\n\n| backend | version | settings |\n|---|---|---|\n")
 	for _, name := range c.backends {
@@ -192,6 +193,7 @@ func run(ctx context.Context, c config) (string, error) {
 				continue
 			}
 			fmt.Fprintf(&md, "\n%s:\n\n%s", name, bench.VariantsTable(rs))
+			tg.variants(name, rs)
 		}
 	}
 	if has("growth") {
@@ -206,6 +208,9 @@ func run(ctx context.Context, c config) (string, error) {
 			}
 		}
 		md.WriteString(bench.GrowthTable(growth, order))
+		for _, name := range order {
+			tg.growth(name, growth[name])
+		}
 		if c.plot != "" {
 			if err := writePlot(c.plot, bench.GrowthChart(growth, order)); err != nil {
 				fail("plot", err)
@@ -226,6 +231,9 @@ func run(ctx context.Context, c config) (string, error) {
 			}
 		}
 		md.WriteString(bench.ExpiryTable(exp, order))
+		for _, name := range order {
+			tg.expiry(name, exp[name])
+		}
 	}
 	if has("adapter-expiry") {
 		md.WriteString("\n#### Partition drop vs DELETE: the adapters' own BenchmarkExpiry\n")
@@ -244,6 +252,7 @@ func run(ctx context.Context, c config) (string, error) {
 				continue
 			}
 			fmt.Fprintf(&md, "\n%s (`go test -run '^$' -bench '^BenchmarkExpiry$' -benchtime 1x ./adapters/%s/`):\n\n%s", name, dir, bench.BenchOutputTable(out))
+			tg.adapterExpiry(name, out)
 		}
 	}
 	if has("kafka") {
@@ -261,6 +270,16 @@ func run(ctx context.Context, c config) (string, error) {
 				}
 			}
 			md.WriteString(bench.KafkaTable(kr, order))
+		}
+	}
+	if len(tg.rows) > 0 {
+		md.WriteString("\n#### Targets, as measured in this run\n\n| target | backend | measured | met |\n|---|---|---:|---|\n")
+		for _, r := range tg.rows {
+			met := "yes"
+			if !r.met {
+				met = "**no**"
+			}
+			fmt.Fprintf(&md, "| %s | %s | %s | %s |\n", r.target, r.backend, r.measured, met)
 		}
 	}
 	return md.String(), errors.Join(errs...)
