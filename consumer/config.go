@@ -113,6 +113,14 @@ type Config struct {
 	// time are not retried. A database that cannot commit at all is not a
 	// failing message: the whole batch is retried without limit.
 	MaxAttempts int
+	// HandlerTimeout, if positive, bounds one call of Handler. Its context
+	// and transaction handle carry the deadline, so the handler's statements
+	// are cancelled when it passes; a handler still running or returning
+	// after it fails with an error wrapping ErrHandlerTimeout, its writes are
+	// rolled back, and the message counts an attempt (then OnFailure). Go
+	// code that ignores its context cannot be interrupted: the partition
+	// waits for it to return. Zero means no limit.
+	HandlerTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the jittered exponential wait between
 	// attempts and between reconnection tries. Defaults 100ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
@@ -206,7 +214,7 @@ func (c *Config) validate() error {
 			bad("consumer name: %w", err)
 		}
 	}
-	if c.BatchSize < 0 || c.BatchWait < 0 || c.MaxAttempts < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.MaxWait < 0 {
+	if c.BatchSize < 0 || c.BatchWait < 0 || c.MaxAttempts < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.MaxWait < 0 || c.HandlerTimeout < 0 {
 		bad("negative size, count or duration")
 	}
 	switch c.OnFailure {

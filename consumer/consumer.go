@@ -19,6 +19,9 @@ var (
 	// ErrRunning is returned by Run while another Run of the same Consumer
 	// is active, or after Close.
 	ErrRunning = errors.New("consumer: Run called twice or after Close")
+	// ErrHandlerTimeout is wrapped by the error of a handler call that did
+	// not finish within Config.HandlerTimeout.
+	ErrHandlerTimeout = errors.New("consumer: handler timed out")
 	// ErrPartitionStopped is wrapped by every *PartitionStoppedError.
 	ErrPartitionStopped = errors.New("consumer: partition stopped")
 	// errCrash is returned by the test seam Config.afterDB to simulate a

@@ -338,7 +338,7 @@ func (w *worker) wrap(items []*item, blockedFrom int64) inbox.Handler {
 				block(m.Offset) // an error or a panic: a rerun skips this message
 			}
 		}()
-		if err := w.c.cfg.Handler(ctx, tx, it.msg); err != nil {
+		if err := w.callHandler(ctx, tx, it.msg); err != nil {
 			return err
 		}
 		if w.c.cfg.StoreOffsets && !blocked(m.Offset) {
@@ -412,7 +412,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 	for {
 		it.attempts++
 		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
-			if err := callHandler(dbCtx, tx, w.c.cfg.Handler, it.msg); err != nil {
+			if err := w.callHandler(dbCtx, tx, it.msg); err != nil {
 				return err
 			}
 			if w.c.cfg.StoreOffsets {
@@ -444,13 +444,31 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 	}
 }
 
-func callHandler(ctx context.Context, tx *gorm.DB, h Handler, msg Message) (err error) {
+// callHandler runs the user's handler, recovering a panic and enforcing
+// Config.HandlerTimeout.
+func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) (err error) {
+	timeout := w.c.cfg.HandlerTimeout
+	if timeout > 0 {
+		outer := ctx
+		hctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		defer func() {
+			// The deadline passed, not the worker's context: the handler's
+			// fault, whatever it returned. The original error is quoted,
+			// not wrapped: a wrapped context.DeadlineExceeded would read as
+			// a network timeout, i.e. the database's fault.
+			if errors.Is(hctx.Err(), context.DeadlineExceeded) && outer.Err() == nil {
+				err = fmt.Errorf("%w: handler did not finish within %v (it returned: %v)", ErrHandlerTimeout, timeout, err)
+			}
+		}()
+		ctx, tx = hctx, tx.WithContext(hctx)
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: %v", inbox.ErrHandlerPanic, r)
 		}
 	}()
-	return h(ctx, tx, msg)
+	return w.c.cfg.Handler(ctx, tx, msg)
 }
 
 // afterCommit runs the test seam after a database commit and reports
