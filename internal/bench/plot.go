@@ -199,7 +199,7 @@ func GrowthChart(byBackend map[string][]GrowthPoint, order []string) Chart {
 	c := Chart{
 		Title:       "INBOX PROCESS THROUGHPUT VS ROWS ALREADY IN THE INBOX",
 		XLabel:      "rows in the inbox table (spread over 30 days)",
-		YLabel:      "events/s relative to an empty inbox",
+		YLabel:      "events/s relative to an empty inbox, side by side",
 		Target:      0.8,
 		TargetLabel: "target 0.8",
 	}

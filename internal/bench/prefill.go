@@ -128,61 +128,75 @@ func Prefill(ctx context.Context, f *Fixture, n int, last time.Time, days int, b
 type GrowthPoint struct {
 	Size   int
 	Fill   Fill
-	Result Result
-	Ratio  float64 // throughput relative to the first (smallest) size
+	Result Result // (b) on the pre-filled table
+	// Empty is (b) on an empty inbox table, run right after Result (rounds
+	// alternate between the two), so that both see the same machine load.
+	Empty Result
+	Ratio float64 // Result's throughput / Empty's
 }
 
 // Growth runs variant (b) on fresh tables pre-filled with each of sizes rows
 // (spread over PrefillDays days ending today), with the same events and
-// options at every size. A size whose fill does not finish within budget is
-// reported with an incomplete Fill and no result.
+// options at every size, each time side by side with an empty inbox table.
+// A size whose fill does not finish within budget is reported with an
+// incomplete Fill and no result.
 func Growth(ctx context.Context, b *Backend, sizes []int, o Options, budget time.Duration) ([]GrowthPoint, error) {
 	o = o.withDefaults()
-	v, _ := VariantByKey("b")
-	evs := Events(o.Events, o.SKUs)
 	var points []GrowthPoint
 	for _, size := range sizes {
-		p, err := growthPoint(ctx, b, v, evs, size, o, budget)
+		p, err := growthPoint(ctx, b, size, o, budget)
 		if err != nil {
 			return points, err
-		}
-		if p.Fill.Complete && len(points) > 0 && points[0].Fill.Complete {
-			p.Ratio = p.Result.EventsPerSec() / points[0].Result.EventsPerSec()
-		} else if len(points) == 0 {
-			p.Ratio = 1
 		}
 		points = append(points, p)
 	}
 	return points, nil
 }
 
-func growthPoint(ctx context.Context, b *Backend, v Variant, evs []Event, size int, o Options, budget time.Duration) (GrowthPoint, error) {
+func growthPoint(ctx context.Context, b *Backend, size int, o Options, budget time.Duration) (GrowthPoint, error) {
 	p := GrowthPoint{Size: size}
-	f, err := NewFixture(ctx, b, o.SKUs, inbox.Config{}, PrefillDays)
+	v, _ := VariantByKey("b")
+	full, err := NewFixture(ctx, b, o.SKUs, inbox.Config{}, PrefillDays)
 	if err != nil {
 		return p, err
 	}
-	defer func() { _ = f.Drop(context.WithoutCancel(ctx)) }()
-	p.Fill, err = Prefill(ctx, f, size, Today(), PrefillDays, budget)
+	defer func() { _ = full.Drop(context.WithoutCancel(ctx)) }()
+	p.Fill, err = Prefill(ctx, full, size, Today(), PrefillDays, budget)
 	if err != nil || !p.Fill.Complete {
 		return p, err
 	}
-	var rs []Result
-	for range o.Rounds {
-		// Later rounds find the earlier rounds' events: use fresh ids.
-		shifted := make([]Event, len(evs))
-		for i, e := range evs {
-			shifted[i] = NewEvent(e.Seq+int64(len(rs)*len(evs)), o.SKUs, Today())
-		}
-		r, err := Apply(ctx, f, v, shifted, o.Workers, o.BatchSize)
-		if err != nil {
-			return p, err
-		}
-		if r.Applied != int64(len(evs)) {
-			return p, fmt.Errorf("bench: %d rows pre-filled: applied %d of %d", size, r.Applied, len(evs))
-		}
-		rs = append(rs, r)
+	empty, err := NewFixture(ctx, b, o.SKUs, inbox.Config{}, PrefillDays)
+	if err != nil {
+		return p, err
 	}
-	p.Result = Median(rs)
+	defer func() { _ = empty.Drop(context.WithoutCancel(ctx)) }()
+	var fullRs, emptyRs []Result
+	for round := range o.Rounds {
+		// Every round sends events not seen before.
+		evs := make([]Event, o.Events)
+		for i := range evs {
+			evs[i] = NewEvent(int64(round*o.Events+i), o.SKUs, Today())
+		}
+		order := []*Fixture{full, empty}
+		if round%2 == 1 {
+			order[0], order[1] = empty, full
+		}
+		for _, f := range order {
+			r, err := Apply(ctx, f, v, evs, o.Workers, o.BatchSize)
+			if err != nil {
+				return p, err
+			}
+			if r.Applied != int64(len(evs)) {
+				return p, fmt.Errorf("bench: %d rows pre-filled: applied %d of %d", size, r.Applied, len(evs))
+			}
+			if f == full {
+				fullRs = append(fullRs, r)
+			} else {
+				emptyRs = append(emptyRs, r)
+			}
+		}
+	}
+	p.Result, p.Empty = Median(fullRs), Median(emptyRs)
+	p.Ratio = p.Result.EventsPerSec() / p.Empty.EventsPerSec()
 	return p, nil
 }

@@ -117,20 +117,20 @@ func VariantsTable(results []Result) string {
 // GrowthTable renders the inbox-size runs of several backends.
 func GrowthTable(byBackend map[string][]GrowthPoint, order []string) string {
 	var b strings.Builder
-	b.WriteString("| backend | rows in the inbox | fill time | fill rows/s | (b) events/s | ratio to 0 rows | p99 ms |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| backend | rows in the inbox | fill time | fill rows/s | (b) events/s | (b) events/s, empty inbox, side by side | ratio | p99 ms | p99 ms, empty |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, name := range order {
 		for _, p := range byBackend[name] {
 			if !p.Fill.Complete {
-				fmt.Fprintf(&b, "| %s | %s | not filled: %s rows in %.0f s (%.0f rows/s), over the budget | | | | |\n", name, count(p.Size), count(p.Fill.Rows), p.Fill.Elapsed.Seconds(), p.Fill.RowsPerSec())
+				fmt.Fprintf(&b, "| %s | %s | not filled: %s rows in %.0f s (%.0f rows/s), over the budget | | | | | | |\n", name, count(p.Size), count(p.Fill.Rows), p.Fill.Elapsed.Seconds(), p.Fill.RowsPerSec())
 				continue
 			}
-			fill := "-"
-			fillRate := "-"
+			fill, fillRate := "-", "-"
 			if p.Size > 0 {
 				fill = fmt.Sprintf("%.1f s", p.Fill.Elapsed.Seconds())
 				fillRate = fmt.Sprintf("%.0f", p.Fill.RowsPerSec())
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2fx | %s |\n", name, count(p.Size), fill, fillRate, rate(p.Result.EventsPerSec()), p.Ratio, ms(p.Result.Latency(0.99)))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %.2fx | %s | %s |\n", name, count(p.Size), fill, fillRate,
+				rate(p.Result.EventsPerSec()), rate(p.Empty.EventsPerSec()), p.Ratio, ms(p.Result.Latency(0.99)), ms(p.Empty.Latency(0.99)))
 		}
 	}
 	return b.String()
