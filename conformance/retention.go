@@ -245,7 +245,7 @@ var retentionChecks = []Check{
 			return nil
 		}},
 	{Area: "retention", Name: "maintain-while-inserting",
-		Doc: "Maintain runs repeatedly while live events and late expired events are inserted: no live delivery fails or is applied twice, and expired rows end removed",
+		Doc: "Maintain runs repeatedly, with the days moving on, while live events and late expired events are inserted: no live delivery fails or is applied twice, and expired rows end removed",
 		Run: func(ctx context.Context, env *Env) error {
 			ib := env.Inbox()
 			late := env.Inbox(processExpired)
@@ -262,7 +262,9 @@ var retentionChecks = []Check{
 			for w := range workers {
 				wg.Go(func() {
 					for i := range perWorker {
-						m := env.MsgOn(fmt.Sprintf("live-%d-%d", w, i), -(i%(RetentionDays+1))+(w%2))
+						// Days -1..+2 stay inside retention while the
+						// clock moves two days ahead below.
+						m := env.MsgOn(fmt.Sprintf("live-%d-%d", w, i), -1+(i+w)%4)
 						t.add(ib.Process(ctx, m, env.Apply))
 					}
 				})
@@ -291,7 +293,12 @@ var retentionChecks = []Check{
 			maintDone := make(chan struct{})
 			go func() {
 				defer close(maintDone)
-				for range 8 {
+				for round := range 8 {
+					// Move the days on twice, so that maintenance really
+					// prepares and expires days while the inserts run.
+					if round == 3 || round == 6 {
+						env.Clock.AddDays(1)
+					}
 					if _, err := maintain(ctx, ib); err != nil {
 						maintErr = err
 						return

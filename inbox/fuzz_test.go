@@ -19,7 +19,7 @@ func FuzzMessageValidate(f *testing.F) {
 		f.Add("consumer", s, int64(1764460800), int32(0), int64(0))
 	}
 	f.Fuzz(func(t *testing.T, consumer, id string, unix int64, partition int32, offset int64) {
-		m := inbox.Message{Consumer: consumer, ID: id, Time: time.Unix(unix, 0), Partition: partition, Offset: offset}
+		m := inbox.Message{Consumer: consumer, ID: id, Time: time.Unix(unix, 0), Partition: partition, Offset: offset, Topic: "orders"}
 		err := m.Validate()
 		ok := func(s string, max int) bool {
 			return s != "" && len(s) <= max && utf8.ValidString(s) && !strings.Contains(s, "\x00")

@@ -102,6 +102,8 @@ func TestValidate(t *testing.T) {
 		{"no time", inbox.Message{Consumer: "c", ID: "x"}, "event time"},
 		{"year 10000", inbox.Message{Consumer: "c", ID: "x", Time: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, "outside the years"},
 		{"negative offset", inbox.Message{Consumer: "c", ID: "x", Time: now, Offset: -1}, "negative"},
+		{"long topic", inbox.Message{Consumer: "c", ID: "x", Time: now, Topic: strings.Repeat("t", 256)}, "topic"},
+		{"bad topic", inbox.Message{Consumer: "c", ID: "x", Time: now, Topic: "t\xff"}, "topic"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -13,6 +13,8 @@ import (
 const (
 	MaxEventIDBytes  = 255
 	MaxConsumerBytes = 128
+	// MaxTopicBytes bounds the provenance topic (Kafka's own limit is 249).
+	MaxTopicBytes = 255
 )
 
 // Message is what the inbox needs to know about one delivery of an event.
@@ -59,6 +61,9 @@ func (m Message) Validate() error {
 	}
 	if y := m.Time.UTC().Year(); y < 1970 || y > 9999 {
 		return &ValidationError{Field: "event time", Value: m.Time.UTC().Format(time.RFC3339), Reason: "outside the years 1970..9999"}
+	}
+	if len(m.Topic) > MaxTopicBytes || !utf8.ValidString(m.Topic) || strings.IndexByte(m.Topic, 0) >= 0 {
+		return &ValidationError{Field: "topic", Value: m.Topic, Reason: fmt.Sprintf("must be valid UTF-8 without NUL, at most %d bytes", MaxTopicBytes)}
 	}
 	if m.Partition < 0 || m.Offset < 0 {
 		return &ValidationError{Field: "provenance", Reason: fmt.Sprintf("negative partition %d or offset %d", m.Partition, m.Offset)}
