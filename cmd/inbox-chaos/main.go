@@ -53,7 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&c.Waves, "waves", 10, "the orders are written in this many waves during the chaos")
 	fs.IntVar(&c.Partitions, "partitions", 6, "partitions of the topic")
 	fs.IntVar(&c.Consumers, "consumers", 4, "consumer processes running at a time")
-	fs.IntVar(&c.BatchSize, "batch", 10, "messages per inbox transaction")
+	fs.IntVar(&c.BatchSize, "batch", 0, "messages per inbox transaction; 0: 10 on SQLite, 1 on PostgreSQL and MariaDB (see docs/RELIABILITY.md: batches of the scenario's hot rows deadlock)")
 	fs.DurationVar(&c.Session, "session", 6*time.Second, "group session timeout (the broker's group.min.session.timeout.ms bounds it)")
 	fs.DurationVar(&c.Duration, "duration", 150*time.Second, "length of the chaos phase per database")
 	fs.IntVar(&c.Kills, "kills", 55, "SIGKILLs per database")
@@ -81,8 +81,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return usage(stderr, "-orders %d: want 1..1000000", c.Orders)
 	case c.DupRate < 0 || c.DupRate > 1:
 		return usage(stderr, "-dup %v: want 0..1", c.DupRate)
-	case c.Waves < 1 || c.Partitions < 1 || c.Consumers < 1 || c.BatchSize < 1:
-		return usage(stderr, "-waves, -partitions, -consumers and -batch must be positive")
+	case c.Waves < 1 || c.Partitions < 1 || c.Consumers < 1 || c.BatchSize < 0:
+		return usage(stderr, "-waves, -partitions and -consumers must be positive, -batch not negative")
 	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0:
 		return usage(stderr, "disruption counts must not be negative")
 	}
@@ -113,6 +113,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 			cfg.DSN, cfg.DBDir = os.Getenv("INBOX_MYSQL_DSN"), os.Getenv("INBOX_MYSQL_DIR")
 		default:
 			return usage(stderr, "-db %q: want sqlite, postgres or mysql", db)
+		}
+		if cfg.BatchSize == 0 {
+			cfg.BatchSize = 1
+			if db == "sqlite" {
+				cfg.BatchSize = 10
+			}
 		}
 		if db != "sqlite" && cfg.DSN == "" {
 			fmt.Fprintf(stderr, "inbox-chaos: no DSN for %s (INBOX_POSTGRES_DSN / INBOX_MYSQL_DSN); run it with make chaos\n", db)
@@ -156,11 +162,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 // table is the markdown table of docs/RELIABILITY.md.
 func table(reps []*chaos.Report) string {
 	var b strings.Builder
-	b.WriteString("| database | events | messages | duplicates injected | kills | broker restarts | DB restarts | connection terminations | effects applied | lost | applied twice | consumers restarted | wall time |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| database | batch | events | messages | duplicates injected | kills | broker restarts | DB restarts | connection terminations | effects applied | lost | applied twice | consumers restarted | wall time |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range reps {
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d rounds, %d conns | %d | %d | %d | %d | %.0fs |\n",
-			r.Dialect, r.Orders, r.InTopic, r.Duplicates, r.Kills, r.BrokerRestarts, r.DBRestarts, r.Terminations, r.ConnsTerminated,
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d rounds, %d conns | %d | %d | %d | %d | %.0fs |\n",
+			r.Dialect, r.BatchSize, r.Orders, r.InTopic, r.Duplicates, r.Kills, r.BrokerRestarts, r.DBRestarts, r.Terminations, r.ConnsTerminated,
 			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, r.StoppedConsumers, r.Wall.Seconds())
 	}
 	return b.String()

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -65,6 +66,7 @@ type Config struct {
 // Report holds the figures of a run.
 type Report struct {
 	Dialect          string
+	BatchSize        int
 	Orders           int
 	Messages         int   // messages written by the generator (orders + duplicates)
 	InTopic          int64 // messages in the topic (more than Messages when a write was retried)
@@ -96,7 +98,7 @@ func (r *Report) OK() bool { return len(r.Problems) == 0 }
 func (r *Report) String() string {
 	var b strings.Builder
 	f := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	f("chaos run on %s", r.Dialect)
+	f("chaos run on %s (batches of %d)", r.Dialect, r.BatchSize)
 	f("  events (orders)          %7d", r.Orders)
 	f("  messages written         %7d  (%d producer duplicates injected; %d messages in the topic, retried writes included)", r.Messages, r.Duplicates, r.InTopic)
 	f("  consumer kills (SIGKILL) %7d  (%d while effects were being applied; %d replacement processes)", r.Kills, r.BusyKills, r.Replacements)
@@ -232,7 +234,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	start := time.Now()
-	r := &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect, Orders: cfg.Orders}, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
+	r := &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect, BatchSize: cfg.BatchSize, Orders: cfg.Orders}, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
 	runID := fmt.Sprintf("%08x", rand.Uint32())
 	r.topic = "chaos-orders-" + runID
 	r.group = "chaos-inventory-" + runID
@@ -277,7 +279,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // setup creates the inbox table and the business tables.
 func (r *run) setup(ctx context.Context, store inbox.Store) error {
-	ib, err := inbox.New(r.db, store, inbox.Config{})
+	log := slog.New(slog.NewTextHandler(r.cfg.Log, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ib, err := inbox.New(r.db, store, inbox.Config{Logger: log})
 	if err != nil {
 		return err
 	}

@@ -26,10 +26,11 @@ type fleet struct {
 
 	errors *errorLog
 
-	mu      sync.Mutex
-	procs   []*proc
-	started int
-	wg      sync.WaitGroup
+	mu       sync.Mutex
+	procs    []*proc
+	started  int
+	lastExit time.Time
+	wg       sync.WaitGroup
 }
 
 type proc struct {
@@ -125,6 +126,10 @@ func (f *fleet) supervise(ctx context.Context) {
 			var finding string
 			select {
 			case <-p.done:
+				if time.Since(f.lastExit) < time.Second {
+					continue // at most one replacement a second while processes keep exiting (a database down)
+				}
+				f.lastExit = time.Now()
 				finding = fmt.Sprintf("%s exited on its own (%v): %s", p.name, p.cmd.ProcessState, p.out.tail())
 			default:
 				if line := p.out.stopped(); line != "" {
