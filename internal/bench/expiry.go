@@ -61,7 +61,7 @@ func ExpiryLoad(ctx context.Context, b *Backend, rows int, o Options) ([]ExpiryR
 // minRun the shortest run.
 const (
 	expiryLead = time.Second
-	minRun     = 4 * time.Second
+	minRun     = 6 * time.Second
 )
 
 func expiryRun(ctx context.Context, b *Backend, rows int, mode string, o Options) (ExpiryResult, error) {
@@ -81,12 +81,6 @@ func expiryRun(ctx context.Context, b *Backend, rows int, mode string, o Options
 	defer func() { _ = f.Drop(context.WithoutCancel(ctx)) }()
 	if _, err := Prefill(ctx, f, rows, today, 1, 24*time.Hour); err != nil {
 		return res, err
-	}
-	if b.Dialect == Postgres {
-		// An expired day was written out by checkpoints long ago.
-		if err := b.DB.WithContext(ctx).Exec(`CHECKPOINT`).Error; err != nil {
-			return res, err
-		}
 	}
 	if err := warm(ctx, b, o.Workers+1); err != nil {
 		return res, err

@@ -78,9 +78,11 @@ type Variant struct {
 	apply func(ctx context.Context, f *Fixture, evs []Event) (int, error)
 }
 
-// Variants are the variants (a)-(e), in order.
+// Variants are the variants (a)-(e), in order, with (a*), the baseline
+// batched like (c).
 var Variants = []Variant{
 	{Key: "a", Name: "effect only, no dedup (baseline)", apply: applyEffectOnly},
+	{Key: "a*", Name: "effect only, no dedup, batched like (c): the ceiling of batching", Batched: true, apply: applyEffectBatch},
 	{Key: "b", Name: "inbox, Process (1 tx per event)", Dedup: true, apply: applyProcess},
 	{Key: "c", Name: "inbox, ProcessBatch", Batched: true, Dedup: true, apply: applyProcessBatch},
 	{Key: "d1", Name: "hand-rolled check-then-insert (SELECT, INSERT, effect in 1 tx)", Dedup: true, apply: applyCheckThenInsert},
@@ -144,6 +146,17 @@ func (f *Fixture) tx(ctx context.Context, fn func(tx *gorm.DB) error) error {
 func applyEffectOnly(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 	e := evs[0]
 	return 1, f.tx(ctx, func(tx *gorm.DB) error { return f.effect(tx, e.SKU) })
+}
+
+func applyEffectBatch(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	return len(evs), f.tx(ctx, func(tx *gorm.DB) error {
+		for _, e := range evs {
+			if err := f.effect(tx, e.SKU); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func applyProcess(ctx context.Context, f *Fixture, evs []Event) (int, error) {
