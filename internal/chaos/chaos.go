@@ -266,6 +266,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := inventory.CreateTopic(ctx, cfg.Brokers[0], r.topic, cfg.Partitions); err != nil {
 		return nil, err
 	}
+	defer r.deleteTopic()
 
 	r.fleet = newFleet(r)
 	defer r.fleet.stopAll()
@@ -275,6 +276,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return r.rep, err
 	}
 	return r.rep, nil
+}
+
+// deleteTopic removes the run's topic, best effort.
+func (r *run) deleteTopic() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(r.cfg.Brokers...), Timeout: 10 * time.Second}
+	_, _ = client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{r.topic}})
 }
 
 // setup creates the inbox table and the business tables.
