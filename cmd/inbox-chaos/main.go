@@ -48,7 +48,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	var c chaos.Config
 	dbs := fs.String("db", "sqlite,postgres,mysql", "databases to run against, in turn")
-	fs.IntVar(&c.Orders, "orders", 10000, "orders (events) to produce")
+	fs.IntVar(&c.Orders, "orders", 20000, "orders (events) to produce")
 	fs.Float64Var(&c.DupRate, "dup", 0.1, "share of orders the producer sends twice (0..1)")
 	fs.IntVar(&c.Waves, "waves", 10, "the orders are written in this many waves during the chaos")
 	fs.IntVar(&c.Partitions, "partitions", 6, "partitions of the topic")

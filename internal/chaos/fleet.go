@@ -258,7 +258,7 @@ type errorKind struct {
 var (
 	msgField   = regexp.MustCompile(`msg="([^"]*)"|msg=(\S+)`)
 	errorField = regexp.MustCompile(`error="((?:[^"\\]|\\.)*)"|error=(\S+)`)
-	digits     = regexp.MustCompile(`[0-9]{3,}`) // ids, ports, offsets; not SQLSTATEs
+	digits     = regexp.MustCompile(`[0-9]{4,}`) // ids, ports, offsets; not SQLSTATEs
 )
 
 func (e *errorLog) add(line string) {
