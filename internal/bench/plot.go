@@ -79,7 +79,7 @@ func (c Chart) WritePNG(w io.Writer) error {
 	}
 	if c.Target > 0 {
 		hline(img, x0, x1, py(c.Target), gray(targetGray), 2, 8)
-		text(img, x1-textWidth(c.TargetLabel)-4, py(c.Target)-glyphH-4, c.TargetLabel, gray(targetGray))
+		text(img, x0+8, py(c.Target)+6, c.TargetLabel, gray(targetGray))
 	}
 	// Series.
 	for si, s := range c.Series {
