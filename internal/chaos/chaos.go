@@ -67,6 +67,7 @@ type Config struct {
 type Report struct {
 	Dialect          string
 	BatchSize        int
+	Seed             uint64
 	Orders           int
 	Messages         int   // messages written by the generator (orders + duplicates)
 	InTopic          int64 // messages in the topic (more than Messages when a write was retried)
@@ -98,7 +99,7 @@ func (r *Report) OK() bool { return len(r.Problems) == 0 }
 func (r *Report) String() string {
 	var b strings.Builder
 	f := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	f("chaos run on %s (batches of %d)", r.Dialect, r.BatchSize)
+	f("chaos run on %s (batches of %d, seed %d)", r.Dialect, r.BatchSize, r.Seed)
 	f("  events (orders)          %7d", r.Orders)
 	f("  messages written         %7d  (%d producer duplicates injected; %d messages in the topic, retried writes included)", r.Messages, r.Duplicates, r.InTopic)
 	f("  consumer kills (SIGKILL) %7d  (%d while effects were being applied; %d replacement processes)", r.Kills, r.BusyKills, r.Replacements)
@@ -234,7 +235,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	start := time.Now()
-	r := &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect, BatchSize: cfg.BatchSize, Orders: cfg.Orders}, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
+	r := &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect, BatchSize: cfg.BatchSize, Seed: cfg.Seed, Orders: cfg.Orders}, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
 	runID := fmt.Sprintf("%08x", rand.Uint32())
 	r.topic = "chaos-orders-" + runID
 	r.group = "chaos-inventory-" + runID
