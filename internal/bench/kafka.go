@@ -98,7 +98,35 @@ func createTopic(ctx context.Context, brokers []string, topic string, partitions
 	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}); err != nil {
 		return fmt.Errorf("bench: create topic %s: %w", topic, err)
 	}
-	return nil
+	// Wait until every partition has a leader: a busy broker takes seconds.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ps, err := conn.ReadPartitions(topic)
+		ready := err == nil && len(ps) == partitions
+		for _, p := range ps {
+			ready = ready && p.Leader.ID >= 0 && p.Leader.Host != ""
+		}
+		if ready {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("bench: topic %s has no leaders after a minute (%d partitions seen): %v", topic, len(ps), err)
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 func produceEvents(ctx context.Context, brokers []string, topic string, evs []Event) (time.Duration, error) {
@@ -134,10 +162,12 @@ func produceEvents(ctx context.Context, brokers []string, topic string, evs []Ev
 			if err == nil {
 				break
 			}
-			if attempt == 20 || ctx.Err() != nil {
+			if attempt == 120 || ctx.Err() != nil {
 				return 0, fmt.Errorf("bench: produce to %s: %w", topic, err)
 			}
-			time.Sleep(250 * time.Millisecond)
+			if err := sleepCtx(ctx, 250*time.Millisecond); err != nil {
+				return 0, err
+			}
 		}
 	}
 	return time.Since(start), nil
