@@ -1,8 +1,13 @@
 package postgres
 
 import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -122,7 +127,8 @@ func TestIsRetryable(t *testing.T) {
 	s, _ := New(Options{})
 	for code, want := range map[string]bool{
 		"40001": true, "40P01": true, "55P03": true,
-		"23505": false, "25P02": false, "57014": false, "42P01": false,
+		"57P01": true, "57P02": true, "57P03": true, "08006": true, "08003": true, "08000": true,
+		"23505": false, "25P02": false, "57014": false, "42P01": false, "22001": false,
 	} {
 		err := fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code, Message: "serialization failure"})
 		if got := s.IsRetryable(err); got != want {
@@ -134,5 +140,15 @@ func TestIsRetryable(t *testing.T) {
 	}
 	if s.IsRetryable(nil) {
 		t.Error("IsRetryable(nil)")
+	}
+	for _, err := range []error{driver.ErrBadConn, sql.ErrConnDone, io.ErrUnexpectedEOF, &net.OpError{Op: "read", Err: errors.New("connection reset by peer")}} {
+		if !s.IsRetryable(fmt.Errorf("claim: %w", err)) {
+			t.Errorf("IsRetryable(%v) = false: a lost connection must retry the transaction", err)
+		}
+	}
+	for _, err := range []error{context.Canceled, context.DeadlineExceeded} {
+		if s.IsRetryable(fmt.Errorf("claim: %w", err)) {
+			t.Errorf("IsRetryable(%v) = true: the caller's own context ended", err)
+		}
 	}
 }

@@ -46,9 +46,15 @@
 package postgres
 
 import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
+	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -143,6 +149,10 @@ const (
 	sqlstateSerializationFailure = "40001"
 	sqlstateDeadlockDetected     = "40P01"
 	sqlstateLockNotAvailable     = "55P03" // lock_timeout, NOWAIT
+	sqlstateAdminShutdown        = "57P01" // pg_terminate_backend, fast shutdown
+	sqlstateCrashShutdown        = "57P02"
+	sqlstateCannotConnectNow     = "57P03" // starting up, shutting down
+	sqlstateClassConnection      = "08"    // connection exceptions
 )
 
 // sqlStater is implemented by the errors of pgx (*pgconn.PgError, the
@@ -151,18 +161,35 @@ type sqlStater interface{ SQLState() string }
 
 var _ sqlStater = (*pgconn.PgError)(nil)
 
-// IsRetryable reports serialization failures (40001), deadlocks (40P01) and
-// lock timeouts (55P03), by SQLSTATE.
+// IsRetryable reports, by SQLSTATE and error type, failures after which the
+// whole transaction can run again: serialization failures (40001), deadlocks
+// (40P01), lock timeouts (55P03), and a lost connection: a connection
+// exception (class 08), a server that terminated the session or is shutting
+// down or starting up (57P01, 57P02, 57P03), a connection that could not be
+// made or broke (pgconn's connect errors, errors pgconn reports safe to
+// retry, a bad or closed connection, a network error). A retry after a lost
+// COMMIT is safe: if the COMMIT did land, the inbox row turns the retry into
+// a Duplicate. The caller's own context ending is never retryable.
 func (s *Store) IsRetryable(err error) bool {
-	var se sqlStater
-	if !errors.As(err, &se) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	switch se.SQLState() {
-	case sqlstateSerializationFailure, sqlstateDeadlockDetected, sqlstateLockNotAvailable:
-		return true
+	var se sqlStater
+	if errors.As(err, &se) {
+		code := se.SQLState()
+		switch {
+		case code == sqlstateSerializationFailure, code == sqlstateDeadlockDetected, code == sqlstateLockNotAvailable,
+			code == sqlstateAdminShutdown, code == sqlstateCrashShutdown, code == sqlstateCannotConnectNow,
+			strings.HasPrefix(code, sqlstateClassConnection):
+			return true
+		}
+		return false
 	}
-	return false
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.As(err, &ce) || pgconn.SafeToRetry(err) ||
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.As(err, &ne)
 }
 
 // lock takes the store's advisory lock for the rest of tx, then bounds the
