@@ -82,12 +82,14 @@ func StartProcess(ctx context.Context, cfg ProcessConfig, output io.Writer) (*ex
 }
 
 // Consume runs the inventory consumer until ctx ends.
+// A database that cannot be reached at start (it is restarting) is waited
+// for, as the consumer waits for it once running.
 func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
-	db, store, err := cfg.Backend.Open()
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})).With("consumer", cfg.Name)
+	db, store, err := openRetrying(ctx, cfg.Backend, log)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})).With("consumer", cfg.Name)
 	ib, err := inbox.New(db, store, inbox.Config{Logger: log, MaxAttempts: 20})
 	if err != nil {
 		return err
@@ -117,6 +119,23 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 		return err
 	}
 	return c.Run(ctx)
+}
+
+func openRetrying(ctx context.Context, b Backend, log *slog.Logger) (*gorm.DB, inbox.Store, error) {
+	wait := 100 * time.Millisecond
+	for {
+		db, store, err := b.Open()
+		if err == nil {
+			return db, store, nil
+		}
+		log.Warn("database not reachable; waiting for it", "error", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 // Handler is the consumer handler: decode the order and reserve its stock.
