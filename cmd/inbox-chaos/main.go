@@ -60,6 +60,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&c.BrokerRestarts, "broker-restarts", 2, "Kafka broker restarts per database")
 	fs.IntVar(&c.DBRestarts, "db-restarts", 1, "database server restarts per database (PostgreSQL, MariaDB)")
 	fs.IntVar(&c.Terminations, "terminations", 6, "rounds of server-side connection terminations per database (PostgreSQL, MariaDB)")
+	fs.IntVar(&c.Storms, "storms", 1, "termination storms per database (PostgreSQL, MariaDB): the consumers' connections terminated every 50 ms for -storm-length")
+	fs.DurationVar(&c.StormLength, "storm-length", 4*time.Second, "length of a termination storm")
 	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
 	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
 	keep := fs.Bool("keep", false, "keep the run's files (consumer logs, event logs)")
@@ -83,7 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return usage(stderr, "-dup %v: want 0..1", c.DupRate)
 	case c.Waves < 1 || c.Partitions < 1 || c.Consumers < 1 || c.BatchSize < 0:
 		return usage(stderr, "-waves, -partitions and -consumers must be positive, -batch not negative")
-	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0:
+	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0:
 		return usage(stderr, "disruption counts must not be negative")
 	}
 	brokers := strings.TrimSpace(os.Getenv("INBOX_KAFKA_BROKERS"))
@@ -162,11 +164,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 // table is the markdown table of docs/RELIABILITY.md.
 func table(reps []*chaos.Report) string {
 	var b strings.Builder
-	b.WriteString("| database | batch | events | messages | duplicates injected | kills | broker restarts | DB restarts | connection terminations | effects applied | lost | applied twice | consumers restarted | wall time |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| database | batch | events | messages | duplicates injected | kills | broker restarts | DB restarts | connection terminations | storms | effects applied | lost | applied twice | consumers restarted | wall time |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range reps {
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d rounds, %d conns | %d | %d | %d | %d | %.0fs |\n",
-			r.Dialect, r.BatchSize, r.Orders, r.InTopic, r.Duplicates, r.Kills, r.BrokerRestarts, r.DBRestarts, r.Terminations, r.ConnsTerminated,
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d rounds, %d conns | %d | %d | %d | %d | %d | %.0fs |\n",
+			r.Dialect, r.BatchSize, r.Orders, r.InTopic, r.Duplicates, r.Kills, r.BrokerRestarts, r.DBRestarts, r.Terminations, r.ConnsTerminated, r.Storms,
 			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, r.StoppedConsumers, r.Wall.Seconds())
 	}
 	return b.String()

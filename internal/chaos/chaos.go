@@ -56,6 +56,8 @@ type Config struct {
 	BrokerRestarts int
 	DBRestarts     int
 	Terminations   int           // rounds of server-side connection terminations
+	Storms         int           // termination storms: a round every 50 ms for StormLength
+	StormLength    time.Duration // default 4 s
 	CatchUp        time.Duration // longest quiet period for the group to catch up
 
 	Seed    uint64
@@ -78,7 +80,8 @@ type Report struct {
 	BrokerRestarts   int
 	DBRestarts       int
 	Terminations     int // rounds
-	ConnsTerminated  int // connections terminated over all rounds
+	Storms           int
+	ConnsTerminated  int // connections terminated over all rounds and storms
 	Skipped          []string
 	Findings         []string // stopped partitions, consumers that exited on their own
 	StoppedConsumers int      // consumers restarted because a partition stopped or they exited
@@ -105,7 +108,7 @@ func (r *Report) String() string {
 	f("  consumer kills (SIGKILL) %7d  (%d while effects were being applied; %d replacement processes)", r.Kills, r.BusyKills, r.Replacements)
 	f("  broker restarts          %7d", r.BrokerRestarts)
 	f("  database restarts        %7d", r.DBRestarts)
-	f("  connection terminations  %7d  (%d connections, server side)", r.Terminations, r.ConnsTerminated)
+	f("  connection terminations  %7d  rounds and %d storms (%d connections, server side)", r.Terminations, r.Storms, r.ConnsTerminated)
 	f("  partition assignments    %7d", r.Assigned)
 	f("  deliveries skipped (dup) %7d", r.DupSkipped)
 	f("  effects applied          %7d  (ledger rows; %d counted by the consumers)", r.Ledger.Applied, r.Processed)
@@ -154,6 +157,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Duration <= 0 {
 		c.Duration = 30 * time.Second
+	}
+	if c.StormLength <= 0 {
+		c.StormLength = 4 * time.Second
 	}
 	if c.CatchUp <= 0 {
 		c.CatchUp = 3 * time.Minute
@@ -433,6 +439,11 @@ func (r *run) disruptor(ctx context.Context) error {
 	for range r.cfg.Terminations {
 		acts = append(acts, "terminate")
 	}
+	if r.cfg.Dialect != "sqlite" {
+		for range r.cfg.Storms {
+			acts = append(acts, "storm")
+		}
+	}
 	if len(acts) == 0 {
 		return nil
 	}
@@ -452,6 +463,8 @@ func (r *run) disruptor(ctx context.Context) error {
 			err = r.restartDB(ctx)
 		case "terminate":
 			err = r.terminate(ctx)
+		case "storm":
+			err = r.storm(ctx)
 		}
 		if err != nil {
 			return err
@@ -529,6 +542,29 @@ func (r *run) terminate(ctx context.Context) error {
 	r.rep.ConnsTerminated += n
 	r.mu.Unlock()
 	r.say("terminated %d consumer connections from the server side", n)
+	return nil
+}
+
+// storm terminates the consumers' connections every 50 ms for StormLength:
+// an outage in which every attempt of a message finds its connection cut.
+func (r *run) storm(ctx context.Context) error {
+	busy := r.waitBusy(ctx, 5*time.Second)
+	r.say("termination storm for %v (consumers busy: %v)", r.cfg.StormLength, busy)
+	end := time.Now().Add(r.cfg.StormLength)
+	total := 0
+	for i := 0; i < 10_000 && time.Now().Before(end); i++ {
+		if n, err := r.admin.terminate(ctx); err == nil {
+			total += n
+		}
+		if sleep(ctx, 50*time.Millisecond) != nil {
+			return ctx.Err()
+		}
+	}
+	r.mu.Lock()
+	r.rep.Storms++
+	r.rep.ConnsTerminated += total
+	r.mu.Unlock()
+	r.say("termination storm over: %d connections terminated", total)
 	return nil
 }
 

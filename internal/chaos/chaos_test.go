@@ -99,7 +99,7 @@ func runShort(t *testing.T) {
 				KafkaDir: os.Getenv("INBOX_KAFKA_DIR"), DBDir: db.dir, Strict: testenv.Required(),
 				Orders: 500, DupRate: 0.1, Waves: 3, Partitions: 4, Consumers: 3, BatchSize: db.batch,
 				Session: 3 * time.Second, Duration: 20 * time.Second, Kills: 5,
-				BrokerRestarts: 1, DBRestarts: 1, Terminations: 2, CatchUp: 2 * time.Minute,
+				BrokerRestarts: 1, DBRestarts: 1, Terminations: 2, Storms: 1, StormLength: 2 * time.Second, CatchUp: 2 * time.Minute,
 				Seed: uint64(time.Now().UnixNano()), WorkDir: t.TempDir(), Log: testWriter{t},
 			})
 			if rep != nil {
