@@ -66,12 +66,17 @@ func New(opts Options) (*Store, error) {
 }
 
 // DSN returns a go-sqlite3 DSN for the database file at path with the
-// settings the inbox needs: WAL, immediate transactions, a 5 s busy timeout.
+// settings the inbox needs: WAL, immediate transactions, a 5 s busy timeout,
+// and synchronous=FULL, so a commit is durable before the offset is.
 func DSN(path string) string {
 	q := url.Values{}
 	q.Set("_journal_mode", "WAL")
 	q.Set("_txlock", "immediate")
 	q.Set("_busy_timeout", "5000")
+	// go-sqlite3 defaults to synchronous=NORMAL, under which a WAL commit is
+	// not fsynced: a power loss can undo a commit whose Kafka offset was
+	// already committed, and that event would be lost.
+	q.Set("_synchronous", "FULL")
 	q.Set("_foreign_keys", "1")
 	return "file:" + path + "?" + q.Encode()
 }
@@ -211,8 +216,8 @@ func (s *Store) IsRetryable(err error) bool {
 	return false
 }
 
-// Verify checks that the connection uses write-ahead logging and a busy
-// timeout.
+// Verify checks that the connection uses write-ahead logging, a busy
+// timeout and durable commits (synchronous FULL or EXTRA).
 func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	db = db.WithContext(ctx)
 	var problems []error
@@ -229,6 +234,13 @@ func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	}
 	if busy <= 0 {
 		problems = append(problems, errors.New("busy_timeout is 0: concurrent writers fail at once with SQLITE_BUSY (open with sqlite.DSN)"))
+	}
+	var sync int
+	if err := db.Raw(`PRAGMA synchronous`).Scan(&sync).Error; err != nil {
+		return fmt.Errorf("sqlite: read synchronous: %w", err)
+	}
+	if sync < 2 {
+		problems = append(problems, fmt.Errorf("synchronous is %d, want 2 (FULL) or 3 (EXTRA): a power loss can undo a commit whose broker offset was already committed (open with sqlite.DSN)", sync))
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("sqlite: unsafe settings: %w", errors.Join(problems...))

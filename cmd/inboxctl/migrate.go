@@ -16,7 +16,7 @@ the coming days' partitions and expire old days. On SQLite, migrate is the
 only command that creates the database file.`,
 	examples: `  inboxctl migrate --dsn 'postgres://app@db:5432/app' --schema inbox
   inboxctl migrate --dialect mysql --dsn 'app:secret@tcp(db:3306)/app?parseTime=true'
-  INBOX_DSN='file:/var/lib/app/app.db?_journal_mode=WAL&_busy_timeout=5000&_txlock=immediate' inboxctl migrate --table orders_inbox
+  INBOX_DSN='file:/var/lib/app/app.db?_journal_mode=WAL&_busy_timeout=5000&_txlock=immediate&_synchronous=FULL' inboxctl migrate --table orders_inbox
 `,
 }
 
