@@ -21,44 +21,13 @@ set -euo pipefail
 readonly MARKER=.inbox-mariadb
 readonly DBNAME=inbox_test
 readonly START_TIMEOUT=${MARIADB_START_TIMEOUT:-90}
-readonly APT_LOCK=/tmp/inbox-scripts-apt.lock
+SCRIPT_TAG=mariadb.sh
+# shellcheck source=scripts/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
-log() { printf 'mariadb.sh: %s\n' "$*" >&2; }
-die() {
-	log "error: $*"
-	exit 1
-}
 usage() {
 	echo "usage: $0 start|stop|restart DIR" >&2
 	exit 2
-}
-
-as_root() {
-	if [[ $EUID -eq 0 ]]; then
-		"$@"
-	elif command -v sudo >/dev/null 2>&1; then
-		sudo -n "$@"
-	else
-		die "need root (or sudo) to run: $*"
-	fi
-}
-
-# apt_install LOGFILE PKG...: serialised (flock) so parallel scripts don't fight over dpkg.
-apt_install() {
-	local logfile=$1
-	shift
-	command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install $* by hand"
-	log "installing $* with apt-get (log: $logfile)"
-	if ! (
-		flock -w 900 9 || exit 1
-		as_root env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 update &&
-			as_root env DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 \
-				-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
-				--no-install-recommends install "$@"
-	) 9>"$APT_LOCK" >"$logfile" 2>&1; then
-		tail -n 30 "$logfile" >&2 || true
-		die "apt-get install $* failed"
-	fi
 }
 
 # find_bin NAME...: first of NAME... found on PATH or in the usual sbin dirs.
@@ -85,38 +54,6 @@ find_bins() {
 		INSTALL_DB=$(find_bin mariadb-install-db mysql_install_db) &&
 		ADMIN=$(find_bin mariadb-admin mysqladmin) &&
 		CLIENT=$(find_bin mariadb mysql)
-}
-
-# free_port: a currently unused TCP port on 127.0.0.1, below the kernel's ephemeral range.
-free_port() {
-	local p i
-	if command -v python3 >/dev/null 2>&1 && p=$(
-		python3 - 2>/dev/null <<'PY'
-import random, socket
-for _ in range(500):
-    port = random.randint(15000, 32000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    print(port)
-    break
-PY
-	) && [[ -n $p ]]; then
-		echo "$p"
-		return 0
-	fi
-	for ((i = 0; i < 500; i++)); do
-		p=$((15000 + RANDOM % 17000))
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			echo "$p"
-			return 0
-		fi
-	done
-	return 1
 }
 
 # alive PID: process exists and is not a zombie (PID 1 may not reap in containers).
