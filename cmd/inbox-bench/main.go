@@ -82,7 +82,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.fillBudget, "fill-budget", bench.DefaultFillBudget, "longest pre-fill of one table; larger sizes are reported as not filled")
 	fs.IntVar(&c.expiryRows, "expiry-rows", bench.DefaultExpiryRows, "rows of the expired day in the expiry suite")
 	fs.IntVar(&c.kafkaEvents, "kafka-events", bench.DefaultKafkaEvents, "events produced for the kafka suite")
-	fs.StringVar(&c.sqliteSync, "sqlite-synchronous", bench.SQLiteSynchronous, "PRAGMA synchronous for SQLite (FULL fsyncs every commit, like the servers' settings; empty: the driver's default)")
+	fs.StringVar(&c.sqliteSync, "sqlite-synchronous", bench.SQLiteSynchronous, "PRAGMA synchronous for SQLite (FULL fsyncs every commit, like the servers' settings; empty: the adapter's DSN as is)")
 	fs.StringVar(&c.out, "o", "", "write the markdown to this file (default stdout)")
 	fs.StringVar(&c.update, "update", "", "replace the generated section of this markdown file (between its markers)")
 	fs.StringVar(&c.section, "section", "results", "name of the generated section -update replaces")

@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -96,15 +97,14 @@ func setPool(db *gorm.DB, size int) error {
 }
 
 // SQLiteSynchronous is the PRAGMA synchronous the benchmarks run SQLite
-// with: FULL, so that every commit is fsynced as on the other backends
-// (fsync=on, innodb_flush_log_at_trx_commit=1). The adapter's DSN leaves
-// go-sqlite3's default, NORMAL, under which a WAL commit is not fsynced.
+// with: FULL, as the adapter's DSN sets it, so that every commit is fsynced
+// as on the other backends (fsync=on, innodb_flush_log_at_trx_commit=1).
 const SQLiteSynchronous = "FULL"
 
 // OpenSQLite opens a fresh SQLite database file in a temporary directory,
 // with the settings the sqlite adapter requires (WAL, immediate
-// transactions, busy timeout) and PRAGMA synchronous = synchronous (empty:
-// the driver's default).
+// transactions, busy timeout, synchronous FULL), with PRAGMA synchronous
+// replaced by synchronous unless it is empty.
 func OpenSQLite(poolSize int, synchronous string) (*Backend, error) {
 	dir, err := os.MkdirTemp("", "inbox-bench-")
 	if err != nil {
@@ -112,7 +112,14 @@ func OpenSQLite(poolSize int, synchronous string) (*Backend, error) {
 	}
 	dsn := inboxsqlite.DSN(filepath.Join(dir, "bench.db"))
 	if synchronous != "" {
-		dsn += "&_synchronous=" + synchronous
+		base, query, _ := strings.Cut(dsn, "?")
+		q, err := url.ParseQuery(query)
+		if err != nil {
+			return nil, err
+		}
+		q.Del("_sync")
+		q.Set("_synchronous", synchronous)
+		dsn = base + "?" + q.Encode()
 	}
 	db, err := gorm.Open(gormsqlite.Open(dsn), gormConfig())
 	if err != nil {
