@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/inboxgo/inbox/inbox"
 )
 
@@ -162,27 +164,11 @@ var retentionChecks = []Check{
 			if err := seed(ctx, env, msgs...); err != nil {
 				return err
 			}
-			const n = 4
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Go(func() {
-					db := env.H.DB
-					if env.H.Open != nil {
-						other, err := env.H.Open(ctx)
-						if err != nil {
-							errs[i] = fmt.Errorf("open: %w", err)
-							return
-						}
-						defer closeDB(other)
-						db = other
-					}
-					ib := env.InboxOn(db)
-					_, errs[i] = ib.Maintain(ctx)
-				})
-			}
-			wg.Wait()
-			if err := errors.Join(errs...); err != nil {
+			err := env.asProcesses(ctx, 4, func(db *gorm.DB) error {
+				_, err := env.InboxOn(db).Maintain(ctx)
+				return err
+			})
+			if err != nil {
 				return fmt.Errorf("concurrent Maintain: %w", err)
 			}
 			expireBefore := env.Inbox().Plan().ExpireBefore

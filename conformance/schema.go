@@ -35,26 +35,8 @@ var schemaChecks = []Check{
 		Doc:        "several processes running Migrate at once on a fresh database all succeed",
 		Unmigrated: true,
 		Run: func(ctx context.Context, env *Env) error {
-			const n = 4
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Go(func() {
-					db := env.H.DB
-					if env.H.Open != nil {
-						other, err := env.H.Open(ctx)
-						if err != nil {
-							errs[i] = fmt.Errorf("open: %w", err)
-							return
-						}
-						defer closeDB(other)
-						db = other
-					}
-					errs[i] = env.H.Store.Migrate(ctx, db.WithContext(ctx))
-				})
-			}
-			wg.Wait()
-			if err := errors.Join(errs...); err != nil {
+			err := env.asProcesses(ctx, 4, func(db *gorm.DB) error { return env.H.Store.Migrate(ctx, db.WithContext(ctx)) })
+			if err != nil {
 				return fmt.Errorf("concurrent Migrate: %w", err)
 			}
 			out, err := env.Inbox().Process(ctx, env.Msg("concurrent-migrate-1"), env.Apply)
@@ -122,6 +104,31 @@ var schemaChecks = []Check{
 			}
 			return nil
 		}},
+}
+
+// asProcesses runs fn n times at once, each on its own connection pool when
+// the harness can open one (as separate processes would), and joins their
+// errors.
+func (env *Env) asProcesses(ctx context.Context, n int, fn func(db *gorm.DB) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			db := env.H.DB
+			if env.H.Open != nil {
+				other, err := env.H.Open(ctx)
+				if err != nil {
+					errs[i] = fmt.Errorf("open: %w", err)
+					return
+				}
+				defer closeDB(other)
+				db = other
+			}
+			errs[i] = fn(db)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func closeDB(db *gorm.DB) {
