@@ -69,3 +69,21 @@ PY
 	done
 	return 1
 }
+
+# elapsed_since T0: seconds since T0 (from date +%s.%N), as "1.2s".
+elapsed_since() {
+	awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1fs", b-a}'
+}
+
+# cmd_stop DIR: stop the server the calling script started in DIR (its
+# stop_server) and remove DIR; only a DIR holding the script's MARKER.
+cmd_stop() {
+	local dir=$1
+	if [[ ! -e $dir ]]; then
+		return 0
+	fi
+	dir=$(cd -- "$dir" && pwd -P)
+	[[ -f $dir/$MARKER ]] || die "$dir was not created by $SCRIPT_TAG (no $MARKER); not touching it"
+	stop_server "$dir"
+	rm -rf -- "$dir"
+}

@@ -215,19 +215,8 @@ EOF
 	dsn="inbox:inbox@tcp(127.0.0.1:$port)/$DBNAME?parseTime=true&loc=UTC"
 	printf '%s\n' "$dsn" >"$dir/dsn"
 	trap - EXIT
-	log "ready on 127.0.0.1:$port in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1fs", b-a}')"
+	log "ready on 127.0.0.1:$port in $(elapsed_since "$t0")"
 	printf '%s\n' "$dsn"
-}
-
-cmd_stop() {
-	local dir=$1
-	if [[ ! -e $dir ]]; then
-		return 0
-	fi
-	dir=$(cd -- "$dir" && pwd -P)
-	[[ -f $dir/$MARKER ]] || die "$dir was not created by mariadb.sh (no $MARKER); not touching it"
-	stop_server "$dir"
-	rm -rf -- "$dir"
 }
 
 cmd_restart() {
@@ -252,7 +241,7 @@ cmd_restart() {
 		tail -n 30 "$dir/err.log" "$dir/stdout.log" >&2 || true
 		die "server not ready after restart (port $port)"
 	fi
-	log "restarted on 127.0.0.1:$port in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1fs", b-a}')"
+	log "restarted on 127.0.0.1:$port in $(elapsed_since "$t0")"
 	printf '%s\n' "$dsn"
 }
 
