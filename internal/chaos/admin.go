@@ -33,12 +33,21 @@ type noAdmin struct{}
 func (noAdmin) terminate(context.Context) (int, error) { return 0, nil }
 func (noAdmin) close()                                 {}
 
+// backendFor returns the backend of a run on cfg's database: the given DSN,
+// or for SQLite a database file of the run in WorkDir.
+func backendFor(cfg Config, runID string) inventory.Backend {
+	b := inventory.Backend{Dialect: cfg.Dialect, DSN: cfg.DSN, RunID: runID}
+	if cfg.Dialect == "sqlite" {
+		b.DSN = filepath.Join(cfg.WorkDir, "inventory-"+runID+".db")
+	}
+	return b
+}
+
 // newAdmin returns the admin for cfg and the backend the consumers use.
 func newAdmin(ctx context.Context, cfg Config, runID string) (admin, inventory.Backend, error) {
-	b := inventory.Backend{Dialect: cfg.Dialect, DSN: cfg.DSN, RunID: runID}
+	b := backendFor(cfg, runID)
 	switch cfg.Dialect {
 	case "sqlite":
-		b.DSN = filepath.Join(cfg.WorkDir, "inventory-"+runID+".db")
 		return noAdmin{}, b, nil
 	case "postgres":
 		app := "inbox-chaos-" + runID

@@ -286,12 +286,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 // deleteTopic removes the run's topic, best effort.
-func (r *run) deleteTopic() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	client := &kafka.Client{Addr: kafka.TCP(r.cfg.Brokers...), Timeout: 10 * time.Second}
-	_, _ = client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{r.topic}})
-}
+func (r *run) deleteTopic() { deleteTopic(r.cfg.Brokers, r.topic) }
 
 // setup creates the inbox table and the business tables.
 func (r *run) setup(ctx context.Context, store inbox.Store) error {

@@ -65,3 +65,21 @@ func (b Backend) Check(ctx context.Context, db *gorm.DB, orders []Order) (Ledger
 	}
 	return l, nil
 }
+
+// Applications returns how often each order was reserved, by order id: 1 for
+// exactly once, more for an order applied twice; orders never applied are
+// absent.
+func (b Backend) Applications(ctx context.Context, db *gorm.DB) (map[string]int64, error) {
+	var rows []struct {
+		OrderID string
+		N       int64
+	}
+	if err := db.WithContext(ctx).Table(b.LedgerTable()).Select("order_id, COUNT(*) AS n").Group("order_id").Scan(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(rows))
+	for _, r := range rows {
+		out[r.OrderID] = r.N
+	}
+	return out, nil
+}
