@@ -340,7 +340,7 @@ type faultRound struct {
 	topic   string
 	dlq     string
 	group   string
-	holds   bool // the deferred-constraint table exists (not on MariaDB)
+	holds   bool         // the deferred-constraint table exists (not on MariaDB)
 	log     *slog.Logger // the inbox's and the consumer's, to a file of the round
 
 	parts   int                   // partitions of the round's topic
