@@ -108,13 +108,30 @@ func (rr *faultRound) recreate(ctx context.Context) error {
 		}
 	}
 
-	// The operator's remedy: delete the group's stored offsets; the group's
-	// own were deleted with the topic.
+	// The operator's remedy: delete the group's stored offsets. The group's
+	// own were deleted with the topic; a consumer that committed the stale
+	// stored offsets to Kafka meanwhile made them wrong again, and then the
+	// operator has to delete those too.
 	res := rr.db.WithContext(ctx).Exec("DELETE FROM "+rr.backend.OffsetsTable()+" WHERE group_id = ? AND topic = ?", rr.group, rr.topic)
 	if res.Error != nil {
 		return fmt.Errorf("delete the stored offsets: %w", res.Error)
 	}
-	rr.say("operator deleted %d stored offsets; starting the consumer again", res.RowsAffected)
+	rr.say("operator deleted %d stored offsets", res.RowsAffected)
+	if beyond, err := rr.committedBeyondEnd(ctx); err != nil {
+		rr.say("reading the group's committed offsets: %v", err)
+	} else if beyond != "" {
+		row.Problems = append(row.Problems, fmt.Sprintf("the consumer committed the stale stored offsets to the group (%s): deleting the stored offsets is not enough, the group's offsets must be deleted as well", beyond))
+		client := &kafka.Client{Addr: kafka.TCP(rr.cfg.Brokers...), Timeout: 10 * time.Second}
+		parts := make([]int, rr.parts)
+		for i := range parts {
+			parts[i] = i
+		}
+		if _, err := client.OffsetDelete(ctx, &kafka.OffsetDeleteRequest{GroupID: rr.group, Topics: map[string][]int{rr.topic: parts}}); err != nil {
+			return fmt.Errorf("delete the group's offsets: %w", err)
+		}
+		rr.say("operator deleted the group's committed offsets too (%s)", beyond)
+	}
+	rr.say("starting the consumer again")
 	_, stop, err = rr.startConsumer(ctx, cfg)
 	if err != nil {
 		return err
@@ -228,4 +245,34 @@ func count(apps map[string]int64, orders []inventory.Order) int {
 		}
 	}
 	return n
+}
+
+// committedBeyondEnd describes the group's committed offsets that lie
+// beyond their partition's end ("" if none).
+func (rr *faultRound) committedBeyondEnd(ctx context.Context) (string, error) {
+	client := &kafka.Client{Addr: kafka.TCP(rr.cfg.Brokers...), Timeout: 10 * time.Second}
+	parts := make([]int, rr.parts)
+	req := make([]kafka.OffsetRequest, rr.parts)
+	for i := range parts {
+		parts[i], req[i] = i, kafka.LastOffsetOf(i)
+	}
+	offs, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{rr.topic: req}})
+	if err != nil {
+		return "", err
+	}
+	ends := map[int]int64{}
+	for _, p := range offs.Topics[rr.topic] {
+		ends[p.Partition] = p.LastOffset
+	}
+	res, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: rr.group, Topics: map[string][]int{rr.topic: parts}})
+	if err != nil {
+		return "", err
+	}
+	var out []string
+	for _, p := range res.Topics[rr.topic] {
+		if p.CommittedOffset > ends[p.Partition] {
+			out = append(out, fmt.Sprintf("partition %d at %d, log end %d", p.Partition, p.CommittedOffset, ends[p.Partition]))
+		}
+	}
+	return strings.Join(out, "; "), nil
 }
