@@ -32,8 +32,8 @@ bench: ## Run the benchmarks against every backend, side by side (see docs/BENCH
 	$(SERVICES) --postgres --mariadb --kafka -- env INBOX_REQUIRE_BACKENDS=1 $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
 
 .PHONY: chaos
-chaos: ## Kill consumers, restart Kafka and the databases, inject duplicates; prove exactly once on every database (see docs/RELIABILITY.md).
-	$(SERVICES) --postgres --mariadb --kafka -- $(GO) run ./cmd/inbox-chaos -session 3s
+chaos: ## Kill consumers, restart Kafka and the databases, inject duplicates, then handler and configuration faults; prove exactly once on every database (see docs/RELIABILITY.md).
+	$(SERVICES) --postgres --mariadb --kafka -- $(GO) run ./cmd/inbox-chaos -session 3s -phases chaos,faults
 
 .PHONY: ci
 ci: lint test ## What CI runs.

@@ -6,6 +6,15 @@
 // the producer injects duplicates. After a quiet period in which the group
 // catches up, the ledger is checked.
 //
+// Then, per database, the fault phase (internal/chaos.RunFaults): handler
+// faults on known messages (poison payloads, network errors, a handler's own
+// deadline, deferred constraints that fail at COMMIT) under OnFailure
+// DeadLetter with a small MaxAttempts, and a topic recreated under
+// StoreOffsets. Healthy messages must be applied exactly once, poison ones
+// dead-lettered within MaxAttempts, nothing lost; every round has a budget,
+// so a stuck message fails the run instead of hanging it. -phases selects
+// the phases.
+//
 // It needs real servers: run it through make chaos, which starts throwaway
 // ones with scripts/with-services.sh. The broker and database restarts use
 // the service dirs that script exports (INBOX_KAFKA_DIR, INBOX_POSTGRES_DIR,
@@ -28,6 +37,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -64,6 +74,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.StormLength, "storm-length", 4*time.Second, "length of a termination storm")
 	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
 	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
+	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates) and faults (handler and configuration faults)")
+	var fc chaos.FaultConfig
+	fs.IntVar(&fc.Healthy, "fault-healthy", 1000, "faults phase: healthy orders per round")
+	fs.IntVar(&fc.PerClass, "fault-per-class", 10, "faults phase: messages of each fault class per round")
+	fs.IntVar(&fc.MaxAttempts, "fault-max-attempts", 3, "faults phase: the consumer's MaxAttempts")
+	faultBatches := fs.String("fault-batches", "1,10", "faults phase: one round per batch size")
+	fs.DurationVar(&fc.Budget, "fault-budget", 2*time.Minute, "faults phase: longest a round may take before its unresolved messages are reported stuck")
+	fs.DurationVar(&fc.StopBudget, "fault-stop-budget", 30*time.Second, "faults phase: longest wait for the recreated topic's partitions to stop")
 	keep := fs.Bool("keep", false, "keep the run's files (consumer logs, event logs)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
 	fs.Usage = func() {
@@ -88,6 +106,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0:
 		return usage(stderr, "disruption counts must not be negative")
 	}
+	runChaos, runFaults := false, false
+	for _, p := range strings.Split(*phases, ",") {
+		switch strings.TrimSpace(p) {
+		case "chaos":
+			runChaos = true
+		case "faults":
+			runFaults = true
+		default:
+			return usage(stderr, "-phases %q: want chaos, faults or both", *phases)
+		}
+	}
+	for _, b := range strings.Split(*faultBatches, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(b))
+		if err != nil || n < 1 {
+			return usage(stderr, "-fault-batches %q: want positive batch sizes, comma-separated", *faultBatches)
+		}
+		fc.BatchSizes = append(fc.BatchSizes, n)
+	}
+	if fc.Healthy < 1 || fc.PerClass < 1 || fc.MaxAttempts < 2 {
+		return usage(stderr, "-fault-healthy and -fault-per-class must be positive, -fault-max-attempts at least 2")
+	}
+	fc.DupRate = c.DupRate
+	fc.Partitions = c.Partitions
 	brokers := strings.TrimSpace(os.Getenv("INBOX_KAFKA_BROKERS"))
 	if brokers == "" {
 		return usage(stderr, "INBOX_KAFKA_BROKERS is not set; run it with make chaos")
@@ -104,6 +145,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	failed := false
 	var reports []*chaos.Report
+	var faultReports []*chaos.FaultReport
 	for _, db := range strings.Split(*dbs, ",") {
 		cfg := c
 		cfg.Dialect = db
@@ -133,16 +175,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		cfg.WorkDir = dir
-		rep, err := chaos.Run(ctx, cfg)
-		if rep != nil {
-			fmt.Fprint(stdout, rep.String())
-			reports = append(reports, rep)
+		if runChaos {
+			var rep *chaos.Report
+			rep, err = chaos.Run(ctx, cfg)
+			if rep != nil {
+				fmt.Fprint(stdout, rep.String())
+				reports = append(reports, rep)
+			}
+			if err != nil {
+				fmt.Fprintf(stdout, "  run FAILED: %v\n", err)
+				failed = true
+			} else if !rep.OK() {
+				failed = true
+			}
 		}
-		if err != nil {
-			fmt.Fprintf(stdout, "  run FAILED: %v\n", err)
-			failed = true
-		} else if !rep.OK() {
-			failed = true
+		if runFaults && ctx.Err() == nil {
+			frep, ferr := chaos.RunFaults(ctx, cfg, fc)
+			if frep != nil {
+				fmt.Fprint(stdout, frep.String())
+				faultReports = append(faultReports, frep)
+			}
+			if ferr != nil {
+				fmt.Fprintf(stdout, "  fault phase FAILED: %v\n", ferr)
+				failed = true
+				err = errors.Join(err, ferr)
+			} else if !frep.OK() {
+				failed = true
+			}
 		}
 		if *keep || err != nil {
 			fmt.Fprintf(stdout, "  files kept in %s\n", dir)
@@ -153,8 +212,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			break
 		}
 	}
-	fmt.Fprintln(stdout)
-	fmt.Fprint(stdout, table(reports))
+	if len(reports) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, table(reports))
+	}
+	if len(faultReports) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, chaos.FaultTable(faultReports))
+	}
 	if failed {
 		return 1
 	}

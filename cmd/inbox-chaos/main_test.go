@@ -18,6 +18,9 @@ func TestUsageErrors(t *testing.T) {
 		{"-db", "oracle"},
 		{"stray"},
 		{"-no-such-flag"},
+		{"-phases", "storm"},
+		{"-fault-batches", "0"},
+		{"-fault-max-attempts", "1"},
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(args, &out, &errOut); code != 2 {
