@@ -94,6 +94,11 @@ type Config struct {
 	NaturallyIdempotent bool
 	// DB is the database the transactions run on. Default Inbox.DB().
 	DB *gorm.DB
+	// Classifier decides which database errors are transient (a deadlock,
+	// a lost connection): those are retried without counting an attempt
+	// (see inbox.IsDatabaseFailure). Pass the adapter's Store. Default
+	// Inbox.Store(); required with NaturallyIdempotent when Inbox is nil.
+	Classifier inbox.ErrorClassifier
 
 	// Extract finds the event id and time of a message. Default
 	// HeaderExtractor(nil, nil): event_id/event_time, then ce_id/ce_time.
@@ -206,6 +211,9 @@ func (c *Config) validate() error {
 		if c.DB == nil && c.Inbox == nil {
 			bad("a naturally idempotent consumer needs DB (or Inbox)")
 		}
+		if c.Classifier == nil && c.Inbox == nil {
+			bad("a naturally idempotent consumer without Inbox needs Classifier (the adapter's Store) to tell a failing database from a failing message")
+		}
 	} else {
 		if c.Inbox == nil {
 			bad("no inbox (set NaturallyIdempotent only for handlers whose effect is idempotent)")
@@ -243,6 +251,9 @@ func (c *Config) validate() error {
 func (c *Config) setDefaults() {
 	if c.DB == nil && c.Inbox != nil {
 		c.DB = c.Inbox.DB()
+	}
+	if c.Classifier == nil && c.Inbox != nil {
+		c.Classifier = c.Inbox.Store()
 	}
 	if c.Extract == nil {
 		c.Extract = HeaderExtractor(nil, nil)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
 )
 
 var (
@@ -87,6 +89,11 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
+	if cfg.DB != nil {
+		if err := inbox.TrackStatements(cfg.DB); err != nil {
+			return nil, err
+		}
+	}
 	cfg.Topics = slices.Clone(cfg.Topics)
 	cfg.Brokers = slices.Clone(cfg.Brokers)
 	c := &Consumer{
@@ -341,6 +348,8 @@ func (c *Consumer) startGeneration(runCtx context.Context, gen *kafka.Generation
 }
 
 func (c *Consumer) db() *gorm.DB { return c.cfg.DB }
+
+func (c *Consumer) classifier() inbox.ErrorClassifier { return c.cfg.Classifier }
 
 // backoff returns a jittered exponential wait for the given failure count.
 func backoff(minD, maxD time.Duration, failures int) time.Duration {

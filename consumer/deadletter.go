@@ -1,10 +1,13 @@
 package consumer
 
 import (
+	"errors"
 	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxgo/inbox/inbox"
 )
 
 // Headers added to a dead letter, after the original message's headers.
@@ -20,6 +23,9 @@ const (
 	HeaderDLQTime      = "dlq_time"       // when it was dead-lettered, RFC 3339 UTC
 	HeaderDLQEventID   = "dlq_event_id"   // the event id, when one was found
 	HeaderDLQEventTime = "dlq_event_time" // the event time, when one was found
+	// HeaderDLQPanicStack holds the stack of a handler panic
+	// (*inbox.PanicError), when that was the failure.
+	HeaderDLQPanicStack = "dlq_panic_stack"
 )
 
 // DLQ reasons, the values of the dlq_reason header.
@@ -51,6 +57,9 @@ func deadLetter(topic string, m *Message, reason string, attempts int, cause err
 	}
 	add(HeaderDLQAttempts, strconv.Itoa(attempts))
 	add(HeaderDLQTime, now.UTC().Format(time.RFC3339Nano))
+	if stack := panicStack(cause); stack != "" {
+		add(HeaderDLQPanicStack, stack)
+	}
 	if m.EventID != "" {
 		add(HeaderDLQEventID, m.EventID)
 		add(HeaderDLQEventTime, m.EventTime.UTC().Format(time.RFC3339Nano))
@@ -62,4 +71,23 @@ func deadLetter(topic string, m *Message, reason string, attempts int, cause err
 		Headers: hs,
 		Time:    m.Time,
 	}
+}
+
+// panicStack returns the stack of a handler panic in err, or "".
+func panicStack(err error) string {
+	var pe *inbox.PanicError
+	if errors.As(err, &pe) {
+		return string(pe.Stack)
+	}
+	return ""
+}
+
+// failureAttrs are the log attributes of a message's failure: the error,
+// and the panic's stack when the handler panicked.
+func failureAttrs(err error) []any {
+	attrs := []any{"error", err}
+	if stack := panicStack(err); stack != "" {
+		attrs = append(attrs, "panic_stack", stack)
+	}
+	return attrs
 }

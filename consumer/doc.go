@@ -67,10 +67,29 @@
 //
 // An effect that is the same however often it runs (an upsert of the latest
 // state, UPDATE ... SET status = 'shipped', a version check) needs no inbox
-// row. Set Config.NaturallyIdempotent and give Config.DB instead of an Inbox
-// (see Example_naturallyIdempotent): every delivery runs the handler, each in
-// its own transaction. Never do this for increments such as
+// row. Set Config.NaturallyIdempotent and give Config.DB and
+// Config.Classifier (the adapter's Store, which tells a failing database from
+// a failing message) instead of an Inbox (see Example_naturallyIdempotent):
+// every delivery runs the handler, each in its own transaction. Never do this for increments such as
 // reserved = reserved + n.
+//
+// # What is retried, and how often
+//
+// A message's attempts count only its own failures: the handler's errors
+// (also its network errors, EOFs from a decoder and its own deadlines,
+// whether marked with inbox.Retryable or not), a panic (an
+// *inbox.PanicError, whose stack is logged and sent as the dlq_panic_stack
+// header), Config.HandlerTimeout, and a COMMIT the database refuses for the
+// message (a deferred constraint: an *inbox.CommitError; in a batch the
+// messages are then run one per transaction to pin it). After MaxAttempts
+// the failure policy applies. A failing database is retried without limit
+// and without counting attempts: BEGIN, the inbox's claim or COMMIT failing,
+// or a statement failing with an error the Store classifies as transient (a
+// deadlock, a lock timeout, a lost connection); see inbox.IsDatabaseFailure.
+// After five such retries in a row they are logged at Error. A statement
+// that fails this way also dooms its transaction: the handler's later
+// statements are refused (inbox.ErrTransactionAborted), so a handler that
+// ignores the error cannot commit half an effect.
 //
 // # Observability
 //

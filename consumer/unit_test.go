@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
 )
@@ -200,6 +201,9 @@ func TestConfigValidation(t *testing.T) {
 		"bad offsets table":     func(c *Config) { c.OffsetsTable = "x; DROP TABLE y" },
 		"negative batch":        func(c *Config) { c.BatchSize = -1 },
 		"idempotent, no db":     func(c *Config) { c.Inbox = nil; c.NaturallyIdempotent = true },
+		"idempotent, no classifier": func(c *Config) {
+			c.Inbox, c.DB, c.NaturallyIdempotent = nil, &gorm.DB{}, true
+		},
 	}
 	for name, mutate := range cases {
 		cfg := ok

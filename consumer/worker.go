@@ -2,13 +2,9 @@ package consumer
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"net"
 	"sync"
 	"time"
 
@@ -250,34 +246,54 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 
 // processInbox runs the messages with an id through inbox.ProcessBatch, in
 // one transaction, retrying without limit while the batch as a whole cannot
-// commit. results[i] belongs to items[i]; items without id are Failed. ok is
-// false when the worker is stopping and the batch did not commit.
+// commit because the database failed. results[i] belongs to items[i]; items
+// without id are Failed. ok is false when the worker is stopping and the
+// batch did not commit.
+//
+// With StoreOffsets the partition's next offset is written in the batch's
+// transaction, after the longest run of items from the start of the batch
+// that this transaction finishes, as ProcessBatch decided them (one
+// admission per message and attempt): the stored offset never passes a
+// message that failed, was rejected or is still to be retried. Everything
+// before the batch is finished: a worker resolves each batch before the next.
 func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (results []inbox.Result, ok bool) {
 	results = make([]inbox.Result, len(items))
 	var msgs []inbox.Message
+	msgIndex := make([]int, len(items)) // items[i] is msgs[msgIndex[i]], or -1
 	var idx []int
-	blockedFrom := int64(math.MaxInt64)
 	for i, it := range items {
+		msgIndex[i] = -1
 		if it.extractErr != nil {
 			results[i] = inbox.Result{Outcome: inbox.Failed, Err: it.extractErr}
-			blockedFrom = min(blockedFrom, it.msg.Offset)
 			continue
 		}
 		it.attempts++
-		m := w.inboxMessage(it)
-		if w.c.cfg.Inbox.Admit(m) != nil {
-			// The inbox will fail it before its transaction: nothing after it
-			// may store an offset.
-			blockedFrom = min(blockedFrom, it.msg.Offset)
-		}
-		msgs = append(msgs, m)
+		msgIndex[i] = len(msgs)
+		msgs = append(msgs, w.inboxMessage(it))
 		idx = append(idx, i)
 	}
 	if len(msgs) == 0 {
 		return results, true
 	}
+	var opts []inbox.BatchOption
+	if w.c.cfg.StoreOffsets {
+		opts = append(opts, inbox.BeforeCommit(func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
+			next := int64(-1)
+			for i, it := range items {
+				j := msgIndex[i]
+				if j < 0 || (outcomes[j] != inbox.Processed && outcomes[j] != inbox.Duplicate) {
+					break
+				}
+				next = it.msg.Offset + 1
+			}
+			if next < 0 {
+				return nil
+			}
+			return w.c.offsets.save(ctx, tx, w.topic, w.partition, next)
+		}))
+	}
 	for attempt := 1; ; attempt++ {
-		rs, err := w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items, blockedFrom))
+		rs, err := w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items), opts...)
 		if err == nil {
 			processed := 0
 			for j, i := range idx {
@@ -307,47 +323,18 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	}
 }
 
-// wrap adapts the user's Handler to the inbox and, with StoreOffsets,
-// writes the partition's next offset in the same transaction. The offset is
-// written only for a message with no possibly failed message before it in
-// the batch, so the stored offset never passes an unfinished message.
-func (w *worker) wrap(items []*item, blockedFrom int64) inbox.Handler {
+// wrap adapts the user's Handler to the inbox.
+func (w *worker) wrap(items []*item) inbox.Handler {
 	byOffset := make(map[int64]*item, len(items))
 	for _, it := range items {
 		byOffset[it.msg.Offset] = it
 	}
-	var mu sync.Mutex
-	block := func(off int64) {
-		mu.Lock()
-		blockedFrom = min(blockedFrom, off)
-		mu.Unlock()
-	}
-	blocked := func(off int64) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return blockedFrom < off
-	}
-	return func(ctx context.Context, tx *gorm.DB, m inbox.Message) (err error) {
+	return func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
 		it, ok := byOffset[m.Offset]
 		if !ok {
 			return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
 		}
-		done := false
-		defer func() {
-			if !done {
-				block(m.Offset) // an error or a panic: a rerun skips this message
-			}
-		}()
-		if err := w.callHandler(ctx, tx, it.msg); err != nil {
-			return err
-		}
-		if w.c.cfg.StoreOffsets && !blocked(m.Offset) {
-			if err := w.c.offsets.save(ctx, tx, w.topic, w.partition, m.Offset+1); err != nil {
-				return err
-			}
-		}
-		done = true
-		return nil
+		return w.callHandler(ctx, tx, it.msg)
 	}
 }
 
@@ -387,31 +374,20 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 }
 
 // infrastructure reports whether err says the database failed rather than
-// the message: a lost connection, or a failure the Store classifies as
-// transient (a deadlock, a serialization failure, a busy database) that
-// outlasted the inbox's own retries. Such errors never send a message to
-// the failure policy. Errors the handler marked with inbox.Retryable are the
-// handler's and count as attempts.
-func (w *worker) infrastructure(err error) bool {
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
-		return true
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
-	}
-	if w.c.cfg.Inbox != nil && !inbox.IsMarkedRetryable(err) && w.c.cfg.Inbox.Store().IsRetryable(err) {
-		return true
-	}
-	return false
-}
+// the message (inbox.IsDatabaseFailure: BEGIN, the claim or COMMIT failed,
+// or a statement failed with an error the Store classifies as transient).
+// Such errors never send a message to the failure policy and are retried
+// without limit. Nothing a handler returns by itself is one: its own network
+// errors, EOFs and deadlines count as attempts, marked with inbox.Retryable
+// or not.
+func (w *worker) infrastructure(err error) bool { return inbox.IsDatabaseFailure(err) }
 
 // processIdempotent runs the handler for one message in its own
 // transaction, without an inbox row, with the consumer's retries.
 func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolution {
 	for {
 		it.attempts++
-		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
+		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
 			if err := w.callHandler(dbCtx, tx, it.msg); err != nil {
 				return err
 			}
@@ -444,8 +420,9 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 	}
 }
 
-// callHandler runs the user's handler, recovering a panic and enforcing
-// Config.HandlerTimeout.
+// callHandler runs the user's handler, enforcing Config.HandlerTimeout. A
+// panic is left to the inbox (or inbox.Transact), which recovers it as an
+// *inbox.PanicError with its stack.
 func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) (err error) {
 	timeout := w.c.cfg.HandlerTimeout
 	if timeout > 0 {
@@ -454,20 +431,17 @@ func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) (err
 		defer cancel()
 		defer func() {
 			// The deadline passed, not the worker's context: the handler's
-			// fault, whatever it returned. The original error is quoted,
-			// not wrapped: a wrapped context.DeadlineExceeded would read as
-			// a network timeout, i.e. the database's fault.
+			// fault, whatever it returned.
 			if errors.Is(hctx.Err(), context.DeadlineExceeded) && outer.Err() == nil {
-				err = fmt.Errorf("%w: handler did not finish within %v (it returned: %v)", ErrHandlerTimeout, timeout, err)
+				if err == nil {
+					err = fmt.Errorf("%w: handler did not finish within %v", ErrHandlerTimeout, timeout)
+				} else {
+					err = fmt.Errorf("%w: handler did not finish within %v: %w", ErrHandlerTimeout, timeout, err)
+				}
 			}
 		}()
 		ctx, tx = hctx, tx.WithContext(hctx)
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", inbox.ErrHandlerPanic, r)
-		}
-	}()
 	return w.c.cfg.Handler(ctx, tx, msg)
 }
 
@@ -508,7 +482,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 			EventID: it.msg.EventID, Reason: reason, Attempts: it.attempts, Err: cause}
 		w.c.setStopped(e)
 		w.log.Error("PARTITION STOPPED: a message cannot be processed; nothing at or after it is committed until it is fixed and the partition reassigned",
-			"offset", it.msg.Offset, "event_id", it.msg.EventID, "reason", reason, "attempts", it.attempts, "error", cause)
+			append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID, "reason", reason, "attempts", it.attempts}, failureAttrs(cause)...)...)
 		w.c.emit(Event{Kind: EventPartitionStopped, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: e})
 		return stopped
 	}
@@ -527,8 +501,8 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 			return abandoned
 		}
 	}
-	w.log.Error("message dead-lettered", "offset", it.msg.Offset, "event_id", it.msg.EventID,
-		"reason", reason, "attempts", it.attempts, "dead_letter_topic", w.c.cfg.DeadLetterTopic, "error", cause)
+	w.log.Error("message dead-lettered", append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID,
+		"reason", reason, "attempts", it.attempts, "dead_letter_topic", w.c.cfg.DeadLetterTopic}, failureAttrs(cause)...)...)
 	if err := w.tracker.markDone(it.msg.Offset); err != nil {
 		w.log.Error("offset bookkeeping broken", "error", err)
 	}

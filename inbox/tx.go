@@ -93,6 +93,11 @@ type txState struct {
 	mu     sync.Mutex
 	poison error // the first statement error classify calls transient
 	failed error // the first statement error of any kind
+	// ownDeadline: a statement failed because the handler's context ended
+	// before any transient error. Drivers close a connection whose statement
+	// was cancelled (go-sql-driver/mysql does), so the lost connection that
+	// follows is the handler's doing, not the database's.
+	ownDeadline bool
 }
 
 func (s *txState) record(err error) {
@@ -100,6 +105,9 @@ func (s *txState) record(err error) {
 	defer s.mu.Unlock()
 	if s.failed == nil {
 		s.failed = err
+	}
+	if s.poison == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		s.ownDeadline = true
 	}
 	if s.poison == nil && s.classify.IsRetryable(err) {
 		s.poison = err
@@ -110,6 +118,27 @@ func (s *txState) state() (poison, failed error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.poison, s.failed
+}
+
+// doomed returns the error to report for a transaction a transient
+// statement error has doomed: a database failure, unless the handler's own
+// deadline caused it; then handlerErr (or, if the handler returned nil, the
+// statement error) is the message's failure. It returns nil if no transient
+// statement error occurred.
+func (s *txState) doomed(handlerErr error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.poison == nil:
+		return nil
+	case s.ownDeadline && handlerErr != nil:
+		return handlerErr
+	case s.ownDeadline:
+		return fmt.Errorf("inbox: a statement failed after the handler's own deadline, and the handler returned nil: %w", s.poison)
+	case IsDatabaseFailure(handlerErr):
+		return handlerErr
+	}
+	return &dbError{op: "statement", err: s.poison, handlerErr: handlerErr}
 }
 
 // ErrTransactionAborted is returned, instead of running it, for every
@@ -179,6 +208,9 @@ var registerMu sync.Mutex
 // The callbacks cost a map lookup per statement. For statements outside the
 // inbox's transactions they do nothing else.
 func TrackStatements(db *gorm.DB) error {
+	if db == nil || db.Config == nil {
+		return fmt.Errorf("%w: TrackStatements needs a *gorm.DB", ErrInvalidConfig)
+	}
 	registerMu.Lock()
 	defer registerMu.Unlock()
 	cb := db.Callback()
@@ -267,15 +299,15 @@ func runTx(ctx context.Context, db *gorm.DB, classify ErrorClassifier, opts *sql
 		}
 	}()
 	if err := fn(tx); err != nil {
-		if poison, _ := st.state(); poison != nil && !IsDatabaseFailure(err) {
-			return &dbError{op: "statement", err: poison, handlerErr: err}
+		if doomed := st.doomed(err); doomed != nil {
+			return doomed
 		}
 		return err
 	}
-	poison, failed := st.state()
-	if poison != nil {
-		return &dbError{op: "statement", err: poison}
+	if doomed := st.doomed(nil); doomed != nil {
+		return doomed
 	}
+	_, failed := st.state()
 	ended = true
 	if err := tx.Commit().Error; err != nil {
 		if failed == nil && classify.IsRetryable(err) {
@@ -333,12 +365,8 @@ func inSavepoint(ctx context.Context, tx *gorm.DB, classify ErrorClassifier, fn 
 	// The savepoint's own statements must not be refused as the doomed
 	// transaction's.
 	untrack()
-	if err == nil {
-		if poison, _ := st.state(); poison != nil {
-			err = &dbError{op: "statement", err: poison}
-		}
-	} else if poison, _ := st.state(); poison != nil && !IsDatabaseFailure(err) {
-		err = &dbError{op: "statement", err: poison, handlerErr: err}
+	if doomed := st.doomed(err); doomed != nil {
+		err = doomed
 	}
 	if err != nil {
 		if rerr := tx.RollbackTo(name).Error; rerr != nil {
