@@ -31,7 +31,9 @@ type classifyingStore struct {
 	transient func(error) bool
 }
 
-func (s classifyingStore) IsRetryable(err error) bool { return s.transient(err) || s.Store.IsRetryable(err) }
+func (s classifyingStore) IsRetryable(err error) bool {
+	return s.transient(err) || s.Store.IsRetryable(err)
+}
 
 func postgresLike(err error) bool {
 	var ne net.Error
