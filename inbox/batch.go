@@ -50,9 +50,11 @@ func BeforeCommit(fn func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) 
 // (after retries, if its error is marked [Retryable]), the transaction is
 // rolled back and run again without that message, so every other message
 // still commits. If COMMIT refuses the batch for a reason that is not
-// transient (a deferred constraint: a *CommitError), the messages are run
-// again one per transaction, so that the refusal is pinned on the message
-// that causes it. A message repeated inside msgs is handled once; its later
+// transient (a deferred constraint: a *CommitError), or a handler fails
+// after an earlier handler of the transaction ignored a failed statement
+// (which on PostgreSQL aborts the transaction for every later message), the
+// messages are run again one per transaction, so that the failure is pinned
+// on the message that causes it. A message repeated inside msgs is handled once; its later
 // copies get the first copy's outcome (Duplicate if that was Processed).
 //
 // The error is non-nil only when the batch as a whole could not commit (a
@@ -107,9 +109,10 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler, op
 			continue
 		}
 		var ce *CommitError
-		if errors.As(err, &ce) && ctx.Err() == nil {
+		var ub *unclearBlame
+		if (errors.As(err, &ce) || errors.As(err, &ub)) && ctx.Err() == nil {
 			if len(group) > 1 {
-				ib.log.Warn("the database refused to commit a batch; running its messages one per transaction to find the cause",
+				ib.log.Warn("a batch failed for a reason no single message can be blamed for yet; running its messages one per transaction to find the cause",
 					"messages", len(group), "error", err)
 				oneByOne = true
 				continue
@@ -141,6 +144,14 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler, op
 	return results, batchErr
 }
 
+// unclearBlame is a handler failure in a transaction in which an earlier
+// handler's statement had failed: which message is at fault is found by
+// running them one per transaction.
+type unclearBlame struct{ err error }
+
+func (e *unclearBlame) Error() string { return e.err.Error() }
+func (e *unclearBlame) Unwrap() error { return e.err }
+
 // batchRun is one ProcessBatch call.
 type batchRun struct {
 	ib       *Inbox
@@ -170,12 +181,25 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 			if err != nil {
 				return err
 			}
+			st := lookupState(tx)
+			firstFailure := -1 // the message during whose handler a statement failed first
 			for j, idx := range group {
 				if !inserted[j] {
 					outcomes[idx] = Duplicate
 					continue
 				}
-				if err := callHandler(ctx, tx, b.msgs[idx], b.h); err != nil {
+				_, before := st.state()
+				err := callHandler(ctx, tx, b.msgs[idx], b.h)
+				if _, after := st.state(); before == nil && after != nil {
+					firstFailure = idx
+				}
+				if err != nil {
+					if firstFailure >= 0 && firstFailure != idx {
+						// An earlier handler ignored a failed statement; on
+						// PostgreSQL that aborted the transaction, and this
+						// message may only suffer from it.
+						return &unclearBlame{err: err}
+					}
 					failedIdx = idx
 					return err
 				}
