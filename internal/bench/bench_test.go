@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -214,6 +215,43 @@ func BenchmarkVariants(b *testing.B) {
 					b.ReportMetric(float64(r.Latency(0.5).Microseconds())/1000, key+"-p50-ms")
 					b.ReportMetric(float64(r.Latency(0.99).Microseconds())/1000, key+"-p99-ms")
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkTrackingCost runs (b) with and without the inbox's statement
+// tracking, alternating their order in each round (INBOX_BENCH_ROUNDS,
+// default 9), and reports each round's ratio: the median and the spread.
+func BenchmarkTrackingCost(b *testing.B) {
+	for _, name := range backends {
+		b.Run(name, func(b *testing.B) {
+			o := options()
+			o.Rounds = 1
+			rounds := envInt("INBOX_BENCH_ROUNDS", 9)
+			be := backend(b, name, o.Workers)
+			for range b.N {
+				var ratios []float64
+				for r := range rounds {
+					vs := slices.Clone(bench.TrackingCost)
+					if r%2 == 1 {
+						slices.Reverse(vs)
+					}
+					results, err := bench.Compare(b.Context(), be, vs, o)
+					if err != nil {
+						b.Fatal(err)
+					}
+					tracked, untracked := results[0], results[1]
+					if vs[0].Untracked {
+						tracked, untracked = untracked, tracked
+					}
+					ratios = append(ratios, tracked.EventsPerSec()/untracked.EventsPerSec())
+					b.Logf("round %d: tracked %.0f events/s, untracked %.0f events/s, ratio %.3f", r+1, tracked.EventsPerSec(), untracked.EventsPerSec(), ratios[r])
+				}
+				slices.Sort(ratios)
+				b.ReportMetric(ratios[len(ratios)/2], "tracked/untracked-median")
+				b.ReportMetric(ratios[0], "tracked/untracked-min")
+				b.ReportMetric(ratios[len(ratios)-1], "tracked/untracked-max")
 			}
 		})
 	}

@@ -73,6 +73,9 @@ type Variant struct {
 	Dedup bool
 	// Idempotent: the effect is a set-to-state, not an increment.
 	Idempotent bool
+	// Untracked: run without the inbox's statement-tracking GORM callbacks
+	// (inbox.TrackStatements), to measure what that defence costs.
+	Untracked bool
 	// apply applies evs in one operation and returns how many effects it
 	// applied.
 	apply func(ctx context.Context, f *Fixture, evs []Event) (int, error)
@@ -88,6 +91,15 @@ var Variants = []Variant{
 	{Key: "d1", Name: "hand-rolled check-then-insert (SELECT, INSERT, effect in 1 tx)", Dedup: true, apply: applyCheckThenInsert},
 	{Key: "d2", Name: "hand-rolled, dedup row in a separate tx (not atomic)", Dedup: true, apply: applySeparateTx},
 	{Key: "e", Name: "naturally idempotent upsert, no inbox row", Dedup: true, Idempotent: true, apply: applyUpsert},
+}
+
+// TrackingCost pairs (b) with (b) run without the inbox's statement
+// tracking: the GORM callbacks that refuse a handler's statements after a
+// transient statement error (a MariaDB deadlock, after which the session
+// would autocommit) and tell a database failure from the handler's own.
+var TrackingCost = []Variant{
+	{Key: "b", Name: "inbox, Process (1 tx per event)", Dedup: true, apply: applyProcess},
+	{Key: "b-untracked", Name: "inbox, Process, statement tracking removed", Dedup: true, Untracked: true, apply: applyProcess},
 }
 
 // VariantByKey returns the variant with key k.
