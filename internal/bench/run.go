@@ -232,7 +232,7 @@ func runFresh(ctx context.Context, b *Backend, v Variant, evs []Event, o Options
 	}
 	defer func() { _ = f.Drop(context.WithoutCancel(ctx)) }()
 	if v.Untracked {
-		if err := untrack(b.DB); err != nil {
+		if err := Untrack(b.DB); err != nil {
 			return Result{}, err
 		}
 		defer func() { _ = inbox.TrackStatements(b.DB) }()
@@ -247,9 +247,9 @@ func runFresh(ctx context.Context, b *Backend, v Variant, evs []Event, o Options
 	return res, nil
 }
 
-// untrack removes the callbacks inbox.TrackStatements registers, by their
+// Untrack removes the callbacks inbox.TrackStatements registers, by their
 // names, until TrackStatements registers them again.
-func untrack(db *gorm.DB) error {
+func Untrack(db *gorm.DB) error {
 	cb := db.Callback()
 	for _, name := range []string{"inbox:before_statement", "inbox:after_statement"} {
 		for _, err := range []error{cb.Create().Remove(name), cb.Query().Remove(name), cb.Update().Remove(name),
