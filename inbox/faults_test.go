@@ -340,3 +340,46 @@ func TestBatchAdmitsAgainstOneClockReading(t *testing.T) {
 		}
 	}
 }
+
+// flakyMigrateStore fails its first Migrate with an error it classifies as
+// transient.
+type flakyMigrateStore struct {
+	classifyingStore
+	failures int
+}
+
+func (s *flakyMigrateStore) Migrate(ctx context.Context, db *gorm.DB) error {
+	if s.failures > 0 {
+		s.failures--
+		return errTransient
+	}
+	return s.classifyingStore.Migrate(ctx, db)
+}
+
+// TestStoreOperationsAreDatabaseFailures: the Store's own operations
+// (Migrate, Maintain) fail as the database, so transient failures are
+// retried; and an Inbox is never built on a transaction.
+func TestStoreOperationsAreDatabaseFailures(t *testing.T) {
+	_, db := newFaultInbox(t, inbox.Config{}, postgresLike, nil)
+	base, err := inboxsqlite.New(inboxsqlite.Options{Table: "inbox_flaky"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &flakyMigrateStore{classifyingStore: classifyingStore{Store: base, transient: func(err error) bool { return errors.Is(err, errTransient) }}, failures: 2}
+	ib, err := inbox.New(db, store, inbox.Config{MinBackoff: time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(t.Context()); err != nil || store.failures != 0 {
+		t.Fatalf("Migrate: %v with %d failures left; want two transient failures retried", err, store.failures)
+	}
+	err = db.Transaction(func(tx *gorm.DB) error {
+		if _, err := inbox.New(tx, store, inbox.Config{}); !errors.Is(err, inbox.ErrInvalidConfig) {
+			t.Errorf("New on a transaction: %v, want ErrInvalidConfig", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

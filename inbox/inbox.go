@@ -142,6 +142,9 @@ func New(db *gorm.DB, store Store, cfg Config) (*Inbox, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	if c, ok := db.Statement.ConnPool.(gorm.TxCommitter); ok && c != nil {
+		return nil, fmt.Errorf("%w: New needs the database, not a transaction (use ProcessTx to process inside one)", ErrInvalidConfig)
+	}
 	if err := TrackStatements(db); err != nil {
 		return nil, err
 	}
@@ -158,7 +161,7 @@ func (ib *Inbox) DB() *gorm.DB { return ib.db }
 // It does not prepare partitions: call Maintain (or start RunMaintenance)
 // after it.
 func (ib *Inbox) Migrate(ctx context.Context) error {
-	err := ib.retry(ctx, func(int) error { return ib.store.Migrate(ctx, ib.db.WithContext(ctx)) })
+	err := ib.retry(ctx, func(int) error { return databaseFailure("migrate", ib.store.Migrate(ctx, ib.db.WithContext(ctx))) })
 	if err != nil {
 		return fmt.Errorf("inbox: migrate: %w", err)
 	}

@@ -57,6 +57,15 @@ func (e *dbError) Error() string {
 
 func (e *dbError) Unwrap() error { return e.err }
 
+// databaseFailure marks err, returned by one of the Store's own operations,
+// as the database's failure.
+func databaseFailure(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &dbError{op: op, err: err}
+}
+
 // IsDatabaseFailure reports whether err says that the database failed
 // rather than the message: BEGIN, the inbox's claim or COMMIT failed, or a
 // statement of the transaction failed with an error the Store classifies as
