@@ -73,7 +73,7 @@ type Config struct {
 	Brokers []string
 	// GroupID is the Kafka consumer group.
 	GroupID string
-	// Topics are consumed by the group.
+	// Topics are consumed by the group; each may be listed once.
 	Topics []string
 
 	// Inbox deduplicates messages. Required unless NaturallyIdempotent.
@@ -191,10 +191,17 @@ func (c *Config) validate() error {
 	if len(c.Topics) == 0 {
 		bad("no topics")
 	}
+	seen := make(map[string]bool, len(c.Topics))
 	for _, t := range c.Topics {
 		if t == "" {
 			bad("empty topic name")
 		}
+		if seen[t] {
+			// startGeneration would start two workers on each of its
+			// partitions, processing and committing over each other.
+			bad("topic %q listed twice in Topics", t)
+		}
+		seen[t] = true
 		if t == c.DeadLetterTopic {
 			bad("topic %q is also the dead-letter topic", t)
 		}

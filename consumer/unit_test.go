@@ -200,6 +200,7 @@ func TestConfigValidation(t *testing.T) {
 		"bad offsets table":     func(c *Config) { c.OffsetsTable = "x; DROP TABLE y" },
 		"negative batch":        func(c *Config) { c.BatchSize = -1 },
 		"idempotent, no db":     func(c *Config) { c.Inbox = nil; c.NaturallyIdempotent = true },
+		"topic listed twice":    func(c *Config) { c.Topics = []string{"t", "u", "t"} },
 	}
 	for name, mutate := range cases {
 		cfg := ok
