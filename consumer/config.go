@@ -129,8 +129,14 @@ type Config struct {
 	OnFailure Policy
 	// DeadLetterTopic receives dead letters. Required with DeadLetter.
 	DeadLetterTopic string
-	// DeadLetterWriter publishes dead letters. Default a *kafka.Writer on
-	// Brokers requiring all in-sync replicas; it is closed by Run.
+	// DeadLetterWriter publishes dead letters; each one names
+	// DeadLetterTopic, so a *kafka.Writer given here must leave its Topic
+	// empty (New rejects it otherwise) and should accept messages as large
+	// as the source topics hold (its BatchBytes). Default a *kafka.Writer
+	// on Brokers requiring all in-sync replicas, accepting messages of up to
+	// 11 MiB (the 10 MiB the partition readers accept plus room for the
+	// dead-letter headers); Run closes it and its connections when it
+	// returns.
 	DeadLetterWriter MessageWriter
 
 	// StoreOffsets writes each partition's next offset into the table
@@ -232,6 +238,12 @@ func (c *Config) validate() error {
 		}
 	default:
 		bad("unknown failure policy %d", int(c.OnFailure))
+	}
+	if w, ok := c.DeadLetterWriter.(*kafka.Writer); ok && w != nil && w.Topic != "" {
+		// Every dead letter names DeadLetterTopic, and a Writer with a Topic
+		// of its own rejects every message that names one: each write would
+		// fail.
+		bad("DeadLetterWriter is a *kafka.Writer with Topic %q set; leave its Topic empty (dead letters name DeadLetterTopic)", w.Topic)
 	}
 	if c.StartOffset != 0 && c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset {
 		bad("StartOffset must be kafka.FirstOffset or kafka.LastOffset, not %d", c.StartOffset)

@@ -201,6 +201,10 @@ func TestConfigValidation(t *testing.T) {
 		"negative batch":        func(c *Config) { c.BatchSize = -1 },
 		"idempotent, no db":     func(c *Config) { c.Inbox = nil; c.NaturallyIdempotent = true },
 		"topic listed twice":    func(c *Config) { c.Topics = []string{"t", "u", "t"} },
+		"dlq writer has a topic": func(c *Config) {
+			c.OnFailure, c.DeadLetterTopic = DeadLetter, "t.dlq"
+			c.DeadLetterWriter = &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9092"), Topic: "t.dlq"}
+		},
 	}
 	for name, mutate := range cases {
 		cfg := ok
