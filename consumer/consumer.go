@@ -104,6 +104,7 @@ func New(cfg Config) (*Consumer, error) {
 			RequiredAcks: kafka.RequireAll,
 			MaxAttempts:  3,
 			BatchTimeout: 5 * time.Millisecond,
+			BatchBytes:   deadLetterMaxBytes,
 			Transport:    &kafka.Transport{Dial: cfg.Dialer.DialFunc, TLS: cfg.Dialer.TLS, SASL: cfg.Dialer.SASLMechanism},
 		}
 		c.dlq = c.ownDLQ

@@ -78,7 +78,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		Partition:   w.partition,
 		Dialer:      w.c.cfg.Dialer,
 		MinBytes:    1,
-		MaxBytes:    10 << 20,
+		MaxBytes:    readerMaxBytes,
 		MaxWait:     w.c.cfg.MaxWait,
 		Logger:      kafkaLogger(w.log, slog.LevelDebug),
 		ErrorLogger: kafkaLogger(w.log, slog.LevelWarn),
