@@ -45,9 +45,17 @@ const (
 	StopPartition Policy = iota
 	// DeadLetter publishes the message to Config.DeadLetterTopic, with its
 	// key, value and headers and headers saying why (see DLQ header
-	// constants), and then moves on. Publishing is retried until it succeeds
-	// or the partition is revoked; the offset passes the message only after
-	// Kafka acknowledged the dead letter.
+	// constants), and then moves on. The offset passes the message only
+	// after Kafka acknowledged the dead letter; the message is never
+	// dropped. Transient producer errors (no leader, timeouts, an
+	// unreachable broker) are retried until publishing succeeds or the
+	// partition is revoked (logged at Warn, at Error from the 5th attempt).
+	// Errors retrying cannot cure (the dead letter is too large, the topic
+	// is invalid, not authorized, a misconfigured or closed writer; the
+	// dead-letter topic unknown on 10 attempts in a row) stop the partition
+	// at the message as StopPartition does, with Reason
+	// ReasonDeadLetterFailed and the producer's error (and the message's
+	// failure) as the cause.
 	DeadLetter
 )
 

@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"errors"
+	"io"
 	"strconv"
 	"time"
 
@@ -40,6 +42,16 @@ const (
 	ReasonExpired      = "expired"       // inbox.ErrExpired
 )
 
+// ReasonDeadLetterFailed is the Reason of a partition stopped under the
+// DeadLetter policy because the producer refused the message's dead letter
+// for good (see Config.OnFailure). It never appears in a dlq_reason header.
+const ReasonDeadLetterFailed = "dead-letter-failed"
+
+// deadLetterUnknownTopicAttempts is how many publish attempts in a row must
+// find the dead-letter topic unknown before that counts as permanent: a topic
+// just created is unknown to some brokers for a moment.
+const deadLetterUnknownTopicAttempts = 10
+
 // deadLetter builds the dead letter of m: its key, value and headers, plus
 // headers saying what failed. The original timestamp is kept.
 func deadLetter(topic string, m *Message, reason string, attempts int, cause error, group, consumer string, now time.Time) kafka.Message {
@@ -72,4 +84,60 @@ func deadLetter(topic string, m *Message, reason string, attempts int, cause err
 		Headers: hs,
 		Time:    m.Time,
 	}
+}
+
+// permanentPublishErrors are the producer errors that retrying a dead letter
+// cannot cure: the message, the topic, the credentials or the writer's
+// configuration must change. A custom MessageWriter marks an error permanent
+// by wrapping one of them.
+var permanentPublishErrors = []error{
+	kafka.MessageSizeTooLarge, // also kafka-go's client-side MessageTooLargeError
+	kafka.RecordListTooLarge,
+	kafka.InvalidTopic,
+	kafka.InvalidRecord,
+	kafka.InvalidTimestamp,
+	kafka.InvalidRequiredAcks,
+	kafka.InvalidRequest,
+	kafka.InvalidConfiguration,
+	kafka.PolicyViolation,
+	kafka.UnsupportedVersion,
+	kafka.UnsupportedForMessageFormat,
+	kafka.UnsupportedCompressionType,
+	kafka.TopicAuthorizationFailed,
+	kafka.ClusterAuthorizationFailed,
+	kafka.TransactionalIDAuthorizationFailed,
+	kafka.SASLAuthenticationFailed,
+	kafka.UnsupportedSASLMechanism,
+	io.ErrClosedPipe, // the Writer was closed
+}
+
+// classifyPublishError tells whether a dead letter's publish error is
+// permanent, and whether it says the topic is unknown (permanent only once
+// it persists; see deadLetterUnknownTopicAttempts). Anything else (no
+// leader, timeouts, the network, errors it does not know) is transient.
+// kafka.WriteErrors, which does not unwrap, is looked into: cause is the
+// error inside it that decided (err itself otherwise).
+func classifyPublishError(err error) (permanent, unknownTopic bool, cause error) {
+	errs := []error{err}
+	var we kafka.WriteErrors
+	if errors.As(err, &we) {
+		errs = errs[:0]
+		for _, e := range we {
+			if e != nil {
+				errs = append(errs, e)
+			}
+		}
+	}
+	cause = err
+	for _, e := range errs {
+		for _, p := range permanentPublishErrors {
+			if errors.Is(e, p) {
+				return true, false, e
+			}
+		}
+		if errors.Is(e, kafka.UnknownTopicOrPartition) {
+			unknownTopic, cause = true, e
+		}
+	}
+	return false, unknownTopic, cause
 }

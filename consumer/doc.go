@@ -20,7 +20,9 @@
 //     (retries used up, no event id or time, invalid, older than the inbox's
 //     retention) goes to [Config.OnFailure]: [DeadLetter] publishes it with
 //     headers saying why before its offset may pass, [StopPartition] halts
-//     the partition at it.
+//     the partition at it. A dead letter the producer refuses for good (too
+//     large, a missing or invalid topic, no authorization) halts the
+//     partition at the message too, rather than retrying it forever.
 //   - Everything transient is retried with backoff, never a reason to stop:
 //     an unreachable broker, failed joins, "Rebalance In Progress", a
 //     database that cannot commit. Run returns only when its context ends or

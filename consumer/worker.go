@@ -513,6 +513,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		return stopped
 	}
 	dl := deadLetter(w.c.cfg.DeadLetterTopic, &it.msg, reason, it.attempts, cause, w.c.cfg.GroupID, w.c.cfg.Consumer, time.Now())
+	unknownTopic := 0 // publish attempts in a row that found the topic unknown
 	for attempt := 1; ; attempt++ {
 		err := w.c.dlq.WriteMessages(ctx, dl)
 		if err == nil {
@@ -521,8 +522,22 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		if ctx.Err() != nil {
 			return abandoned
 		}
+		permanent, unknown, perr := classifyPublishError(err)
+		if unknown {
+			unknownTopic++
+			permanent = unknownTopic >= deadLetterUnknownTopicAttempts
+		} else {
+			unknownTopic = 0
+		}
+		if permanent {
+			return w.deadLetterRefused(it, reason, cause, attempt, perr)
+		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("publishing a dead letter failed; retrying", "offset", it.msg.Offset, "error", err, "retry_in", wait)
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // still retried: the producer, not the message, is failing
+		}
+		w.log.Log(ctx, level, "publishing a dead letter failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
 		if sleep(ctx, wait) != nil {
 			return abandoned
 		}
