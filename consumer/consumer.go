@@ -72,6 +72,11 @@ type Consumer struct {
 	offsets offsetStore
 	dlq     MessageWriter
 	ownDLQ  *kafka.Writer
+	// transport carries the consumer's own requests (the default dead-letter
+	// writer's, the log offset lookups). Its connections and metadata
+	// goroutine live until CloseIdleConnections, which Run calls when it
+	// ends: kafka.Writer.Close does not.
+	transport *kafka.Transport
 
 	mu      sync.Mutex
 	state   int // 0 new, 1 running, 2 closed
@@ -96,6 +101,12 @@ func New(cfg Config) (*Consumer, error) {
 		dlq:     cfg.DeadLetterWriter,
 		stopped: make(map[topicPartition]*PartitionStoppedError),
 		done:    make(chan struct{}),
+		transport: &kafka.Transport{
+			Dial:     cfg.Dialer.DialFunc,
+			TLS:      cfg.Dialer.TLS,
+			SASL:     cfg.Dialer.SASLMechanism,
+			ClientID: cfg.Dialer.ClientID,
+		},
 	}
 	if cfg.OnFailure == DeadLetter && c.dlq == nil {
 		c.ownDLQ = &kafka.Writer{
@@ -105,7 +116,7 @@ func New(cfg Config) (*Consumer, error) {
 			MaxAttempts:  3,
 			BatchTimeout: 5 * time.Millisecond,
 			BatchBytes:   deadLetterMaxBytes,
-			Transport:    &kafka.Transport{Dial: cfg.Dialer.DialFunc, TLS: cfg.Dialer.TLS, SASL: cfg.Dialer.SASLMechanism},
+			Transport:    c.transport,
 		}
 		c.dlq = c.ownDLQ
 	}
@@ -152,6 +163,8 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.mu.Unlock()
 	defer close(c.done)
 	defer cancel(nil)
+	// After the writer's Close, which flushes and needs the transport.
+	defer c.transport.CloseIdleConnections()
 	if c.ownDLQ != nil {
 		defer func() {
 			if cerr := c.ownDLQ.Close(); cerr != nil {
