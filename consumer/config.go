@@ -157,6 +157,15 @@ type Config struct {
 	// in Kafka (to replay, or after the topic was recreated) has no effect
 	// until the group's rows in OffsetsTable are deleted too. A replay under
 	// a new GroupID needs nothing: its rows do not exist yet.
+	//
+	// On assignment the start offset (with or without StoreOffsets) is
+	// checked against the partition's log. Past the log end (the topic was
+	// deleted and recreated) the partition stops with
+	// ReasonOffsetBeyondLogEnd, wrapping ErrOffsetBeyondLogEnd, until its
+	// offsets are reset: waiting there would silently never process the
+	// new messages below it. Below the log start (retention deleted
+	// messages the group never processed) the partition starts at the log
+	// start: those messages are gone; a Warn says how many were skipped.
 	StoreOffsets bool
 	// OffsetsTable is the table of stored offsets. Default "inbox_offsets".
 	OffsetsTable string
@@ -165,8 +174,12 @@ type Config struct {
 	// Default 1s; a negative value commits after every batch. Offsets are
 	// also committed when a partition is revoked and when Run ends.
 	CommitInterval time.Duration
-	// StartOffset is where a partition without a committed offset starts:
-	// kafka.FirstOffset (the default) or kafka.LastOffset.
+	// StartOffset is where a partition without a committed (or stored)
+	// offset starts: kafka.FirstOffset (the default), its log start, or
+	// kafka.LastOffset, its log end. The offset it resolves to is committed
+	// to the group at once, so that a restart begins there even if nothing
+	// was consumed: with LastOffset, messages produced while the consumer
+	// was down are then processed, not skipped.
 	StartOffset int64
 	// SessionTimeout, HeartbeatInterval and RebalanceTimeout are passed to
 	// kafka.ConsumerGroupConfig; zero keeps kafka-go's defaults.

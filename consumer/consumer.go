@@ -22,6 +22,9 @@ var (
 	// ErrHandlerTimeout is wrapped by the error of a handler call that did
 	// not finish within Config.HandlerTimeout.
 	ErrHandlerTimeout = errors.New("consumer: handler timed out")
+	// ErrOffsetBeyondLogEnd is wrapped by the error of a partition stopped
+	// with ReasonOffsetBeyondLogEnd.
+	ErrOffsetBeyondLogEnd = errors.New("consumer: start offset beyond the partition's log end")
 	// ErrPartitionStopped is wrapped by every *PartitionStoppedError.
 	ErrPartitionStopped = errors.New("consumer: partition stopped")
 	// errCrash is returned by the test seam Config.afterDB to simulate a

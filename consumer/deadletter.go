@@ -47,6 +47,13 @@ const (
 // for good (see Config.OnFailure). It never appears in a dlq_reason header.
 const ReasonDeadLetterFailed = "dead-letter-failed"
 
+// ReasonOffsetBeyondLogEnd is the Reason of a partition stopped on
+// assignment because the offset it would start at (the stored one with
+// Config.StoreOffsets, or the group's committed one) is past the
+// partition's log end; see ErrOffsetBeyondLogEnd. It never appears in a
+// dlq_reason header.
+const ReasonOffsetBeyondLogEnd = "offset-beyond-log-end"
+
 // deadLetterUnknownTopicAttempts is how many publish attempts in a row must
 // find the dead-letter topic unknown before that counts as permanent: a topic
 // just created is unknown to some brokers for a moment.

@@ -65,6 +65,18 @@
 // small upsert per processed message. Since the stored offset wins over the
 // group's, reset a group's position by deleting its rows as well.
 //
+// # Start offsets
+//
+// On assignment each partition's start offset is checked against its log. A
+// stored or committed offset past the log end (the topic was deleted and
+// recreated) stops the partition with [ReasonOffsetBeyondLogEnd] rather than
+// waiting there while the new messages below it go unprocessed; the error
+// says how to reset. One below the log start (retention deleted unprocessed
+// messages) starts at the log start with a Warn saying how many were
+// skipped. A partition without any offset starts at the log start or end
+// (Config.StartOffset) and commits that offset at once, so a restart never
+// skips what was produced in between.
+//
 // # Naturally idempotent handlers
 //
 // An effect that is the same however often it runs (an upsert of the latest

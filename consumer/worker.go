@@ -60,7 +60,11 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	// and is rolled back when Run ends.
 	dbCtx := runCtx
 
-	start, ok := w.position(ctx, dbCtx)
+	start, from, ok := w.position(ctx, dbCtx)
+	if !ok {
+		return
+	}
+	start, commitStart, beyondEnd, ok := w.checkLog(ctx, start, from)
 	if !ok {
 		return
 	}
@@ -69,8 +73,20 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	if w.assigned >= 0 {
 		w.lastCommitted = w.assigned
 	}
+	if commitStart {
+		w.commit(true)
+	}
 	w.c.emit(Event{Kind: EventAssigned, Topic: w.topic, Partition: w.partition, Offset: start})
 	w.log.Info("partition assigned", "start_offset", start, "group_committed", w.assigned)
+	if beyondEnd != nil {
+		w.stopPartition(beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
+			"group_committed", w.assigned)
+		// Held like a partition stopped at a message (see below).
+		<-ctx.Done()
+		w.c.emit(Event{Kind: EventRevoked, Topic: w.topic, Partition: w.partition})
+		w.log.Info("partition released", "cause", context.Cause(ctx))
+		return
+	}
 
 	reader := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:     w.c.cfg.Brokers,
@@ -127,11 +143,14 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 }
 
 // position returns the offset to start at: the larger of the group's
-// committed offset and the stored one. ok is false if ctx ended first.
-func (w *worker) position(ctx, dbCtx context.Context) (int64, bool) {
-	start := w.assigned
+// committed offset and the stored one (a kafka-go sentinel if there is
+// neither), and from, which of the two it is, for messages. ok is false if
+// ctx ended first. checkLog then checks it against the partition's log.
+func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, ok bool) {
+	start = w.assigned
+	from = fmt.Sprintf("the offset committed by group %q", w.c.cfg.GroupID)
 	if !w.c.cfg.StoreOffsets {
-		return start, true
+		return start, from, true
 	}
 	for attempt := 1; ; attempt++ {
 		stored, err := w.c.offsets.load(dbCtx, w.c.db(), w.topic, w.partition)
@@ -140,13 +159,14 @@ func (w *worker) position(ctx, dbCtx context.Context) (int64, bool) {
 				w.log.Info("starting at the stored offset, past the group's committed one",
 					"stored", stored, "group_committed", start)
 				start = stored
+				from = fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable)
 			}
-			return start, true
+			return start, from, true
 		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("cannot read the stored offset; retrying", "error", err, "retry_in", wait)
 		if sleep(ctx, wait) != nil {
-			return 0, false
+			return 0, "", false
 		}
 	}
 }
