@@ -45,9 +45,17 @@ const (
 	StopPartition Policy = iota
 	// DeadLetter publishes the message to Config.DeadLetterTopic, with its
 	// key, value and headers and headers saying why (see DLQ header
-	// constants), and then moves on. Publishing is retried until it succeeds
-	// or the partition is revoked; the offset passes the message only after
-	// Kafka acknowledged the dead letter.
+	// constants), and then moves on. The offset passes the message only
+	// after Kafka acknowledged the dead letter; the message is never
+	// dropped. Transient producer errors (no leader, timeouts, an
+	// unreachable broker) are retried until publishing succeeds or the
+	// partition is revoked (logged at Warn, at Error from the 5th attempt).
+	// Errors retrying cannot cure (the dead letter is too large, the topic
+	// is invalid, not authorized, a misconfigured or closed writer; the
+	// dead-letter topic unknown on 10 attempts in a row) stop the partition
+	// at the message as StopPartition does, with Reason
+	// ReasonDeadLetterFailed and the producer's error (and the message's
+	// failure) as the cause.
 	DeadLetter
 )
 
@@ -73,7 +81,7 @@ type Config struct {
 	Brokers []string
 	// GroupID is the Kafka consumer group.
 	GroupID string
-	// Topics are consumed by the group.
+	// Topics are consumed by the group; each may be listed once.
 	Topics []string
 
 	// Inbox deduplicates messages. Required unless NaturallyIdempotent.
@@ -134,8 +142,14 @@ type Config struct {
 	OnFailure Policy
 	// DeadLetterTopic receives dead letters. Required with DeadLetter.
 	DeadLetterTopic string
-	// DeadLetterWriter publishes dead letters. Default a *kafka.Writer on
-	// Brokers requiring all in-sync replicas; it is closed by Run.
+	// DeadLetterWriter publishes dead letters; each one names
+	// DeadLetterTopic, so a *kafka.Writer given here must leave its Topic
+	// empty (New rejects it otherwise) and should accept messages as large
+	// as the source topics hold (its BatchBytes). Default a *kafka.Writer
+	// on Brokers requiring all in-sync replicas, accepting messages of up to
+	// 11 MiB (the 10 MiB the partition readers accept plus room for the
+	// dead-letter headers); Run closes it and its connections when it
+	// returns.
 	DeadLetterWriter MessageWriter
 
 	// StoreOffsets writes each partition's next offset into the table
@@ -148,6 +162,15 @@ type Config struct {
 	// in Kafka (to replay, or after the topic was recreated) has no effect
 	// until the group's rows in OffsetsTable are deleted too. A replay under
 	// a new GroupID needs nothing: its rows do not exist yet.
+	//
+	// On assignment the start offset (with or without StoreOffsets) is
+	// checked against the partition's log. Past the log end (the topic was
+	// deleted and recreated) the partition stops with
+	// ReasonOffsetBeyondLogEnd, wrapping ErrOffsetBeyondLogEnd, until its
+	// offsets are reset: waiting there would silently never process the
+	// new messages below it. Below the log start (retention deleted
+	// messages the group never processed) the partition starts at the log
+	// start: those messages are gone; a Warn says how many were skipped.
 	StoreOffsets bool
 	// OffsetsTable is the table of stored offsets. Default "inbox_offsets".
 	OffsetsTable string
@@ -156,8 +179,12 @@ type Config struct {
 	// Default 1s; a negative value commits after every batch. Offsets are
 	// also committed when a partition is revoked and when Run ends.
 	CommitInterval time.Duration
-	// StartOffset is where a partition without a committed offset starts:
-	// kafka.FirstOffset (the default) or kafka.LastOffset.
+	// StartOffset is where a partition without a committed (or stored)
+	// offset starts: kafka.FirstOffset (the default), its log start, or
+	// kafka.LastOffset, its log end. The offset it resolves to is committed
+	// to the group at once, so that a restart begins there even if nothing
+	// was consumed: with LastOffset, messages produced while the consumer
+	// was down are then processed, not skipped.
 	StartOffset int64
 	// SessionTimeout, HeartbeatInterval and RebalanceTimeout are passed to
 	// kafka.ConsumerGroupConfig; zero keeps kafka-go's defaults.
@@ -196,10 +223,17 @@ func (c *Config) validate() error {
 	if len(c.Topics) == 0 {
 		bad("no topics")
 	}
+	seen := make(map[string]bool, len(c.Topics))
 	for _, t := range c.Topics {
 		if t == "" {
 			bad("empty topic name")
 		}
+		if seen[t] {
+			// startGeneration would start two workers on each of its
+			// partitions, processing and committing over each other.
+			bad("topic %q listed twice in Topics", t)
+		}
+		seen[t] = true
 		if t == c.DeadLetterTopic {
 			bad("topic %q is also the dead-letter topic", t)
 		}
@@ -233,6 +267,12 @@ func (c *Config) validate() error {
 		}
 	default:
 		bad("unknown failure policy %d", int(c.OnFailure))
+	}
+	if w, ok := c.DeadLetterWriter.(*kafka.Writer); ok && w != nil && w.Topic != "" {
+		// Every dead letter names DeadLetterTopic, and a Writer with a Topic
+		// of its own rejects every message that names one: each write would
+		// fail.
+		bad("DeadLetterWriter is a *kafka.Writer with Topic %q set; leave its Topic empty (dead letters name DeadLetterTopic)", w.Topic)
 	}
 	if c.StartOffset != 0 && c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset {
 		bad("StartOffset must be kafka.FirstOffset or kafka.LastOffset, not %d", c.StartOffset)

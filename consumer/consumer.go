@@ -24,6 +24,9 @@ var (
 	// ErrHandlerTimeout is wrapped by the error of a handler call that did
 	// not finish within Config.HandlerTimeout.
 	ErrHandlerTimeout = errors.New("consumer: handler timed out")
+	// ErrOffsetBeyondLogEnd is wrapped by the error of a partition stopped
+	// with ReasonOffsetBeyondLogEnd.
+	ErrOffsetBeyondLogEnd = errors.New("consumer: start offset beyond the partition's log end")
 	// ErrPartitionStopped is wrapped by every *PartitionStoppedError.
 	ErrPartitionStopped = errors.New("consumer: partition stopped")
 	// errCrash is returned by the test seam Config.afterDB to simulate a
@@ -74,6 +77,11 @@ type Consumer struct {
 	offsets offsetStore
 	dlq     MessageWriter
 	ownDLQ  *kafka.Writer
+	// transport carries the consumer's own requests (the default dead-letter
+	// writer's, the log offset lookups). Its connections and metadata
+	// goroutine live until CloseIdleConnections, which Run calls when it
+	// ends: kafka.Writer.Close does not.
+	transport *kafka.Transport
 
 	mu      sync.Mutex
 	state   int // 0 new, 1 running, 2 closed
@@ -103,6 +111,12 @@ func New(cfg Config) (*Consumer, error) {
 		dlq:     cfg.DeadLetterWriter,
 		stopped: make(map[topicPartition]*PartitionStoppedError),
 		done:    make(chan struct{}),
+		transport: &kafka.Transport{
+			Dial:     cfg.Dialer.DialFunc,
+			TLS:      cfg.Dialer.TLS,
+			SASL:     cfg.Dialer.SASLMechanism,
+			ClientID: cfg.Dialer.ClientID,
+		},
 	}
 	if cfg.OnFailure == DeadLetter && c.dlq == nil {
 		c.ownDLQ = &kafka.Writer{
@@ -111,7 +125,8 @@ func New(cfg Config) (*Consumer, error) {
 			RequiredAcks: kafka.RequireAll,
 			MaxAttempts:  3,
 			BatchTimeout: 5 * time.Millisecond,
-			Transport:    &kafka.Transport{Dial: cfg.Dialer.DialFunc, TLS: cfg.Dialer.TLS, SASL: cfg.Dialer.SASLMechanism},
+			BatchBytes:   deadLetterMaxBytes,
+			Transport:    c.transport,
 		}
 		c.dlq = c.ownDLQ
 	}
@@ -158,6 +173,8 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.mu.Unlock()
 	defer close(c.done)
 	defer cancel(nil)
+	// After the writer's Close, which flushes and needs the transport.
+	defer c.transport.CloseIdleConnections()
 	if c.ownDLQ != nil {
 		defer func() {
 			if cerr := c.ownDLQ.Close(); cerr != nil {

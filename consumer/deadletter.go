@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"errors"
+	"io"
 	"strconv"
 	"time"
 
@@ -28,6 +29,16 @@ const (
 	HeaderDLQPanicStack = "dlq_panic_stack"
 )
 
+const (
+	// readerMaxBytes is the most a partition reader fetches at once, and so
+	// about the largest message the consumer can be handed.
+	readerMaxBytes = 10 << 20
+	// deadLetterMaxBytes is the largest dead letter the default writer
+	// accepts: a message the reader took plus room for the dlq_* headers.
+	// (kafka-go's default, 1 MiB, refused larger messages client-side.)
+	deadLetterMaxBytes = readerMaxBytes + 1<<20
+)
+
 // DLQ reasons, the values of the dlq_reason header.
 const (
 	ReasonHandlerError = "handler-error" // retries used up
@@ -35,6 +46,23 @@ const (
 	ReasonInvalid      = "invalid"       // inbox.ErrInvalidMessage
 	ReasonExpired      = "expired"       // inbox.ErrExpired
 )
+
+// ReasonDeadLetterFailed is the Reason of a partition stopped under the
+// DeadLetter policy because the producer refused the message's dead letter
+// for good (see Config.OnFailure). It never appears in a dlq_reason header.
+const ReasonDeadLetterFailed = "dead-letter-failed"
+
+// ReasonOffsetBeyondLogEnd is the Reason of a partition stopped on
+// assignment because the offset it would start at (the stored one with
+// Config.StoreOffsets, or the group's committed one) is past the
+// partition's log end; see ErrOffsetBeyondLogEnd. It never appears in a
+// dlq_reason header.
+const ReasonOffsetBeyondLogEnd = "offset-beyond-log-end"
+
+// deadLetterUnknownTopicAttempts is how many publish attempts in a row must
+// find the dead-letter topic unknown before that counts as permanent: a topic
+// just created is unknown to some brokers for a moment.
+const deadLetterUnknownTopicAttempts = 10
 
 // deadLetter builds the dead letter of m: its key, value and headers, plus
 // headers saying what failed. The original timestamp is kept.
@@ -90,4 +118,60 @@ func failureAttrs(err error) []any {
 		attrs = append(attrs, "panic_stack", stack)
 	}
 	return attrs
+}
+
+// permanentPublishErrors are the producer errors that retrying a dead letter
+// cannot cure: the message, the topic, the credentials or the writer's
+// configuration must change. A custom MessageWriter marks an error permanent
+// by wrapping one of them.
+var permanentPublishErrors = []error{
+	kafka.MessageSizeTooLarge, // also kafka-go's client-side MessageTooLargeError
+	kafka.RecordListTooLarge,
+	kafka.InvalidTopic,
+	kafka.InvalidRecord,
+	kafka.InvalidTimestamp,
+	kafka.InvalidRequiredAcks,
+	kafka.InvalidRequest,
+	kafka.InvalidConfiguration,
+	kafka.PolicyViolation,
+	kafka.UnsupportedVersion,
+	kafka.UnsupportedForMessageFormat,
+	kafka.UnsupportedCompressionType,
+	kafka.TopicAuthorizationFailed,
+	kafka.ClusterAuthorizationFailed,
+	kafka.TransactionalIDAuthorizationFailed,
+	kafka.SASLAuthenticationFailed,
+	kafka.UnsupportedSASLMechanism,
+	io.ErrClosedPipe, // the Writer was closed
+}
+
+// classifyPublishError tells whether a dead letter's publish error is
+// permanent, and whether it says the topic is unknown (permanent only once
+// it persists; see deadLetterUnknownTopicAttempts). Anything else (no
+// leader, timeouts, the network, errors it does not know) is transient.
+// kafka.WriteErrors, which does not unwrap, is looked into: cause is the
+// error inside it that decided (err itself otherwise).
+func classifyPublishError(err error) (permanent, unknownTopic bool, cause error) {
+	errs := []error{err}
+	var we kafka.WriteErrors
+	if errors.As(err, &we) {
+		errs = errs[:0]
+		for _, e := range we {
+			if e != nil {
+				errs = append(errs, e)
+			}
+		}
+	}
+	cause = err
+	for _, e := range errs {
+		for _, p := range permanentPublishErrors {
+			if errors.Is(e, p) {
+				return true, false, e
+			}
+		}
+		if errors.Is(e, kafka.UnknownTopicOrPartition) {
+			unknownTopic, cause = true, e
+		}
+	}
+	return false, unknownTopic, cause
 }

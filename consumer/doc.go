@@ -20,7 +20,9 @@
 //     (retries used up, no event id or time, invalid, older than the inbox's
 //     retention) goes to [Config.OnFailure]: [DeadLetter] publishes it with
 //     headers saying why before its offset may pass, [StopPartition] halts
-//     the partition at it.
+//     the partition at it. A dead letter the producer refuses for good (too
+//     large, a missing or invalid topic, no authorization) halts the
+//     partition at the message too, rather than retrying it forever.
 //   - Everything transient is retried with backoff, never a reason to stop:
 //     an unreachable broker, failed joins, "Rebalance In Progress", a
 //     database that cannot commit. Run returns only when its context ends or
@@ -62,6 +64,18 @@
 // costs only redeliveries that the inbox absorbs. Writing it costs one
 // small upsert per processed message. Since the stored offset wins over the
 // group's, reset a group's position by deleting its rows as well.
+//
+// # Start offsets
+//
+// On assignment each partition's start offset is checked against its log. A
+// stored or committed offset past the log end (the topic was deleted and
+// recreated) stops the partition with [ReasonOffsetBeyondLogEnd] rather than
+// waiting there while the new messages below it go unprocessed; the error
+// says how to reset. One below the log start (retention deleted unprocessed
+// messages) starts at the log start with a Warn saying how many were
+// skipped. A partition without any offset starts at the log start or end
+// (Config.StartOffset) and commits that offset at once, so a restart never
+// skips what was produced in between.
 //
 // # Naturally idempotent handlers
 //

@@ -204,6 +204,11 @@ func TestConfigValidation(t *testing.T) {
 		"idempotent, no classifier": func(c *Config) {
 			c.Inbox, c.DB, c.NaturallyIdempotent = nil, &gorm.DB{}, true
 		},
+		"topic listed twice": func(c *Config) { c.Topics = []string{"t", "u", "t"} },
+		"dlq writer has a topic": func(c *Config) {
+			c.OnFailure, c.DeadLetterTopic = DeadLetter, "t.dlq"
+			c.DeadLetterWriter = &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9092"), Topic: "t.dlq"}
+		},
 	}
 	for name, mutate := range cases {
 		cfg := ok

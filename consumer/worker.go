@@ -56,7 +56,11 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	// and is rolled back when Run ends.
 	dbCtx := runCtx
 
-	start, ok := w.position(ctx, dbCtx)
+	start, from, ok := w.position(ctx, dbCtx)
+	if !ok {
+		return
+	}
+	start, commitStart, beyondEnd, ok := w.checkLog(ctx, start, from)
 	if !ok {
 		return
 	}
@@ -65,8 +69,20 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	if w.assigned >= 0 {
 		w.lastCommitted = w.assigned
 	}
+	if commitStart {
+		w.commit(true)
+	}
 	w.c.emit(Event{Kind: EventAssigned, Topic: w.topic, Partition: w.partition, Offset: start})
 	w.log.Info("partition assigned", "start_offset", start, "group_committed", w.assigned)
+	if beyondEnd != nil {
+		w.stopPartition(beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
+			"group_committed", w.assigned)
+		// Held like a partition stopped at a message (see below).
+		<-ctx.Done()
+		w.c.emit(Event{Kind: EventRevoked, Topic: w.topic, Partition: w.partition})
+		w.log.Info("partition released", "cause", context.Cause(ctx))
+		return
+	}
 
 	reader := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:     w.c.cfg.Brokers,
@@ -74,7 +90,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		Partition:   w.partition,
 		Dialer:      w.c.cfg.Dialer,
 		MinBytes:    1,
-		MaxBytes:    10 << 20,
+		MaxBytes:    readerMaxBytes,
 		MaxWait:     w.c.cfg.MaxWait,
 		Logger:      kafkaLogger(w.log, slog.LevelDebug),
 		ErrorLogger: kafkaLogger(w.log, slog.LevelWarn),
@@ -123,11 +139,14 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 }
 
 // position returns the offset to start at: the larger of the group's
-// committed offset and the stored one. ok is false if ctx ended first.
-func (w *worker) position(ctx, dbCtx context.Context) (int64, bool) {
-	start := w.assigned
+// committed offset and the stored one (a kafka-go sentinel if there is
+// neither), and from, which of the two it is, for messages. ok is false if
+// ctx ended first. checkLog then checks it against the partition's log.
+func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, ok bool) {
+	start = w.assigned
+	from = fmt.Sprintf("the offset committed by group %q", w.c.cfg.GroupID)
 	if !w.c.cfg.StoreOffsets {
-		return start, true
+		return start, from, true
 	}
 	for attempt := 1; ; attempt++ {
 		stored, err := w.c.offsets.load(dbCtx, w.c.db(), w.topic, w.partition)
@@ -136,13 +155,14 @@ func (w *worker) position(ctx, dbCtx context.Context) (int64, bool) {
 				w.log.Info("starting at the stored offset, past the group's committed one",
 					"stored", stored, "group_committed", start)
 				start = stored
+				from = fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable)
 			}
-			return start, true
+			return start, from, true
 		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("cannot read the stored offset; retrying", "error", err, "retry_in", wait)
 		if sleep(ctx, wait) != nil {
-			return 0, false
+			return 0, "", false
 		}
 	}
 }
@@ -487,6 +507,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		return stopped
 	}
 	dl := deadLetter(w.c.cfg.DeadLetterTopic, &it.msg, reason, it.attempts, cause, w.c.cfg.GroupID, w.c.cfg.Consumer, time.Now())
+	unknownTopic := 0 // publish attempts in a row that found the topic unknown
 	for attempt := 1; ; attempt++ {
 		err := w.c.dlq.WriteMessages(ctx, dl)
 		if err == nil {
@@ -495,8 +516,22 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		if ctx.Err() != nil {
 			return abandoned
 		}
+		permanent, unknown, perr := classifyPublishError(err)
+		if unknown {
+			unknownTopic++
+			permanent = unknownTopic >= deadLetterUnknownTopicAttempts
+		} else {
+			unknownTopic = 0
+		}
+		if permanent {
+			return w.deadLetterRefused(it, reason, cause, attempt, perr)
+		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("publishing a dead letter failed; retrying", "offset", it.msg.Offset, "error", err, "retry_in", wait)
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // still retried: the producer, not the message, is failing
+		}
+		w.log.Log(ctx, level, "publishing a dead letter failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
 		if sleep(ctx, wait) != nil {
 			return abandoned
 		}
