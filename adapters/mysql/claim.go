@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -44,14 +45,57 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]boo
 	if conn == nil {
 		return nil, fmt.Errorf("mysql: claim in %s: the *gorm.DB has no connection", s.name)
 	}
-	inserted := make([]bool, len(rows))
-	for lo := 0; lo < len(rows); lo += claimChunk {
-		hi := min(lo+claimChunk, len(rows))
-		if err := s.claimChunk(ctx, conn, rows[lo:hi], inserted[lo:hi]); err != nil {
+	// InnoDB locks each row's key as the statement reaches it; two claims
+	// that reach shared keys in different orders deadlock (1213). In key
+	// order, the later one waits for the earlier one instead.
+	sorted, order := inKeyOrder(rows)
+	got := make([]bool, len(rows))
+	for lo := 0; lo < len(sorted); lo += claimChunk {
+		hi := min(lo+claimChunk, len(sorted))
+		if err := s.claimChunk(ctx, conn, sorted[lo:hi], got[lo:hi]); err != nil {
 			return nil, err
 		}
 	}
+	if order == nil {
+		return got, nil
+	}
+	inserted := make([]bool, len(rows))
+	for k, i := range order {
+		inserted[i] = got[k]
+	}
 	return inserted, nil
+}
+
+// inKeyOrder returns rows sorted as the primary key's index orders them:
+// consumer and event_id bytewise (VARBINARY), then day; and order, where
+// order[k] is the index in rows of the k-th sorted row, or nil when rows
+// are in that order already (then sorted is rows itself).
+func inKeyOrder(rows []inbox.Row) (sorted []inbox.Row, order []int) {
+	if slices.IsSortedFunc(rows, compareKeys) {
+		return rows, nil
+	}
+	order = make([]int, len(rows))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return compareKeys(rows[a], rows[b]) })
+	sorted = make([]inbox.Row, len(rows))
+	for k, i := range order {
+		sorted[k] = rows[i]
+	}
+	return sorted, order
+}
+
+// compareKeys compares the keys of a and b in index order. Go compares
+// strings bytewise, as the server compares binary strings.
+func compareKeys(a, b inbox.Row) int {
+	if c := strings.Compare(a.Consumer, b.Consumer); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.EventID, b.EventID); c != 0 {
+		return c
+	}
+	return a.Day.Compare(b.Day)
 }
 
 // checkRow rejects what the table cannot hold exactly, so that no value is
