@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -12,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/keyorder"
 )
 
 // claimChunk bounds the rows of one INSERT: 8 placeholders a row, far below
@@ -48,54 +48,15 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]boo
 	// InnoDB locks each row's key as the statement reaches it; two claims
 	// that reach shared keys in different orders deadlock (1213). In key
 	// order, the later one waits for the earlier one instead.
-	sorted, order := inKeyOrder(rows)
-	got := make([]bool, len(rows))
+	sorted, order := keyorder.Sort(rows)
+	inserted := make([]bool, len(rows))
 	for lo := 0; lo < len(sorted); lo += claimChunk {
 		hi := min(lo+claimChunk, len(sorted))
-		if err := s.claimChunk(ctx, conn, sorted[lo:hi], got[lo:hi]); err != nil {
+		if err := s.claimChunk(ctx, conn, sorted[lo:hi], inserted[lo:hi]); err != nil {
 			return nil, err
 		}
 	}
-	if order == nil {
-		return got, nil
-	}
-	inserted := make([]bool, len(rows))
-	for k, i := range order {
-		inserted[i] = got[k]
-	}
-	return inserted, nil
-}
-
-// inKeyOrder returns rows sorted as the primary key's index orders them:
-// consumer and event_id bytewise (VARBINARY), then day; and order, where
-// order[k] is the index in rows of the k-th sorted row, or nil when rows
-// are in that order already (then sorted is rows itself).
-func inKeyOrder(rows []inbox.Row) (sorted []inbox.Row, order []int) {
-	if slices.IsSortedFunc(rows, compareKeys) {
-		return rows, nil
-	}
-	order = make([]int, len(rows))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int { return compareKeys(rows[a], rows[b]) })
-	sorted = make([]inbox.Row, len(rows))
-	for k, i := range order {
-		sorted[k] = rows[i]
-	}
-	return sorted, order
-}
-
-// compareKeys compares the keys of a and b in index order. Go compares
-// strings bytewise, as the server compares binary strings.
-func compareKeys(a, b inbox.Row) int {
-	if c := strings.Compare(a.Consumer, b.Consumer); c != 0 {
-		return c
-	}
-	if c := strings.Compare(a.EventID, b.EventID); c != 0 {
-		return c
-	}
-	return a.Day.Compare(b.Day)
+	return keyorder.Unsort(order, inserted), nil
 }
 
 // checkRow rejects what the table cannot hold exactly, so that no value is

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"testing"
 	"time"
 
 	"gorm.io/gorm"
@@ -135,4 +136,75 @@ func Overlapping(ctx context.Context, db *gorm.DB, store inbox.Store, workers, r
 		}
 	}
 	return res, nil
+}
+
+// CallerOrder claims every third of n fresh rows and commits, then claims
+// all n, shuffled, and returns an error unless Claim reported inserted[i]
+// for rows[i] in the order given: true exactly for the rows not claimed
+// before. With n above a Store's rows per statement it spans statements.
+func CallerOrder(ctx context.Context, db *gorm.DB, store inbox.Store, n int) error {
+	rows := Keys("order", n)
+	claimedBefore := make(map[inbox.Key]bool)
+	var before []inbox.Row
+	for i, r := range rows {
+		if i%3 == 0 {
+			before = append(before, r)
+			claimedBefore[r.Key()] = true
+		}
+	}
+	claim := func(rows []inbox.Row) (inserted []bool, err error) {
+		err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			inserted, err = store.Claim(ctx, tx, rows)
+			return err
+		})
+		return inserted, err
+	}
+	if _, err := claim(before); err != nil {
+		return err
+	}
+	rand.Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
+	inserted, err := claim(rows)
+	if err != nil {
+		return err
+	}
+	var wrong int
+	for i, r := range rows {
+		if inserted[i] == claimedBefore[r.Key()] {
+			wrong++
+		}
+	}
+	if wrong > 0 {
+		return fmt.Errorf("claimrace: %d of %d shuffled rows reported wrongly (inserted vs duplicate)", wrong, len(rows))
+	}
+	return nil
+}
+
+// TestOppositeOrders fails t if OppositeOrders over rounds rounds of n keys
+// meets a deadlock, or any other error.
+func TestOppositeOrders(t testing.TB, db *gorm.DB, store inbox.Store, rounds, n int, isDeadlock func(error) bool) {
+	t.Helper()
+	deadlocks, err := OppositeOrders(t.Context(), db, store, rounds, n, isDeadlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deadlocks > 0 {
+		t.Errorf("%d deadlocks in %d rounds of two claims of the same %d keys in opposite orders, want 0", deadlocks, rounds, n)
+	}
+}
+
+// TestStress runs Overlapping with 4 workers over 50 rounds of batches of
+// 100 keys out of 200, logs its counts, and fails t on an error or on more
+// than a deadlock per ten rounds.
+func TestStress(t testing.TB, db *gorm.DB, store inbox.Store, isDeadlock func(error) bool) {
+	t.Helper()
+	const workers, rounds, pool, batch = 4, 50, 200, 100
+	res, err := Overlapping(t.Context(), db, store, workers, rounds, pool, batch, isDeadlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d workers x %d rounds, batches of %d of %d keys: %d claims, %d retries, %d deadlocks",
+		workers, rounds, batch, pool, res.Claims, res.Retries, res.Deadlocks)
+	if res.Deadlocks > rounds/10 {
+		t.Errorf("%d deadlocks in %d rounds, want (near) 0", res.Deadlocks, rounds)
+	}
 }
