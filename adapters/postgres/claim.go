@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/keyorder"
 )
 
 // claimChunk rows per INSERT: 7 bind parameters each, far below PostgreSQL's
@@ -20,14 +21,19 @@ const claimChunk = 1000
 // particular order and are matched to rows by key. It never raises a unique
 // violation, so the caller's transaction stays usable.
 func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	// Each row's insert waits for a concurrent uncommitted insert of the
+	// same key; two claims that reach shared keys in different orders
+	// deadlock (40P01, found only after deadlock_timeout). In key order,
+	// the later one waits for the earlier one instead.
+	sorted, order := keyorder.Sort(rows)
 	inserted := make([]bool, len(rows))
-	for lo := 0; lo < len(rows); lo += claimChunk {
-		hi := min(lo+claimChunk, len(rows))
-		if err := s.claimChunk(ctx, tx, rows[lo:hi], inserted[lo:hi]); err != nil {
+	for lo := 0; lo < len(sorted); lo += claimChunk {
+		hi := min(lo+claimChunk, len(sorted))
+		if err := s.claimChunk(ctx, tx, sorted[lo:hi], inserted[lo:hi]); err != nil {
 			return nil, err
 		}
 	}
-	return inserted, nil
+	return keyorder.Unsort(order, inserted), nil
 }
 
 type returnedKey struct {
