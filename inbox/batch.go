@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -37,6 +36,14 @@ func BeforeCommit(fn func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) 
 	return func(o *batchOptions) { o.beforeCommit = fn }
 }
 
+// BatchHandler applies the effect of msgs, every one of them seen for the
+// first time, inside tx, in one call: a set-based statement for all of them
+// is what makes batches cheap. Like a Handler it must write through tx only
+// and must not commit or roll back tx. Returning an error (or panicking)
+// rolls back the whole transaction; ProcessBatchFunc then splits the batch
+// to find the message that fails.
+type BatchHandler func(ctx context.Context, tx *gorm.DB, msgs []Message) error
+
 // ProcessBatch processes msgs in one transaction with one multi-row claim,
 // running h only for the messages seen for the first time, in their order in
 // msgs. results[i] tells what happened to msgs[i].
@@ -53,20 +60,44 @@ func BeforeCommit(fn func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) 
 // transient (a deferred constraint: a *CommitError), or a handler fails
 // after an earlier handler of the transaction ignored a failed statement
 // (which on PostgreSQL aborts the transaction for every later message), the
-// messages are run again one per transaction, so that the failure is pinned
-// on the message that causes it. A message repeated inside msgs is handled once; its later
-// copies get the first copy's outcome (Duplicate if that was Processed).
+// batch is split in halves, each run in its own transaction, until the
+// failure is pinned on the message that causes it. A message repeated
+// inside msgs is handled once; its later copies get the first copy's
+// outcome (Duplicate if that was Processed).
 //
 // The error is non-nil only when the batch as a whole could not commit (a
 // database failure, see [IsDatabaseFailure], or ctx ended): then every
-// message not already failed is Failed with that error, and nothing of the
-// batch was committed by the transaction that failed.
+// message not already decided is Failed with that error, and nothing of the
+// transaction that failed was committed (messages of earlier transactions
+// of the same call, after a split, keep their outcome).
 func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler, opts ...BatchOption) ([]Result, error) {
-	start := time.Now()
-	var o batchOptions
-	for _, opt := range opts {
-		opt(&o)
+	if h == nil {
+		return nil, fmt.Errorf("%w: ProcessBatch needs a handler", ErrInvalidConfig)
 	}
+	return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, h: h}, opts)
+}
+
+// ProcessBatchFunc is ProcessBatch with a batch handler: h is called once
+// per transaction with all the new messages of the batch, in their order in
+// msgs (duplicates left out; h is not called when there is none). If h
+// fails (after retries, if its error is marked [Retryable]) or COMMIT
+// refuses the batch, the batch is split in halves, each run in its own
+// transaction, until the failing messages are alone: they fail, all others
+// commit. A failing batch of n messages thus costs about 2·log2(n) more
+// transactions per poison message.
+func (ib *Inbox) ProcessBatchFunc(ctx context.Context, msgs []Message, h BatchHandler, opts ...BatchOption) ([]Result, error) {
+	if h == nil {
+		return nil, fmt.Errorf("%w: ProcessBatchFunc needs a batch handler", ErrInvalidConfig)
+	}
+	return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, bh: h}, opts)
+}
+
+func (ib *Inbox) processBatch(ctx context.Context, b *batchRun, opts []BatchOption) ([]Result, error) {
+	start := time.Now()
+	for _, opt := range opts {
+		opt(&b.opts)
+	}
+	msgs := b.msgs
 	now := ib.cfg.Now()
 	results := make([]Result, len(msgs))
 	firstOf := make(map[Key]int, len(msgs))
@@ -85,48 +116,56 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler, op
 		firstOf[k] = i
 		pending = append(pending, i)
 	}
-	b := &batchRun{ib: ib, msgs: msgs, h: h, opts: o, results: results, copiesOf: copiesOf}
+	b.results, b.copiesOf = results, copiesOf
 
 	var batchErr error
-	oneByOne := false
-	for len(pending) > 0 {
-		group := pending
-		if oneByOne {
-			group = pending[:1]
-		}
+	failMessage := func(idx int, err error) {
+		results[idx] = Result{Outcome: Failed, Err: fmt.Errorf("inbox: consumer %q event %q: %w", msgs[idx].Consumer, msgs[idx].ID, err)}
+	}
+	// queue holds the groups still to run, in message order: a split puts
+	// both halves in front.
+	var queue [][]int
+	if len(pending) > 0 {
+		queue = append(queue, pending)
+	}
+	for len(queue) > 0 {
+		group := queue[0]
 		outcomes, failedIdx, err := b.attempt(ctx, group)
-		if err == nil {
+		switch {
+		case err == nil:
 			for _, idx := range group {
 				results[idx] = Result{Outcome: outcomes[idx]}
 			}
-			pending = pending[len(group):]
-			continue
-		}
-		if failedIdx >= 0 {
-			results[failedIdx] = Result{Outcome: Failed, Err: fmt.Errorf("inbox: consumer %q event %q: %w",
-				msgs[failedIdx].Consumer, msgs[failedIdx].ID, err)}
-			pending = slices.DeleteFunc(pending, func(idx int) bool { return idx == failedIdx })
-			continue
-		}
-		var ce *CommitError
-		var ub *unclearBlame
-		if (errors.As(err, &ce) || errors.As(err, &ub)) && ctx.Err() == nil {
-			if len(group) > 1 {
-				ib.log.Warn("a batch failed for a reason no single message can be blamed for yet; running its messages one per transaction to find the cause",
-					"messages", len(group), "error", err)
-				oneByOne = true
-				continue
+			queue = queue[1:]
+		case failedIdx >= 0:
+			failMessage(failedIdx, err)
+			rest := slices.DeleteFunc(slices.Clone(group), func(idx int) bool { return idx == failedIdx })
+			if len(rest) == 0 {
+				queue = queue[1:]
+			} else {
+				queue[0] = rest
 			}
-			idx := group[0]
-			results[idx] = Result{Outcome: Failed, Err: fmt.Errorf("inbox: consumer %q event %q: %w", msgs[idx].Consumer, msgs[idx].ID, err)}
-			pending = pending[1:]
-			continue
+		case ctx.Err() != nil || IsDatabaseFailure(err):
+			n := 0
+			for _, g := range queue {
+				n += len(g)
+			}
+			batchErr = fmt.Errorf("inbox: batch of %d messages: %w", n, err)
+			for _, g := range queue {
+				for _, idx := range g {
+					results[idx] = Result{Outcome: Failed, Err: batchErr}
+				}
+			}
+			queue = nil
+		case len(group) == 1:
+			failMessage(group[0], err)
+			queue = queue[1:]
+		default:
+			ib.log.Warn("a batch failed for a reason no single message can be blamed for yet; splitting it to find the cause",
+				"messages", len(group), "error", err)
+			half := len(group) / 2
+			queue = append([][]int{group[:half], group[half:]}, queue[1:]...)
 		}
-		batchErr = fmt.Errorf("inbox: batch of %d messages: %w", len(pending), err)
-		for _, idx := range pending {
-			results[idx] = Result{Outcome: Failed, Err: batchErr}
-		}
-		break
 	}
 
 	for first, copies := range copiesOf {
@@ -152,19 +191,21 @@ type unclearBlame struct{ err error }
 func (e *unclearBlame) Error() string { return e.err.Error() }
 func (e *unclearBlame) Unwrap() error { return e.err }
 
-// batchRun is one ProcessBatch call.
+// batchRun is one ProcessBatch or ProcessBatchFunc call.
 type batchRun struct {
 	ib       *Inbox
 	msgs     []Message
-	h        Handler
+	h        Handler      // per message; nil with bh
+	bh       BatchHandler // per transaction; nil with h
 	opts     batchOptions
 	results  []Result // final results so far
 	copiesOf map[int][]int
 }
 
 // attempt runs the transaction for the messages of group, with retries. On
-// a handler failure it returns the failing message's index; on any other
-// failure, -1.
+// a per-message handler's failure it returns the failing message's index;
+// on any other failure, -1: a database failure (or the end of ctx) fails
+// the batch, anything else is to be pinned by splitting the group.
 func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, int, error) {
 	ib := b.ib
 	var outcomes map[int]Outcome
@@ -181,29 +222,46 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 			if err != nil {
 				return err
 			}
-			st := lookupState(tx)
-			firstFailure := -1 // the message during whose handler a statement failed first
-			for j, idx := range group {
-				if !inserted[j] {
-					outcomes[idx] = Duplicate
-					continue
-				}
-				_, before := st.state()
-				err := callHandler(ctx, tx, b.msgs[idx], b.h)
-				if _, after := st.state(); before == nil && after != nil {
-					firstFailure = idx
-				}
-				if err != nil {
-					if firstFailure >= 0 && firstFailure != idx {
-						// An earlier handler ignored a failed statement; on
-						// PostgreSQL that aborted the transaction, and this
-						// message may only suffer from it.
-						return &unclearBlame{err: err}
+			if b.bh != nil {
+				var fresh []Message
+				for j, idx := range group {
+					if inserted[j] {
+						fresh = append(fresh, b.msgs[idx])
+						outcomes[idx] = Processed
+					} else {
+						outcomes[idx] = Duplicate
 					}
-					failedIdx = idx
-					return err
 				}
-				outcomes[idx] = Processed
+				if len(fresh) > 0 {
+					if err := callBatchHandler(ctx, tx, fresh, b.bh); err != nil {
+						return err
+					}
+				}
+			} else {
+				st := lookupState(tx)
+				firstFailure := -1 // the message during whose handler a statement failed first
+				for j, idx := range group {
+					if !inserted[j] {
+						outcomes[idx] = Duplicate
+						continue
+					}
+					_, before := st.state()
+					err := callHandler(ctx, tx, b.msgs[idx], b.h)
+					if _, after := st.state(); before == nil && after != nil {
+						firstFailure = idx
+					}
+					if err != nil {
+						if firstFailure >= 0 && firstFailure != idx {
+							// An earlier handler ignored a failed statement; on
+							// PostgreSQL that aborted the transaction, and this
+							// message may only suffer from it.
+							return &unclearBlame{err: err}
+						}
+						failedIdx = idx
+						return err
+					}
+					outcomes[idx] = Processed
+				}
 			}
 			if b.opts.beforeCommit != nil {
 				if err := b.opts.beforeCommit(ctx, tx, b.view(outcomes)); err != nil {

@@ -314,6 +314,15 @@ func (ib *Inbox) claim(ctx context.Context, tx *gorm.DB, rows []Row) ([]bool, er
 	return inserted, nil
 }
 
+func callBatchHandler(ctx context.Context, tx *gorm.DB, msgs []Message, h BatchHandler) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = newPanicError(r)
+		}
+	}()
+	return h(ctx, tx, msgs)
+}
+
 func callHandler(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
