@@ -31,6 +31,11 @@ type Message struct {
 // transaction at once, before the consumer's own retries.
 type Handler func(ctx context.Context, tx *gorm.DB, msg Message) error
 
+// BatchHandler applies the effect of msgs, all seen for the first time and
+// of one partition, in offset order, inside tx, in one call. Like a Handler
+// it writes through tx only and must not commit or roll back tx.
+type BatchHandler func(ctx context.Context, tx *gorm.DB, msgs []Message) error
+
 // Policy is what happens to a message that cannot be processed: its
 // retries are used up, its id or time is missing, it is invalid, or it is
 // older than the inbox's retention window.
@@ -91,8 +96,16 @@ type Config struct {
 	// group changes (a replay under a new GroupID must find the rows of the
 	// old one). Required with Inbox.
 	Consumer string
-	// Handler applies each message. Required.
+	// Handler applies each message. Required, unless BatchHandler is set.
 	Handler Handler
+	// BatchHandler, instead of Handler, applies all the new messages of a
+	// batch in one call (through inbox.ProcessBatchFunc), so that the effect
+	// can be one set-based statement: up to BatchSize messages of one
+	// partition, duplicates left out, in offset order. When it fails, the
+	// batch is split until the failing message is alone; that message's
+	// attempts then count as with Handler. HandlerTimeout bounds one call.
+	// Not with NaturallyIdempotent.
+	BatchHandler BatchHandler
 	// NaturallyIdempotent declares that Handler's effect is the same however
 	// often it runs (an upsert, a set-to-state, a version check): no inbox
 	// row is written and Inbox may be nil. Messages are then processed one by
@@ -238,8 +251,13 @@ func (c *Config) validate() error {
 			bad("topic %q is also the dead-letter topic", t)
 		}
 	}
-	if c.Handler == nil {
+	switch {
+	case c.Handler == nil && c.BatchHandler == nil:
 		bad("no handler")
+	case c.Handler != nil && c.BatchHandler != nil:
+		bad("both Handler and BatchHandler are set; give one")
+	case c.BatchHandler != nil && c.NaturallyIdempotent:
+		bad("BatchHandler needs an inbox; a naturally idempotent consumer takes Handler")
 	}
 	if c.NaturallyIdempotent {
 		if c.DB == nil && c.Inbox == nil {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -253,5 +255,78 @@ func TestStoredOffsetNeverPassesAMessageExpiredMidBatch(t *testing.T) {
 	}
 	if ev.count(EventProcessed) != 3 || stored != 3 {
 		t.Fatalf("%d processed, stored offset %d; want all 3 admitted from the one clock reading, offset 3", ev.count(EventProcessed), stored)
+	}
+}
+
+// reserveBatch is the inventory handler, set-based: one INSERT for all
+// reservations, one UPDATE per SKU with the batch's total.
+func (s *shop) reserveBatch(ctx context.Context, tx *gorm.DB, msgs []Message) error {
+	var rows []string
+	var args []any
+	total := map[string]int{}
+	var skus []string
+	for _, m := range msgs {
+		var o order
+		if err := json.Unmarshal(m.Value, &o); err != nil {
+			return fmt.Errorf("bad OrderCreated payload at offset %d: %w", m.Offset, err)
+		}
+		rows = append(rows, "(?, ?, ?)")
+		args = append(args, o.OrderID, o.SKU, o.Qty)
+		if _, ok := total[o.SKU]; !ok {
+			skus = append(skus, o.SKU)
+		}
+		total[o.SKU] += o.Qty
+	}
+	if err := tx.Exec(`INSERT INTO reservations`+s.suffix+` (order_id, sku, qty) VALUES `+strings.Join(rows, ", "), args...).Error; err != nil {
+		return err
+	}
+	slices.Sort(skus) // a fixed lock order
+	for _, sku := range skus {
+		if err := tx.Exec(`UPDATE stock`+s.suffix+` SET reserved = reserved + ? WHERE sku = ?`, total[sku], sku).Error; err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TestBatchHandler: a set-based batch handler gets each new message once,
+// duplicates left out; a poison message in a batch is found by splitting
+// and dead-lettered after MaxAttempts; the rest commit exactly once.
+func TestBatchHandler(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 2, "orders", "orders.dlq")
+	s := newFaultShop(t, postgresLike, inbox.Config{MaxAttempts: 1})
+	var msgs []kafka.Message
+	for i := range 40 {
+		msgs = append(msgs, orderMessage(i, i%2))
+	}
+	msgs[13].Value = []byte(`{"order_id":`)                                          // truncated: the decoder's io.ErrUnexpectedEOF
+	msgs = append(msgs, orderMessage(4, 0), orderMessage(7, 1), orderMessage(20, 0)) // a producer's retries
+	produce(t, brokers, "orders", msgs...)
+	ev := newEvents()
+	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
+	cfg.Handler, cfg.BatchHandler = nil, s.reserveBatch
+	cfg.BatchSize, cfg.BatchWait, cfg.MaxAttempts = 10, 100*time.Millisecond, 2
+	cfg.OnFailure, cfg.DeadLetterTopic = DeadLetter, "orders.dlq"
+	r := start(t, cfg)
+	waitUntil(t, 60*time.Second, "39 processed, 3 duplicates, 1 dead letter", func() bool {
+		return ev.count(EventProcessed) == 39 && ev.count(EventDuplicate) == 3 && ev.count(EventDeadLettered) == 1
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 40, map[int]bool{13: true})
+	dl := readAll(t, brokers, "orders.dlq", 1, 1)[0] // the Hash balancer puts order-13 on partition 0
+	attempts := ""
+	for _, h := range dl.Headers {
+		if h.Key == HeaderDLQAttempts {
+			attempts = string(h.Value)
+		}
+	}
+	if string(dl.Key) != "order-13" || attempts != "2" {
+		t.Errorf("dead letter %s after %q attempts, want order-13 after 2", dl.Key, attempts)
+	}
+	if got := committed(t, brokers, "inventory", "orders", 2); got[0]+got[1] != int64(len(msgs)) {
+		t.Errorf("committed %v, want %d in all", got, len(msgs))
 	}
 }

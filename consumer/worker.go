@@ -313,7 +313,13 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		}))
 	}
 	for attempt := 1; ; attempt++ {
-		rs, err := w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items), opts...)
+		var rs []inbox.Result
+		var err error
+		if w.c.cfg.BatchHandler != nil {
+			rs, err = w.c.cfg.Inbox.ProcessBatchFunc(dbCtx, msgs, w.wrapBatch(items), opts...)
+		} else {
+			rs, err = w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items), opts...)
+		}
 		if err == nil {
 			processed := 0
 			for j, i := range idx {
@@ -393,6 +399,27 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 	}
 }
 
+// wrapBatch adapts the user's BatchHandler to the inbox.
+func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
+	byOffset := make(map[int64]*item, len(items))
+	for _, it := range items {
+		byOffset[it.msg.Offset] = it
+	}
+	return func(ctx context.Context, tx *gorm.DB, ms []inbox.Message) error {
+		batch := make([]Message, len(ms))
+		for i, m := range ms {
+			it, ok := byOffset[m.Offset]
+			if !ok {
+				return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
+			}
+			batch[i] = it.msg
+		}
+		return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+			return w.c.cfg.BatchHandler(ctx, tx, batch)
+		})
+	}
+}
+
 // infrastructure reports whether err says the database failed rather than
 // the message (inbox.IsDatabaseFailure: BEGIN, the claim or COMMIT failed,
 // or a statement failed with an error the Store classifies as transient).
@@ -443,26 +470,33 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 // callHandler runs the user's handler, enforcing Config.HandlerTimeout. A
 // panic is left to the inbox (or inbox.Transact), which recovers it as an
 // *inbox.PanicError with its stack.
-func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) (err error) {
+func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) error {
+	return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+		return w.c.cfg.Handler(ctx, tx, msg)
+	})
+}
+
+// withTimeout runs fn under Config.HandlerTimeout: its context and
+// transaction handle carry the deadline, and an overrun is the handler's
+// failure (ErrHandlerTimeout), whatever fn returned.
+func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx context.Context, tx *gorm.DB) error) (err error) {
 	timeout := w.c.cfg.HandlerTimeout
-	if timeout > 0 {
-		outer := ctx
-		hctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		defer func() {
-			// The deadline passed, not the worker's context: the handler's
-			// fault, whatever it returned.
-			if errors.Is(hctx.Err(), context.DeadlineExceeded) && outer.Err() == nil {
-				if err == nil {
-					err = fmt.Errorf("%w: handler did not finish within %v", ErrHandlerTimeout, timeout)
-				} else {
-					err = fmt.Errorf("%w: handler did not finish within %v: %w", ErrHandlerTimeout, timeout, err)
-				}
-			}
-		}()
-		ctx, tx = hctx, tx.WithContext(hctx)
+	if timeout <= 0 {
+		return fn(ctx, tx)
 	}
-	return w.c.cfg.Handler(ctx, tx, msg)
+	outer := ctx
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	defer func() {
+		if errors.Is(hctx.Err(), context.DeadlineExceeded) && outer.Err() == nil {
+			if err == nil {
+				err = fmt.Errorf("%w: handler did not finish within %v", ErrHandlerTimeout, timeout)
+			} else {
+				err = fmt.Errorf("%w: handler did not finish within %v: %w", ErrHandlerTimeout, timeout, err)
+			}
+		}
+	}()
+	return fn(hctx, tx.WithContext(hctx))
 }
 
 // afterCommit runs the test seam after a database commit and reports
