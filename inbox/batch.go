@@ -217,11 +217,7 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 	err := ib.retry(ctx, func(int) error {
 		failedIdx = -1
 		outcomes = make(map[int]Outcome, len(group))
-		return runTx(ctx, ib.db, ib.store, ib.cfg.TxOptions, func(tx *gorm.DB) error {
-			inserted, err := ib.claim(ctx, tx, rows)
-			if err != nil {
-				return err
-			}
+		return ib.claimTx(ctx, rows, func(tx *gorm.DB, inserted []bool) error {
 			if b.bh != nil {
 				var fresh []Message
 				for j, idx := range group {

@@ -184,11 +184,19 @@ func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, 
 		return Failed, err
 	}
 	var out Outcome
+	rows := []Row{msg.Row()}
 	err := ib.retry(ctx, func(attempt int) error {
-		return runTx(ctx, ib.db, ib.store, ib.cfg.TxOptions, func(tx *gorm.DB) error {
-			var err error
-			out, err = ib.claimAndHandle(ctx, tx, msg, h)
-			return err
+		return ib.claimTx(ctx, rows, func(tx *gorm.DB, inserted []bool) error {
+			if !inserted[0] {
+				out = Duplicate
+				return nil
+			}
+			if err := callHandler(ctx, tx, msg, h); err != nil {
+				out = Failed
+				return err
+			}
+			out = Processed
+			return nil
 		})
 	})
 	if err != nil {
@@ -298,6 +306,39 @@ func (ib *Inbox) claimAndHandle(ctx context.Context, tx *gorm.DB, msg Message, h
 		return Failed, err
 	}
 	return Processed, nil
+}
+
+// claimTx runs fn in a new transaction that holds the claim of rows, and
+// commits it (see runTx). A Store that is a ClaimBeginner opens the
+// transaction and claims in one round trip.
+func (ib *Inbox) claimTx(ctx context.Context, rows []Row, fn func(tx *gorm.DB, inserted []bool) error) error {
+	var inserted []bool
+	open := func() (*gorm.DB, error) {
+		if cb, ok := ib.store.(ClaimBeginner); ok {
+			tx, ins, ok, err := cb.BeginClaim(ctx, ib.db.WithContext(ctx), ib.cfg.TxOptions, rows)
+			if err != nil {
+				return nil, &dbError{op: "begin and claim", err: err}
+			}
+			if ok {
+				if len(ins) != len(rows) {
+					_ = tx.Rollback().Error
+					return nil, &dbError{op: "claim", err: fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(ins), len(rows))}
+				}
+				inserted = ins
+				return tx, nil
+			}
+		}
+		return begin(ctx, ib.db, ib.cfg.TxOptions)
+	}
+	return runTxFrom(ctx, open, ib.store, func(tx *gorm.DB) error {
+		if inserted == nil {
+			var err error
+			if inserted, err = ib.claim(ctx, tx, rows); err != nil {
+				return err
+			}
+		}
+		return fn(tx, inserted)
+	})
 }
 
 // errStoreContract reports a Store that broke the Claim contract.

@@ -289,13 +289,27 @@ func afterStatement(db *gorm.DB) {
 // COMMIT the database refused (a *CommitError). The transaction is rolled
 // back whenever it does not commit, also when fn panics.
 func runTx(ctx context.Context, db *gorm.DB, classify ErrorClassifier, opts *sql.TxOptions, fn func(tx *gorm.DB) error) error {
+	return runTxFrom(ctx, func() (*gorm.DB, error) { return begin(ctx, db, opts) }, classify, fn)
+}
+
+func begin(ctx context.Context, db *gorm.DB, opts *sql.TxOptions) (*gorm.DB, error) {
 	var txOpts []*sql.TxOptions
 	if opts != nil {
 		txOpts = append(txOpts, opts)
 	}
 	tx := db.WithContext(ctx).Begin(txOpts...)
 	if tx.Error != nil {
-		return &dbError{op: "begin", err: tx.Error}
+		return nil, &dbError{op: "begin", err: tx.Error}
+	}
+	return tx, nil
+}
+
+// runTxFrom is runTx with the transaction opened by begin, whose errors
+// must be database failures already.
+func runTxFrom(ctx context.Context, begin func() (*gorm.DB, error), classify ErrorClassifier, fn func(tx *gorm.DB) error) error {
+	tx, err := begin()
+	if err != nil {
+		return err
 	}
 	tx, st, untrack := track(tx, &txState{classify: classify})
 	defer untrack()
