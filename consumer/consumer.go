@@ -127,7 +127,10 @@ func New(cfg Config) (*Consumer, error) {
 }
 
 // Migrate creates the offsets table when Config.StoreOffsets is set, and
-// does nothing otherwise. It is idempotent. (The inbox's own table is
+// does nothing otherwise. It is idempotent. On MySQL/MariaDB the table is
+// created as InnoDB whatever the server's default engine, and Migrate fails
+// if an existing offsets table is on an engine without transactions (a
+// stored offset must roll back with its effect). (The inbox's own table is
 // created by inbox.Inbox.Migrate.)
 func (c *Consumer) Migrate(ctx context.Context) error {
 	if !c.cfg.StoreOffsets {
