@@ -304,3 +304,35 @@ func TestOffsetBelowLogStartIsSkippedLoudly(t *testing.T) {
 	}
 	s.checkExactlyOnce(t, 5, map[int]bool{0: true, 1: true, 2: true})
 }
+
+// The topic is deleted and recreated while the consumer runs: the
+// partition's next offset is then past the new log end, and kafka-go's
+// reader would wait there. The idle partition's periodic check stops it,
+// without waiting for a rebalance.
+func TestTopicRecreatedWhileRunningStopsThePartition(t *testing.T) {
+	t.Parallel()
+	onEachBroker(t, func(t *testing.T, k kafkaTarget) {
+		createTopicWith(t, k.brokers, kafka.TopicConfig{Topic: k.topic})
+		s := newSQLiteShop(t)
+		sendOrders(t, k.brokers, k.topic, 1, 5, nil)
+		ev := newEvents()
+		cfg := baseConfig(t, k.brokers, k.topic, k.group, s, ev)
+		cfg.StoreOffsets = true
+		cfg.logCheckInterval = 200 * time.Millisecond
+		r := start(t, cfg)
+		waitUntil(t, 30*time.Second, "5 processed", func() bool { return ev.count(EventProcessed) == 5 })
+		recreateTopic(t, k.brokers, k.topic)
+		produce(t, k.brokers, k.topic, orderMessage(5, 0), orderMessage(6, 0))
+		waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(EventPartitionStopped) == 1 })
+		st := r.c.Stopped()
+		if len(st) != 1 || st[0].Offset != 5 || st[0].Reason != ReasonOffsetBeyondLogEnd || !errors.Is(st[0], ErrOffsetBeyondLogEnd) {
+			t.Fatalf("Stopped() = %v, want offset 5 stopped for %s", st, ReasonOffsetBeyondLogEnd)
+		}
+		if n := ev.count(EventAssigned); n != 1 {
+			t.Logf("%d assignments: the group rebalanced", n)
+		}
+		if err := r.stop(t); !errors.Is(err, ErrOffsetBeyondLogEnd) {
+			t.Errorf("Run = %v, want the stopped partition", err)
+		}
+	})
+}

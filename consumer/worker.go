@@ -117,6 +117,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	}
 
 	halted := false
+	lastLogCheck := time.Now()
 	for ctx.Err() == nil && !halted {
 		batch := w.fetch(ctx, reader)
 		if len(batch) > 0 {
@@ -124,6 +125,12 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			if w.c.crashed(ctx) {
 				return
 			}
+		} else if time.Since(lastLogCheck) >= w.logCheckInterval() {
+			if e := w.pastLogEnd(ctx); e != nil {
+				w.stopPartition(e, "PARTITION STOPPED: its next offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset")
+				halted = true
+			}
+			lastLogCheck = time.Now()
 		}
 		w.commit(false)
 	}
