@@ -69,7 +69,12 @@ func (p Policy) String() string {
 	return fmt.Sprintf("Policy(%d)", int(p))
 }
 
-// MessageWriter publishes messages; *kafka.Writer implements it.
+// MessageWriter publishes messages; *kafka.Writer implements it. Under the
+// DeadLetter policy an error of WriteMessages that is (or wraps, also inside
+// kafka.WriteErrors) one of kafka-go's permanent errors, such as
+// kafka.MessageSizeTooLarge, kafka.InvalidTopic, kafka.TopicAuthorizationFailed
+// or io.ErrClosedPipe, stops the partition at the message; any other error
+// is retried.
 type MessageWriter interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
