@@ -74,7 +74,12 @@ func (p Policy) String() string {
 	return fmt.Sprintf("Policy(%d)", int(p))
 }
 
-// MessageWriter publishes messages; *kafka.Writer implements it.
+// MessageWriter publishes messages; *kafka.Writer implements it. Under the
+// DeadLetter policy an error of WriteMessages that is (or wraps, also inside
+// kafka.WriteErrors) one of kafka-go's permanent errors, such as
+// kafka.MessageSizeTooLarge, kafka.InvalidTopic, kafka.TopicAuthorizationFailed
+// or io.ErrClosedPipe, stops the partition at the message; any other error
+// is retried.
 type MessageWriter interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
@@ -177,11 +182,14 @@ type Config struct {
 	// a new GroupID needs nothing: its rows do not exist yet.
 	//
 	// On assignment the start offset (with or without StoreOffsets) is
-	// checked against the partition's log. Past the log end (the topic was
-	// deleted and recreated) the partition stops with
+	// checked against the partition's log, and so is the next offset of a
+	// partition idle for 30 s. Past the log end (the topic was deleted and
+	// recreated) for three lookups a second apart, the partition stops with
 	// ReasonOffsetBeyondLogEnd, wrapping ErrOffsetBeyondLogEnd, until its
-	// offsets are reset: waiting there would silently never process the
-	// new messages below it. Below the log start (retention deleted
+	// offsets are reset and it is reassigned: waiting there would silently
+	// never process the new messages below it. (A recreated topic that
+	// already grew past the offset cannot be told from the old one: its
+	// messages below the offset are skipped.) Below the log start (retention deleted
 	// messages the group never processed) the partition starts at the log
 	// start: those messages are gone; a Warn says how many were skipped.
 	StoreOffsets bool
@@ -218,6 +226,8 @@ type Config struct {
 	// errCrash simulates a crash before the offset commit. processed is how
 	// many messages of that commit were applied (not duplicates).
 	afterDB func(topic string, partition int, next int64, processed int) error
+	// logCheckInterval, set by tests, replaces defaultLogCheckInterval.
+	logCheckInterval time.Duration
 }
 
 var errInvalidConfig = inbox.ErrInvalidConfig

@@ -37,9 +37,14 @@ var (
 	errClosed = errors.New("consumer: closed")
 )
 
-// PartitionStoppedError reports a partition halted by the StopPartition
-// policy at the message at Offset, which was not processed. Nothing at or
-// after Offset is committed to Kafka (or stored in the offsets table).
+// PartitionStoppedError reports a partition halted at Offset, which was not
+// processed: by the StopPartition policy at a message that cannot be
+// processed, under DeadLetter at a message whose dead letter the producer
+// refused for good (ReasonDeadLetterFailed), or at a start offset past the
+// partition's log end (ReasonOffsetBeyondLogEnd; EventID is then empty and
+// Attempts 0). Nothing at or after Offset is committed to Kafka (or stored
+// in the offsets table). The partition stays halted until it is assigned
+// again (a rebalance, or the next Run), when it is tried again.
 type PartitionStoppedError struct {
 	Topic     string
 	Partition int
@@ -134,7 +139,10 @@ func New(cfg Config) (*Consumer, error) {
 }
 
 // Migrate creates the offsets table when Config.StoreOffsets is set, and
-// does nothing otherwise. It is idempotent. (The inbox's own table is
+// does nothing otherwise. It is idempotent. On MySQL/MariaDB the table is
+// created as InnoDB whatever the server's default engine, and Migrate fails
+// if an existing offsets table is on an engine without transactions (a
+// stored offset must roll back with its effect). (The inbox's own table is
 // created by inbox.Inbox.Migrate.)
 func (c *Consumer) Migrate(ctx context.Context) error {
 	if !c.cfg.StoreOffsets {
@@ -284,8 +292,8 @@ func (c *Consumer) Close() error {
 	return nil
 }
 
-// Stopped returns the partitions halted by the StopPartition policy and not
-// yet past the message they stopped at, by topic and partition. It is safe
+// Stopped returns the halted partitions (see PartitionStoppedError) not yet
+// past the offset they stopped at, by topic and partition. It is safe
 // to call at any time, also after Run returned.
 func (c *Consumer) Stopped() []*PartitionStoppedError {
 	c.mu.Lock()

@@ -104,11 +104,15 @@ func (f *fakeWriter) count() int {
 	return f.calls
 }
 
-// deadLetterConfig consumes orders 0..2 of partition 0 with order-1 failing
-// at once under the DeadLetter policy, publishing through w.
-func deadLetterConfig(t *testing.T, brokers []string, s *shop, ev *events, w MessageWriter) Config {
-	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts, cfg.DeadLetterWriter = DeadLetter, "orders.dlq", 1, w
+// deadLetterConfig consumes topic with order-1 failing at once under the
+// DeadLetter policy, publishing to topic.dlq through w (nil: the default
+// writer).
+func deadLetterConfig(t *testing.T, brokers []string, topic, group string, s *shop, ev *events, w MessageWriter) Config {
+	cfg := baseConfig(t, brokers, topic, group, s, ev)
+	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = DeadLetter, topic+".dlq", 1
+	if w != nil {
+		cfg.DeadLetterWriter = w
+	}
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg Message) error {
 		if string(msg.Key) == "order-1" {
 			return errPoison
@@ -151,7 +155,7 @@ func TestDeadLetterPermanentErrorStopsThePartition(t *testing.T) {
 			sendOrders(t, brokers, "orders", 1, 3, nil)
 			ev := newEvents()
 			w := &fakeWriter{errs: c.errs}
-			r := start(t, deadLetterConfig(t, brokers, s, ev, w))
+			r := start(t, deadLetterConfig(t, brokers, "orders", "inventory", s, ev, w))
 			waitUntil(t, 20*time.Second, "the partition to stop", func() bool { return ev.count(EventPartitionStopped) == 1 })
 			if n := w.count(); n != c.calls {
 				t.Errorf("the dead letter was tried %d times, want %d", n, c.calls)
@@ -192,7 +196,7 @@ func TestDeadLetterTransientErrorsAreRetried(t *testing.T) {
 		kafka.WriteErrors{kafka.NotEnoughReplicas},
 		kafka.UnknownTopicOrPartition, // briefly, as after a topic is created
 	}}
-	r := start(t, deadLetterConfig(t, brokers, s, ev, w))
+	r := start(t, deadLetterConfig(t, brokers, "orders", "inventory", s, ev, w))
 	waitUntil(t, 20*time.Second, "the dead letter and the rest", func() bool {
 		return ev.count(EventDeadLettered) == 1 && ev.count(EventProcessed) == 2
 	})
@@ -215,28 +219,24 @@ func TestDeadLetterTransientErrorsAreRetried(t *testing.T) {
 // it with MESSAGE_TOO_LARGE.
 func TestDeadLetterRefusedByTheBrokerStopsThePartition(t *testing.T) {
 	t.Parallel()
-	brokers := newKfake(t, 1, "orders")
-	cl := &kafka.Client{Addr: kafka.TCP(brokers...)}
-	resp, err := cl.CreateTopics(context.Background(), &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-		Topic: "orders.dlq", NumPartitions: 1, ReplicationFactor: 1,
-		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: "200"}},
-	}}})
-	if err != nil || resp.Errors["orders.dlq"] != nil {
-		t.Fatalf("create the dead-letter topic: %v %v", err, resp)
-	}
-	s := newSQLiteShop(t)
-	sendOrders(t, brokers, "orders", 1, 3, nil)
-	ev := newEvents()
-	r := start(t, deadLetterConfig(t, brokers, s, ev, nil))
-	waitUntil(t, 20*time.Second, "the partition to stop", func() bool { return ev.count(EventPartitionStopped) == 1 })
-	st := r.c.Stopped()
-	if len(st) != 1 || st[0].Offset != 1 || st[0].Reason != ReasonDeadLetterFailed || !errors.Is(st[0], kafka.MessageSizeTooLarge) {
-		t.Fatalf("Stopped() = %v, want offset 1 stopped for a too large dead letter", st)
-	}
-	if err := r.stop(t); !errors.Is(err, kafka.MessageSizeTooLarge) {
-		t.Errorf("Run = %v, want the stopped partition", err)
-	}
-	if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 1 {
-		t.Errorf("committed %v, want 1", got)
-	}
+	onEachBroker(t, func(t *testing.T, k kafkaTarget) {
+		createTopicWith(t, k.brokers, kafka.TopicConfig{Topic: k.topic})
+		createTopicWith(t, k.brokers, kafka.TopicConfig{Topic: k.topic + ".dlq",
+			ConfigEntries: []kafka.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: "200"}}})
+		s := newSQLiteShop(t)
+		sendOrders(t, k.brokers, k.topic, 1, 3, nil)
+		ev := newEvents()
+		r := start(t, deadLetterConfig(t, k.brokers, k.topic, k.group, s, ev, nil))
+		waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(EventPartitionStopped) == 1 })
+		st := r.c.Stopped()
+		if len(st) != 1 || st[0].Offset != 1 || st[0].Reason != ReasonDeadLetterFailed || !errors.Is(st[0], kafka.MessageSizeTooLarge) {
+			t.Fatalf("Stopped() = %v, want offset 1 stopped for a too large dead letter", st)
+		}
+		if err := r.stop(t); !errors.Is(err, kafka.MessageSizeTooLarge) {
+			t.Errorf("Run = %v, want the stopped partition", err)
+		}
+		if got := committed(t, k.brokers, k.group, k.topic, 1); got[0] != 1 {
+			t.Errorf("committed %v, want 1", got)
+		}
+	})
 }

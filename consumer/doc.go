@@ -67,11 +67,12 @@
 //
 // # Start offsets
 //
-// On assignment each partition's start offset is checked against its log. A
-// stored or committed offset past the log end (the topic was deleted and
-// recreated) stops the partition with [ReasonOffsetBeyondLogEnd] rather than
-// waiting there while the new messages below it go unprocessed; the error
-// says how to reset. One below the log start (retention deleted unprocessed
+// On assignment each partition's start offset is checked against its log,
+// and so is the next offset of a partition idle for a while. A stored or
+// committed offset past the log end (the topic was deleted and recreated)
+// stops the partition with [ReasonOffsetBeyondLogEnd] rather than waiting
+// there while the new messages below it go unprocessed; the error says how
+// to reset. One below the log start (retention deleted unprocessed
 // messages) starts at the log start with a Warn saying how many were
 // skipped. A partition without any offset starts at the log start or end
 // (Config.StartOffset) and commits that offset at once, so a restart never

@@ -35,10 +35,17 @@ func (c *Consumer) logOffsets(ctx context.Context, topic string, partition int) 
 	return 0, 0, fmt.Errorf("consumer: no log offsets for %s/%d in the broker's answer", topic, partition)
 }
 
-// beyondEndChecks is how many lookups in a row must find the start offset
-// past the log end before the partition stops: a newly elected leader's
-// high watermark can lag for a moment.
-const beyondEndChecks = 3
+// beyondEndChecks is how many lookups, beyondEndSpacing apart, must all find
+// an offset past the log end before the partition stops: a newly elected
+// leader's high watermark can lag for a moment.
+const (
+	beyondEndChecks  = 3
+	beyondEndSpacing = time.Second
+)
+
+// defaultLogCheckInterval is how often an idle partition checks that its
+// next offset is not past the log end.
+const defaultLogCheckInterval = 30 * time.Second
 
 // checkLog compares the offset the partition would start at (from says
 // where it came from) with the partition's log, and returns the concrete
@@ -61,20 +68,17 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 	beyond := 0
 	for attempt := 1; ; attempt++ {
 		first, end, err := w.c.logOffsets(ctx, w.topic, w.partition)
-		if err == nil && (start < 0 || start <= end) {
+		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		switch {
+		case err == nil && (start < 0 || start <= end):
 			return w.resolveStart(start, first, end)
-		}
-		if err == nil {
+		case err == nil:
 			beyond++
 			if beyond >= beyondEndChecks {
 				return start, false, w.beyondLogEnd(start, end, from), true
 			}
-		}
-		if ctx.Err() != nil {
-			return 0, false, nil, false
-		}
-		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		if err != nil {
+			wait = max(wait, beyondEndSpacing)
+		default:
 			level := slog.LevelWarn
 			if attempt >= 5 {
 				level = slog.LevelError
@@ -85,6 +89,42 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 			return 0, false, nil, false
 		}
 	}
+}
+
+// pastLogEnd checks, for a partition whose fetches come back empty, that
+// its next offset is not past the log end: the topic deleted and recreated
+// while consumed leaves kafka-go's reader waiting there, silently, while
+// the new messages below it are never fetched. It returns the stop to
+// apply, or nil. A failed lookup is only logged at Debug: the next idle
+// period tries again.
+func (w *worker) pastLogEnd(ctx context.Context) *PartitionStoppedError {
+	next, ok := w.tracker.committable()
+	if !ok || w.tracker.inFlight() > 0 {
+		return nil
+	}
+	var end int64
+	for i := range beyondEndChecks {
+		if i > 0 && sleep(ctx, beyondEndSpacing) != nil {
+			return nil
+		}
+		var err error
+		if _, end, err = w.c.logOffsets(ctx, w.topic, w.partition); err != nil {
+			w.log.Debug("cannot read the partition's log offsets", "error", err)
+			return nil
+		}
+		if next <= end {
+			return nil
+		}
+	}
+	return w.beyondLogEnd(next, end, "the next offset of this consumer")
+}
+
+// logCheckInterval is how often an idle partition runs pastLogEnd.
+func (w *worker) logCheckInterval() time.Duration {
+	if d := w.c.cfg.logCheckInterval; d > 0 {
+		return d
+	}
+	return defaultLogCheckInterval
 }
 
 // resolveStart is checkLog for a start offset not past the log end.

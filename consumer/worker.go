@@ -69,11 +69,13 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	if w.assigned >= 0 {
 		w.lastCommitted = w.assigned
 	}
-	if commitStart {
-		w.commit(true)
-	}
 	w.c.emit(Event{Kind: EventAssigned, Topic: w.topic, Partition: w.partition, Offset: start})
 	w.log.Info("partition assigned", "start_offset", start, "group_committed", w.assigned)
+	if commitStart {
+		// Now, not with the first processed message: a restart before it
+		// must begin here too.
+		w.commit(true)
+	}
 	if beyondEnd != nil {
 		w.stopPartition(beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
 			"group_committed", w.assigned)
@@ -113,6 +115,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	}
 
 	halted := false
+	lastLogCheck := time.Now()
 	for ctx.Err() == nil && !halted {
 		batch := w.fetch(ctx, reader)
 		if len(batch) > 0 {
@@ -120,6 +123,12 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			if w.c.crashed(ctx) {
 				return
 			}
+		} else if time.Since(lastLogCheck) >= w.logCheckInterval() {
+			if e := w.pastLogEnd(ctx); e != nil {
+				w.stopPartition(e, "PARTITION STOPPED: its next offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset")
+				halted = true
+			}
+			lastLogCheck = time.Now()
 		}
 		w.commit(false)
 	}
