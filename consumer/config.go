@@ -31,6 +31,11 @@ type Message struct {
 // transaction at once, before the consumer's own retries.
 type Handler func(ctx context.Context, tx *gorm.DB, msg Message) error
 
+// BatchHandler applies the effect of msgs, all seen for the first time and
+// of one partition, in offset order, inside tx, in one call. Like a Handler
+// it writes through tx only and must not commit or roll back tx.
+type BatchHandler func(ctx context.Context, tx *gorm.DB, msgs []Message) error
+
 // Policy is what happens to a message that cannot be processed: its
 // retries are used up, its id or time is missing, it is invalid, or it is
 // older than the inbox's retention window.
@@ -45,9 +50,17 @@ const (
 	StopPartition Policy = iota
 	// DeadLetter publishes the message to Config.DeadLetterTopic, with its
 	// key, value and headers and headers saying why (see DLQ header
-	// constants), and then moves on. Publishing is retried until it succeeds
-	// or the partition is revoked; the offset passes the message only after
-	// Kafka acknowledged the dead letter.
+	// constants), and then moves on. The offset passes the message only
+	// after Kafka acknowledged the dead letter; the message is never
+	// dropped. Transient producer errors (no leader, timeouts, an
+	// unreachable broker) are retried until publishing succeeds or the
+	// partition is revoked (logged at Warn, at Error from the 5th attempt).
+	// Errors retrying cannot cure (the dead letter is too large, the topic
+	// is invalid, not authorized, a misconfigured or closed writer; the
+	// dead-letter topic unknown on 10 attempts in a row) stop the partition
+	// at the message as StopPartition does, with Reason
+	// ReasonDeadLetterFailed and the producer's error (and the message's
+	// failure) as the cause.
 	DeadLetter
 )
 
@@ -61,7 +74,12 @@ func (p Policy) String() string {
 	return fmt.Sprintf("Policy(%d)", int(p))
 }
 
-// MessageWriter publishes messages; *kafka.Writer implements it.
+// MessageWriter publishes messages; *kafka.Writer implements it. Under the
+// DeadLetter policy an error of WriteMessages that is (or wraps, also inside
+// kafka.WriteErrors) one of kafka-go's permanent errors, such as
+// kafka.MessageSizeTooLarge, kafka.InvalidTopic, kafka.TopicAuthorizationFailed
+// or io.ErrClosedPipe, stops the partition at the message; any other error
+// is retried.
 type MessageWriter interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
@@ -73,7 +91,7 @@ type Config struct {
 	Brokers []string
 	// GroupID is the Kafka consumer group.
 	GroupID string
-	// Topics are consumed by the group.
+	// Topics are consumed by the group; each may be listed once.
 	Topics []string
 
 	// Inbox deduplicates messages. Required unless NaturallyIdempotent.
@@ -83,8 +101,16 @@ type Config struct {
 	// group changes (a replay under a new GroupID must find the rows of the
 	// old one). Required with Inbox.
 	Consumer string
-	// Handler applies each message. Required.
+	// Handler applies each message. Required, unless BatchHandler is set.
 	Handler Handler
+	// BatchHandler, instead of Handler, applies all the new messages of a
+	// batch in one call (through inbox.ProcessBatchFunc), so that the effect
+	// can be one set-based statement: up to BatchSize messages of one
+	// partition, duplicates left out, in offset order. When it fails, the
+	// batch is split until the failing message is alone; that message's
+	// attempts then count as with Handler. HandlerTimeout bounds one call.
+	// Not with NaturallyIdempotent.
+	BatchHandler BatchHandler
 	// NaturallyIdempotent declares that Handler's effect is the same however
 	// often it runs (an upsert, a set-to-state, a version check): no inbox
 	// row is written and Inbox may be nil. Messages are then processed one by
@@ -94,6 +120,11 @@ type Config struct {
 	NaturallyIdempotent bool
 	// DB is the database the transactions run on. Default Inbox.DB().
 	DB *gorm.DB
+	// Classifier decides which database errors are transient (a deadlock,
+	// a lost connection): those are retried without counting an attempt
+	// (see inbox.IsDatabaseFailure). Pass the adapter's Store. Default
+	// Inbox.Store(); required with NaturallyIdempotent when Inbox is nil.
+	Classifier inbox.ErrorClassifier
 
 	// Extract finds the event id and time of a message. Default
 	// HeaderExtractor(nil, nil): event_id/event_time, then ce_id/ce_time.
@@ -129,8 +160,14 @@ type Config struct {
 	OnFailure Policy
 	// DeadLetterTopic receives dead letters. Required with DeadLetter.
 	DeadLetterTopic string
-	// DeadLetterWriter publishes dead letters. Default a *kafka.Writer on
-	// Brokers requiring all in-sync replicas; it is closed by Run.
+	// DeadLetterWriter publishes dead letters; each one names
+	// DeadLetterTopic, so a *kafka.Writer given here must leave its Topic
+	// empty (New rejects it otherwise) and should accept messages as large
+	// as the source topics hold (its BatchBytes). Default a *kafka.Writer
+	// on Brokers requiring all in-sync replicas, accepting messages of up to
+	// 11 MiB (the 10 MiB the partition readers accept plus room for the
+	// dead-letter headers); Run closes it and its connections when it
+	// returns.
 	DeadLetterWriter MessageWriter
 
 	// StoreOffsets writes each partition's next offset into the table
@@ -143,6 +180,18 @@ type Config struct {
 	// in Kafka (to replay, or after the topic was recreated) has no effect
 	// until the group's rows in OffsetsTable are deleted too. A replay under
 	// a new GroupID needs nothing: its rows do not exist yet.
+	//
+	// On assignment the start offset (with or without StoreOffsets) is
+	// checked against the partition's log, and so is the next offset of a
+	// partition idle for 30 s. Past the log end (the topic was deleted and
+	// recreated) for three lookups a second apart, the partition stops with
+	// ReasonOffsetBeyondLogEnd, wrapping ErrOffsetBeyondLogEnd, until its
+	// offsets are reset and it is reassigned: waiting there would silently
+	// never process the new messages below it. (A recreated topic that
+	// already grew past the offset cannot be told from the old one: its
+	// messages below the offset are skipped.) Below the log start (retention deleted
+	// messages the group never processed) the partition starts at the log
+	// start: those messages are gone; a Warn says how many were skipped.
 	StoreOffsets bool
 	// OffsetsTable is the table of stored offsets. Default "inbox_offsets".
 	OffsetsTable string
@@ -151,8 +200,12 @@ type Config struct {
 	// Default 1s; a negative value commits after every batch. Offsets are
 	// also committed when a partition is revoked and when Run ends.
 	CommitInterval time.Duration
-	// StartOffset is where a partition without a committed offset starts:
-	// kafka.FirstOffset (the default) or kafka.LastOffset.
+	// StartOffset is where a partition without a committed (or stored)
+	// offset starts: kafka.FirstOffset (the default), its log start, or
+	// kafka.LastOffset, its log end. The offset it resolves to is committed
+	// to the group at once, so that a restart begins there even if nothing
+	// was consumed: with LastOffset, messages produced while the consumer
+	// was down are then processed, not skipped.
 	StartOffset int64
 	// SessionTimeout, HeartbeatInterval and RebalanceTimeout are passed to
 	// kafka.ConsumerGroupConfig; zero keeps kafka-go's defaults.
@@ -173,6 +226,8 @@ type Config struct {
 	// errCrash simulates a crash before the offset commit. processed is how
 	// many messages of that commit were applied (not duplicates).
 	afterDB func(topic string, partition int, next int64, processed int) error
+	// logCheckInterval, set by tests, replaces defaultLogCheckInterval.
+	logCheckInterval time.Duration
 }
 
 var errInvalidConfig = inbox.ErrInvalidConfig
@@ -191,20 +246,35 @@ func (c *Config) validate() error {
 	if len(c.Topics) == 0 {
 		bad("no topics")
 	}
+	seen := make(map[string]bool, len(c.Topics))
 	for _, t := range c.Topics {
 		if t == "" {
 			bad("empty topic name")
 		}
+		if seen[t] {
+			// startGeneration would start two workers on each of its
+			// partitions, processing and committing over each other.
+			bad("topic %q listed twice in Topics", t)
+		}
+		seen[t] = true
 		if t == c.DeadLetterTopic {
 			bad("topic %q is also the dead-letter topic", t)
 		}
 	}
-	if c.Handler == nil {
+	switch {
+	case c.Handler == nil && c.BatchHandler == nil:
 		bad("no handler")
+	case c.Handler != nil && c.BatchHandler != nil:
+		bad("both Handler and BatchHandler are set; give one")
+	case c.BatchHandler != nil && c.NaturallyIdempotent:
+		bad("BatchHandler needs an inbox; a naturally idempotent consumer takes Handler")
 	}
 	if c.NaturallyIdempotent {
 		if c.DB == nil && c.Inbox == nil {
 			bad("a naturally idempotent consumer needs DB (or Inbox)")
+		}
+		if c.Classifier == nil && c.Inbox == nil {
+			bad("a naturally idempotent consumer without Inbox needs Classifier (the adapter's Store) to tell a failing database from a failing message")
 		}
 	} else {
 		if c.Inbox == nil {
@@ -226,6 +296,12 @@ func (c *Config) validate() error {
 	default:
 		bad("unknown failure policy %d", int(c.OnFailure))
 	}
+	if w, ok := c.DeadLetterWriter.(*kafka.Writer); ok && w != nil && w.Topic != "" {
+		// Every dead letter names DeadLetterTopic, and a Writer with a Topic
+		// of its own rejects every message that names one: each write would
+		// fail.
+		bad("DeadLetterWriter is a *kafka.Writer with Topic %q set; leave its Topic empty (dead letters name DeadLetterTopic)", w.Topic)
+	}
 	if c.StartOffset != 0 && c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset {
 		bad("StartOffset must be kafka.FirstOffset or kafka.LastOffset, not %d", c.StartOffset)
 	}
@@ -243,6 +319,9 @@ func (c *Config) validate() error {
 func (c *Config) setDefaults() {
 	if c.DB == nil && c.Inbox != nil {
 		c.DB = c.Inbox.DB()
+	}
+	if c.Classifier == nil && c.Inbox != nil {
+		c.Classifier = c.Inbox.Store()
 	}
 	if c.Extract == nil {
 		c.Extract = HeaderExtractor(nil, nil)

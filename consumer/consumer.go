@@ -13,6 +13,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
 )
 
 var (
@@ -22,6 +24,9 @@ var (
 	// ErrHandlerTimeout is wrapped by the error of a handler call that did
 	// not finish within Config.HandlerTimeout.
 	ErrHandlerTimeout = errors.New("consumer: handler timed out")
+	// ErrOffsetBeyondLogEnd is wrapped by the error of a partition stopped
+	// with ReasonOffsetBeyondLogEnd.
+	ErrOffsetBeyondLogEnd = errors.New("consumer: start offset beyond the partition's log end")
 	// ErrPartitionStopped is wrapped by every *PartitionStoppedError.
 	ErrPartitionStopped = errors.New("consumer: partition stopped")
 	// errCrash is returned by the test seam Config.afterDB to simulate a
@@ -32,9 +37,14 @@ var (
 	errClosed = errors.New("consumer: closed")
 )
 
-// PartitionStoppedError reports a partition halted by the StopPartition
-// policy at the message at Offset, which was not processed. Nothing at or
-// after Offset is committed to Kafka (or stored in the offsets table).
+// PartitionStoppedError reports a partition halted at Offset, which was not
+// processed: by the StopPartition policy at a message that cannot be
+// processed, under DeadLetter at a message whose dead letter the producer
+// refused for good (ReasonDeadLetterFailed), or at a start offset past the
+// partition's log end (ReasonOffsetBeyondLogEnd; EventID is then empty and
+// Attempts 0). Nothing at or after Offset is committed to Kafka (or stored
+// in the offsets table). The partition stays halted until it is assigned
+// again (a rebalance, or the next Run), when it is tried again.
 type PartitionStoppedError struct {
 	Topic     string
 	Partition int
@@ -72,6 +82,11 @@ type Consumer struct {
 	offsets offsetStore
 	dlq     MessageWriter
 	ownDLQ  *kafka.Writer
+	// transport carries the consumer's own requests (the default dead-letter
+	// writer's, the log offset lookups). Its connections and metadata
+	// goroutine live until CloseIdleConnections, which Run calls when it
+	// ends: kafka.Writer.Close does not.
+	transport *kafka.Transport
 
 	mu      sync.Mutex
 	state   int // 0 new, 1 running, 2 closed
@@ -87,6 +102,11 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
+	if cfg.DB != nil {
+		if err := inbox.TrackStatements(cfg.DB); err != nil {
+			return nil, err
+		}
+	}
 	cfg.Topics = slices.Clone(cfg.Topics)
 	cfg.Brokers = slices.Clone(cfg.Brokers)
 	c := &Consumer{
@@ -96,6 +116,12 @@ func New(cfg Config) (*Consumer, error) {
 		dlq:     cfg.DeadLetterWriter,
 		stopped: make(map[topicPartition]*PartitionStoppedError),
 		done:    make(chan struct{}),
+		transport: &kafka.Transport{
+			Dial:     cfg.Dialer.DialFunc,
+			TLS:      cfg.Dialer.TLS,
+			SASL:     cfg.Dialer.SASLMechanism,
+			ClientID: cfg.Dialer.ClientID,
+		},
 	}
 	if cfg.OnFailure == DeadLetter && c.dlq == nil {
 		c.ownDLQ = &kafka.Writer{
@@ -104,7 +130,8 @@ func New(cfg Config) (*Consumer, error) {
 			RequiredAcks: kafka.RequireAll,
 			MaxAttempts:  3,
 			BatchTimeout: 5 * time.Millisecond,
-			Transport:    &kafka.Transport{Dial: cfg.Dialer.DialFunc, TLS: cfg.Dialer.TLS, SASL: cfg.Dialer.SASLMechanism},
+			BatchBytes:   deadLetterMaxBytes,
+			Transport:    c.transport,
 		}
 		c.dlq = c.ownDLQ
 	}
@@ -112,7 +139,10 @@ func New(cfg Config) (*Consumer, error) {
 }
 
 // Migrate creates the offsets table when Config.StoreOffsets is set, and
-// does nothing otherwise. It is idempotent. (The inbox's own table is
+// does nothing otherwise. It is idempotent. On MySQL/MariaDB the table is
+// created as InnoDB whatever the server's default engine, and Migrate fails
+// if an existing offsets table is on an engine without transactions (a
+// stored offset must roll back with its effect). (The inbox's own table is
 // created by inbox.Inbox.Migrate.)
 func (c *Consumer) Migrate(ctx context.Context) error {
 	if !c.cfg.StoreOffsets {
@@ -151,6 +181,8 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.mu.Unlock()
 	defer close(c.done)
 	defer cancel(nil)
+	// After the writer's Close, which flushes and needs the transport.
+	defer c.transport.CloseIdleConnections()
 	if c.ownDLQ != nil {
 		defer func() {
 			if cerr := c.ownDLQ.Close(); cerr != nil {
@@ -260,8 +292,8 @@ func (c *Consumer) Close() error {
 	return nil
 }
 
-// Stopped returns the partitions halted by the StopPartition policy and not
-// yet past the message they stopped at, by topic and partition. It is safe
+// Stopped returns the halted partitions (see PartitionStoppedError) not yet
+// past the offset they stopped at, by topic and partition. It is safe
 // to call at any time, also after Run returned.
 func (c *Consumer) Stopped() []*PartitionStoppedError {
 	c.mu.Lock()
@@ -341,6 +373,8 @@ func (c *Consumer) startGeneration(runCtx context.Context, gen *kafka.Generation
 }
 
 func (c *Consumer) db() *gorm.DB { return c.cfg.DB }
+
+func (c *Consumer) classifier() inbox.ErrorClassifier { return c.cfg.Classifier }
 
 // backoff returns a jittered exponential wait for the given failure count.
 func backoff(minD, maxD time.Duration, failures int) time.Duration {

@@ -280,7 +280,10 @@ func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 }
 
 // A dead letter that cannot be published holds the partition: the offset
-// does not pass the message until Kafka has the dead letter.
+// does not pass the message until Kafka has the dead letter. A dead-letter
+// topic that stays missing stops the partition (it is not retried forever);
+// once the topic exists, the next start publishes the dead letter and goes
+// on.
 func TestDeadLetterPublishFailureHoldsTheOffset(t *testing.T) {
 	t.Parallel()
 	brokers := newKfake(t, 1, "orders") // no dead-letter topic yet
@@ -296,12 +299,18 @@ func TestDeadLetterPublishFailureHoldsTheOffset(t *testing.T) {
 		return s.reserve(ctx, tx, msg)
 	}
 	r := start(t, cfg)
-	time.Sleep(1500 * time.Millisecond)
+	waitUntil(t, 20*time.Second, "the partition to stop at the message", func() bool { return ev.count(EventPartitionStopped) == 1 })
+	if st := r.c.Stopped(); len(st) != 1 || st[0].Offset != 1 || st[0].Reason != ReasonDeadLetterFailed || !errors.Is(st[0], kafka.UnknownTopicOrPartition) {
+		t.Fatalf("Stopped() = %v, want offset 1 stopped for the missing dead-letter topic", st)
+	}
 	if got := committed(t, brokers, "inventory", "orders", 1); got[0] > 1 {
 		t.Fatalf("committed %v while the dead letter could not be published", got)
 	}
 	if n := ev.count(EventProcessed); n != 1 {
 		t.Fatalf("%d processed while held at the poison message, want 1", n)
+	}
+	if err := r.stop(t); !errors.Is(err, ErrPartitionStopped) {
+		t.Fatalf("Run = %v, want the stopped partition", err)
 	}
 	cl := &kafka.Client{Addr: kafka.TCP(brokers...)}
 	resp, err := cl.CreateTopics(context.Background(), &kafka.CreateTopicsRequest{
@@ -309,10 +318,13 @@ func TestDeadLetterPublishFailureHoldsTheOffset(t *testing.T) {
 	if err != nil || resp.Errors["orders.dlq"] != nil {
 		t.Fatalf("create the dead-letter topic: %v %v", err, resp)
 	}
+	ev2 := newEvents()
+	cfg.OnEvent = ev2.on
+	r2 := start(t, cfg)
 	waitUntil(t, 20*time.Second, "the dead letter and the rest", func() bool {
-		return ev.count(EventDeadLettered) == 1 && ev.count(EventProcessed) == 3
+		return ev2.count(EventDeadLettered) == 1 && ev2.count(EventProcessed) == 2
 	})
-	if err := r.stop(t); err != nil {
+	if err := r2.stop(t); err != nil {
 		t.Fatal(err)
 	}
 	if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 4 {

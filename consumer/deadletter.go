@@ -1,10 +1,14 @@
 package consumer
 
 import (
+	"errors"
+	"io"
 	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxgo/inbox/inbox"
 )
 
 // Headers added to a dead letter, after the original message's headers.
@@ -20,6 +24,19 @@ const (
 	HeaderDLQTime      = "dlq_time"       // when it was dead-lettered, RFC 3339 UTC
 	HeaderDLQEventID   = "dlq_event_id"   // the event id, when one was found
 	HeaderDLQEventTime = "dlq_event_time" // the event time, when one was found
+	// HeaderDLQPanicStack holds the stack of a handler panic
+	// (*inbox.PanicError), when that was the failure.
+	HeaderDLQPanicStack = "dlq_panic_stack"
+)
+
+const (
+	// readerMaxBytes is the most a partition reader fetches at once, and so
+	// about the largest message the consumer can be handed.
+	readerMaxBytes = 10 << 20
+	// deadLetterMaxBytes is the largest dead letter the default writer
+	// accepts: a message the reader took plus room for the dlq_* headers.
+	// (kafka-go's default, 1 MiB, refused larger messages client-side.)
+	deadLetterMaxBytes = readerMaxBytes + 1<<20
 )
 
 // DLQ reasons, the values of the dlq_reason header.
@@ -29,6 +46,23 @@ const (
 	ReasonInvalid      = "invalid"       // inbox.ErrInvalidMessage
 	ReasonExpired      = "expired"       // inbox.ErrExpired
 )
+
+// ReasonDeadLetterFailed is the Reason of a partition stopped under the
+// DeadLetter policy because the producer refused the message's dead letter
+// for good (see Config.OnFailure). It never appears in a dlq_reason header.
+const ReasonDeadLetterFailed = "dead-letter-failed"
+
+// ReasonOffsetBeyondLogEnd is the Reason of a partition stopped on
+// assignment because the offset it would start at (the stored one with
+// Config.StoreOffsets, or the group's committed one) is past the
+// partition's log end; see ErrOffsetBeyondLogEnd. It never appears in a
+// dlq_reason header.
+const ReasonOffsetBeyondLogEnd = "offset-beyond-log-end"
+
+// deadLetterUnknownTopicAttempts is how many publish attempts in a row must
+// find the dead-letter topic unknown before that counts as permanent: a topic
+// just created is unknown to some brokers for a moment.
+const deadLetterUnknownTopicAttempts = 10
 
 // deadLetter builds the dead letter of m: its key, value and headers, plus
 // headers saying what failed. The original timestamp is kept.
@@ -51,6 +85,9 @@ func deadLetter(topic string, m *Message, reason string, attempts int, cause err
 	}
 	add(HeaderDLQAttempts, strconv.Itoa(attempts))
 	add(HeaderDLQTime, now.UTC().Format(time.RFC3339Nano))
+	if stack := panicStack(cause); stack != "" {
+		add(HeaderDLQPanicStack, stack)
+	}
 	if m.EventID != "" {
 		add(HeaderDLQEventID, m.EventID)
 		add(HeaderDLQEventTime, m.EventTime.UTC().Format(time.RFC3339Nano))
@@ -62,4 +99,79 @@ func deadLetter(topic string, m *Message, reason string, attempts int, cause err
 		Headers: hs,
 		Time:    m.Time,
 	}
+}
+
+// panicStack returns the stack of a handler panic in err, or "".
+func panicStack(err error) string {
+	var pe *inbox.PanicError
+	if errors.As(err, &pe) {
+		return string(pe.Stack)
+	}
+	return ""
+}
+
+// failureAttrs are the log attributes of a message's failure: the error,
+// and the panic's stack when the handler panicked.
+func failureAttrs(err error) []any {
+	attrs := []any{"error", err}
+	if stack := panicStack(err); stack != "" {
+		attrs = append(attrs, "panic_stack", stack)
+	}
+	return attrs
+}
+
+// permanentPublishErrors are the producer errors that retrying a dead letter
+// cannot cure: the message, the topic, the credentials or the writer's
+// configuration must change. A custom MessageWriter marks an error permanent
+// by wrapping one of them.
+var permanentPublishErrors = []error{
+	kafka.MessageSizeTooLarge, // also kafka-go's client-side MessageTooLargeError
+	kafka.RecordListTooLarge,
+	kafka.InvalidTopic,
+	kafka.InvalidRecord,
+	kafka.InvalidTimestamp,
+	kafka.InvalidRequiredAcks,
+	kafka.InvalidRequest,
+	kafka.InvalidConfiguration,
+	kafka.PolicyViolation,
+	kafka.UnsupportedVersion,
+	kafka.UnsupportedForMessageFormat,
+	kafka.UnsupportedCompressionType,
+	kafka.TopicAuthorizationFailed,
+	kafka.ClusterAuthorizationFailed,
+	kafka.TransactionalIDAuthorizationFailed,
+	kafka.SASLAuthenticationFailed,
+	kafka.UnsupportedSASLMechanism,
+	io.ErrClosedPipe, // the Writer was closed
+}
+
+// classifyPublishError tells whether a dead letter's publish error is
+// permanent, and whether it says the topic is unknown (permanent only once
+// it persists; see deadLetterUnknownTopicAttempts). Anything else (no
+// leader, timeouts, the network, errors it does not know) is transient.
+// kafka.WriteErrors, which does not unwrap, is looked into: cause is the
+// error inside it that decided (err itself otherwise).
+func classifyPublishError(err error) (permanent, unknownTopic bool, cause error) {
+	errs := []error{err}
+	var we kafka.WriteErrors
+	if errors.As(err, &we) {
+		errs = errs[:0]
+		for _, e := range we {
+			if e != nil {
+				errs = append(errs, e)
+			}
+		}
+	}
+	cause = err
+	for _, e := range errs {
+		for _, p := range permanentPublishErrors {
+			if errors.Is(e, p) {
+				return true, false, e
+			}
+		}
+		if errors.Is(e, kafka.UnknownTopicOrPartition) {
+			unknownTopic, cause = true, e
+		}
+	}
+	return false, unknownTopic, cause
 }

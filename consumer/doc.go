@@ -20,7 +20,9 @@
 //     (retries used up, no event id or time, invalid, older than the inbox's
 //     retention) goes to [Config.OnFailure]: [DeadLetter] publishes it with
 //     headers saying why before its offset may pass, [StopPartition] halts
-//     the partition at it.
+//     the partition at it. A dead letter the producer refuses for good (too
+//     large, a missing or invalid topic, no authorization) halts the
+//     partition at the message too, rather than retrying it forever.
 //   - Everything transient is retried with backoff, never a reason to stop:
 //     an unreachable broker, failed joins, "Rebalance In Progress", a
 //     database that cannot commit. Run returns only when its context ends or
@@ -63,14 +65,46 @@
 // small upsert per processed message. Since the stored offset wins over the
 // group's, reset a group's position by deleting its rows as well.
 //
+// # Start offsets
+//
+// On assignment each partition's start offset is checked against its log,
+// and so is the next offset of a partition idle for a while. A stored or
+// committed offset past the log end (the topic was deleted and recreated)
+// stops the partition with [ReasonOffsetBeyondLogEnd] rather than waiting
+// there while the new messages below it go unprocessed; the error says how
+// to reset. One below the log start (retention deleted unprocessed
+// messages) starts at the log start with a Warn saying how many were
+// skipped. A partition without any offset starts at the log start or end
+// (Config.StartOffset) and commits that offset at once, so a restart never
+// skips what was produced in between.
+//
 // # Naturally idempotent handlers
 //
 // An effect that is the same however often it runs (an upsert of the latest
 // state, UPDATE ... SET status = 'shipped', a version check) needs no inbox
-// row. Set Config.NaturallyIdempotent and give Config.DB instead of an Inbox
-// (see Example_naturallyIdempotent): every delivery runs the handler, each in
-// its own transaction. Never do this for increments such as
+// row. Set Config.NaturallyIdempotent and give Config.DB and
+// Config.Classifier (the adapter's Store, which tells a failing database from
+// a failing message) instead of an Inbox (see Example_naturallyIdempotent):
+// every delivery runs the handler, each in its own transaction. Never do this for increments such as
 // reserved = reserved + n.
+//
+// # What is retried, and how often
+//
+// A message's attempts count only its own failures: the handler's errors
+// (also its network errors, EOFs from a decoder and its own deadlines,
+// whether marked with inbox.Retryable or not), a panic (an
+// *inbox.PanicError, whose stack is logged and sent as the dlq_panic_stack
+// header), Config.HandlerTimeout, and a COMMIT the database refuses for the
+// message (a deferred constraint: an *inbox.CommitError; in a batch the
+// messages are then run one per transaction to pin it). After MaxAttempts
+// the failure policy applies. A failing database is retried without limit
+// and without counting attempts: BEGIN, the inbox's claim or COMMIT failing,
+// or a statement failing with an error the Store classifies as transient (a
+// deadlock, a lock timeout, a lost connection); see inbox.IsDatabaseFailure.
+// After five such retries in a row they are logged at Error. A statement
+// that fails this way also dooms its transaction: the handler's later
+// statements are refused (inbox.ErrTransactionAborted), so a handler that
+// ignores the error cannot commit half an effect.
 //
 // # Observability
 //

@@ -15,8 +15,8 @@ const (
 	EventRetry
 	// EventDeadLettered: a message was published to the dead-letter topic.
 	EventDeadLettered
-	// EventPartitionStopped: a partition halted at Offset under the
-	// StopPartition policy; Err says why.
+	// EventPartitionStopped: a partition halted at Offset (see
+	// PartitionStoppedError); Err, a *PartitionStoppedError, says why.
 	EventPartitionStopped
 	// EventCommitted: Offset (the next offset to read) was committed to Kafka.
 	EventCommitted

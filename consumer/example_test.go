@@ -102,7 +102,8 @@ func send(brokers []string, orders ...string) {
 // state, needs no inbox row: running it twice changes nothing. Increments
 // (reserved = reserved + n) are never naturally idempotent.
 func Example_naturallyIdempotent() {
-	var db *gorm.DB // the service's database
+	var db *gorm.DB       // the service's database
+	var store inbox.Store // its adapter's Store, for its error classification
 	type OrderState struct {
 		OrderID string `gorm:"primaryKey"`
 		Status  string
@@ -112,6 +113,7 @@ func Example_naturallyIdempotent() {
 		GroupID:             "order-view",
 		Topics:              []string{"orders"},
 		DB:                  db,
+		Classifier:          store,
 		NaturallyIdempotent: true,
 		Handler: func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 			return tx.Clauses(clause.OnConflict{UpdateAll: true}).

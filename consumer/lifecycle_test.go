@@ -93,7 +93,7 @@ func TestNaturallyIdempotentHandler(t *testing.T) {
 	sendOrders(t, brokers, "orders", 2, 10, []int{1, 2, 3})
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.Inbox, cfg.Consumer, cfg.DB = nil, "", s.db
+	cfg.Inbox, cfg.Consumer, cfg.DB, cfg.Classifier = nil, "", s.db, s.ib.Store()
 	cfg.NaturallyIdempotent, cfg.StoreOffsets = true, true
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg Message) error {
 		var o order

@@ -2,8 +2,10 @@ package consumer
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -29,9 +31,51 @@ type offsetStore struct {
 }
 
 // migrate creates the offsets table if it does not exist.
+//
+// On MySQL/MariaDB the table is created as InnoDB whatever the server's
+// default engine: a stored offset must roll back with the effect it
+// belongs to, which MyISAM ignores (its 1000-byte key limit also refused
+// the table: error 1071). An existing table there on an engine without
+// transactions makes migrate fail.
 func (s offsetStore) migrate(ctx context.Context, db *gorm.DB) error {
-	if err := db.WithContext(ctx).Table(s.table).AutoMigrate(&offsetRow{}); err != nil {
+	db = db.WithContext(ctx)
+	mysql := db.Dialector.Name() == "mysql"
+	if mysql {
+		// Before AutoMigrate, whose ALTERs of a MyISAM table fail with
+		// errors that do not name the engine.
+		if err := s.checkTransactional(db); err != nil {
+			return err
+		}
+		db = db.Set("gorm:table_options", "ENGINE=InnoDB")
+	}
+	if err := db.Table(s.table).AutoMigrate(&offsetRow{}); err != nil {
 		return fmt.Errorf("consumer: migrate %s: %w", s.table, err)
+	}
+	if mysql {
+		return s.checkTransactional(db)
+	}
+	return nil
+}
+
+// checkTransactional fails if the offsets table exists (in the current
+// MySQL/MariaDB database) on an engine without transactions.
+func (s offsetStore) checkTransactional(db *gorm.DB) error {
+	var rows []struct {
+		Engine       sql.NullString
+		Transactions sql.NullString
+	}
+	err := db.Raw(`SELECT t.ENGINE AS engine, e.TRANSACTIONS AS transactions
+		FROM information_schema.TABLES t LEFT JOIN information_schema.ENGINES e ON e.ENGINE = t.ENGINE
+		WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME = ?`, s.table).Scan(&rows).Error
+	if err != nil {
+		return fmt.Errorf("consumer: read the engine of the offsets table %s: %w", s.table, err)
+	}
+	if len(rows) == 0 {
+		return nil // not created yet
+	}
+	if r := rows[0]; !strings.EqualFold(r.Transactions.String, "YES") {
+		return fmt.Errorf("consumer: the offsets table %s uses engine %q, which has no transactions: a stored offset would survive the rollback of its effect, and the message would be skipped; convert it (ALTER TABLE %s ENGINE=InnoDB) or drop it and call Migrate again",
+			s.table, r.Engine.String, s.table)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"gorm.io/driver/mysql"
@@ -81,3 +82,57 @@ var errRollback = errorString("roll back")
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+// On a MariaDB/MySQL server whose default engine is MyISAM the offsets
+// table is still created, as InnoDB (on MyISAM its key is too long, error
+// 1071, and its rows would survive a rollback), and an existing offsets
+// table that is not transactional makes Migrate fail, saying so.
+func TestOffsetsTableIsTransactionalOnMySQL(t *testing.T) {
+	dsn := testenv.MySQLDSN(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	// go-sql-driver/mysql sends unknown DSN parameters as SET statements.
+	db, err := gorm.Open(mysql.Open(dsn+sep+"default_storage_engine=MyISAM"), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	fresh := offsetStore{table: "inbox_offsets_" + conformance.RandomSuffix(), group: "g1"}
+	myisam := offsetStore{table: "inbox_offsets_" + conformance.RandomSuffix(), group: "g1"}
+	t.Cleanup(func() {
+		for _, table := range []string{fresh.table, myisam.table} {
+			_ = db.Exec("DROP TABLE IF EXISTS `" + table + "`").Error
+		}
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	var engine string
+	if err := db.Raw(`SELECT @@default_storage_engine`).Scan(&engine).Error; err != nil || !strings.EqualFold(engine, "MyISAM") {
+		t.Fatalf("the session's default engine is %q (%v), want MyISAM", engine, err)
+	}
+
+	if err := fresh.migrate(ctx, db); err != nil {
+		t.Fatalf("migrate with MyISAM as the default engine: %v", err)
+	}
+	if err := db.Raw(`SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`, fresh.table).Scan(&engine).Error; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.EqualFold(engine, "InnoDB") {
+		t.Errorf("offsets table created with engine %q, want InnoDB", engine)
+	}
+	if err := fresh.migrate(ctx, db); err != nil {
+		t.Fatalf("migrate again: %v", err)
+	}
+
+	if err := db.Exec("CREATE TABLE `" + myisam.table + "` (group_id VARCHAR(100) NOT NULL, topic VARCHAR(100) NOT NULL, " +
+		"`partition` INT NOT NULL, next_offset BIGINT NOT NULL, PRIMARY KEY (group_id, topic, `partition`)) ENGINE=MyISAM").Error; err != nil {
+		t.Fatal(err)
+	}
+	err = myisam.migrate(ctx, db)
+	if err == nil || !strings.Contains(err.Error(), "MyISAM") || !strings.Contains(err.Error(), "transaction") {
+		t.Fatalf("migrate of a MyISAM offsets table = %v, want an error naming the engine", err)
+	}
+}

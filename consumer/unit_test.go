@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
 )
@@ -200,6 +201,14 @@ func TestConfigValidation(t *testing.T) {
 		"bad offsets table":     func(c *Config) { c.OffsetsTable = "x; DROP TABLE y" },
 		"negative batch":        func(c *Config) { c.BatchSize = -1 },
 		"idempotent, no db":     func(c *Config) { c.Inbox = nil; c.NaturallyIdempotent = true },
+		"idempotent, no classifier": func(c *Config) {
+			c.Inbox, c.DB, c.NaturallyIdempotent = nil, &gorm.DB{}, true
+		},
+		"topic listed twice": func(c *Config) { c.Topics = []string{"t", "u", "t"} },
+		"dlq writer has a topic": func(c *Config) {
+			c.OnFailure, c.DeadLetterTopic = DeadLetter, "t.dlq"
+			c.DeadLetterWriter = &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9092"), Topic: "t.dlq"}
+		},
 	}
 	for name, mutate := range cases {
 		cfg := ok

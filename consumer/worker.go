@@ -2,13 +2,9 @@ package consumer
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"net"
 	"sync"
 	"time"
 
@@ -60,7 +56,11 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	// and is rolled back when Run ends.
 	dbCtx := runCtx
 
-	start, ok := w.position(ctx, dbCtx)
+	start, from, ok := w.position(ctx, dbCtx)
+	if !ok {
+		return
+	}
+	start, commitStart, beyondEnd, ok := w.checkLog(ctx, start, from)
 	if !ok {
 		return
 	}
@@ -71,6 +71,20 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	}
 	w.c.emit(Event{Kind: EventAssigned, Topic: w.topic, Partition: w.partition, Offset: start})
 	w.log.Info("partition assigned", "start_offset", start, "group_committed", w.assigned)
+	if commitStart {
+		// Now, not with the first processed message: a restart before it
+		// must begin here too.
+		w.commit(true)
+	}
+	if beyondEnd != nil {
+		w.stopPartition(beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
+			"group_committed", w.assigned)
+		// Held like a partition stopped at a message (see below).
+		<-ctx.Done()
+		w.c.emit(Event{Kind: EventRevoked, Topic: w.topic, Partition: w.partition})
+		w.log.Info("partition released", "cause", context.Cause(ctx))
+		return
+	}
 
 	reader := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:     w.c.cfg.Brokers,
@@ -78,7 +92,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		Partition:   w.partition,
 		Dialer:      w.c.cfg.Dialer,
 		MinBytes:    1,
-		MaxBytes:    10 << 20,
+		MaxBytes:    readerMaxBytes,
 		MaxWait:     w.c.cfg.MaxWait,
 		Logger:      kafkaLogger(w.log, slog.LevelDebug),
 		ErrorLogger: kafkaLogger(w.log, slog.LevelWarn),
@@ -101,6 +115,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	}
 
 	halted := false
+	lastLogCheck := time.Now()
 	for ctx.Err() == nil && !halted {
 		batch := w.fetch(ctx, reader)
 		if len(batch) > 0 {
@@ -108,6 +123,12 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			if w.c.crashed(ctx) {
 				return
 			}
+		} else if time.Since(lastLogCheck) >= w.logCheckInterval() {
+			if e := w.pastLogEnd(ctx); e != nil {
+				w.stopPartition(e, "PARTITION STOPPED: its next offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset")
+				halted = true
+			}
+			lastLogCheck = time.Now()
 		}
 		w.commit(false)
 	}
@@ -127,11 +148,14 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 }
 
 // position returns the offset to start at: the larger of the group's
-// committed offset and the stored one. ok is false if ctx ended first.
-func (w *worker) position(ctx, dbCtx context.Context) (int64, bool) {
-	start := w.assigned
+// committed offset and the stored one (a kafka-go sentinel if there is
+// neither), and from, which of the two it is, for messages. ok is false if
+// ctx ended first. checkLog then checks it against the partition's log.
+func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, ok bool) {
+	start = w.assigned
+	from = fmt.Sprintf("the offset committed by group %q", w.c.cfg.GroupID)
 	if !w.c.cfg.StoreOffsets {
-		return start, true
+		return start, from, true
 	}
 	for attempt := 1; ; attempt++ {
 		stored, err := w.c.offsets.load(dbCtx, w.c.db(), w.topic, w.partition)
@@ -140,13 +164,14 @@ func (w *worker) position(ctx, dbCtx context.Context) (int64, bool) {
 				w.log.Info("starting at the stored offset, past the group's committed one",
 					"stored", stored, "group_committed", start)
 				start = stored
+				from = fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable)
 			}
-			return start, true
+			return start, from, true
 		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("cannot read the stored offset; retrying", "error", err, "retry_in", wait)
 		if sleep(ctx, wait) != nil {
-			return 0, false
+			return 0, "", false
 		}
 	}
 }
@@ -250,34 +275,60 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 
 // processInbox runs the messages with an id through inbox.ProcessBatch, in
 // one transaction, retrying without limit while the batch as a whole cannot
-// commit. results[i] belongs to items[i]; items without id are Failed. ok is
-// false when the worker is stopping and the batch did not commit.
+// commit because the database failed. results[i] belongs to items[i]; items
+// without id are Failed. ok is false when the worker is stopping and the
+// batch did not commit.
+//
+// With StoreOffsets the partition's next offset is written in the batch's
+// transaction, after the longest run of items from the start of the batch
+// that this transaction finishes, as ProcessBatch decided them (one
+// admission per message and attempt): the stored offset never passes a
+// message that failed, was rejected or is still to be retried. Everything
+// before the batch is finished: a worker resolves each batch before the next.
 func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (results []inbox.Result, ok bool) {
 	results = make([]inbox.Result, len(items))
 	var msgs []inbox.Message
+	msgIndex := make([]int, len(items)) // items[i] is msgs[msgIndex[i]], or -1
 	var idx []int
-	blockedFrom := int64(math.MaxInt64)
 	for i, it := range items {
+		msgIndex[i] = -1
 		if it.extractErr != nil {
 			results[i] = inbox.Result{Outcome: inbox.Failed, Err: it.extractErr}
-			blockedFrom = min(blockedFrom, it.msg.Offset)
 			continue
 		}
 		it.attempts++
-		m := w.inboxMessage(it)
-		if w.c.cfg.Inbox.Admit(m) != nil {
-			// The inbox will fail it before its transaction: nothing after it
-			// may store an offset.
-			blockedFrom = min(blockedFrom, it.msg.Offset)
-		}
-		msgs = append(msgs, m)
+		msgIndex[i] = len(msgs)
+		msgs = append(msgs, w.inboxMessage(it))
 		idx = append(idx, i)
 	}
 	if len(msgs) == 0 {
 		return results, true
 	}
+	var opts []inbox.BatchOption
+	if w.c.cfg.StoreOffsets {
+		opts = append(opts, inbox.BeforeCommit(func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
+			next := int64(-1)
+			for i, it := range items {
+				j := msgIndex[i]
+				if j < 0 || (outcomes[j] != inbox.Processed && outcomes[j] != inbox.Duplicate) {
+					break
+				}
+				next = it.msg.Offset + 1
+			}
+			if next < 0 {
+				return nil
+			}
+			return w.c.offsets.save(ctx, tx, w.topic, w.partition, next)
+		}))
+	}
 	for attempt := 1; ; attempt++ {
-		rs, err := w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items, blockedFrom))
+		var rs []inbox.Result
+		var err error
+		if w.c.cfg.BatchHandler != nil {
+			rs, err = w.c.cfg.Inbox.ProcessBatchFunc(dbCtx, msgs, w.wrapBatch(items), opts...)
+		} else {
+			rs, err = w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items), opts...)
+		}
 		if err == nil {
 			processed := 0
 			for j, i := range idx {
@@ -307,47 +358,18 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	}
 }
 
-// wrap adapts the user's Handler to the inbox and, with StoreOffsets,
-// writes the partition's next offset in the same transaction. The offset is
-// written only for a message with no possibly failed message before it in
-// the batch, so the stored offset never passes an unfinished message.
-func (w *worker) wrap(items []*item, blockedFrom int64) inbox.Handler {
+// wrap adapts the user's Handler to the inbox.
+func (w *worker) wrap(items []*item) inbox.Handler {
 	byOffset := make(map[int64]*item, len(items))
 	for _, it := range items {
 		byOffset[it.msg.Offset] = it
 	}
-	var mu sync.Mutex
-	block := func(off int64) {
-		mu.Lock()
-		blockedFrom = min(blockedFrom, off)
-		mu.Unlock()
-	}
-	blocked := func(off int64) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return blockedFrom < off
-	}
-	return func(ctx context.Context, tx *gorm.DB, m inbox.Message) (err error) {
+	return func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
 		it, ok := byOffset[m.Offset]
 		if !ok {
 			return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
 		}
-		done := false
-		defer func() {
-			if !done {
-				block(m.Offset) // an error or a panic: a rerun skips this message
-			}
-		}()
-		if err := w.callHandler(ctx, tx, it.msg); err != nil {
-			return err
-		}
-		if w.c.cfg.StoreOffsets && !blocked(m.Offset) {
-			if err := w.c.offsets.save(ctx, tx, w.topic, w.partition, m.Offset+1); err != nil {
-				return err
-			}
-		}
-		done = true
-		return nil
+		return w.callHandler(ctx, tx, it.msg)
 	}
 }
 
@@ -386,32 +408,42 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 	}
 }
 
-// infrastructure reports whether err says the database failed rather than
-// the message: a lost connection, or a failure the Store classifies as
-// transient (a deadlock, a serialization failure, a busy database) that
-// outlasted the inbox's own retries. Such errors never send a message to
-// the failure policy. Errors the handler marked with inbox.Retryable are the
-// handler's and count as attempts.
-func (w *worker) infrastructure(err error) bool {
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
-		return true
+// wrapBatch adapts the user's BatchHandler to the inbox.
+func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
+	byOffset := make(map[int64]*item, len(items))
+	for _, it := range items {
+		byOffset[it.msg.Offset] = it
 	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
+	return func(ctx context.Context, tx *gorm.DB, ms []inbox.Message) error {
+		batch := make([]Message, len(ms))
+		for i, m := range ms {
+			it, ok := byOffset[m.Offset]
+			if !ok {
+				return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
+			}
+			batch[i] = it.msg
+		}
+		return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+			return w.c.cfg.BatchHandler(ctx, tx, batch)
+		})
 	}
-	if w.c.cfg.Inbox != nil && !inbox.IsMarkedRetryable(err) && w.c.cfg.Inbox.Store().IsRetryable(err) {
-		return true
-	}
-	return false
 }
+
+// infrastructure reports whether err says the database failed rather than
+// the message (inbox.IsDatabaseFailure: BEGIN, the claim or COMMIT failed,
+// or a statement failed with an error the Store classifies as transient).
+// Such errors never send a message to the failure policy and are retried
+// without limit. Nothing a handler returns by itself is one: its own network
+// errors, EOFs and deadlines count as attempts, marked with inbox.Retryable
+// or not.
+func (w *worker) infrastructure(err error) bool { return inbox.IsDatabaseFailure(err) }
 
 // processIdempotent runs the handler for one message in its own
 // transaction, without an inbox row, with the consumer's retries.
 func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolution {
 	for {
 		it.attempts++
-		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
+		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
 			if err := w.callHandler(dbCtx, tx, it.msg); err != nil {
 				return err
 			}
@@ -444,31 +476,36 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 	}
 }
 
-// callHandler runs the user's handler, recovering a panic and enforcing
-// Config.HandlerTimeout.
-func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) (err error) {
+// callHandler runs the user's handler, enforcing Config.HandlerTimeout. A
+// panic is left to the inbox (or inbox.Transact), which recovers it as an
+// *inbox.PanicError with its stack.
+func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) error {
+	return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+		return w.c.cfg.Handler(ctx, tx, msg)
+	})
+}
+
+// withTimeout runs fn under Config.HandlerTimeout: its context and
+// transaction handle carry the deadline, and an overrun is the handler's
+// failure (ErrHandlerTimeout), whatever fn returned.
+func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx context.Context, tx *gorm.DB) error) (err error) {
 	timeout := w.c.cfg.HandlerTimeout
-	if timeout > 0 {
-		outer := ctx
-		hctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		defer func() {
-			// The deadline passed, not the worker's context: the handler's
-			// fault, whatever it returned. The original error is quoted,
-			// not wrapped: a wrapped context.DeadlineExceeded would read as
-			// a network timeout, i.e. the database's fault.
-			if errors.Is(hctx.Err(), context.DeadlineExceeded) && outer.Err() == nil {
-				err = fmt.Errorf("%w: handler did not finish within %v (it returned: %v)", ErrHandlerTimeout, timeout, err)
-			}
-		}()
-		ctx, tx = hctx, tx.WithContext(hctx)
+	if timeout <= 0 {
+		return fn(ctx, tx)
 	}
+	outer := ctx
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", inbox.ErrHandlerPanic, r)
+		if errors.Is(hctx.Err(), context.DeadlineExceeded) && outer.Err() == nil {
+			if err == nil {
+				err = fmt.Errorf("%w: handler did not finish within %v", ErrHandlerTimeout, timeout)
+			} else {
+				err = fmt.Errorf("%w: handler did not finish within %v: %w", ErrHandlerTimeout, timeout, err)
+			}
 		}
 	}()
-	return w.c.cfg.Handler(ctx, tx, msg)
+	return fn(hctx, tx.WithContext(hctx))
 }
 
 // afterCommit runs the test seam after a database commit and reports
@@ -508,11 +545,12 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 			EventID: it.msg.EventID, Reason: reason, Attempts: it.attempts, Err: cause}
 		w.c.setStopped(e)
 		w.log.Error("PARTITION STOPPED: a message cannot be processed; nothing at or after it is committed until it is fixed and the partition reassigned",
-			"offset", it.msg.Offset, "event_id", it.msg.EventID, "reason", reason, "attempts", it.attempts, "error", cause)
+			append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID, "reason", reason, "attempts", it.attempts}, failureAttrs(cause)...)...)
 		w.c.emit(Event{Kind: EventPartitionStopped, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: e})
 		return stopped
 	}
 	dl := deadLetter(w.c.cfg.DeadLetterTopic, &it.msg, reason, it.attempts, cause, w.c.cfg.GroupID, w.c.cfg.Consumer, time.Now())
+	unknownTopic := 0 // publish attempts in a row that found the topic unknown
 	for attempt := 1; ; attempt++ {
 		err := w.c.dlq.WriteMessages(ctx, dl)
 		if err == nil {
@@ -521,14 +559,28 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		if ctx.Err() != nil {
 			return abandoned
 		}
+		permanent, unknown, perr := classifyPublishError(err)
+		if unknown {
+			unknownTopic++
+			permanent = unknownTopic >= deadLetterUnknownTopicAttempts
+		} else {
+			unknownTopic = 0
+		}
+		if permanent {
+			return w.deadLetterRefused(it, reason, cause, attempt, perr)
+		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("publishing a dead letter failed; retrying", "offset", it.msg.Offset, "error", err, "retry_in", wait)
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // still retried: the producer, not the message, is failing
+		}
+		w.log.Log(ctx, level, "publishing a dead letter failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
 		if sleep(ctx, wait) != nil {
 			return abandoned
 		}
 	}
-	w.log.Error("message dead-lettered", "offset", it.msg.Offset, "event_id", it.msg.EventID,
-		"reason", reason, "attempts", it.attempts, "dead_letter_topic", w.c.cfg.DeadLetterTopic, "error", cause)
+	w.log.Error("message dead-lettered", append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID,
+		"reason", reason, "attempts", it.attempts, "dead_letter_topic", w.c.cfg.DeadLetterTopic}, failureAttrs(cause)...)...)
 	if err := w.tracker.markDone(it.msg.Offset); err != nil {
 		w.log.Error("offset bookkeeping broken", "error", err)
 	}

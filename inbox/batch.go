@@ -16,28 +16,95 @@ type Result struct {
 	Err     error
 }
 
+// BatchOption changes how ProcessBatch runs.
+type BatchOption func(*batchOptions)
+
+type batchOptions struct {
+	beforeCommit func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) error
+}
+
+// BeforeCommit makes ProcessBatch call fn in each transaction it is about to
+// commit, after the handlers ran, so that fn's writes commit with the batch
+// (a consumer stores its offset this way). outcomes[i] is what msgs[i] will
+// be once this transaction commits: Processed or Duplicate for the messages
+// of this transaction and of transactions the same call committed before,
+// Failed for messages that failed (rejected before any transaction, or
+// isolated after failing), and zero for messages still to be run. An error
+// from fn fails the whole transaction like a failed claim: a database
+// failure, reported for the batch.
+func BeforeCommit(fn func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) error) BatchOption {
+	return func(o *batchOptions) { o.beforeCommit = fn }
+}
+
+// BatchHandler applies the effect of msgs, every one of them seen for the
+// first time, inside tx, in one call: a set-based statement for all of them
+// is what makes batches cheap. Like a Handler it must write through tx only
+// and must not commit or roll back tx. Returning an error (or panicking)
+// rolls back the whole transaction; ProcessBatchFunc then splits the batch
+// to find the message that fails.
+type BatchHandler func(ctx context.Context, tx *gorm.DB, msgs []Message) error
+
 // ProcessBatch processes msgs in one transaction with one multi-row claim,
 // running h only for the messages seen for the first time, in their order in
 // msgs. results[i] tells what happened to msgs[i].
 //
+// Every message is admitted (validated, and checked against the retention
+// window) once per call, against one reading of the clock, before any
+// transaction starts.
+//
 // A message that cannot be processed is isolated: invalid and expired
 // messages fail before the transaction starts; if h fails for a message
-// (after retries, if its error is transient), the transaction is rolled back
-// and run again without that message, so every other message still commits.
-// A message repeated inside msgs is handled once; its later copies get the
-// first copy's outcome (Duplicate if that was Processed).
+// (after retries, if its error is marked [Retryable]), the transaction is
+// rolled back and run again without that message, so every other message
+// still commits. If COMMIT refuses the batch for a reason that is not
+// transient (a deferred constraint: a *CommitError), or a handler fails
+// after an earlier handler of the transaction ignored a failed statement
+// (which on PostgreSQL aborts the transaction for every later message), the
+// batch is split in halves, each run in its own transaction, until the
+// failure is pinned on the message that causes it. A message repeated
+// inside msgs is handled once; its later copies get the first copy's
+// outcome (Duplicate if that was Processed).
 //
-// The error is non-nil only when the batch as a whole could not commit (the
-// database is unreachable, ctx ended): then every message not already failed
-// is Failed with that error, and nothing of the batch was committed.
-func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler) ([]Result, error) {
+// The error is non-nil only when the batch as a whole could not commit (a
+// database failure, see [IsDatabaseFailure], or ctx ended): then every
+// message not already decided is Failed with that error, and nothing of the
+// transaction that failed was committed (messages of earlier transactions
+// of the same call, after a split, keep their outcome).
+func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler, opts ...BatchOption) ([]Result, error) {
+	if h == nil {
+		return nil, fmt.Errorf("%w: ProcessBatch needs a handler", ErrInvalidConfig)
+	}
+	return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, h: h}, opts)
+}
+
+// ProcessBatchFunc is ProcessBatch with a batch handler: h is called once
+// per transaction with all the new messages of the batch, in their order in
+// msgs (duplicates left out; h is not called when there is none). If h
+// fails (after retries, if its error is marked [Retryable]) or COMMIT
+// refuses the batch, the batch is split in halves, each run in its own
+// transaction, until the failing messages are alone: they fail, all others
+// commit. A failing batch of n messages thus costs about 2·log2(n) more
+// transactions per poison message.
+func (ib *Inbox) ProcessBatchFunc(ctx context.Context, msgs []Message, h BatchHandler, opts ...BatchOption) ([]Result, error) {
+	if h == nil {
+		return nil, fmt.Errorf("%w: ProcessBatchFunc needs a batch handler", ErrInvalidConfig)
+	}
+	return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, bh: h}, opts)
+}
+
+func (ib *Inbox) processBatch(ctx context.Context, b *batchRun, opts []BatchOption) ([]Result, error) {
 	start := time.Now()
+	for _, opt := range opts {
+		opt(&b.opts)
+	}
+	msgs := b.msgs
+	now := ib.cfg.Now()
 	results := make([]Result, len(msgs))
 	firstOf := make(map[Key]int, len(msgs))
 	copiesOf := make(map[int][]int)
 	pending := make([]int, 0, len(msgs))
 	for i, m := range msgs {
-		if err := ib.admit(m); err != nil {
+		if err := ib.admit(m, now); err != nil {
 			results[i] = Result{Outcome: Failed, Err: err}
 			continue
 		}
@@ -49,26 +116,56 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler) ([
 		firstOf[k] = i
 		pending = append(pending, i)
 	}
+	b.results, b.copiesOf = results, copiesOf
 
 	var batchErr error
-	for len(pending) > 0 {
-		outcomes, failedIdx, err := ib.attemptBatch(ctx, msgs, pending, h)
-		if err == nil {
-			for _, idx := range pending {
+	failMessage := func(idx int, err error) {
+		results[idx] = Result{Outcome: Failed, Err: fmt.Errorf("inbox: consumer %q event %q: %w", msgs[idx].Consumer, msgs[idx].ID, err)}
+	}
+	// queue holds the groups still to run, in message order: a split puts
+	// both halves in front.
+	var queue [][]int
+	if len(pending) > 0 {
+		queue = append(queue, pending)
+	}
+	for len(queue) > 0 {
+		group := queue[0]
+		outcomes, failedIdx, err := b.attempt(ctx, group)
+		switch {
+		case err == nil:
+			for _, idx := range group {
 				results[idx] = Result{Outcome: outcomes[idx]}
 			}
-			break
-		}
-		if failedIdx < 0 {
-			batchErr = fmt.Errorf("inbox: batch of %d messages: %w", len(pending), err)
-			for _, idx := range pending {
-				results[idx] = Result{Outcome: Failed, Err: batchErr}
+			queue = queue[1:]
+		case failedIdx >= 0:
+			failMessage(failedIdx, err)
+			rest := slices.DeleteFunc(slices.Clone(group), func(idx int) bool { return idx == failedIdx })
+			if len(rest) == 0 {
+				queue = queue[1:]
+			} else {
+				queue[0] = rest
 			}
-			break
+		case ctx.Err() != nil || IsDatabaseFailure(err):
+			n := 0
+			for _, g := range queue {
+				n += len(g)
+			}
+			batchErr = fmt.Errorf("inbox: batch of %d messages: %w", n, err)
+			for _, g := range queue {
+				for _, idx := range g {
+					results[idx] = Result{Outcome: Failed, Err: batchErr}
+				}
+			}
+			queue = nil
+		case len(group) == 1:
+			failMessage(group[0], err)
+			queue = queue[1:]
+		default:
+			ib.log.Warn("a batch failed for a reason no single message can be blamed for yet; splitting it to find the cause",
+				"messages", len(group), "error", err)
+			half := len(group) / 2
+			queue = append([][]int{group[:half], group[half:]}, queue[1:]...)
 		}
-		results[failedIdx] = Result{Outcome: Failed, Err: fmt.Errorf("inbox: consumer %q event %q: %w",
-			msgs[failedIdx].Consumer, msgs[failedIdx].ID, err)}
-		pending = slices.DeleteFunc(pending, func(idx int) bool { return idx == failedIdx })
 	}
 
 	for first, copies := range copiesOf {
@@ -86,41 +183,116 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler) ([
 	return results, batchErr
 }
 
-// attemptBatch runs the batch transaction for the pending messages, with
-// retries. On a handler failure it returns the failing message's index; on
-// any other failure, -1.
-func (ib *Inbox) attemptBatch(ctx context.Context, msgs []Message, pending []int, h Handler) (map[int]Outcome, int, error) {
+// unclearBlame is a handler failure in a transaction in which an earlier
+// handler's statement had failed: which message is at fault is found by
+// running them one per transaction.
+type unclearBlame struct{ err error }
+
+func (e *unclearBlame) Error() string { return e.err.Error() }
+func (e *unclearBlame) Unwrap() error { return e.err }
+
+// batchRun is one ProcessBatch or ProcessBatchFunc call.
+type batchRun struct {
+	ib       *Inbox
+	msgs     []Message
+	h        Handler      // per message; nil with bh
+	bh       BatchHandler // per transaction; nil with h
+	opts     batchOptions
+	results  []Result // final results so far
+	copiesOf map[int][]int
+}
+
+// attempt runs the transaction for the messages of group, with retries. On
+// a per-message handler's failure it returns the failing message's index;
+// on any other failure, -1: a database failure (or the end of ctx) fails
+// the batch, anything else is to be pinned by splitting the group.
+func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, int, error) {
+	ib := b.ib
 	var outcomes map[int]Outcome
 	failedIdx := -1
-	rows := make([]Row, len(pending))
-	for j, idx := range pending {
-		rows[j] = msgs[idx].Row()
+	rows := make([]Row, len(group))
+	for j, idx := range group {
+		rows[j] = b.msgs[idx].Row()
 	}
 	err := ib.retry(ctx, func(int) error {
 		failedIdx = -1
-		outcomes = make(map[int]Outcome, len(pending))
-		return ib.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			inserted, err := ib.claim(ctx, tx, rows)
-			if err != nil {
-				return err
+		outcomes = make(map[int]Outcome, len(group))
+		return ib.claimTx(ctx, rows, func(tx *gorm.DB, inserted []bool) error {
+			if b.bh != nil {
+				var fresh []Message
+				for j, idx := range group {
+					if inserted[j] {
+						fresh = append(fresh, b.msgs[idx])
+						outcomes[idx] = Processed
+					} else {
+						outcomes[idx] = Duplicate
+					}
+				}
+				if len(fresh) > 0 {
+					if err := callBatchHandler(ctx, tx, fresh, b.bh); err != nil {
+						return err
+					}
+				}
+			} else {
+				st := lookupState(tx)
+				firstFailure := -1 // the message during whose handler a statement failed first
+				for j, idx := range group {
+					if !inserted[j] {
+						outcomes[idx] = Duplicate
+						continue
+					}
+					_, before := st.state()
+					err := callHandler(ctx, tx, b.msgs[idx], b.h)
+					if _, after := st.state(); before == nil && after != nil {
+						firstFailure = idx
+					}
+					if err != nil {
+						if firstFailure >= 0 && firstFailure != idx {
+							// An earlier handler ignored a failed statement; on
+							// PostgreSQL that aborted the transaction, and this
+							// message may only suffer from it.
+							return &unclearBlame{err: err}
+						}
+						failedIdx = idx
+						return err
+					}
+					outcomes[idx] = Processed
+				}
 			}
-			for j, idx := range pending {
-				if !inserted[j] {
-					outcomes[idx] = Duplicate
-					continue
+			if b.opts.beforeCommit != nil {
+				if err := b.opts.beforeCommit(ctx, tx, b.view(outcomes)); err != nil {
+					return &dbError{op: "before-commit", err: err}
 				}
-				if err := callHandler(ctx, tx, msgs[idx], h); err != nil {
-					failedIdx = idx
-					return err
-				}
-				outcomes[idx] = Processed
 			}
 			return nil
-		}, ib.cfg.TxOptions)
+		})
 	})
-	if err != nil && ctx.Err() != nil {
-		// The context ended: nothing can commit, whichever message was running.
+	if err != nil && (ctx.Err() != nil || IsDatabaseFailure(err)) {
+		// The database failed, or the context ended: nothing committed,
+		// whichever message was running, and it is not that message's fault.
 		return nil, -1, err
 	}
 	return outcomes, failedIdx, err
+}
+
+// view is what every message's outcome will be once the current
+// transaction, with outcomes, commits.
+func (b *batchRun) view(outcomes map[int]Outcome) []Outcome {
+	v := make([]Outcome, len(b.msgs))
+	for i, r := range b.results {
+		v[i] = r.Outcome
+	}
+	for idx, o := range outcomes {
+		v[idx] = o
+	}
+	for first, copies := range b.copiesOf {
+		o := v[first]
+		if o == Processed {
+			o = Duplicate
+		}
+		for _, idx := range copies {
+			v[idx] = o
+		}
+	}
+	return v
 }

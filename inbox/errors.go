@@ -3,6 +3,7 @@ package inbox
 import (
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 )
 
@@ -73,16 +74,20 @@ func (e *PanicError) Error() string { return fmt.Sprintf("inbox: handler panicke
 
 func (e *PanicError) Unwrap() error { return ErrHandlerPanic }
 
+func newPanicError(v any) *PanicError { return &PanicError{Value: v, Stack: debug.Stack()} }
+
 type retryableError struct{ err error }
 
 func (e retryableError) Error() string { return e.err.Error() }
 func (e retryableError) Unwrap() error { return e.err }
 
 // Retryable marks a handler error as transient: the inbox rolls the
-// transaction back and runs it again, within its attempt limit. Handler
-// errors that are not marked are returned at once, unless the Store
-// classifies them as transient database errors (a deadlock or serialization
-// failure raised by the handler's own statements).
+// transaction back and runs it again, within its attempt limit (each run
+// counts). Handler errors that are not marked are returned at once, unless a
+// statement of the transaction failed with a transient database error (a
+// deadlock raised by the handler's own statement): that is a database
+// failure, see [IsDatabaseFailure]. Marking never makes an error a database
+// failure.
 func Retryable(err error) error {
 	if err == nil {
 		return nil

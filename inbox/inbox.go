@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"runtime/debug"
 	"time"
 
 	"gorm.io/gorm"
@@ -143,6 +142,12 @@ func New(db *gorm.DB, store Store, cfg Config) (*Inbox, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	if c, ok := db.Statement.ConnPool.(gorm.TxCommitter); ok && c != nil {
+		return nil, fmt.Errorf("%w: New needs the database, not a transaction (use ProcessTx to process inside one)", ErrInvalidConfig)
+	}
+	if err := TrackStatements(db); err != nil {
+		return nil, err
+	}
 	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox")}, nil
 }
 
@@ -156,7 +161,7 @@ func (ib *Inbox) DB() *gorm.DB { return ib.db }
 // It does not prepare partitions: call Maintain (or start RunMaintenance)
 // after it.
 func (ib *Inbox) Migrate(ctx context.Context) error {
-	err := ib.retry(ctx, func(int) error { return ib.store.Migrate(ctx, ib.db.WithContext(ctx)) })
+	err := ib.retry(ctx, func(int) error { return databaseFailure("migrate", ib.store.Migrate(ctx, ib.db.WithContext(ctx))) })
 	if err != nil {
 		return fmt.Errorf("inbox: migrate: %w", err)
 	}
@@ -165,24 +170,34 @@ func (ib *Inbox) Migrate(ctx context.Context) error {
 
 // Process runs h for msg inside one transaction together with the insert of
 // msg's inbox row, and commits both, or neither. It returns Duplicate without
-// running h if the row already exists. Transient database errors, and handler
-// errors marked with [Retryable], run the whole transaction again, up to
-// Config.MaxAttempts. A handler panic rolls back and returns a *PanicError.
+// running h if the row already exists. Transient database failures (see
+// [IsDatabaseFailure]), and handler errors marked with [Retryable], run the
+// whole transaction again, up to Config.MaxAttempts. A handler panic rolls
+// back and returns a *PanicError; a COMMIT the database refuses (a deferred
+// constraint) returns a *CommitError.
 //
 // Commit the broker offset of msg only after Process returns a nil error.
 func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, error) {
 	start := time.Now()
-	if err := ib.admit(msg); err != nil {
+	if err := ib.admit(msg, ib.cfg.Now()); err != nil {
 		ib.record(ctx, msg, Failed, err, start)
 		return Failed, err
 	}
 	var out Outcome
+	rows := []Row{msg.Row()}
 	err := ib.retry(ctx, func(attempt int) error {
-		return ib.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			var err error
-			out, err = ib.claimAndHandle(ctx, tx, msg, h)
-			return err
-		}, ib.cfg.TxOptions)
+		return ib.claimTx(ctx, rows, func(tx *gorm.DB, inserted []bool) error {
+			if !inserted[0] {
+				out = Duplicate
+				return nil
+			}
+			if err := callHandler(ctx, tx, msg, h); err != nil {
+				out = Failed
+				return err
+			}
+			out = Processed
+			return nil
+		})
 	})
 	if err != nil {
 		err = fmt.Errorf("inbox: consumer %q event %q: %w", msg.Consumer, msg.ID, err)
@@ -194,19 +209,33 @@ func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, 
 }
 
 // ProcessTx is Process inside a transaction the caller holds. The inbox row
-// and h's writes go into a savepoint of tx: if ProcessTx returns an error,
-// they are rolled back and tx stays usable; if the caller later rolls tx
-// back, the inbox row goes with it. ProcessTx never retries, since only the
-// owner of tx can run it again; use [Inbox.IsRetryable] on the error to decide.
-// The caller commits tx, and only then the broker offset.
+// and h's writes go into a savepoint of tx that ProcessTx issues itself
+// (also when tx's GORM configuration disables nested transactions): if
+// ProcessTx returns an error, they are rolled back and tx stays usable,
+// unless the error says that rolling back to the savepoint failed too; if
+// the caller later rolls tx back, the inbox row goes with it. tx must be a
+// transaction: a plain *gorm.DB is refused with an error wrapping
+// ErrInvalidConfig, since a savepoint outside a transaction protects
+// nothing.
+//
+// ProcessTx never retries, since only the owner of tx can run it again; use
+// [Inbox.IsRetryable] on the error to decide. When it reports a database
+// failure ([IsDatabaseFailure]), roll tx back: on MySQL and MariaDB a
+// deadlock has already ended the whole transaction. The caller commits tx,
+// and only then the broker offset.
 func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (Outcome, error) {
 	start := time.Now()
-	if err := ib.admit(msg); err != nil {
+	if err := ib.admit(msg, ib.cfg.Now()); err != nil {
+		ib.record(ctx, msg, Failed, err, start)
+		return Failed, err
+	}
+	if tx == nil {
+		err := fmt.Errorf("%w: ProcessTx needs a transaction, got nil", ErrInvalidConfig)
 		ib.record(ctx, msg, Failed, err, start)
 		return Failed, err
 	}
 	var out Outcome
-	err := tx.WithContext(ctx).Transaction(func(sp *gorm.DB) error {
+	err := inSavepoint(ctx, tx, ib.store, func(sp *gorm.DB) error {
 		var err error
 		out, err = ib.claimAndHandle(ctx, sp, msg, h)
 		return err
@@ -220,27 +249,33 @@ func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Hand
 	return out, nil
 }
 
-// IsRetryable reports whether err is transient: marked with [Retryable] or
-// classified as transient by the Store.
+// IsRetryable reports whether running the transaction again may cure err:
+// a handler error marked with [Retryable], or a database failure
+// ([IsDatabaseFailure]) that the Store classifies as transient. A handler's
+// own errors are never retryable unless marked, whatever they wrap.
 func (ib *Inbox) IsRetryable(err error) bool {
 	if err == nil {
 		return false
 	}
-	return IsMarkedRetryable(err) || ib.store.IsRetryable(err)
+	if IsMarkedRetryable(err) {
+		return true
+	}
+	var de *dbError
+	return errors.As(err, &de) && ib.store.IsRetryable(de.err)
 }
 
 // Admit reports the error Process would return for msg before opening a
 // transaction: an invalid message (wrapping ErrInvalidMessage), or, under the
 // RejectExpired policy, an event older than the retention window (wrapping
 // ErrExpired). A nil error means msg would reach the database.
-func (ib *Inbox) Admit(msg Message) error { return ib.admit(msg) }
+func (ib *Inbox) Admit(msg Message) error { return ib.admit(msg, ib.cfg.Now()) }
 
-// admit validates msg and applies the expired policy.
-func (ib *Inbox) admit(msg Message) error {
+// admit validates msg and applies the expired policy as of now.
+func (ib *Inbox) admit(msg Message, now time.Time) error {
 	if err := msg.Validate(); err != nil {
 		return err
 	}
-	oldest := ib.OldestCheckedDay()
+	oldest := ib.oldestCheckedDay(now)
 	if day := msg.Day(); day.Before(oldest) {
 		if ib.cfg.Expired == RejectExpired {
 			return &ExpiredError{Day: day, Oldest: oldest}
@@ -253,8 +288,10 @@ func (ib *Inbox) admit(msg Message) error {
 
 // OldestCheckedDay is the oldest event day whose inbox rows are guaranteed to
 // be kept: events of earlier days are expired.
-func (ib *Inbox) OldestCheckedDay() time.Time {
-	return DayOf(ib.cfg.Now()).AddDate(0, 0, -ib.cfg.RetentionDays)
+func (ib *Inbox) OldestCheckedDay() time.Time { return ib.oldestCheckedDay(ib.cfg.Now()) }
+
+func (ib *Inbox) oldestCheckedDay(now time.Time) time.Time {
+	return DayOf(now).AddDate(0, 0, -ib.cfg.RetentionDays)
 }
 
 func (ib *Inbox) claimAndHandle(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (Outcome, error) {
@@ -271,24 +308,66 @@ func (ib *Inbox) claimAndHandle(ctx context.Context, tx *gorm.DB, msg Message, h
 	return Processed, nil
 }
 
+// claimTx runs fn in a new transaction that holds the claim of rows, and
+// commits it (see runTx). A Store that is a ClaimBeginner opens the
+// transaction and claims in one round trip.
+func (ib *Inbox) claimTx(ctx context.Context, rows []Row, fn func(tx *gorm.DB, inserted []bool) error) error {
+	var inserted []bool
+	open := func() (*gorm.DB, error) {
+		if cb, ok := ib.store.(ClaimBeginner); ok {
+			tx, ins, ok, err := cb.BeginClaim(ctx, ib.db.WithContext(ctx), ib.cfg.TxOptions, rows)
+			if err != nil {
+				return nil, &dbError{op: "begin and claim", err: err}
+			}
+			if ok {
+				if len(ins) != len(rows) {
+					_ = tx.Rollback().Error
+					return nil, &dbError{op: "claim", err: fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(ins), len(rows))}
+				}
+				inserted = ins
+				return tx, nil
+			}
+		}
+		return begin(ctx, ib.db, ib.cfg.TxOptions)
+	}
+	return runTxFrom(ctx, open, ib.store, func(tx *gorm.DB) error {
+		if inserted == nil {
+			var err error
+			if inserted, err = ib.claim(ctx, tx, rows); err != nil {
+				return err
+			}
+		}
+		return fn(tx, inserted)
+	})
+}
+
 // errStoreContract reports a Store that broke the Claim contract.
 var errStoreContract = errors.New("inbox: store broke the Claim contract")
 
 func (ib *Inbox) claim(ctx context.Context, tx *gorm.DB, rows []Row) ([]bool, error) {
 	inserted, err := ib.store.Claim(ctx, tx, rows)
 	if err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+		return nil, &dbError{op: "claim", err: err}
 	}
 	if len(inserted) != len(rows) {
-		return nil, fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(inserted), len(rows))
+		return nil, &dbError{op: "claim", err: fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(inserted), len(rows))}
 	}
 	return inserted, nil
+}
+
+func callBatchHandler(ctx context.Context, tx *gorm.DB, msgs []Message, h BatchHandler) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = newPanicError(r)
+		}
+	}()
+	return h(ctx, tx, msgs)
 }
 
 func callHandler(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: debug.Stack()}
+			err = newPanicError(r)
 		}
 	}()
 	return h(ctx, tx, msg)

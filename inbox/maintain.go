@@ -45,7 +45,7 @@ func (ib *Inbox) MaintainPlan(ctx context.Context, plan MaintenancePlan) (Mainte
 	err := ib.retry(ctx, func(int) error {
 		var err error
 		report, err = ib.store.Maintain(ctx, ib.db.WithContext(ctx), plan)
-		return err
+		return databaseFailure("maintain", err)
 	})
 	if err != nil {
 		return report, fmt.Errorf("inbox: maintain: %w", err)

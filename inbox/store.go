@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"database/sql"
 	"regexp"
 	"time"
 
@@ -80,6 +81,24 @@ type MaintenanceReport struct {
 // returns an error naming each setting that does not.
 type Verifier interface {
 	Verify(ctx context.Context, db *gorm.DB) error
+}
+
+// ClaimBeginner is an optional Store capability: a Store that can open a
+// transaction and claim rows in it in one round trip (PostgreSQL pipelines
+// BEGIN with the claim) implements it, and Process and ProcessBatch then
+// call it instead of BEGIN followed by Claim.
+//
+// BeginClaim opens a transaction on db with opts and claims rows in it,
+// with the contract of Claim. The transaction it returns must be a
+// *gorm.DB whose Statement.ConnPool is a gorm.TxCommitter (so that GORM's
+// Commit and Rollback end it, and a nested Transaction takes a savepoint),
+// and must not offer BeginTx (so that a handler's Begin fails as it does
+// inside any transaction, rather than committing early). When it returns an
+// error, nothing is left open. ok is false, with nothing opened and no
+// error, when it cannot do so for db (another driver, GORM's prepared
+// statements): the inbox then begins and claims as usual.
+type ClaimBeginner interface {
+	BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []Row) (tx *gorm.DB, inserted []bool, ok bool, err error)
 }
 
 // DayStats is one line of [StatsReporter] output.

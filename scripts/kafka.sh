@@ -11,6 +11,9 @@
 #                                 server.properties: same port, same data;
 #                                 prints 127.0.0.1:<port> when it is ready
 #   scripts/kafka.sh libs         print the libs dir (no fetch)
+#   scripts/kafka.sh cluster-id [FILE]
+#                                 print a new cluster id (from FILE's 16-byte
+#                                 blocks instead of /dev/urandom: for tests)
 #
 # Environment:
 #   INBOX_KAFKA_LIBS           jars dir (default $HOME/.cache/inbox-kafka/<version>/libs)
@@ -90,6 +93,26 @@ free_port() {
 		port_in_use "$p" || { echo "$p"; return 0; }
 	done
 	die "no free loopback port found"
+}
+
+# cluster_id [FILE]: a new cluster id made as Kafka's Uuid.randomUuid makes
+# one: 16 random bytes in URL-safe base64 without padding, drawn again while
+# the id starts with '-' (one draw in 64: `kafka-storage format -t -xyz...`
+# reads it as an option and fails with "expected one argument") or is one of
+# the ids Kafka reserves (all zero bits; 1, the metadata topic's). The n-th
+# draw is FILE's n-th 16-byte block (default /dev/urandom).
+cluster_id() {
+	local src="${1:-/dev/urandom}" id n
+	for ((n = 0; n < 1000; n++)); do
+		id="$(dd if="$src" bs=16 count=1 skip="$n" iflag=fullblock 2>/dev/null | base64 -w0 | tr '+/' '-_' | tr -d '=')"
+		[[ ${#id} -eq 22 ]] || die "cluster id: cannot read 16 bytes from $src (draw $((n + 1)))"
+		case "$id" in
+		-* | AAAAAAAAAAAAAAAAAAAAAA | AAAAAAAAAAAAAAAAAAAAAQ) continue ;;
+		esac
+		echo "$id"
+		return 0
+	done
+	die "cluster id: no usable id in 1000 draws from $src"
 }
 
 write_config() {
@@ -181,8 +204,7 @@ try_start() {
 	write_config "$dir" "$port" "$cport"
 	echo "$port $cport" >"$dir/ports"
 
-	# Cluster id: 16 random bytes, URL-safe base64 without padding (Kafka Uuid).
-	cid="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+	cid="$(cluster_id)"
 	# shellcheck disable=SC2046
 	if ! java -Xshare:auto -XX:TieredStopAtLevel=1 -XX:+UseSerialGC $(java_common "$dir") \
 		-cp "$LIBS/*" kafka.tools.StorageTool format -t "$cid" -c "$dir/server.properties" \
@@ -321,8 +343,9 @@ libs) echo "$LIBS" ;;
 start) start "${2:-}" ;;
 stop) stop "${2:-}" ;;
 restart) restart "${2:-}" ;;
+cluster-id) cluster_id "${2:-}" ;;
 *)
-	echo "usage: $0 fetch | libs | start DIR | stop DIR | restart DIR" >&2
+	echo "usage: $0 fetch | libs | start DIR | stop DIR | restart DIR | cluster-id [FILE]" >&2
 	exit 2
 	;;
 esac

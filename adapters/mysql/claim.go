@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/keyorder"
 )
 
 // claimChunk bounds the rows of one INSERT: 8 placeholders a row, far below
@@ -44,14 +45,18 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]boo
 	if conn == nil {
 		return nil, fmt.Errorf("mysql: claim in %s: the *gorm.DB has no connection", s.name)
 	}
+	// InnoDB locks each row's key as the statement reaches it; two claims
+	// that reach shared keys in different orders deadlock (1213). In key
+	// order, the later one waits for the earlier one instead.
+	sorted, order := keyorder.Sort(rows)
 	inserted := make([]bool, len(rows))
-	for lo := 0; lo < len(rows); lo += claimChunk {
-		hi := min(lo+claimChunk, len(rows))
-		if err := s.claimChunk(ctx, conn, rows[lo:hi], inserted[lo:hi]); err != nil {
+	for lo := 0; lo < len(sorted); lo += claimChunk {
+		hi := min(lo+claimChunk, len(sorted))
+		if err := s.claimChunk(ctx, conn, sorted[lo:hi], inserted[lo:hi]); err != nil {
 			return nil, err
 		}
 	}
-	return inserted, nil
+	return keyorder.Unsort(order, inserted), nil
 }
 
 // checkRow rejects what the table cannot hold exactly, so that no value is

@@ -29,6 +29,25 @@ func closeDB(db *gorm.DB) error {
 // newHarness gives every check its own schema (and so its own inbox table
 // and partitions) on its own connection pool, and drops the schema in Close.
 func newHarness(dsn string, txOpts *sql.TxOptions) conformance.HarnessMaker {
+	return newHarnessWith(dsn, txOpts, openDB)
+}
+
+// genericPool hides the *sql.DB behind a pool type of its own, as a user's
+// custom connection pool would: the Store then cannot tell that pgx is the
+// driver and takes its generic claim path (multi-row VALUES scanned by GORM).
+type genericPool struct{ *sql.DB }
+
+func (p genericPool) GetDBConn() (*sql.DB, error) { return p.DB, nil }
+
+func openGeneric(dsn string) (*gorm.DB, error) {
+	sqlDB, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, err
+	}
+	return gorm.Open(postgres.New(postgres.Config{Conn: genericPool{sqlDB}}), &gorm.Config{Logger: logger.Discard})
+}
+
+func newHarnessWith(dsn string, txOpts *sql.TxOptions, openDB func(string) (*gorm.DB, error)) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		db, err := openDB(dsn)
 		if err != nil {
@@ -71,4 +90,7 @@ func TestConformance(t *testing.T) {
 			conformance.Run(t, newHarness(dsn, level.opts))
 		})
 	}
+	t.Run("generic-claim-path", func(t *testing.T) {
+		conformance.Run(t, newHarnessWith(dsn, nil, openGeneric))
+	})
 }

@@ -94,6 +94,8 @@ type Store struct {
 	schema, table string
 	lockTimeout   time.Duration
 	lockKey       int64
+
+	claimOneSQL, claimArraysSQL string
 }
 
 // New validates opts and returns a Store. It does not touch the database.
@@ -122,7 +124,9 @@ func New(opts Options) (*Store, error) {
 	}
 	h := fnv.New64a()
 	h.Write([]byte("github.com/inboxgo/inbox/adapters/postgres\x00" + opts.Schema + "\x00" + opts.Table))
-	return &Store{schema: opts.Schema, table: opts.Table, lockTimeout: opts.LockTimeout, lockKey: int64(h.Sum64())}, nil
+	s := &Store{schema: opts.Schema, table: opts.Table, lockTimeout: opts.LockTimeout, lockKey: int64(h.Sum64())}
+	s.buildClaimSQL()
+	return s, nil
 }
 
 // Schema returns the schema of the inbox table.

@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
+
+	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/bench"
@@ -219,6 +222,43 @@ func BenchmarkVariants(b *testing.B) {
 	}
 }
 
+// BenchmarkTrackingCost runs (b) with and without the inbox's statement
+// tracking, alternating their order in each round (INBOX_BENCH_ROUNDS,
+// default 9), and reports each round's ratio: the median and the spread.
+func BenchmarkTrackingCost(b *testing.B) {
+	for _, name := range backends {
+		b.Run(name, func(b *testing.B) {
+			o := options()
+			o.Rounds = 1
+			rounds := envInt("INBOX_BENCH_ROUNDS", 9)
+			be := backend(b, name, o.Workers)
+			for range b.N {
+				var ratios []float64
+				for r := range rounds {
+					vs := slices.Clone(bench.TrackingCost)
+					if r%2 == 1 {
+						slices.Reverse(vs)
+					}
+					results, err := bench.Compare(b.Context(), be, vs, o)
+					if err != nil {
+						b.Fatal(err)
+					}
+					tracked, untracked := results[0], results[1]
+					if vs[0].Untracked {
+						tracked, untracked = untracked, tracked
+					}
+					ratios = append(ratios, tracked.EventsPerSec()/untracked.EventsPerSec())
+					b.Logf("round %d: tracked %.0f events/s, untracked %.0f events/s, ratio %.3f", r+1, tracked.EventsPerSec(), untracked.EventsPerSec(), ratios[r])
+				}
+				slices.Sort(ratios)
+				b.ReportMetric(ratios[len(ratios)/2], "tracked/untracked-median")
+				b.ReportMetric(ratios[0], "tracked/untracked-min")
+				b.ReportMetric(ratios[len(ratios)-1], "tracked/untracked-max")
+			}
+		})
+	}
+}
+
 // BenchmarkInboxSize runs (b) with 0, 1M and 10M rows pre-filled in the
 // inbox table (INBOX_BENCH_SIZES overrides, comma-separated) and reports
 // throughput, its ratio to the empty table, and the fill time.
@@ -303,3 +343,61 @@ func BenchmarkKafka(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTrackingPerStatement measures what the statement-tracking
+// callbacks add to one statement inside an inbox transaction (SQLite in a
+// temporary file, SELECT 1, so that the statement itself is as cheap as a
+// statement gets), alternating tracked and untracked rounds.
+func BenchmarkTrackingPerStatement(b *testing.B) {
+	be := backend(b, "sqlite", 1)
+	const statements = 20000
+	rounds := envInt("INBOX_BENCH_ROUNDS", 9)
+	for range b.N {
+		var diffs []float64
+		for r := range rounds {
+			var perStmt [2]float64 // tracked, untracked
+			order := []bool{true, false}
+			if r%2 == 1 {
+				order = []bool{false, true}
+			}
+			for _, tracked := range order {
+				if !tracked {
+					if err := bench.Untrack(be.DB); err != nil {
+						b.Fatal(err)
+					}
+				}
+				start := time.Now()
+				err := inbox.Transact(b.Context(), be.DB, noTransient{}, nil, func(tx *gorm.DB) error {
+					var one int
+					for range statements {
+						if err := tx.Raw("SELECT 1").Row().Scan(&one); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				i := 0
+				if !tracked {
+					i = 1
+				}
+				perStmt[i] = float64(time.Since(start).Nanoseconds()) / statements
+				if err := inbox.TrackStatements(be.DB); err != nil {
+					b.Fatal(err)
+				}
+			}
+			diffs = append(diffs, perStmt[0]-perStmt[1])
+			b.Logf("round %d: %.0f ns per statement tracked, %.0f untracked", r+1, perStmt[0], perStmt[1])
+		}
+		slices.Sort(diffs)
+		b.ReportMetric(diffs[len(diffs)/2], "added-ns/stmt-median")
+		b.ReportMetric(diffs[0], "added-ns/stmt-min")
+		b.ReportMetric(diffs[len(diffs)-1], "added-ns/stmt-max")
+	}
+}
+
+type noTransient struct{}
+
+func (noTransient) IsRetryable(error) bool { return false }

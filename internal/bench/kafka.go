@@ -221,7 +221,7 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 		// The baseline: the same consumer loop and transaction per message,
 		// without an inbox row (the flag skips the inbox; the effect is an
 		// increment, so this is exactly the non-idempotent baseline).
-		cfg.NaturallyIdempotent, cfg.DB = true, b.DB
+		cfg.NaturallyIdempotent, cfg.DB, cfg.Classifier = true, b.DB, f.Store
 	case KafkaInbox:
 		cfg.Inbox, cfg.Consumer = f.Inbox, ConsumerName
 	case KafkaBatch:

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/inboxgo/inbox/inbox"
 )
 
@@ -229,6 +231,12 @@ func runFresh(ctx context.Context, b *Backend, v Variant, evs []Event, o Options
 		return Result{}, err
 	}
 	defer func() { _ = f.Drop(context.WithoutCancel(ctx)) }()
+	if v.Untracked {
+		if err := Untrack(b.DB); err != nil {
+			return Result{}, err
+		}
+		defer func() { _ = inbox.TrackStatements(b.DB) }()
+	}
 	res, err := Apply(ctx, f, v, evs, o.Workers, o.BatchSize)
 	if err != nil {
 		return res, err
@@ -237,4 +245,22 @@ func runFresh(ctx context.Context, b *Backend, v Variant, evs []Event, o Options
 		return res, fmt.Errorf("bench: %s on %s applied %d effects for %d events", v.Key, b.Name, res.Applied, len(evs))
 	}
 	return res, nil
+}
+
+// Untrack removes the callbacks inbox.TrackStatements registers, by their
+// names, until TrackStatements registers them again.
+func Untrack(db *gorm.DB) error {
+	cb := db.Callback()
+	for _, name := range []string{"inbox:before_statement", "inbox:after_statement"} {
+		for _, err := range []error{cb.Create().Remove(name), cb.Query().Remove(name), cb.Update().Remove(name),
+			cb.Delete().Remove(name), cb.Row().Remove(name), cb.Raw().Remove(name)} {
+			if err != nil {
+				return fmt.Errorf("bench: remove callback %s: %w", name, err)
+			}
+		}
+	}
+	if cb.Raw().Get("inbox:before_statement") != nil {
+		return fmt.Errorf("bench: the statement-tracking callbacks are still registered")
+	}
+	return nil
 }

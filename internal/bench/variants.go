@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -73,6 +75,9 @@ type Variant struct {
 	Dedup bool
 	// Idempotent: the effect is a set-to-state, not an increment.
 	Idempotent bool
+	// Untracked: run without the inbox's statement-tracking GORM callbacks
+	// (inbox.TrackStatements), to measure what that defence costs.
+	Untracked bool
 	// apply applies evs in one operation and returns how many effects it
 	// applied.
 	apply func(ctx context.Context, f *Fixture, evs []Event) (int, error)
@@ -85,9 +90,20 @@ var Variants = []Variant{
 	{Key: "a*", Name: "effect only, no dedup, batched like (c): the ceiling of batching", Batched: true, apply: applyEffectBatch},
 	{Key: "b", Name: "inbox, Process (1 tx per event)", Dedup: true, apply: applyProcess},
 	{Key: "c", Name: "inbox, ProcessBatch", Batched: true, Dedup: true, apply: applyProcessBatch},
+	{Key: "a2", Name: "effect only, no dedup, one set-based UPDATE per batch: the ceiling of (c2)", Batched: true, apply: applySetEffectBatch},
+	{Key: "c2", Name: "inbox, ProcessBatchFunc: a batch handler with one set-based UPDATE", Batched: true, Dedup: true, apply: applyProcessBatchFunc},
 	{Key: "d1", Name: "hand-rolled check-then-insert (SELECT, INSERT, effect in 1 tx)", Dedup: true, apply: applyCheckThenInsert},
 	{Key: "d2", Name: "hand-rolled, dedup row in a separate tx (not atomic)", Dedup: true, apply: applySeparateTx},
 	{Key: "e", Name: "naturally idempotent upsert, no inbox row", Dedup: true, Idempotent: true, apply: applyUpsert},
+}
+
+// TrackingCost pairs (b) with (b) run without the inbox's statement
+// tracking: the GORM callbacks that refuse a handler's statements after a
+// transient statement error (a MariaDB deadlock, after which the session
+// would autocommit) and tell a database failure from the handler's own.
+var TrackingCost = []Variant{
+	{Key: "b", Name: "inbox, Process (1 tx per event)", Dedup: true, apply: applyProcess},
+	{Key: "b-untracked", Name: "inbox, Process, statement tracking removed", Dedup: true, Untracked: true, apply: applyProcess},
 }
 
 // VariantByKey returns the variant with key k.
@@ -110,6 +126,56 @@ func (f *Fixture) effect(tx *gorm.DB, sku int64) error {
 		return fmt.Errorf("bench: sku %d: %d rows updated", sku, res.RowsAffected)
 	}
 	return nil
+}
+
+// setEffect reserves one unit per entry of skus inside tx, with one
+// set-based UPDATE: the units are summed per sku, and the skus are listed
+// in ascending order (a fixed lock order for concurrent batches).
+func (f *Fixture) setEffect(tx *gorm.DB, skus []int64) error {
+	units := make(map[int64]int64, len(skus))
+	for _, sku := range skus {
+		units[sku]++
+	}
+	distinct := make([]int64, 0, len(units))
+	for sku := range units {
+		distinct = append(distinct, sku)
+	}
+	slices.Sort(distinct)
+	args := make([]any, 0, 2*len(distinct))
+	for _, sku := range distinct {
+		args = append(args, sku, units[sku])
+	}
+	var q string
+	switch f.Backend.Dialect {
+	case Postgres:
+		q = `UPDATE ` + f.Stock + ` AS s SET reserved = s.reserved + v.n FROM (VALUES ` +
+			strings.TrimSuffix(strings.Repeat("(?::bigint, ?::bigint),", len(distinct)), ",") +
+			`) AS v(sku, n) WHERE s.sku = v.sku`
+	case MySQL:
+		q = `UPDATE ` + f.Stock + ` AS s JOIN (SELECT ? AS sku, ? AS n` +
+			strings.Repeat(" UNION ALL SELECT ?, ?", len(distinct)-1) +
+			`) AS v ON s.sku = v.sku SET s.reserved = s.reserved + v.n`
+	default:
+		q = `UPDATE ` + f.Stock + ` SET reserved = reserved + v.column2 FROM (VALUES ` +
+			strings.TrimSuffix(strings.Repeat("(?, ?),", len(distinct)), ",") +
+			`) AS v WHERE ` + f.Stock + `.sku = v.column1`
+	}
+	res := tx.Exec(q, args...)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected != int64(len(distinct)) {
+		return fmt.Errorf("bench: set-based update of %d skus updated %d rows", len(distinct), res.RowsAffected)
+	}
+	return nil
+}
+
+func (f *Fixture) batchHandler(ctx context.Context, tx *gorm.DB, msgs []inbox.Message) error {
+	skus := make([]int64, len(msgs))
+	for i, m := range msgs {
+		skus[i] = NewEvent(m.Offset, f.SKUs, m.Time).SKU
+	}
+	return f.setEffect(tx, skus)
 }
 
 func (f *Fixture) handler(ctx context.Context, tx *gorm.DB, msg inbox.Message) error {
@@ -176,6 +242,35 @@ func applyProcessBatch(ctx context.Context, f *Fixture, evs []Event) (int, error
 		msgs[i] = e.Message()
 	}
 	results, err := f.Inbox.ProcessBatch(ctx, msgs, f.handler)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i, r := range results {
+		switch r.Outcome {
+		case inbox.Processed:
+			n++
+		case inbox.Failed:
+			return n, fmt.Errorf("event %s: %w", evs[i].ID, r.Err)
+		}
+	}
+	return n, nil
+}
+
+func applySetEffectBatch(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	skus := make([]int64, len(evs))
+	for i, e := range evs {
+		skus[i] = e.SKU
+	}
+	return len(evs), f.tx(ctx, func(tx *gorm.DB) error { return f.setEffect(tx, skus) })
+}
+
+func applyProcessBatchFunc(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	msgs := make([]inbox.Message, len(evs))
+	for i, e := range evs {
+		msgs[i] = e.Message()
+	}
+	results, err := f.Inbox.ProcessBatchFunc(ctx, msgs, f.batchHandler)
 	if err != nil {
 		return 0, err
 	}

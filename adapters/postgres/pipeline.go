@@ -1,0 +1,245 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/keyorder"
+)
+
+// BeginClaim opens a transaction and claims rows in it in one round trip:
+// BEGIN and the claim travel as one pgx pipeline on a connection taken from
+// db's pool. The transaction is then one database/sql does not know about,
+// so the returned *gorm.DB runs on a connection pool value of this package
+// that commits and rolls back itself, takes savepoints for GORM's nested
+// transactions, refuses Begin, and rolls back (or, failing that, discards
+// the connection) on every path that does not commit. It is used only on
+// pgx's database/sql driver without GORM's prepared statements; elsewhere
+// ok is false and the inbox begins and claims as usual.
+func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []inbox.Row) (*gorm.DB, []bool, bool, error) {
+	pool, ok := db.Statement.ConnPool.(*sql.DB)
+	if !ok || len(rows) == 0 {
+		return nil, nil, false, nil
+	}
+	if _, isPgx := pool.Driver().(*stdlib.Driver); !isPgx {
+		return nil, nil, false, nil
+	}
+	beginSQL, err := beginStatement(opts)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("postgres: take a connection: %w", err)
+	}
+	var inserted []bool
+	err = conn.Raw(func(dc any) error {
+		pc := dc.(*stdlib.Conn).Conn()
+		var b pgx.Batch
+		b.Queue(beginSQL)
+		if len(rows) == 1 {
+			r := rows[0]
+			b.Queue(s.claimOneSQL, r.Consumer, r.EventID, dayText(r.Day), r.EventTime.UTC(), r.Topic, r.Partition, r.Offset)
+		} else {
+			b.Queue(s.claimArraysSQL, s.arrayArgs(rows)...)
+		}
+		br := pc.SendBatch(ctx, &b)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("postgres: begin: %w", err)
+		}
+		var err error
+		if len(rows) == 1 {
+			inserted, err = claimOneResult(br)
+		} else {
+			inserted, err = s.claimArraysResult(br, rows)
+		}
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("postgres: claim in %s: %w", s.parent(), err)
+		}
+		return nil
+	})
+	if err != nil {
+		(&pipelinedTx{ctx: ctx, conn: conn}).abandon()
+		return nil, nil, false, err
+	}
+	tx := db.WithContext(ctx)
+	tx.Statement.ConnPool = &pipelinedTx{ctx: ctx, conn: conn}
+	return tx, inserted, true, nil
+}
+
+// beginStatement is the BEGIN for opts.
+func beginStatement(opts *sql.TxOptions) (string, error) {
+	if opts == nil {
+		return "BEGIN", nil
+	}
+	if opts.ReadOnly {
+		return "", errors.New("postgres: a read-only transaction cannot hold inbox rows")
+	}
+	switch sql.IsolationLevel(opts.Isolation) {
+	case sql.LevelDefault:
+		return "BEGIN", nil
+	case sql.LevelReadUncommitted:
+		return "BEGIN ISOLATION LEVEL READ UNCOMMITTED", nil
+	case sql.LevelReadCommitted:
+		return "BEGIN ISOLATION LEVEL READ COMMITTED", nil
+	case sql.LevelRepeatableRead, sql.LevelSnapshot:
+		return "BEGIN ISOLATION LEVEL REPEATABLE READ", nil
+	case sql.LevelSerializable:
+		return "BEGIN ISOLATION LEVEL SERIALIZABLE", nil
+	}
+	return "", fmt.Errorf("postgres: isolation level %v is not supported", sql.IsolationLevel(opts.Isolation))
+}
+
+func claimOneResult(br pgx.BatchResults) ([]bool, error) {
+	ct, err := br.Exec()
+	if err != nil {
+		return nil, err
+	}
+	if n := ct.RowsAffected(); n > 1 {
+		return nil, fmt.Errorf("%d rows affected by a one-row claim", n)
+	}
+	return []bool{ct.RowsAffected() == 1}, nil
+}
+
+func (s *Store) claimArraysResult(br pgx.BatchResults, rows []inbox.Row) ([]bool, error) {
+	sorted, order := keyorder.Sort(rows)
+	_ = sorted // the arguments were built from the sorted rows
+	index := make(map[returnedKey]int, len(sorted))
+	for i, r := range sorted {
+		index[returnedKey{r.Consumer, r.EventID, dayText(r.Day)}] = i
+	}
+	inserted := make([]bool, len(sorted))
+	got, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	defer got.Close()
+	for got.Next() {
+		var k returnedKey
+		if err := got.Scan(&k.Consumer, &k.EventID, &k.Day); err != nil {
+			return nil, err
+		}
+		i, ok := index[k]
+		if !ok || inserted[i] {
+			return nil, fmt.Errorf("returned a key that was not inserted: %q/%q/%s", k.Consumer, k.EventID, k.Day)
+		}
+		inserted[i] = true
+	}
+	if err := got.Err(); err != nil {
+		return nil, err
+	}
+	return keyorder.Unsort(order, inserted), nil
+}
+
+// arrayArgs are the seven array parameters of claimArraysSQL, in key order.
+func (s *Store) arrayArgs(rows []inbox.Row) []any {
+	sorted, _ := keyorder.Sort(rows)
+	n := len(sorted)
+	consumers, ids, days, topics := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	times, partitions, offsets := make([]time.Time, n), make([]int32, n), make([]int64, n)
+	for i, r := range sorted {
+		consumers[i], ids[i], days[i], topics[i] = r.Consumer, r.EventID, dayText(r.Day), r.Topic
+		times[i], partitions[i], offsets[i] = r.EventTime.UTC(), r.Partition, r.Offset
+	}
+	return []any{consumers, ids, days, times, topics, partitions, offsets}
+}
+
+// pipelinedTx is a transaction opened by BeginClaim on conn: a
+// gorm.ConnPool and gorm.TxCommitter that ends it with COMMIT or ROLLBACK
+// and then returns conn to its pool. It has no BeginTx, so GORM's Begin on
+// it fails and its nested Transaction takes a savepoint, as on a *sql.Tx.
+type pipelinedTx struct {
+	ctx   context.Context // the transaction's: once it ends, COMMIT is refused, as database/sql does
+	conn  *sql.Conn
+	ended bool
+}
+
+func (t *pipelinedTx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	return t.conn.PrepareContext(ctx, query)
+}
+
+func (t *pipelinedTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return t.conn.ExecContext(ctx, query, args...)
+}
+
+func (t *pipelinedTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return t.conn.QueryContext(ctx, query, args...)
+}
+
+func (t *pipelinedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return t.conn.QueryRowContext(ctx, query, args...)
+}
+
+// errCommitRolledBack is COMMIT's answer for a transaction the server had
+// already aborted (after a failed statement): nothing was committed.
+var errCommitRolledBack = errors.New("postgres: COMMIT rolled back the transaction, which an earlier failed statement had aborted")
+
+// Commit commits. A COMMIT that the server answers with ROLLBACK (an aborted
+// transaction) is an error, as pgx's own Tx.Commit reports it.
+func (t *pipelinedTx) Commit() error {
+	if t.ended {
+		return sql.ErrTxDone
+	}
+	if err := t.ctx.Err(); err != nil {
+		_ = t.Rollback()
+		return err
+	}
+	t.ended = true
+	err := t.conn.Raw(func(dc any) error {
+		ct, err := dc.(*stdlib.Conn).Conn().Exec(context.Background(), "COMMIT")
+		if err != nil {
+			return err
+		}
+		if strings.EqualFold(ct.String(), "ROLLBACK") {
+			return errCommitRolledBack
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errCommitRolledBack) {
+		t.discard()
+	}
+	_ = t.conn.Close()
+	return err
+}
+
+// Rollback rolls back; a connection that cannot roll back is discarded.
+func (t *pipelinedTx) Rollback() error {
+	if t.ended {
+		return sql.ErrTxDone
+	}
+	t.ended = true
+	// Bounded: a connection that cannot answer within it is discarded.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := t.conn.ExecContext(ctx, "ROLLBACK")
+	if err != nil {
+		t.discard()
+	}
+	_ = t.conn.Close()
+	return err
+}
+
+// abandon rolls back whatever BeginClaim opened, for a BeginClaim that
+// failed half-way.
+func (t *pipelinedTx) abandon() { _ = t.Rollback() }
+
+// discard makes database/sql close conn instead of pooling it.
+func (t *pipelinedTx) discard() {
+	_ = t.conn.Raw(func(any) error { return driver.ErrBadConn })
+}
+
+var _ inbox.ClaimBeginner = (*Store)(nil)

@@ -1,0 +1,161 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// logOffsets returns the partition's log start offset (the first offset
+// retention kept) and its log end offset (the offset the next message
+// produced will get).
+func (c *Consumer) logOffsets(ctx context.Context, topic string, partition int) (start, end int64, err error) {
+	cl := &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: c.transport, Timeout: 10 * time.Second}
+	resp, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
+		topic: {kafka.FirstOffsetOf(partition), kafka.LastOffsetOf(partition)},
+	}})
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, p := range resp.Topics[topic] {
+		if p.Partition != partition {
+			continue
+		}
+		if p.Error != nil {
+			return 0, 0, p.Error
+		}
+		if p.FirstOffset < 0 || p.LastOffset < p.FirstOffset {
+			return 0, 0, fmt.Errorf("consumer: implausible log offsets %d..%d", p.FirstOffset, p.LastOffset)
+		}
+		return p.FirstOffset, p.LastOffset, nil
+	}
+	return 0, 0, fmt.Errorf("consumer: no log offsets for %s/%d in the broker's answer", topic, partition)
+}
+
+// beyondEndChecks is how many lookups, beyondEndSpacing apart, must all find
+// an offset past the log end before the partition stops: a newly elected
+// leader's high watermark can lag for a moment.
+const (
+	beyondEndChecks  = 3
+	beyondEndSpacing = time.Second
+)
+
+// defaultLogCheckInterval is how often an idle partition checks that its
+// next offset is not past the log end.
+const defaultLogCheckInterval = 30 * time.Second
+
+// checkLog compares the offset the partition would start at (from says
+// where it came from) with the partition's log, and returns the concrete
+// offset to start at:
+//
+//   - a kafka-go sentinel (no committed or stored offset) becomes the log
+//     start (FirstOffset) or the log end (LastOffset), and commit is true:
+//     committing it at once makes a restart begin there, rather than at the
+//     log end of the moment, skipping what was produced in between;
+//   - an offset below the log start (retention deleted messages the group
+//     never processed) becomes the log start: they are gone; this is logged
+//     at Warn with how many were skipped, and commit is true;
+//   - an offset past the log end (the topic was deleted and recreated, or
+//     its log truncated) returns stop: kafka-go would wait there, silently,
+//     for the log to grow past it, and the messages below it would never be
+//     processed.
+//
+// The lookup is retried while it fails; ok is false if ctx ended first.
+func (w *worker) checkLog(ctx context.Context, start int64, from string) (next int64, commit bool, stop *PartitionStoppedError, ok bool) {
+	beyond := 0
+	for attempt := 1; ; attempt++ {
+		first, end, err := w.c.logOffsets(ctx, w.topic, w.partition)
+		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		switch {
+		case err == nil && (start < 0 || start <= end):
+			return w.resolveStart(start, first, end)
+		case err == nil:
+			beyond++
+			if beyond >= beyondEndChecks {
+				return start, false, w.beyondLogEnd(start, end, from), true
+			}
+			wait = max(wait, beyondEndSpacing)
+		default:
+			level := slog.LevelWarn
+			if attempt >= 5 {
+				level = slog.LevelError
+			}
+			w.log.Log(ctx, level, "cannot read the partition's log offsets; retrying", "attempt", attempt, "error", err, "retry_in", wait)
+		}
+		if sleep(ctx, wait) != nil {
+			return 0, false, nil, false
+		}
+	}
+}
+
+// pastLogEnd checks, for a partition whose fetches come back empty, that
+// its next offset is not past the log end: the topic deleted and recreated
+// while consumed leaves kafka-go's reader waiting there, silently, while
+// the new messages below it are never fetched. It returns the stop to
+// apply, or nil. A failed lookup is only logged at Debug: the next idle
+// period tries again.
+func (w *worker) pastLogEnd(ctx context.Context) *PartitionStoppedError {
+	next, ok := w.tracker.committable()
+	if !ok || w.tracker.inFlight() > 0 {
+		return nil
+	}
+	var end int64
+	for i := range beyondEndChecks {
+		if i > 0 && sleep(ctx, beyondEndSpacing) != nil {
+			return nil
+		}
+		var err error
+		if _, end, err = w.c.logOffsets(ctx, w.topic, w.partition); err != nil {
+			w.log.Debug("cannot read the partition's log offsets", "error", err)
+			return nil
+		}
+		if next <= end {
+			return nil
+		}
+	}
+	return w.beyondLogEnd(next, end, "the next offset of this consumer")
+}
+
+// logCheckInterval is how often an idle partition runs pastLogEnd.
+func (w *worker) logCheckInterval() time.Duration {
+	if d := w.c.cfg.logCheckInterval; d > 0 {
+		return d
+	}
+	return defaultLogCheckInterval
+}
+
+// resolveStart is checkLog for a start offset not past the log end.
+func (w *worker) resolveStart(start, first, end int64) (int64, bool, *PartitionStoppedError, bool) {
+	switch {
+	case start == kafka.LastOffset:
+		w.log.Info("no committed offset: starting at the log end, committed at once", "log_end", end)
+		return end, true, nil, true
+	case start < 0:
+		w.log.Info("no committed offset: starting at the log start, committed at once", "log_start", first)
+		return first, true, nil, true
+	case start < first:
+		w.log.Warn("messages were deleted (by retention) before this group processed them; they are skipped",
+			"skipped", first-start, "from_offset", start, "log_start", first)
+		return first, true, nil, true
+	}
+	return start, false, nil, true
+}
+
+// beyondLogEnd builds the stop of a partition whose start offset is past
+// its log end.
+func (w *worker) beyondLogEnd(start, end int64, from string) *PartitionStoppedError {
+	fix := fmt.Sprintf("reset the group's offsets of the partition (kafka-consumer-groups.sh --group %s --topic %s --reset-offsets --to-earliest --execute, or delete the group)",
+		w.c.cfg.GroupID, w.topic)
+	if w.c.cfg.StoreOffsets {
+		fix = fmt.Sprintf("delete the group's rows in the offsets table (DELETE FROM %s WHERE group_id = '%s' AND topic = '%s') and %s",
+			w.c.cfg.OffsetsTable, w.c.cfg.GroupID, w.topic, fix)
+	}
+	return &PartitionStoppedError{
+		Topic: w.topic, Partition: w.partition, Offset: start, Reason: ReasonOffsetBeyondLogEnd,
+		Err: fmt.Errorf("%w: offset %d (%s) is past the log end %d; was the topic deleted and recreated? Its messages below %d would never be processed. To start over, %s, then restart",
+			ErrOffsetBeyondLogEnd, start, from, end, start, fix),
+	}
+}

@@ -1,0 +1,404 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"sync/atomic"
+
+	"gorm.io/gorm"
+)
+
+// The fault model. Every retry loop of this library retries without limit
+// only what IsDatabaseFailure reports: a failure of the database itself,
+// never anything a handler or a payload can produce. An error is a database
+// failure when
+//   - BEGIN failed, or the inbox's own claim statement failed, or COMMIT
+//     failed with an error the Store classifies as transient (a lost
+//     connection, a serialization failure) in a transaction none of whose
+//     statements had failed before; or
+//   - a statement sent to the database through the transaction failed with
+//     an error the Store classifies as transient (a deadlock, a lock
+//     timeout, a lost connection): the database may have ended the
+//     transaction, so whatever the handler returned (even nil) the
+//     transaction is rolled back and run again.
+//
+// Everything else is the message's failure and counts as an attempt: the
+// handler's own errors, also a net.Error from an HTTP call, io.EOF from a
+// decoder, a context deadline of its own, even when marked with
+// [Retryable]; a COMMIT refused for a reason that is not transient (a
+// deferred constraint); a panic.
+//
+// What is "a statement sent through the transaction" is decided by GORM
+// callbacks that [TrackStatements] registers: an error is recorded only when
+// it was raised while GORM executed the statement (not by a hook, not by
+// the handler after the statement returned). Statements run on the
+// underlying *sql.Tx directly, bypassing GORM, are not seen.
+
+// dbError is a database failure (see the fault model above). It is
+// unexported so that a handler cannot make one up: only the inbox creates
+// it, from what the database returned.
+type dbError struct {
+	op         string // begin, claim, statement, commit, savepoint, before-commit
+	err        error  // what the database returned
+	handlerErr error  // what the handler returned, if anything, after a failed statement
+}
+
+func (e *dbError) Error() string {
+	s := fmt.Sprintf("database failure at %s: %v", e.op, e.err)
+	if e.handlerErr != nil {
+		s += fmt.Sprintf(" (the handler then returned: %v)", e.handlerErr)
+	}
+	return s
+}
+
+func (e *dbError) Unwrap() error { return e.err }
+
+// databaseFailure marks err, returned by one of the Store's own operations,
+// as the database's failure.
+func databaseFailure(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &dbError{op: op, err: err}
+}
+
+// IsDatabaseFailure reports whether err says that the database failed
+// rather than the message: BEGIN, the inbox's claim or COMMIT failed, or a
+// statement of the transaction failed with an error the Store classifies as
+// transient. Nothing a handler returns by itself makes it true. Such
+// failures say nothing about the message: a caller retrying messages
+// should retry them without counting an attempt.
+func IsDatabaseFailure(err error) bool {
+	var de *dbError
+	return errors.As(err, &de)
+}
+
+// CommitError reports that COMMIT refused a transaction for a reason the
+// Store does not classify as transient, typically a deferred constraint
+// checked only at commit, or a transaction the database had already
+// aborted after a statement error that the handler ignored. Nothing of the
+// transaction was committed. It is the failure of the message (or, in a
+// batch, of one of its messages: ProcessBatch then runs them one by one to
+// find it).
+type CommitError struct{ Err error }
+
+func (e *CommitError) Error() string { return "commit refused: " + e.Err.Error() }
+
+func (e *CommitError) Unwrap() error { return e.Err }
+
+// ErrorClassifier tells transient database errors apart; every Store is one.
+type ErrorClassifier interface {
+	IsRetryable(err error) bool
+}
+
+// txState follows the statements of one transaction.
+type txState struct {
+	classify ErrorClassifier
+
+	mu     sync.Mutex
+	poison error // the first statement error classify calls transient
+	failed error // the first statement error of any kind
+	// ownDeadline: a statement failed because the handler's context ended
+	// before any transient error. Drivers close a connection whose statement
+	// was cancelled (go-sql-driver/mysql does), so the lost connection that
+	// follows is the handler's doing, not the database's.
+	ownDeadline bool
+}
+
+func (s *txState) record(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed == nil {
+		s.failed = err
+	}
+	if s.poison == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		s.ownDeadline = true
+	}
+	if s.poison == nil && s.classify.IsRetryable(err) {
+		s.poison = err
+	}
+}
+
+func (s *txState) state() (poison, failed error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.poison, s.failed
+}
+
+// doomed returns the error to report for a transaction a transient
+// statement error has doomed: a database failure, unless the handler's own
+// deadline caused it; then handlerErr (or, if the handler returned nil, the
+// statement error) is the message's failure. It returns nil if no transient
+// statement error occurred.
+func (s *txState) doomed(handlerErr error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.poison == nil:
+		return nil
+	case s.ownDeadline && handlerErr != nil:
+		return handlerErr
+	case s.ownDeadline:
+		return fmt.Errorf("inbox: a statement failed after the handler's own deadline, and the handler returned nil: %w", s.poison)
+	case IsDatabaseFailure(handlerErr):
+		return handlerErr
+	}
+	return &dbError{op: "statement", err: s.poison, handlerErr: handlerErr}
+}
+
+// ErrTransactionAborted is returned, instead of running it, for every
+// statement a handler sends after an earlier statement of the same
+// transaction failed with a transient error. On MySQL and MariaDB a deadlock
+// rolls back the whole transaction and the session goes on in autocommit
+// mode: a handler that ignored the error would otherwise commit its later
+// writes on their own, without the inbox row.
+var ErrTransactionAborted = errors.New("inbox: an earlier statement of this transaction failed with a transient error; the transaction is being rolled back and run again")
+
+type txStateKey struct{}
+
+// trackedTx maps a transaction's connection pool value (the *sql.Tx, or
+// GORM's *PreparedStmtTX) to its state: handlers that replace the context of
+// their *gorm.DB are still followed.
+var trackedTx sync.Map
+
+func lookupState(db *gorm.DB) *txState {
+	st := db.Statement
+	if st == nil {
+		return nil
+	}
+	if p := st.ConnPool; p != nil && reflect.TypeOf(p).Kind() == reflect.Pointer {
+		if v, ok := trackedTx.Load(p); ok {
+			return v.(*txState)
+		}
+	}
+	if st.Context != nil {
+		if s, ok := st.Context.Value(txStateKey{}).(*txState); ok {
+			return s
+		}
+	}
+	return nil
+}
+
+// track follows tx's statements with st until the returned function is
+// called. A transaction already followed (ProcessTx inside a handler of
+// Process) keeps its state.
+func track(tx *gorm.DB, st *txState) (*gorm.DB, *txState, func()) {
+	if cur := lookupState(tx); cur != nil {
+		return tx, cur, func() {}
+	}
+	tx = tx.WithContext(context.WithValue(tx.Statement.Context, txStateKey{}, st))
+	p := tx.Statement.ConnPool
+	if p == nil || reflect.TypeOf(p).Kind() != reflect.Pointer {
+		return tx, st, func() {}
+	}
+	trackedTx.Store(p, st)
+	var once sync.Once
+	return tx, st, func() { once.Do(func() { trackedTx.Delete(p) }) }
+}
+
+const (
+	cbBefore = "inbox:before_statement"
+	cbAfter  = "inbox:after_statement"
+	preErr   = "inbox:error_before_statement"
+)
+
+var registerMu sync.Mutex
+
+// TrackStatements registers the GORM callbacks by which the inbox follows
+// the statements of its transactions (see [IsDatabaseFailure]) on db's
+// configuration, once; further calls do nothing. [New] calls it. GORM's
+// callbacks are not safe to change while db is in use: call it at start-up
+// (New does) before using [Transact] on a database no Inbox was made for.
+//
+// The callbacks cost a map lookup per statement. For statements outside the
+// inbox's transactions they do nothing else.
+func TrackStatements(db *gorm.DB) error {
+	if db == nil || db.Config == nil {
+		return fmt.Errorf("%w: TrackStatements needs a *gorm.DB", ErrInvalidConfig)
+	}
+	registerMu.Lock()
+	defer registerMu.Unlock()
+	cb := db.Callback()
+	if cb.Raw().Get(cbBefore) != nil {
+		return nil
+	}
+	regs := []struct {
+		exec          string
+		before, after func(name string, fn func(*gorm.DB)) error
+	}{
+		{"gorm:create", func(n string, f func(*gorm.DB)) error { return cb.Create().Before("gorm:create").Register(n, f) },
+			func(n string, f func(*gorm.DB)) error { return cb.Create().After("gorm:create").Register(n, f) }},
+		{"gorm:query", func(n string, f func(*gorm.DB)) error { return cb.Query().Before("gorm:query").Register(n, f) },
+			func(n string, f func(*gorm.DB)) error { return cb.Query().After("gorm:query").Register(n, f) }},
+		{"gorm:update", func(n string, f func(*gorm.DB)) error { return cb.Update().Before("gorm:update").Register(n, f) },
+			func(n string, f func(*gorm.DB)) error { return cb.Update().After("gorm:update").Register(n, f) }},
+		{"gorm:delete", func(n string, f func(*gorm.DB)) error { return cb.Delete().Before("gorm:delete").Register(n, f) },
+			func(n string, f func(*gorm.DB)) error { return cb.Delete().After("gorm:delete").Register(n, f) }},
+		{"gorm:row", func(n string, f func(*gorm.DB)) error { return cb.Row().Before("gorm:row").Register(n, f) },
+			func(n string, f func(*gorm.DB)) error { return cb.Row().After("gorm:row").Register(n, f) }},
+		{"gorm:raw", func(n string, f func(*gorm.DB)) error { return cb.Raw().Before("gorm:raw").Register(n, f) },
+			func(n string, f func(*gorm.DB)) error { return cb.Raw().After("gorm:raw").Register(n, f) }},
+	}
+	for _, r := range regs {
+		if err := r.before(cbBefore, beforeStatement); err != nil {
+			return fmt.Errorf("inbox: register the %s callback before %s: %w", cbBefore, r.exec, err)
+		}
+		if err := r.after(cbAfter, afterStatement); err != nil {
+			return fmt.Errorf("inbox: register the %s callback after %s: %w", cbAfter, r.exec, err)
+		}
+	}
+	return nil
+}
+
+// beforeStatement refuses a statement of a transaction that a transient
+// statement error has already doomed, and notes an error that is there
+// before the statement runs (from a hook), which the statement did not
+// raise.
+func beforeStatement(db *gorm.DB) {
+	st := lookupState(db)
+	if st == nil {
+		return
+	}
+	if poison, _ := st.state(); poison != nil && db.Error == nil {
+		_ = db.AddError(fmt.Errorf("%w (the earlier error: %w)", ErrTransactionAborted, poison))
+	}
+	if db.Error != nil {
+		db.Statement.Settings.Store(preErr, db.Error)
+	}
+}
+
+// afterStatement records the error the statement raised, if any.
+func afterStatement(db *gorm.DB) {
+	if db.Error == nil || errors.Is(db.Error, gorm.ErrRecordNotFound) {
+		return
+	}
+	if v, ok := db.Statement.Settings.Load(preErr); ok && v == db.Error {
+		return
+	}
+	if st := lookupState(db); st != nil {
+		st.record(db.Error)
+	}
+}
+
+// runTx runs fn in a new transaction on db and commits it, telling the
+// database's failures (a *dbError) apart from fn's own errors and from a
+// COMMIT the database refused (a *CommitError). The transaction is rolled
+// back whenever it does not commit, also when fn panics.
+func runTx(ctx context.Context, db *gorm.DB, classify ErrorClassifier, opts *sql.TxOptions, fn func(tx *gorm.DB) error) error {
+	return runTxFrom(ctx, func() (*gorm.DB, error) { return begin(ctx, db, opts) }, classify, fn)
+}
+
+func begin(ctx context.Context, db *gorm.DB, opts *sql.TxOptions) (*gorm.DB, error) {
+	var txOpts []*sql.TxOptions
+	if opts != nil {
+		txOpts = append(txOpts, opts)
+	}
+	tx := db.WithContext(ctx).Begin(txOpts...)
+	if tx.Error != nil {
+		return nil, &dbError{op: "begin", err: tx.Error}
+	}
+	return tx, nil
+}
+
+// runTxFrom is runTx with the transaction opened by begin, whose errors
+// must be database failures already.
+func runTxFrom(ctx context.Context, begin func() (*gorm.DB, error), classify ErrorClassifier, fn func(tx *gorm.DB) error) error {
+	tx, err := begin()
+	if err != nil {
+		return err
+	}
+	tx, st, untrack := track(tx, &txState{classify: classify})
+	defer untrack()
+	ended := false
+	defer func() {
+		if !ended {
+			// Its error says nothing new: the transaction did not commit, and
+			// a connection that cannot roll back is discarded by database/sql.
+			_ = tx.Rollback().Error
+		}
+	}()
+	if err := fn(tx); err != nil {
+		if doomed := st.doomed(err); doomed != nil {
+			return doomed
+		}
+		return err
+	}
+	if doomed := st.doomed(nil); doomed != nil {
+		return doomed
+	}
+	_, failed := st.state()
+	ended = true
+	if err := tx.Commit().Error; err != nil {
+		if failed == nil && classify.IsRetryable(err) {
+			return &dbError{op: "commit", err: err}
+		}
+		return &CommitError{Err: err}
+	}
+	return nil
+}
+
+// Transact runs fn in one transaction on db and commits it, with the fault
+// model of Process but no inbox row: use it for naturally idempotent
+// effects that must still tell a database failure from their own. classify
+// decides which database errors are transient (pass the adapter's Store).
+// A panic in fn is returned as a *PanicError. The transaction is not
+// retried: [IsDatabaseFailure] on the error says whether the database
+// failed (retry without counting an attempt); any other error is fn's, or a
+// *CommitError.
+//
+// db must have been prepared with [TrackStatements] (or be the database of
+// an Inbox), or statement failures inside fn count as fn's own.
+func Transact(ctx context.Context, db *gorm.DB, classify ErrorClassifier, opts *sql.TxOptions, fn func(tx *gorm.DB) error) error {
+	if db == nil || classify == nil || fn == nil {
+		return fmt.Errorf("%w: Transact needs a db, a classifier and a function", ErrInvalidConfig)
+	}
+	return runTx(ctx, db, classify, opts, func(tx *gorm.DB) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = newPanicError(r)
+			}
+		}()
+		return fn(tx)
+	})
+}
+
+// savepointSeq names savepoints: unique within the process, so nested
+// ProcessTx calls never reuse a name.
+var savepointSeq atomic.Uint64
+
+// inSavepoint runs fn inside a savepoint of the caller's transaction tx,
+// rolling back to it when fn fails and releasing it otherwise. It issues
+// the savepoint itself, so a *gorm.DB with DisableNestedTransaction still
+// gets one.
+func inSavepoint(ctx context.Context, tx *gorm.DB, classify ErrorClassifier, fn func(sp *gorm.DB) error) error {
+	if c, ok := tx.Statement.ConnPool.(gorm.TxCommitter); !ok || c == nil {
+		return fmt.Errorf("%w: ProcessTx needs a *gorm.DB inside a transaction (from db.Begin or db.Transaction)", ErrInvalidConfig)
+	}
+	tx = tx.WithContext(ctx)
+	name := fmt.Sprintf("inbox_sp_%d", savepointSeq.Add(1))
+	if err := tx.SavePoint(name).Error; err != nil {
+		return &dbError{op: "savepoint", err: err}
+	}
+	sp, st, untrack := track(tx, &txState{classify: classify})
+	err := fn(sp)
+	// The savepoint's own statements must not be refused as the doomed
+	// transaction's.
+	untrack()
+	if doomed := st.doomed(err); doomed != nil {
+		err = doomed
+	}
+	if err != nil {
+		if rerr := tx.RollbackTo(name).Error; rerr != nil {
+			return fmt.Errorf("%w; rolling back to the savepoint failed too, so the caller's transaction may hold part of it and must be rolled back: %w", err, rerr)
+		}
+		return err
+	}
+	if err := tx.Exec("RELEASE SAVEPOINT " + name).Error; err != nil {
+		return &dbError{op: "savepoint", err: err}
+	}
+	return nil
+}
