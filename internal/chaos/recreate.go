@@ -101,8 +101,8 @@ func (rr *faultRound) recreate(ctx context.Context) error {
 			row.Problems = append(row.Problems, fmt.Sprintf("%d of %d partitions stopped within %v", len(stopped), parts, rr.fc.StopBudget))
 		}
 		for _, s := range stopped {
-			if !beyondEndReason(s.Reason) {
-				row.Problems = append(row.Problems, fmt.Sprintf("partition %d stopped with reason %q, want the offset-beyond-log-end reason (%v)", s.Partition, s.Reason, s))
+			if s.Reason != consumer.ReasonOffsetBeyondLogEnd {
+				row.Problems = append(row.Problems, fmt.Sprintf("partition %d stopped with reason %q, want %q (%v)", s.Partition, s.Reason, consumer.ReasonOffsetBeyondLogEnd, s))
 				break
 			}
 		}
@@ -166,12 +166,6 @@ func (rr *faultRound) recreate(ctx context.Context) error {
 		row.Problems = append(row.Problems[:6], fmt.Sprintf("... and %d more", len(row.Problems)-6))
 	}
 	return nil
-}
-
-// beyondEndReason reports whether a stopped partition's reason says that
-// its start offset lies beyond the log's end.
-func beyondEndReason(reason string) bool {
-	return strings.Contains(reason, "offset") || strings.Contains(reason, "end")
 }
 
 // orders makes n new orders of the round.
