@@ -41,14 +41,7 @@ func (rr *faultRound) recreate(ctx context.Context) error {
 	if err := rr.writeEven(ctx, before); err != nil {
 		return err
 	}
-	_, stop, err := rr.startConsumer(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	ok, err := rr.waitApplied(ctx, before, rr.fc.Budget)
-	if serr := stop(); serr != nil {
-		rr.say("stopping the consumer: %v", serr)
-	}
+	ok, err := rr.consumeUntilApplied(ctx, cfg, before)
 	if err != nil {
 		return err
 	}
@@ -132,14 +125,7 @@ func (rr *faultRound) recreate(ctx context.Context) error {
 		rr.say("operator deleted the group's committed offsets too (%s)", beyond)
 	}
 	rr.say("starting the consumer again")
-	_, stop, err = rr.startConsumer(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	done, err := rr.waitApplied(ctx, after, rr.fc.Budget)
-	if serr := stop(); serr != nil {
-		rr.say("stopping the consumer: %v", serr)
-	}
+	done, err := rr.consumeUntilApplied(ctx, cfg, after)
 	if err != nil {
 		return err
 	}
@@ -209,6 +195,20 @@ func (rr *faultRound) recreateTopic(ctx context.Context) error {
 			return fmt.Errorf("recreate topic %s: %w", rr.topic, err)
 		}
 	}
+}
+
+// consumeUntilApplied runs a consumer with cfg until every order is applied
+// and committed, within the round's budget, and stops it.
+func (rr *faultRound) consumeUntilApplied(ctx context.Context, cfg consumer.Config, orders []inventory.Order) (bool, error) {
+	_, stop, err := rr.startConsumer(ctx, cfg)
+	if err != nil {
+		return false, err
+	}
+	ok, err := rr.waitApplied(ctx, orders, rr.fc.Budget)
+	if serr := stop(); serr != nil {
+		rr.say("stopping the consumer: %v", serr)
+	}
+	return ok, err
 }
 
 // waitApplied waits, within budget, until every order is in the ledger and
