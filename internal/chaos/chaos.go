@@ -6,8 +6,14 @@
 // server side, and a producer injects duplicates. After a quiet period in
 // which the group catches up, the ledger check must hold.
 //
+// RunFaults is the fault phase: handler faults on known messages (poison
+// payloads, network errors, a handler's own deadline, deferred constraints
+// that fail at COMMIT) and a topic recreated under StoreOffsets, each of
+// which must end applied exactly once or dead-lettered within MaxAttempts,
+// within a budget.
+//
 // It is used by cmd/inbox-chaos (make chaos, the full run) and by
-// TestChaosShort (a short run in make test).
+// TestChaosShort and TestChaosFaults (short runs in make test).
 package chaos
 
 import (
