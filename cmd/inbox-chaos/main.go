@@ -175,35 +175,32 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		cfg.WorkDir = dir
+		// A database whose run failed keeps its files (consumer logs) for a look.
+		dbFailed := false
 		if runChaos {
-			var rep *chaos.Report
-			rep, err = chaos.Run(ctx, cfg)
+			rep, err := chaos.Run(ctx, cfg)
 			if rep != nil {
 				fmt.Fprint(stdout, rep.String())
 				reports = append(reports, rep)
 			}
 			if err != nil {
 				fmt.Fprintf(stdout, "  run FAILED: %v\n", err)
-				failed = true
-			} else if !rep.OK() {
-				failed = true
 			}
+			dbFailed = err != nil || !rep.OK()
 		}
 		if runFaults && ctx.Err() == nil {
-			frep, ferr := chaos.RunFaults(ctx, cfg, fc)
+			frep, err := chaos.RunFaults(ctx, cfg, fc)
 			if frep != nil {
 				fmt.Fprint(stdout, frep.String())
 				faultReports = append(faultReports, frep)
 			}
-			if ferr != nil {
-				fmt.Fprintf(stdout, "  fault phase FAILED: %v\n", ferr)
-				failed = true
-				err = errors.Join(err, ferr)
-			} else if !frep.OK() {
-				failed = true
+			if err != nil {
+				fmt.Fprintf(stdout, "  fault phase FAILED: %v\n", err)
 			}
+			dbFailed = dbFailed || err != nil || !frep.OK()
 		}
-		if *keep || err != nil {
+		failed = failed || dbFailed
+		if *keep || dbFailed {
 			fmt.Fprintf(stdout, "  files kept in %s\n", dir)
 		} else {
 			os.RemoveAll(dir)
