@@ -109,7 +109,9 @@ type Config struct {
 	// partition, duplicates left out, in offset order. When it fails, the
 	// batch is split until the failing message is alone; that message's
 	// attempts then count as with Handler. HandlerTimeout bounds one call.
-	// Not with NaturallyIdempotent.
+	// With NaturallyIdempotent, a batch runs in one transaction without
+	// inbox rows; if it fails for a message, its messages are run one by
+	// one.
 	BatchHandler BatchHandler
 	// NaturallyIdempotent declares that Handler's effect is the same however
 	// often it runs (an upsert, a set-to-state, a version check): no inbox
@@ -131,8 +133,8 @@ type Config struct {
 	Extract Extractor
 
 	// BatchSize is the most messages of one partition processed in one
-	// transaction (through inbox.ProcessBatch). Default 1. Ignored with
-	// NaturallyIdempotent.
+	// transaction (through inbox.ProcessBatch). Default 1. With
+	// NaturallyIdempotent it applies to BatchHandler only.
 	BatchSize int
 	// BatchWait is how long a batch waits to fill up once its first message
 	// is there. Default 50ms; ignored when BatchSize is 1.
@@ -266,8 +268,6 @@ func (c *Config) validate() error {
 		bad("no handler")
 	case c.Handler != nil && c.BatchHandler != nil:
 		bad("both Handler and BatchHandler are set; give one")
-	case c.BatchHandler != nil && c.NaturallyIdempotent:
-		bad("BatchHandler needs an inbox; a naturally idempotent consumer takes Handler")
 	}
 	if c.NaturallyIdempotent {
 		if c.DB == nil && c.Inbox == nil {

@@ -330,3 +330,54 @@ func TestBatchHandler(t *testing.T) {
 		t.Errorf("committed %v, want %d in all", got, len(msgs))
 	}
 }
+
+// TestNaturallyIdempotentBatchHandler: without an inbox a BatchHandler runs
+// a batch in one transaction; a batch with a poison message falls back to
+// one message per transaction, so only the poison is dead-lettered.
+func TestNaturallyIdempotentBatchHandler(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders", "orders.dlq")
+	s := newFaultShop(t, postgresLike, inbox.Config{})
+	if err := s.db.AutoMigrate(&orderStatus{}); err != nil {
+		t.Fatal(err)
+	}
+	sendOrders(t, brokers, "orders", 1, 20, nil)
+	ev := newEvents()
+	cfg := baseConfig(t, brokers, "orders", "order-view", s, ev)
+	cfg.Inbox, cfg.Consumer, cfg.DB, cfg.Classifier = nil, "", s.db, s.ib.Store()
+	cfg.NaturallyIdempotent, cfg.MaxAttempts, cfg.StoreOffsets = true, 2, true
+	cfg.OnFailure, cfg.DeadLetterTopic = DeadLetter, "orders.dlq"
+	cfg.BatchSize, cfg.BatchWait = 10, 200*time.Millisecond
+	var mu sync.Mutex
+	sizes := map[int]int{}
+	cfg.Handler, cfg.BatchHandler = nil, func(ctx context.Context, tx *gorm.DB, msgs []Message) error {
+		mu.Lock()
+		sizes[len(msgs)]++
+		mu.Unlock()
+		rows := make([]orderStatus, len(msgs))
+		for i, m := range msgs {
+			if string(m.Key) == "order-7" {
+				return errors.New("order-7 cannot be shown")
+			}
+			rows[i] = orderStatus{OrderID: string(m.Key)}
+		}
+		return tx.Clauses(clause.OnConflict{UpdateAll: true}).Create(&rows).Error
+	}
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "19 processed and 1 dead letter", func() bool {
+		return ev.count(EventProcessed) == 19 && ev.count(EventDeadLettered) == 1
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := s.db.Model(&orderStatus{}).Count(&n).Error; err != nil || n != 19 {
+		t.Errorf("%d order states (%v), want 19", n, err)
+	}
+	if sizes[10] == 0 {
+		t.Errorf("no batch of 10 was handled in one call: %v", sizes)
+	}
+	if stored, err := r.c.offsets.load(context.Background(), s.db, "orders", 0); err != nil || stored != 20 {
+		t.Errorf("stored offset %d (%v), want 20", stored, err)
+	}
+}
