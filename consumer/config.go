@@ -218,6 +218,16 @@ type Config struct {
 	// Dialer connects to the brokers. Default kafka.DefaultDialer.
 	Dialer *kafka.Dialer
 
+	// MaintenanceInterval is how often Run runs the inbox's maintenance
+	// (inbox.Inbox.Maintain: prepare the coming days' partitions, expire
+	// the days past the retention window): at start and then every
+	// interval, logging a failure at Error and reporting every run as an
+	// EventMaintenance. Default DefaultMaintenanceInterval; negative turns it
+	// off (run Maintain yourself then, for example with inboxctl). Several
+	// consumers running it on one inbox is safe (the Store serialises it),
+	// only redundant. Without Inbox nothing is maintained.
+	MaintenanceInterval time.Duration
+
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// OnEvent, if set, is called synchronously for every [Event]; use it to
@@ -233,6 +243,11 @@ type Config struct {
 }
 
 var errInvalidConfig = inbox.ErrInvalidConfig
+
+// DefaultMaintenanceInterval is how often Run maintains the inbox unless
+// Config.MaintenanceInterval says otherwise: hourly, so that a missed run
+// costs nothing (partitions are prepared days ahead).
+const DefaultMaintenanceInterval = time.Hour
 
 func (c *Config) validate() error {
 	var errs []error
@@ -353,6 +368,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxWait == 0 {
 		c.MaxWait = 500 * time.Millisecond
+	}
+	if c.MaintenanceInterval == 0 {
+		c.MaintenanceInterval = DefaultMaintenanceInterval
 	}
 	if c.Dialer == nil {
 		c.Dialer = kafka.DefaultDialer

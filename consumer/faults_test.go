@@ -381,3 +381,60 @@ func TestNaturallyIdempotentBatchHandler(t *testing.T) {
 		t.Errorf("stored offset %d (%v), want 20", stored, err)
 	}
 }
+
+// failingMaintainStore fails every Maintain.
+type failingMaintainStore struct{ inbox.Store }
+
+var errMaintain = errors.New("maintenance refused")
+
+func (failingMaintainStore) Maintain(context.Context, *gorm.DB, inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
+	return inbox.MaintenanceReport{}, errMaintain
+}
+
+// TestRunMaintainsTheInbox: Run maintains the inbox at start and every
+// MaintenanceInterval, and reports a failure through the event hook; a
+// negative interval turns it off.
+func TestRunMaintainsTheInbox(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	for _, c := range []struct {
+		name     string
+		interval time.Duration
+		failing  bool
+	}{{"default", 0, false}, {"every-50ms", 50 * time.Millisecond, false}, {"failing", 50 * time.Millisecond, true}, {"off", -1, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSQLiteShop(t)
+			if c.failing {
+				ib, err := inbox.New(s.db, failingMaintainStore{s.ib.Store()}, inbox.Config{Logger: testLogger(t)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.ib = ib
+			}
+			ev := newEvents()
+			cfg := baseConfig(t, brokers, "orders", "inventory-"+c.name, s, ev)
+			cfg.MaintenanceInterval = c.interval
+			r := start(t, cfg)
+			if c.interval > 0 {
+				waitUntil(t, 10*time.Second, "three maintenance runs", func() bool { return ev.count(EventMaintenance) >= 3 })
+			} else {
+				time.Sleep(300 * time.Millisecond) // long enough for a run at start, far shorter than the default interval
+			}
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			runs := ev.filter(EventMaintenance)
+			switch {
+			case c.name == "off" && len(runs) != 0:
+				t.Errorf("%d maintenance runs with maintenance off", len(runs))
+			case c.name == "default" && len(runs) != 1:
+				t.Errorf("%d maintenance runs, want 1 (at start; the next after an hour)", len(runs))
+			}
+			for _, e := range runs {
+				if c.failing != errors.Is(e.Err, errMaintain) {
+					t.Errorf("maintenance event error %v (failing store: %v)", e.Err, c.failing)
+				}
+			}
+		})
+	}
+}
