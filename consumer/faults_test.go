@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mattn/go-sqlite3"
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -43,8 +42,8 @@ func postgresLike(err error) bool {
 }
 
 func noSuchTable(err error) bool {
-	var se sqlite3.Error
-	return errors.As(err, &se) && se.Code == sqlite3.ErrError && strings.Contains(se.Error(), "no such table")
+	code, ok := inboxsqlite.ErrorCode(err)
+	return ok && code == 1 && strings.Contains(err.Error(), "no such table") // SQLITE_ERROR
 }
 
 // newFaultShop is a SQLite shop whose inbox classifies errors with

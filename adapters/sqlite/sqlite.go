@@ -24,7 +24,6 @@ import (
 	"strings"
 	"time"
 
-	sqlite3 "github.com/mattn/go-sqlite3"
 	gormsqlite "gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 
@@ -206,14 +205,17 @@ func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Maintenanc
 	}
 }
 
+// SQLite's primary result codes that the Store classifies as transient.
+const (
+	codeBusy   = 5 // SQLITE_BUSY
+	codeLocked = 6 // SQLITE_LOCKED
+)
+
 // IsRetryable reports SQLITE_BUSY and SQLITE_LOCKED (with their extended
 // codes).
 func (s *Store) IsRetryable(err error) bool {
-	var se sqlite3.Error
-	if errors.As(err, &se) {
-		return se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked
-	}
-	return false
+	code, ok := ErrorCode(err)
+	return ok && (code == codeBusy || code == codeLocked)
 }
 
 // Verify checks that the connection uses write-ahead logging, a busy
