@@ -76,4 +76,3 @@ func sqliteSize(ctx context.Context, db *gorm.DB, _, table string) (*sizeInfo, e
 	}
 	return &sizeInfo{Bytes: pages * pageSize, Scope: "whole database file (this SQLite build has no dbstat table)", Method: "page_count*page_size"}, nil
 }
-
