@@ -294,4 +294,5 @@ var (
 	_ inbox.Store         = (*Store)(nil)
 	_ inbox.Verifier      = (*Store)(nil)
 	_ inbox.StatsReporter = (*Store)(nil)
+	_ inbox.SchemaPrinter = (*Store)(nil)
 )

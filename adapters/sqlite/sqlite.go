@@ -90,7 +90,24 @@ func (s *Store) Table() string { return s.table }
 // Migrate creates the inbox table and its day index. Concurrent callers are
 // serialised by SQLite's write lock.
 func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
-	stmts := []string{
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, q := range s.createStatements() {
+			if err := tx.Exec(q).Error; err != nil {
+				return fmt.Errorf("sqlite: migrate %s: %w", s.table, err)
+			}
+		}
+		return nil
+	})
+}
+
+// MigrationSQL returns Migrate's statements; SQLite has no partitions to
+// prepare.
+func (s *Store) MigrationSQL(inbox.MaintenancePlan) ([]string, error) {
+	return s.createStatements(), nil
+}
+
+func (s *Store) createStatements() []string {
+	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + s.table + ` (
 			consumer     TEXT    NOT NULL,
 			event_id     TEXT    NOT NULL,
@@ -104,14 +121,6 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 		) STRICT`,
 		`CREATE INDEX IF NOT EXISTS ` + s.table + `_day ON ` + s.table + ` (day)`,
 	}
-	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		for _, q := range stmts {
-			if err := tx.Exec(q).Error; err != nil {
-				return fmt.Errorf("sqlite: migrate %s: %w", s.table, err)
-			}
-		}
-		return nil
-	})
 }
 
 // SQLite's default limit on bound parameters is 32766; 7 per row.
@@ -275,4 +284,5 @@ var (
 	_ inbox.Store         = (*Store)(nil)
 	_ inbox.Verifier      = (*Store)(nil)
 	_ inbox.StatsReporter = (*Store)(nil)
+	_ inbox.SchemaPrinter = (*Store)(nil)
 )
