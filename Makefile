@@ -23,9 +23,11 @@ test-short: ## Run the tests that need no server (backends are skipped; not for 
 	$(GO) test -race -count=1 $(PKGS)
 
 .PHONY: lint
-lint: ## gofmt and go vet.
+lint: ## gofmt, go vet, and the library, commands and tests building without cgo (no SQLite there).
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	CGO_ENABLED=0 $(GO) build $(PKGS)
+	CGO_ENABLED=0 $(GO) vet $(PKGS)
 
 .PHONY: bench
 bench: ## Run the benchmarks against every backend, side by side (see docs/BENCHMARKS.md).

@@ -109,7 +109,9 @@ type Config struct {
 	// partition, duplicates left out, in offset order. When it fails, the
 	// batch is split until the failing message is alone; that message's
 	// attempts then count as with Handler. HandlerTimeout bounds one call.
-	// Not with NaturallyIdempotent.
+	// With NaturallyIdempotent, a batch runs in one transaction without
+	// inbox rows; if it fails for a message, its messages are run one by
+	// one.
 	BatchHandler BatchHandler
 	// NaturallyIdempotent declares that Handler's effect is the same however
 	// often it runs (an upsert, a set-to-state, a version check): no inbox
@@ -131,8 +133,8 @@ type Config struct {
 	Extract Extractor
 
 	// BatchSize is the most messages of one partition processed in one
-	// transaction (through inbox.ProcessBatch). Default 1. Ignored with
-	// NaturallyIdempotent.
+	// transaction (through inbox.ProcessBatch). Default 1. With
+	// NaturallyIdempotent it applies to BatchHandler only.
 	BatchSize int
 	// BatchWait is how long a batch waits to fill up once its first message
 	// is there. Default 50ms; ignored when BatchSize is 1.
@@ -216,6 +218,16 @@ type Config struct {
 	// Dialer connects to the brokers. Default kafka.DefaultDialer.
 	Dialer *kafka.Dialer
 
+	// MaintenanceInterval is how often Run runs the inbox's maintenance
+	// (inbox.Inbox.Maintain: prepare the coming days' partitions, expire
+	// the days past the retention window): at start and then every
+	// interval, logging a failure at Error and reporting every run as an
+	// EventMaintenance. Default DefaultMaintenanceInterval; negative turns it
+	// off (run Maintain yourself then, for example with inboxctl). Several
+	// consumers running it on one inbox is safe (the Store serialises it),
+	// only redundant. Without Inbox nothing is maintained.
+	MaintenanceInterval time.Duration
+
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// OnEvent, if set, is called synchronously for every [Event]; use it to
@@ -231,6 +243,11 @@ type Config struct {
 }
 
 var errInvalidConfig = inbox.ErrInvalidConfig
+
+// DefaultMaintenanceInterval is how often Run maintains the inbox unless
+// Config.MaintenanceInterval says otherwise: hourly, so that a missed run
+// costs nothing (partitions are prepared days ahead).
+const DefaultMaintenanceInterval = time.Hour
 
 func (c *Config) validate() error {
 	var errs []error
@@ -266,8 +283,6 @@ func (c *Config) validate() error {
 		bad("no handler")
 	case c.Handler != nil && c.BatchHandler != nil:
 		bad("both Handler and BatchHandler are set; give one")
-	case c.BatchHandler != nil && c.NaturallyIdempotent:
-		bad("BatchHandler needs an inbox; a naturally idempotent consumer takes Handler")
 	}
 	if c.NaturallyIdempotent {
 		if c.DB == nil && c.Inbox == nil {
@@ -353,6 +368,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxWait == 0 {
 		c.MaxWait = 500 * time.Millisecond
+	}
+	if c.MaintenanceInterval == 0 {
+		c.MaintenanceInterval = DefaultMaintenanceInterval
 	}
 	if c.Dialer == nil {
 		c.Dialer = kafka.DefaultDialer

@@ -210,6 +210,18 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.log.Info("consumer started", "topics", c.cfg.Topics, "batch_size", c.cfg.BatchSize,
 		"on_failure", c.cfg.OnFailure.String(), "store_offsets", c.cfg.StoreOffsets)
 
+	if c.cfg.Inbox != nil && c.cfg.MaintenanceInterval > 0 {
+		maintained := make(chan struct{})
+		go func() {
+			defer close(maintained)
+			c.maintain(runCtx)
+		}()
+		defer func() {
+			cancel(nil)
+			<-maintained
+		}()
+	}
+
 	failures := 0
 	var fatal error
 	for {
@@ -257,6 +269,28 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		errs = append(errs, s)
 	}
 	return errors.Join(errs...)
+}
+
+// maintain runs the inbox's maintenance now and then every
+// MaintenanceInterval until ctx ends.
+func (c *Consumer) maintain(ctx context.Context) {
+	t := time.NewTicker(c.cfg.MaintenanceInterval)
+	defer t.Stop()
+	for {
+		report, err := c.cfg.Inbox.Maintain(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			c.log.Error("inbox maintenance failed; will try again", "error", err, "next_in", c.cfg.MaintenanceInterval)
+		}
+		c.emit(Event{Kind: EventMaintenance, Offset: -1, Err: err, Maintenance: report})
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // fatalGroupError reports the errors of the group protocol that retrying

@@ -1,6 +1,10 @@
 package consumer
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/inboxgo/inbox/inbox"
+)
 
 // EventKind says what an [Event] reports.
 type EventKind int
@@ -27,6 +31,9 @@ const (
 	// member (starting at Offset) or taken from it.
 	EventAssigned
 	EventRevoked
+	// EventMaintenance: the inbox's maintenance ran (Config.MaintenanceInterval);
+	// Err is set if it failed.
+	EventMaintenance
 )
 
 func (k EventKind) String() string {
@@ -49,6 +56,8 @@ func (k EventKind) String() string {
 		return "assigned"
 	case EventRevoked:
 		return "revoked"
+	case EventMaintenance:
+		return "maintenance"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -61,5 +70,7 @@ type Event struct {
 	Offset    int64 // the message's offset; for EventCommitted, EventAssigned and EventLag the next offset
 	Attempt   int   // for EventRetry: the attempt that failed
 	Lag       int64 // for EventLag
-	Err       error // for EventRetry, EventDeadLettered and EventPartitionStopped
+	Err       error // for EventRetry, EventDeadLettered, EventPartitionStopped and a failed EventMaintenance
+	// Maintenance is what the inbox's maintenance did, for EventMaintenance.
+	Maintenance inbox.MaintenanceReport
 }

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mattn/go-sqlite3"
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -43,8 +42,8 @@ func postgresLike(err error) bool {
 }
 
 func noSuchTable(err error) bool {
-	var se sqlite3.Error
-	return errors.As(err, &se) && se.Code == sqlite3.ErrError && strings.Contains(se.Error(), "no such table")
+	code, ok := inboxsqlite.ErrorCode(err)
+	return ok && code == 1 && strings.Contains(err.Error(), "no such table") // SQLITE_ERROR
 }
 
 // newFaultShop is a SQLite shop whose inbox classifies errors with
@@ -328,5 +327,113 @@ func TestBatchHandler(t *testing.T) {
 	}
 	if got := committed(t, brokers, "inventory", "orders", 2); got[0]+got[1] != int64(len(msgs)) {
 		t.Errorf("committed %v, want %d in all", got, len(msgs))
+	}
+}
+
+// TestNaturallyIdempotentBatchHandler: without an inbox a BatchHandler runs
+// a batch in one transaction; a batch with a poison message falls back to
+// one message per transaction, so only the poison is dead-lettered.
+func TestNaturallyIdempotentBatchHandler(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders", "orders.dlq")
+	s := newFaultShop(t, postgresLike, inbox.Config{})
+	if err := s.db.AutoMigrate(&orderStatus{}); err != nil {
+		t.Fatal(err)
+	}
+	sendOrders(t, brokers, "orders", 1, 20, nil)
+	ev := newEvents()
+	cfg := baseConfig(t, brokers, "orders", "order-view", s, ev)
+	cfg.Inbox, cfg.Consumer, cfg.DB, cfg.Classifier = nil, "", s.db, s.ib.Store()
+	cfg.NaturallyIdempotent, cfg.MaxAttempts, cfg.StoreOffsets = true, 2, true
+	cfg.OnFailure, cfg.DeadLetterTopic = DeadLetter, "orders.dlq"
+	cfg.BatchSize, cfg.BatchWait = 10, 200*time.Millisecond
+	var mu sync.Mutex
+	sizes := map[int]int{}
+	cfg.Handler, cfg.BatchHandler = nil, func(ctx context.Context, tx *gorm.DB, msgs []Message) error {
+		mu.Lock()
+		sizes[len(msgs)]++
+		mu.Unlock()
+		rows := make([]orderStatus, len(msgs))
+		for i, m := range msgs {
+			if string(m.Key) == "order-7" {
+				return errors.New("order-7 cannot be shown")
+			}
+			rows[i] = orderStatus{OrderID: string(m.Key)}
+		}
+		return tx.Clauses(clause.OnConflict{UpdateAll: true}).Create(&rows).Error
+	}
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "19 processed and 1 dead letter", func() bool {
+		return ev.count(EventProcessed) == 19 && ev.count(EventDeadLettered) == 1
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := s.db.Model(&orderStatus{}).Count(&n).Error; err != nil || n != 19 {
+		t.Errorf("%d order states (%v), want 19", n, err)
+	}
+	if sizes[10] == 0 {
+		t.Errorf("no batch of 10 was handled in one call: %v", sizes)
+	}
+	if stored, err := r.c.offsets.load(context.Background(), s.db, "orders", 0); err != nil || stored != 20 {
+		t.Errorf("stored offset %d (%v), want 20", stored, err)
+	}
+}
+
+// failingMaintainStore fails every Maintain.
+type failingMaintainStore struct{ inbox.Store }
+
+var errMaintain = errors.New("maintenance refused")
+
+func (failingMaintainStore) Maintain(context.Context, *gorm.DB, inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
+	return inbox.MaintenanceReport{}, errMaintain
+}
+
+// TestRunMaintainsTheInbox: Run maintains the inbox at start and every
+// MaintenanceInterval, and reports a failure through the event hook; a
+// negative interval turns it off.
+func TestRunMaintainsTheInbox(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	for _, c := range []struct {
+		name     string
+		interval time.Duration
+		failing  bool
+	}{{"default", 0, false}, {"every-50ms", 50 * time.Millisecond, false}, {"failing", 50 * time.Millisecond, true}, {"off", -1, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSQLiteShop(t)
+			if c.failing {
+				ib, err := inbox.New(s.db, failingMaintainStore{s.ib.Store()}, inbox.Config{Logger: testLogger(t)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.ib = ib
+			}
+			ev := newEvents()
+			cfg := baseConfig(t, brokers, "orders", "inventory-"+c.name, s, ev)
+			cfg.MaintenanceInterval = c.interval
+			r := start(t, cfg)
+			if c.interval > 0 {
+				waitUntil(t, 10*time.Second, "three maintenance runs", func() bool { return ev.count(EventMaintenance) >= 3 })
+			} else {
+				time.Sleep(300 * time.Millisecond) // long enough for a run at start, far shorter than the default interval
+			}
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			runs := ev.filter(EventMaintenance)
+			switch {
+			case c.name == "off" && len(runs) != 0:
+				t.Errorf("%d maintenance runs with maintenance off", len(runs))
+			case c.name == "default" && len(runs) != 1:
+				t.Errorf("%d maintenance runs, want 1 (at start; the next after an hour)", len(runs))
+			}
+			for _, e := range runs {
+				if c.failing != errors.Is(e.Err, errMaintain) {
+					t.Errorf("maintenance event error %v (failing store: %v)", e.Err, c.failing)
+				}
+			}
+		})
 	}
 }

@@ -230,6 +230,15 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		}
 	}()
 	if w.c.cfg.NaturallyIdempotent {
+		if w.c.cfg.BatchHandler != nil && len(items) > 1 {
+			switch w.processIdempotentBatch(ctx, dbCtx, items) {
+			case resolved:
+				return false
+			case abandoned:
+				return false
+			}
+			// A message of the batch failed: each is tried alone below.
+		}
 		for _, it := range items {
 			switch w.processIdempotent(ctx, dbCtx, it) {
 			case stopped:
@@ -444,7 +453,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 	for {
 		it.attempts++
 		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
-			if err := w.callHandler(dbCtx, tx, it.msg); err != nil {
+			if err := w.callAny(dbCtx, tx, it.msg); err != nil {
 				return err
 			}
 			if w.c.cfg.StoreOffsets {
@@ -474,6 +483,63 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 			return abandoned
 		}
 	}
+}
+
+// processIdempotentBatch runs the BatchHandler for all items in one
+// transaction without inbox rows, retrying it while the database fails.
+// stopped means a message of the batch failed and nothing of it committed:
+// the caller then runs the messages one by one, with their attempts.
+func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*item) resolution {
+	batch := make([]Message, len(items))
+	for i, it := range items {
+		batch[i] = it.msg
+	}
+	next := items[len(items)-1].msg.Offset + 1
+	for attempt := 1; ; attempt++ {
+		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
+			if err := w.withTimeout(dbCtx, tx, func(ctx context.Context, tx *gorm.DB) error {
+				return w.c.cfg.BatchHandler(ctx, tx, batch)
+			}); err != nil {
+				return err
+			}
+			if w.c.cfg.StoreOffsets {
+				return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, next)
+			}
+			return nil
+		})
+		if err == nil {
+			if w.afterCommit(ctx, len(items)) {
+				return abandoned
+			}
+			for _, it := range items {
+				w.finish(it, inbox.Processed)
+			}
+			return resolved
+		}
+		if ctx.Err() != nil {
+			return abandoned
+		}
+		if !w.infrastructure(err) {
+			w.log.Warn("a batch failed; trying its messages one by one", "messages", len(items), "error", err)
+			return stopped
+		}
+		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		w.log.Warn("the batch could not commit; retrying it", "messages", len(items), "attempt", attempt, "error", err, "retry_in", wait)
+		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
+		if sleep(ctx, wait) != nil {
+			return abandoned
+		}
+	}
+}
+
+// callAny runs Handler, or BatchHandler with msg alone.
+func (w *worker) callAny(ctx context.Context, tx *gorm.DB, msg Message) error {
+	if w.c.cfg.Handler == nil {
+		return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+			return w.c.cfg.BatchHandler(ctx, tx, []Message{msg})
+		})
+	}
+	return w.callHandler(ctx, tx, msg)
 }
 
 // callHandler runs the user's handler, enforcing Config.HandlerTimeout. A

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mattn/go-sqlite3"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
@@ -183,8 +182,8 @@ func TestHandlerFaultsAreNotDatabaseFailures(t *testing.T) {
 // database failure.
 func TestTransientStatementErrorDoomsTheTransaction(t *testing.T) {
 	noSuchTable := func(err error) bool {
-		var se sqlite3.Error
-		return errors.As(err, &se) && se.Code == sqlite3.ErrError && strings.Contains(se.Error(), "no such table")
+		code, ok := inboxsqlite.ErrorCode(err)
+		return ok && code == 1 && strings.Contains(err.Error(), "no such table") // SQLITE_ERROR
 	}
 	ib, db := newFaultInbox(t, inbox.Config{MaxAttempts: 3}, noSuchTable, nil)
 	calls := 0

@@ -101,6 +101,17 @@ type ClaimBeginner interface {
 	BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []Row) (tx *gorm.DB, inserted []bool, ok bool, err error)
 }
 
+// SchemaPrinter is an optional Store capability for teams that keep their
+// DDL in a migration tool (goose, Atlas, golang-migrate). MigrationSQL
+// returns the statements Migrate runs on a database without the inbox
+// table, followed by those that prepare the days Today through
+// PrepareThrough of plan, in order, each a complete statement without a
+// terminating semicolon. Maintain must still run afterwards (the consumer
+// does, hourly): it prepares the following days and expires old ones.
+type SchemaPrinter interface {
+	MigrationSQL(plan MaintenancePlan) ([]string, error)
+}
+
 // DayStats is one line of [StatsReporter] output.
 type DayStats struct {
 	Consumer string

@@ -122,6 +122,7 @@ func TestConformance(t *testing.T) {
 		{"clientFoundRows=true", map[string]string{"clientFoundRows": "true"}, recommended, nil},
 		{"plain-gorm+interpolateParams+clientFoundRows", map[string]string{"clientFoundRows": "true", "interpolateParams": "true"}, plainGORM, nil},
 		{"plain-gorm+PrepareStmt", nil, preparedGORM, nil},
+		{"plain-gorm, server-side prepared statements", map[string]string{"interpolateParams": "false"}, plainGORM, nil},
 		{"parseTime=false+loc=Asia/Tokyo+time_zone=-10:00", map[string]string{"parseTime": "false", "loc": "Asia/Tokyo", "time_zone": "'-10:00'"}, recommended, nil},
 		{"READ-COMMITTED", nil, recommended, &sql.TxOptions{Isolation: sql.LevelReadCommitted}},
 		{"SERIALIZABLE", nil, recommended, &sql.TxOptions{Isolation: sql.LevelSerializable}},

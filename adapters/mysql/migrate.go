@@ -14,6 +14,27 @@ import (
 )
 
 func (s *Store) createTable(today time.Time) string {
+	return s.createTableFor(today.AddDate(0, 0, -1), today.AddDate(0, 0, s.initialDays))
+}
+
+// MigrationSQL returns Migrate's CREATE TABLE with partitions from the day
+// before plan.Today through plan.PrepareThrough (at least
+// Options.InitialDays ahead, as Migrate makes them) and the catch-all.
+func (s *Store) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
+	today := inbox.DayOf(plan.Today)
+	if plan.PrepareThrough.Before(today) {
+		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", inbox.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(today))
+	}
+	last := today.AddDate(0, 0, s.initialDays)
+	if plan.PrepareThrough.After(last) {
+		last = inbox.DayOf(plan.PrepareThrough)
+	}
+	return []string{s.createTableFor(today.AddDate(0, 0, -1), last)}, nil
+}
+
+// createTableFor is the inbox table with a partition for each day from
+// first through last and the catch-all.
+func (s *Store) createTableFor(first, last time.Time) string {
 	var b strings.Builder
 	b.WriteString(`CREATE TABLE IF NOT EXISTS ` + s.table + ` (
 		consumer     VARBINARY(128)  NOT NULL,
@@ -29,7 +50,7 @@ func (s *Store) createTable(today time.Time) string {
 		PRIMARY KEY (consumer, event_id, day)
 	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
 	PARTITION BY RANGE COLUMNS(day) (`)
-	for d := today.AddDate(0, 0, -1); !d.After(today.AddDate(0, 0, s.initialDays)); d = d.AddDate(0, 0, 1) {
+	for d := first; !d.After(last); d = d.AddDate(0, 0, 1) {
 		fmt.Fprintf(&b, "PARTITION %s VALUES LESS THAN ('%s'), ", partitionName(d), dayText(d.AddDate(0, 0, 1)))
 	}
 	b.WriteString("PARTITION pmax VALUES LESS THAN (MAXVALUE))")

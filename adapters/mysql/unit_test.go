@@ -42,8 +42,8 @@ func TestStrictDSN(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(cfg.Params["sql_mode"], "STRICT_TRANS_TABLES") || !cfg.ParseTime {
-		t.Errorf("StrictDSN gave %q", dsn)
+	if !strings.Contains(cfg.Params["sql_mode"], "STRICT_TRANS_TABLES") || !cfg.ParseTime || !cfg.InterpolateParams {
+		t.Errorf("StrictDSN gave %q, want strict mode, the caller's parseTime, and interpolateParams (fewer round trips)", dsn)
 	}
 	dsn, err = StrictDSN("u:p@tcp(127.0.0.1:3306)/db?sql_mode=%27ANSI%27")
 	if err != nil {

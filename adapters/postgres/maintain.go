@@ -3,7 +3,9 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"gorm.io/gorm"
@@ -15,11 +17,13 @@ var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 
 // Maintain creates the day partitions from plan.Today through
 // plan.PrepareThrough, drops the day partitions before plan.ExpireBefore and
-// deletes the rows of those days from the DEFAULT partition. Each partition
-// is created or detached in its own transaction, which holds the advisory lock
-// and an ACCESS EXCLUSIVE lock on the inbox table for a few milliseconds (or
-// as long as moving that day's rows out of the DEFAULT partition takes); a
-// detached partition is then dropped without that lock.
+// deletes the rows of those days from the DEFAULT partition. A partition is
+// created in three short transactions (see createPartition) that lock the
+// inbox table (ACCESS EXCLUSIVE) only for a catalog change of a few
+// milliseconds, whatever the DEFAULT partition holds; one is detached in a
+// transaction that holds that lock as briefly, and dropped without it.
+// Partition creations that an earlier Maintain left half done are finished
+// first, whatever the plan.
 //
 // RowsRemoved is -1 when a partition was dropped (its rows are not counted:
 // that would cost a scan); otherwise it is the exact number of rows deleted
@@ -53,7 +57,11 @@ func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Maintenanc
 	}
 
 	var report inbox.MaintenanceReport
-	for _, d := range ops.create {
+	create, err := s.leftoverGuards(db, ops.create, plan.ExpireBefore)
+	if err != nil {
+		return report, err
+	}
+	for _, d := range create {
 		created, err := s.createPartition(db, d)
 		if err != nil {
 			return report, err
@@ -138,11 +146,38 @@ func (s *Store) exclusive(db *gorm.DB, fn func(tx *gorm.DB) error) error {
 		if err := s.lock(tx); err != nil {
 			return err
 		}
-		if err := tx.Exec(`LOCK TABLE ` + s.parent() + ` IN ACCESS EXCLUSIVE MODE`).Error; err != nil {
-			return fmt.Errorf("postgres: lock %s: %w", s.parent(), err)
+		if err := s.lockTable(tx); err != nil {
+			return err
 		}
 		return fn(tx)
 	}, readCommitted)
+}
+
+// lockTable takes the ACCESS EXCLUSIVE lock on the inbox table (and its
+// partitions), so that no insert runs, nor waits with a stale view of the
+// partitions, while the partitions change.
+func (s *Store) lockTable(tx *gorm.DB) error {
+	if err := tx.Exec(`LOCK TABLE ` + s.parent() + ` IN ACCESS EXCLUSIVE MODE`).Error; err != nil {
+		return fmt.Errorf("postgres: lock %s: %w", s.parent(), err)
+	}
+	return nil
+}
+
+// partitionStep runs fn in a READ COMMITTED transaction that holds the
+// store's advisory lock, unless name is a partition of the inbox table
+// already: then it only reports done.
+func (s *Store) partitionStep(db *gorm.DB, name string, fn func(tx *gorm.DB) error) (done bool, err error) {
+	err = db.Transaction(func(tx *gorm.DB) error {
+		if err := s.lock(tx); err != nil {
+			return err
+		}
+		var err error
+		if done, err = s.isPartition(tx, name); err != nil || done {
+			return err
+		}
+		return fn(tx)
+	}, readCommitted)
+	return done, err
 }
 
 // relationExists reports whether the store's schema holds a relation named
@@ -157,20 +192,48 @@ func (s *Store) relationExists(tx *gorm.DB, name string) (bool, error) {
 	return ok, nil
 }
 
-// createPartition creates day's partition unless it exists. If the DEFAULT
-// partition holds rows of day, CREATE TABLE ... PARTITION OF would fail; then
-// the rows are copied into a new table, deleted from the DEFAULT partition,
-// and the new table is attached as day's partition, all in one transaction.
+// createPartition creates day's partition unless it exists, without
+// scanning the DEFAULT partition while inserts wait. PostgreSQL must know
+// that the DEFAULT partition holds no row of a new partition's range;
+// CREATE TABLE ... PARTITION OF (and ATTACH PARTITION) scan it for that
+// under a lock that holds up inserts, for a time in proportion to what it
+// holds (far-future and late rows). A valid CHECK constraint that excludes
+// the range proves it instead, so the steps are:
+//
+//  1. In a short transaction, add a NOT VALID guard constraint to the
+//     DEFAULT partition (guardName): from its commit on, a row of day can
+//     no longer enter it; such an insert fails with SQLSTATE 55P03
+//     (lock_not_available, retryable) saying the day's partition is being
+//     made.
+//  2. Create the day's table (with the key and a CHECK of its bounds), move
+//     the day's rows from the DEFAULT partition into it, and validate the
+//     guard: a scan under SHARE UPDATE EXCLUSIVE on the DEFAULT partition,
+//     which inserts do not wait for. The moved rows are invisible until
+//     step 3, but no row of day can be inserted anywhere meanwhile, so
+//     none is claimed twice.
+//  3. Under the ACCESS EXCLUSIVE lock on the inbox table, attach the table
+//     (the guard and the table's CHECK spare PostgreSQL both scans) and
+//     drop the guard: a catalog change of a few milliseconds. The lock
+//     makes any statement that routes a row of day wait and route it again
+//     afterwards, to the new partition.
+//
+// So inserts wait only for the short locks of steps 1 and 3, whatever the
+// DEFAULT partition holds; claims of day's rows are retried from step 1 to
+// step 3. Each step can be run again: a guard or a table left by a failed
+// or interrupted run is picked up by the next one (see Maintain).
 func (s *Store) createPartition(db *gorm.DB, day time.Time) (created bool, err error) {
 	name := partitionName(s.table, day)
-	err = s.exclusive(db, func(tx *gorm.DB) error {
-		exists, err := s.relationExists(tx, name)
-		if err != nil {
-			return err
+	guard := guardName(day)
+	def := s.qualified(s.defaultPartition())
+	lit := `'` + dayText(day) + `'::date`
+	// Step 1.
+	done, err := s.partitionStep(db, name, func(tx *gorm.DB) error {
+		has, err := s.hasGuard(tx, guard)
+		if err != nil || has {
+			return err // with the guard, a table of day is this step's own
 		}
-		if exists {
-			attached, err := s.isPartition(tx, name)
-			if err != nil || attached {
+		if exists, err := s.relationExists(tx, name); err != nil || exists {
+			if err != nil {
 				return err
 			}
 			// Only expired days are detached, so this table holds rows of
@@ -179,31 +242,162 @@ func (s *Store) createPartition(db *gorm.DB, day time.Time) (created bool, err e
 			return fmt.Errorf("postgres: %s exists but is not a partition of %s: attach it (after moving its day's rows out of %s) or drop it",
 				name, s.parent(), s.defaultPartition())
 		}
-		var waiting bool
-		if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM `+s.qualified(s.defaultPartition())+` WHERE day = ?::date)`, dayText(day)).Scan(&waiting).Error; err != nil {
-			return fmt.Errorf("postgres: look for rows of %s in %s: %w", dayText(day), s.defaultPartition(), err)
-		}
-		var stmts []string
-		if !waiting {
-			stmts = []string{`CREATE TABLE ` + s.qualified(name) + ` PARTITION OF ` + s.parent() + ` ` + bounds(day)}
-		} else {
-			lit := `'` + dayText(day) + `'::date`
-			stmts = []string{
-				`CREATE TABLE ` + s.qualified(name) + ` (LIKE ` + s.parent() + ` INCLUDING DEFAULTS)`,
-				`INSERT INTO ` + s.qualified(name) + ` (` + columns + `) SELECT ` + columns + ` FROM ` + s.qualified(s.defaultPartition()) + ` WHERE day = ` + lit,
-				`DELETE FROM ` + s.qualified(s.defaultPartition()) + ` WHERE day = ` + lit,
-				`ALTER TABLE ` + s.parent() + ` ATTACH PARTITION ` + s.qualified(name) + ` ` + bounds(day),
+		for _, q := range []string{s.busyFunction(), `ALTER TABLE ` + def + ` ADD CONSTRAINT ` + quoteIdent(guard) + ` CHECK ` + s.guardCheck(day) + ` NOT VALID`} {
+			if err := tx.Exec(q).Error; err != nil {
+				return fmt.Errorf("postgres: guard %s against rows of %s: %w", s.defaultPartition(), dayText(day), err)
 			}
 		}
+		return nil
+	})
+	if err != nil || done {
+		return false, err
+	}
+	// Step 2.
+	var hadTable bool
+	done, err = s.partitionStep(db, name, func(tx *gorm.DB) error {
+		var err error
+		if hadTable, err = s.relationExists(tx, name); err != nil {
+			return err
+		}
+		var stmts []string
+		if !hadTable {
+			// The key and a CHECK of the bounds, so that attaching neither
+			// builds an index nor scans the moved rows.
+			stmts = append(stmts, `CREATE TABLE `+s.qualified(name)+` (LIKE `+s.parent()+` INCLUDING DEFAULTS, PRIMARY KEY (consumer, event_id, day), CHECK (day >= `+lit+` AND day < `+lit+` + 1))`)
+		}
+		stmts = append(stmts,
+			`INSERT INTO `+s.qualified(name)+` (`+columns+`) SELECT `+columns+` FROM `+def+` WHERE day = `+lit,
+			`DELETE FROM `+def+` WHERE day = `+lit,
+			`ALTER TABLE `+def+` VALIDATE CONSTRAINT `+quoteIdent(guard))
 		for _, q := range stmts {
 			if err := tx.Exec(q).Error; err != nil {
 				return fmt.Errorf("postgres: create partition %s: %w", name, err)
 			}
 		}
-		created = true
 		return nil
 	})
-	return created, err
+	if err != nil && !hadTable {
+		// Nothing was moved: let rows of day into the DEFAULT partition
+		// again rather than turn them away until the next Maintain.
+		if dropErr := s.dropGuards(db, []string{guard}); dropErr != nil {
+			err = errors.Join(err, dropErr)
+		}
+	}
+	if err != nil || done {
+		return false, err
+	}
+	// Step 3. On failure the guard stays: the table holds moved rows that
+	// must not be claimed again, and the next Maintain finishes the step.
+	done, err = s.partitionStep(db, name, func(tx *gorm.DB) error {
+		if err := s.lockTable(tx); err != nil {
+			return err
+		}
+		for _, q := range []string{
+			`ALTER TABLE ` + s.parent() + ` ATTACH PARTITION ` + s.qualified(name) + ` ` + bounds(day),
+			`ALTER TABLE ` + def + ` DROP CONSTRAINT ` + quoteIdent(guard),
+		} {
+			if err := tx.Exec(q).Error; err != nil {
+				return fmt.Errorf("postgres: attach partition %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+	return err == nil && !done, err
+}
+
+// guardName names the constraint on the DEFAULT partition that excludes
+// day's rows while day's partition is made.
+// It is named like a partition of a table "inbox_not" (parsePartitionName
+// reads it back), and is unique on the DEFAULT partition, whose name is the
+// store's own.
+func guardName(day time.Time) string { return partitionName(guardPrefix, day) }
+
+const guardPrefix = "inbox_not"
+
+// guardCheck is the CHECK expression of day's guard. Its second half is
+// the one PostgreSQL proves the new partition's range empty with; the first
+// turns the check violation a row of day would meet into a retryable
+// error, raised by busyFunction.
+func (s *Store) guardCheck(day time.Time) string {
+	d, next := dayText(day), dayText(day.AddDate(0, 0, 1))
+	return fmt.Sprintf(`((CASE WHEN day >= '%s'::date AND day < '%s'::date THEN %s(day) ELSE true END) AND (day < '%s'::date OR day >= '%s'::date))`,
+		d, next, s.qualified(s.busyName()), d, next)
+}
+
+// busyName is the function that guards call; one per inbox table.
+func (s *Store) busyName() string { return s.table + "_busy" }
+
+// busyFunction (re)creates busyName: it fails with SQLSTATE 55P03
+// (lock_not_available), which IsRetryable accepts, naming the day whose
+// partition is being made.
+func (s *Store) busyFunction() string {
+	return `CREATE OR REPLACE FUNCTION ` + s.qualified(s.busyName()) + `(d date) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+	RAISE EXCEPTION 'the partition of day % of inbox table %.% is being created; run the transaction again', d, ` +
+		`'` + s.schema + `', '` + s.table + `' USING ERRCODE = 'lock_not_available';
+END
+$f$`
+}
+
+// guards lists the guard constraints on the DEFAULT partition.
+func (s *Store) guards(db *gorm.DB) ([]string, error) {
+	var names []string
+	err := db.Raw(`SELECT con.conname FROM pg_constraint con
+		  JOIN pg_class c ON c.oid = con.conrelid
+		  JOIN pg_namespace n ON n.oid = c.relnamespace
+		 WHERE n.nspname = ? AND c.relname = ? AND con.contype = 'c' AND starts_with(con.conname, ?)`,
+		s.schema, s.defaultPartition(), guardPrefix+"_p").Scan(&names).Error
+	if err != nil {
+		return nil, fmt.Errorf("postgres: list constraints of %s: %w", s.defaultPartition(), err)
+	}
+	return names, nil
+}
+
+func (s *Store) hasGuard(tx *gorm.DB, guard string) (bool, error) {
+	names, err := s.guards(tx)
+	return slices.Contains(names, guard), err
+}
+
+// dropGuards drops the named guard constraints from the DEFAULT partition,
+// those that exist, in one short transaction.
+func (s *Store) dropGuards(db *gorm.DB, names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	return db.Transaction(func(tx *gorm.DB) error {
+		if err := s.lock(tx); err != nil {
+			return err
+		}
+		for _, g := range names {
+			if err := tx.Exec(`ALTER TABLE ` + s.qualified(s.defaultPartition()) + ` DROP CONSTRAINT IF EXISTS ` + quoteIdent(g)).Error; err != nil {
+				return fmt.Errorf("postgres: drop constraint %s of %s: %w", g, s.defaultPartition(), err)
+			}
+		}
+		return nil
+	}, readCommitted)
+}
+
+// leftoverGuards handles the guards that an interrupted Maintain left on the
+// DEFAULT partition: those of expired days are dropped, the days of the
+// others are added to create, whose creation resumes where it stopped.
+func (s *Store) leftoverGuards(db *gorm.DB, create []time.Time, expireBefore time.Time) ([]time.Time, error) {
+	names, err := s.guards(db)
+	if err != nil {
+		return nil, err
+	}
+	var expired []string
+	for _, g := range names {
+		d, ok := parsePartitionName(guardPrefix, g)
+		switch {
+		case !ok:
+		case d.Before(inbox.DayOf(expireBefore)):
+			expired = append(expired, g)
+		case !slices.ContainsFunc(create, d.Equal):
+			create = append(create, d)
+		}
+	}
+	slices.SortFunc(create, time.Time.Compare)
+	return create, s.dropGuards(db, expired)
 }
 
 // dropPartition removes day's partition if it exists, in two steps. It

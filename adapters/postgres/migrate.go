@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
 )
 
 // columns are the inbox table's columns in table order; moves between
@@ -32,6 +34,21 @@ func (s *Store) createStatements() []string {
 		// through this index; day partitions need none.
 		`CREATE INDEX IF NOT EXISTS ` + quoteIdent(s.table+"_dday") + ` ON ` + s.qualified(s.defaultPartition()) + ` (day)`,
 	}
+}
+
+// MigrationSQL returns the schema, table, DEFAULT partition and index
+// statements of Migrate, and a partition for each day from plan.Today
+// through plan.PrepareThrough, created directly: on an empty table that is
+// what Maintain's steps for a new partition come to.
+func (s *Store) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
+	if plan.PrepareThrough.Before(plan.Today) {
+		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", inbox.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(plan.Today))
+	}
+	stmts := append([]string{`CREATE SCHEMA IF NOT EXISTS ` + quoteIdent(s.schema)}, s.createStatements()...)
+	for d := inbox.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
+		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.qualified(partitionName(s.table, d))+` PARTITION OF `+s.parent()+` `+bounds(d))
+	}
+	return stmts, nil
 }
 
 // Migrate creates the schema if it is missing, the partitioned inbox table and

@@ -16,11 +16,16 @@
 // the file system freeing the dropped files, outside that lock. Rows of
 // expired days that sit in the DEFAULT partition are deleted. When a day gets
 // its partition while the DEFAULT partition holds rows of that day, those rows
-// are moved into it in the same transaction. Each step runs in its own short
-// transaction that takes an ACCESS EXCLUSIVE lock on the inbox table, waiting
-// at most Options.LockTimeout for it (a timeout is retryable and the inbox
-// retries). Migrate and Maintain are serialised across processes with a
-// transaction-level advisory lock.
+// are moved into it. Creating a partition never scans the DEFAULT partition
+// while inserts wait: a guard constraint on the DEFAULT partition, validated
+// while inserts go on, proves that it holds no row of the new day, and the
+// partition is then attached in a few milliseconds. While that runs, a row
+// of that day is turned away with SQLSTATE 55P03 (retryable), never stored
+// twice. Each step runs in its own short transaction; those that lock the
+// inbox table (ACCESS EXCLUSIVE, for catalog changes only) or the DEFAULT
+// partition wait at most Options.LockTimeout for it (a timeout is retryable
+// and the inbox retries). Migrate and Maintain are serialised across
+// processes with a transaction-level advisory lock.
 //
 // Run Maintain at start-up and then regularly ([inbox.Inbox.RunMaintenance]).
 // Rows of days that have no partition (written before the first Maintain, or
@@ -215,4 +220,5 @@ var (
 	_ inbox.Store         = (*Store)(nil)
 	_ inbox.Verifier      = (*Store)(nil)
 	_ inbox.StatsReporter = (*Store)(nil)
+	_ inbox.SchemaPrinter = (*Store)(nil)
 )

@@ -23,7 +23,7 @@ import (
 
 // fresh returns a pool and a migrated store in a schema of its own, dropped
 // when the test ends.
-func fresh(t *testing.T, opts inboxpg.Options) (*gorm.DB, *inboxpg.Store) {
+func fresh(t testing.TB, opts inboxpg.Options) (*gorm.DB, *inboxpg.Store) {
 	t.Helper()
 	db, err := openDB(testenv.PostgresDSN(t))
 	if err != nil {

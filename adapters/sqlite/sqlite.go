@@ -24,7 +24,6 @@ import (
 	"strings"
 	"time"
 
-	sqlite3 "github.com/mattn/go-sqlite3"
 	gormsqlite "gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 
@@ -91,7 +90,24 @@ func (s *Store) Table() string { return s.table }
 // Migrate creates the inbox table and its day index. Concurrent callers are
 // serialised by SQLite's write lock.
 func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
-	stmts := []string{
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, q := range s.createStatements() {
+			if err := tx.Exec(q).Error; err != nil {
+				return fmt.Errorf("sqlite: migrate %s: %w", s.table, err)
+			}
+		}
+		return nil
+	})
+}
+
+// MigrationSQL returns Migrate's statements; SQLite has no partitions to
+// prepare.
+func (s *Store) MigrationSQL(inbox.MaintenancePlan) ([]string, error) {
+	return s.createStatements(), nil
+}
+
+func (s *Store) createStatements() []string {
+	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + s.table + ` (
 			consumer     TEXT    NOT NULL,
 			event_id     TEXT    NOT NULL,
@@ -105,14 +121,6 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 		) STRICT`,
 		`CREATE INDEX IF NOT EXISTS ` + s.table + `_day ON ` + s.table + ` (day)`,
 	}
-	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		for _, q := range stmts {
-			if err := tx.Exec(q).Error; err != nil {
-				return fmt.Errorf("sqlite: migrate %s: %w", s.table, err)
-			}
-		}
-		return nil
-	})
 }
 
 // SQLite's default limit on bound parameters is 32766; 7 per row.
@@ -206,14 +214,17 @@ func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Maintenanc
 	}
 }
 
+// SQLite's primary result codes that the Store classifies as transient.
+const (
+	codeBusy   = 5 // SQLITE_BUSY
+	codeLocked = 6 // SQLITE_LOCKED
+)
+
 // IsRetryable reports SQLITE_BUSY and SQLITE_LOCKED (with their extended
 // codes).
 func (s *Store) IsRetryable(err error) bool {
-	var se sqlite3.Error
-	if errors.As(err, &se) {
-		return se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked
-	}
-	return false
+	code, ok := ErrorCode(err)
+	return ok && (code == codeBusy || code == codeLocked)
 }
 
 // Verify checks that the connection uses write-ahead logging, a busy
@@ -273,4 +284,5 @@ var (
 	_ inbox.Store         = (*Store)(nil)
 	_ inbox.Verifier      = (*Store)(nil)
 	_ inbox.StatsReporter = (*Store)(nil)
+	_ inbox.SchemaPrinter = (*Store)(nil)
 )

@@ -127,21 +127,14 @@ func (o *options) resolve(retention bool) error {
 	if o.dsn == "" {
 		return usageErrorf("no database: pass --dsn or set $%s", dsnEnv)
 	}
-	switch strings.ToLower(o.dialect) {
-	case "":
+	if o.dialect == "" {
 		d, err := inferDialect(o.dsn)
 		if err != nil {
 			return err
 		}
 		o.dialect = d
-	case "postgres", "postgresql", "pg", "pgx":
-		o.dialect = dialectPostgres
-	case "mysql", "mariadb":
-		o.dialect = dialectMySQL
-	case "sqlite", "sqlite3":
-		o.dialect = dialectSQLite
-	default:
-		return usageErrorf("unknown --dialect %q: want postgres, mysql or sqlite", o.dialect)
+	} else if err := o.normalizeDialect(); err != nil {
+		return err
 	}
 	if o.schema != "" && o.dialect == dialectSQLite {
 		return usageErrorf("--schema is for PostgreSQL and MySQL only; the SQLite table lives in the database file")
@@ -156,6 +149,22 @@ func (o *options) resolve(retention bool) error {
 		if o.prepareDays < 0 {
 			return usageErrorf("--prepare-days must not be negative, got %d", o.prepareDays)
 		}
+	}
+	return nil
+}
+
+// normalizeDialect turns the --dialect given into one of the dialect
+// constants.
+func (o *options) normalizeDialect() error {
+	switch strings.ToLower(o.dialect) {
+	case "postgres", "postgresql", "pg", "pgx":
+		o.dialect = dialectPostgres
+	case "mysql", "mariadb":
+		o.dialect = dialectMySQL
+	case "sqlite", "sqlite3":
+		o.dialect = dialectSQLite
+	default:
+		return usageErrorf("unknown --dialect %q: want postgres, mysql or sqlite", o.dialect)
 	}
 	return nil
 }

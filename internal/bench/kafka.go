@@ -25,10 +25,16 @@ const kafkaTimeout = 10 * time.Minute
 
 // End-to-end modes.
 const (
-	KafkaPlain = "no-inbox"    // the consumer applies the effect in its own transaction, no dedup
-	KafkaInbox = "inbox"       // through Inbox.Process, one transaction per message
-	KafkaBatch = "inbox-batch" // through Inbox.ProcessBatch, Options.BatchSize messages per transaction
+	KafkaPlain        = "no-inbox"           // the consumer applies the effect in its own transaction, no dedup
+	KafkaInbox        = "inbox"              // through the inbox, one transaction per message
+	KafkaBatch        = "inbox-batch"        // through Inbox.ProcessBatch, Options.BatchSize messages per transaction
+	KafkaPlainBatched = "no-inbox-batched"   // a BatchHandler with one set-based UPDATE per batch, no dedup
+	KafkaBatchHandler = "inbox-batchhandler" // through Inbox.ProcessBatchFunc: the same BatchHandler with the inbox
 )
+
+// KafkaModes are the end-to-end modes, each batched one after its
+// reference.
+var KafkaModes = []string{KafkaPlain, KafkaInbox, KafkaBatch, KafkaPlainBatched, KafkaBatchHandler}
 
 // KafkaResult is one end-to-end mode: N events from a Kafka topic into the
 // database through consumer.Consumer.
@@ -66,7 +72,7 @@ func Kafka(ctx context.Context, b *Backend, brokers []string, n int, o Options) 
 		return nil, err
 	}
 	var out []KafkaResult
-	for _, mode := range []string{KafkaPlain, KafkaInbox, KafkaBatch} {
+	for _, mode := range KafkaModes {
 		r, err := consumeAll(ctx, b, brokers, topic, mode, n, o)
 		if err != nil {
 			return out, err
@@ -75,7 +81,11 @@ func Kafka(ctx context.Context, b *Backend, brokers []string, n int, o Options) 
 		out = append(out, r)
 	}
 	for i := range out {
-		out[i].Ratio = out[i].EventsPerSec() / out[0].EventsPerSec()
+		ref := out[0]
+		if out[i].Mode == KafkaBatchHandler {
+			ref = out[3] // the same batched pipeline without the inbox
+		}
+		out[i].Ratio = out[i].EventsPerSec() / ref.EventsPerSec()
 	}
 	return out, nil
 }
@@ -226,6 +236,23 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 		cfg.Inbox, cfg.Consumer = f.Inbox, ConsumerName
 	case KafkaBatch:
 		cfg.Inbox, cfg.Consumer, cfg.BatchSize = f.Inbox, ConsumerName, o.BatchSize
+	case KafkaPlainBatched, KafkaBatchHandler:
+		cfg.Handler, cfg.BatchHandler, cfg.BatchSize = nil, func(ctx context.Context, tx *gorm.DB, ms []consumer.Message) error {
+			skus := make([]int64, len(ms))
+			for i, m := range ms {
+				sku, err := strconv.ParseInt(string(m.Key), 10, 64)
+				if err != nil {
+					return err
+				}
+				skus[i] = sku
+			}
+			return f.setEffect(tx, skus)
+		}, o.BatchSize
+		if mode == KafkaPlainBatched {
+			cfg.NaturallyIdempotent, cfg.DB, cfg.Classifier = true, b.DB, f.Store
+		} else {
+			cfg.Inbox, cfg.Consumer = f.Inbox, ConsumerName
+		}
 	}
 	c, err := consumer.New(cfg)
 	if err != nil {

@@ -152,9 +152,14 @@ func (f *Fixture) setEffect(tx *gorm.DB, skus []int64) error {
 			strings.TrimSuffix(strings.Repeat("(?::bigint, ?::bigint),", len(distinct)), ",") +
 			`) AS v(sku, n) WHERE s.sku = v.sku`
 	case MySQL:
-		q = `UPDATE ` + f.Stock + ` AS s JOIN (SELECT ? AS sku, ? AS n` +
-			strings.Repeat(" UNION ALL SELECT ?, ?", len(distinct)-1) +
-			`) AS v ON s.sku = v.sku SET s.reserved = s.reserved + v.n`
+		// A join with a derived table makes InnoDB scan and lock stock rows
+		// beyond the batch's; CASE over the primary key locks only those.
+		q = `UPDATE ` + f.Stock + ` SET reserved = reserved + CASE sku` +
+			strings.Repeat(" WHEN ? THEN ?", len(distinct)) + ` END WHERE sku IN (` +
+			strings.TrimSuffix(strings.Repeat("?,", len(distinct)), ",") + `)`
+		for _, sku := range distinct {
+			args = append(args, sku)
+		}
 	default:
 		q = `UPDATE ` + f.Stock + ` SET reserved = reserved + v.column2 FROM (VALUES ` +
 			strings.TrimSuffix(strings.Repeat("(?, ?),", len(distinct)), ",") +

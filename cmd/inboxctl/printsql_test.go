@@ -1,0 +1,117 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
+	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
+	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/testenv"
+)
+
+// TestMigratePrintSQL applies what `migrate --print-sql` prints to a
+// database without the inbox table, as a migration tool would, and checks
+// that the Store finds the table it makes: Migrate and Verify accept it,
+// today's and the prepared days' rows are claimed (and deduplicated), and
+// Maintain takes over from there.
+func TestMigratePrintSQL(t *testing.T) {
+	cases := []struct {
+		dialect string
+		dsn     func(t testing.TB) string
+		args    func(table string) []string
+		store   func(t *testing.T, table string) (inbox.Store, string)
+	}{
+		{dialectSQLite, func(t testing.TB) string { return emptySQLite(t.(*testing.T)) }, func(table string) []string { return []string{"--table", table} },
+			func(t *testing.T, table string) (inbox.Store, string) {
+				s, err := inboxsqlite.New(inboxsqlite.Options{Table: table})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s, ""
+			}},
+		{dialectPostgres, testenv.PostgresDSN, func(table string) []string { return []string{"--schema", table, "--table", table} },
+			func(t *testing.T, table string) (inbox.Store, string) {
+				s, err := inboxpg.New(inboxpg.Options{Schema: table, Table: table})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s, table
+			}},
+		{dialectMySQL, testenv.MySQLDSN, func(table string) []string { return []string{"--table", table} },
+			func(t *testing.T, table string) (inbox.Store, string) {
+				s, err := inboxmysql.New(inboxmysql.Options{Table: table})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s, ""
+			}},
+	}
+	for _, c := range cases {
+		t.Run(c.dialect, func(t *testing.T) {
+			dsn := c.dsn(t)
+			table := "inbox_ddl_" + conformance.RandomSuffix()
+			r := runArgs(t, append([]string{"migrate", "--print-sql", "--dialect", c.dialect, "--prepare-days", "3"}, c.args(table)...)...)
+			expectCode(t, r, exitOK)
+			db := openGorm(t, c.dialect, dsn)
+			store, schema := c.store(t, table)
+			t.Cleanup(func() {
+				if schema != "" {
+					_ = db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`).Error
+				} else {
+					_ = db.Exec("DROP TABLE IF EXISTS " + table).Error
+				}
+			})
+			n := 0
+			for _, stmt := range strings.Split(r.stdout, ";\n") {
+				var lines []string
+				for _, l := range strings.Split(stmt, "\n") {
+					if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+						lines = append(lines, l)
+					}
+				}
+				if q := strings.TrimSpace(strings.Join(lines, "\n")); q != "" {
+					if err := db.Exec(q).Error; err != nil {
+						t.Fatalf("statement %d of the printed DDL: %v\n%s", n+1, err, q)
+					}
+					n++
+				}
+			}
+			if n == 0 {
+				t.Fatalf("no statements printed:\n%s", r.stdout)
+			}
+			ctx := t.Context()
+			if err := store.Migrate(ctx, db); err != nil {
+				t.Fatalf("Migrate on the printed table: %v", err)
+			}
+			if v, ok := store.(inbox.Verifier); ok && c.dialect != dialectSQLite {
+				if err := v.Verify(ctx, db); err != nil {
+					t.Fatalf("Verify on the printed table: %v", err)
+				}
+			}
+			today := inbox.DayOf(time.Now())
+			for d := range 4 {
+				row := inbox.Message{Consumer: "c", ID: "e", Time: today.AddDate(0, 0, d).Add(time.Hour)}.Row()
+				for _, want := range []bool{true, false} {
+					var got []bool
+					err := db.Transaction(func(tx *gorm.DB) error {
+						var err error
+						got, err = store.Claim(ctx, tx, []inbox.Row{row})
+						return err
+					})
+					if err != nil || len(got) != 1 || got[0] != want {
+						t.Fatalf("claim of day +%d: %v %v, want new=%v", d, got, err, want)
+					}
+				}
+			}
+			if _, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 7), ExpireBefore: today.AddDate(0, 0, -30)}); err != nil {
+				t.Fatalf("Maintain after the printed DDL: %v", err)
+			}
+		})
+	}
+}
