@@ -781,7 +781,10 @@ func (rr *faultRound) run(ctx context.Context) error {
 		apps = a
 	}
 	_ = sleep(ctx, 500*time.Millisecond) // the DLQ reader's last fetch
-	rr.verify(ctx, apps, dlqs.byEvent(), sent, done)
+	o := outcome{apps: apps, deadLetters: dlqs.byEvent(), sent: sent, done: done}
+	o.stockErr = rr.db.WithContext(ctx).Table(rr.backend.StockTable()).Select("COALESCE(SUM(reserved), 0)").Scan(&o.reserved).Error
+	rr.judge(o)
+	rr.evidence()
 	return nil
 }
 
@@ -796,8 +799,19 @@ func (rr *faultRound) resolved(apps map[string]int64, dl map[string][]deadLetter
 	return n, len(rr.classOf)
 }
 
-// verify fills the round's rows of the report.
-func (rr *faultRound) verify(ctx context.Context, apps map[string]int64, dl map[string][]deadLetterSeen, sent map[string]int, done bool) {
+// outcome is what a round left behind, as read back after it.
+type outcome struct {
+	apps        map[string]int64            // ledger rows by event id
+	deadLetters map[string][]deadLetterSeen // dead letters by event id
+	sent        map[string]int              // messages written by event id
+	done        bool                        // the group committed to the end of the topic
+	reserved    int64                       // stock reserved over all SKUs
+	stockErr    error                       // reading reserved failed
+}
+
+// judge fills the round's rows of the report from its outcome.
+func (rr *faultRound) judge(o outcome) {
+	apps, dl, sent, done := o.apps, o.deadLetters, o.sent, o.done
 	rows := map[FaultClass]*FaultRow{}
 	var order []FaultClass
 	for _, class := range rr.classes() {
@@ -854,11 +868,10 @@ func (rr *faultRound) verify(ctx context.Context, apps map[string]int64, dl map[
 			}
 		}
 	}
-	var reserved int64
-	if err := rr.db.WithContext(ctx).Table(rr.backend.StockTable()).Select("COALESCE(SUM(reserved), 0)").Scan(&reserved).Error; err != nil {
-		rows[Healthy].Problems = append(rows[Healthy].Problems, fmt.Sprintf("read the stock: %v", err))
-	} else if done && reserved != wantStock {
-		rows[Healthy].Problems = append(rows[Healthy].Problems, fmt.Sprintf("stock reserved %d, want %d (the healthy and transient orders)", reserved, wantStock))
+	if o.stockErr != nil {
+		rows[Healthy].Problems = append(rows[Healthy].Problems, fmt.Sprintf("read the stock: %v", o.stockErr))
+	} else if done && o.reserved != wantStock {
+		rows[Healthy].Problems = append(rows[Healthy].Problems, fmt.Sprintf("stock reserved %d, want %d (the healthy and transient orders)", o.reserved, wantStock))
 	}
 	for _, class := range order {
 		row := rows[class]
@@ -867,7 +880,6 @@ func (rr *faultRound) verify(ctx context.Context, apps map[string]int64, dl map[
 		}
 		rr.rep.Rows = append(rr.rep.Rows, row)
 	}
-	rr.evidence()
 }
 
 // unresolved records an event neither applied nor dead-lettered: lost if
