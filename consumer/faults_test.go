@@ -240,6 +240,7 @@ func TestStoredOffsetNeverPassesAMessageExpiredMidBatch(t *testing.T) {
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
 	cfg.BatchSize, cfg.BatchWait, cfg.MaxAttempts, cfg.StoreOffsets = 3, time.Second, 2, true
+	cfg.MaintenanceInterval = -1 // maintenance reads the clock too
 	r := start(t, cfg)
 	waitUntil(t, 20*time.Second, "the batch decided", func() bool {
 		return ev.count(EventProcessed) == 3 || ev.count(EventPartitionStopped) == 1
