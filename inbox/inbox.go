@@ -336,39 +336,37 @@ func (ib *Inbox) claimTx(ctx context.Context, rows []Row, fn func(tx *gorm.DB, i
 // claimTxAt is claimTx with the claim traced under traceCtx.
 func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []Row, fn func(tx *gorm.DB, inserted []bool) error) error {
 	var inserted []bool
-	cctx, endClaim := ib.startClaim(traceCtx, rows)
-	claimEnded := false
-	claimDone := func(ins []bool, err error) {
-		if !claimEnded {
-			claimEnded = true
-			endClaim(ins, err)
-		}
+	cctx, ct := ctx, (*claimTrace)(nil)
+	if t := ib.cfg.Trace; t != nil && t.Claim != nil {
+		var end func([]bool, error)
+		cctx, end = ib.startClaim(traceCtx, rows)
+		ct = &claimTrace{end: end}
+		// BEGIN can fail before the claim runs.
+		defer ct.done(nil, errClaimNotRun)
 	}
-	// BEGIN can fail before the claim runs, and fn can panic.
-	defer claimDone(nil, errClaimNotRun)
 	open := func() (*gorm.DB, error) {
 		if cb, ok := ib.store.(ClaimBeginner); ok {
 			tx, ins, ok, err := cb.BeginClaim(cctx, ib.db.WithContext(ctx), ib.cfg.TxOptions, rows)
 			if err != nil {
 				err = &dbError{op: "begin and claim", err: err}
-				claimDone(nil, err)
+				ct.done(nil, err)
 				return nil, err
 			}
 			if ok {
 				if len(ins) != len(rows) {
 					_ = tx.Rollback().Error
 					err := &dbError{op: "claim", err: fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(ins), len(rows))}
-					claimDone(nil, err)
+					ct.done(nil, err)
 					return nil, err
 				}
 				inserted = ins
-				claimDone(ins, nil)
+				ct.done(ins, nil)
 				return tx, nil
 			}
 		}
 		tx, err := begin(ctx, ib.db, ib.cfg.TxOptions)
 		if err != nil {
-			claimDone(nil, err)
+			ct.done(nil, err)
 		}
 		return tx, err
 	}
@@ -376,13 +374,28 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []Row, fn func(tx
 		if inserted == nil {
 			var err error
 			inserted, err = ib.claim(cctx, tx, rows)
-			claimDone(inserted, err)
+			ct.done(inserted, err)
 			if err != nil {
 				return err
 			}
 		}
 		return fn(tx, inserted)
 	})
+}
+
+// claimTrace ends a claim's Trace hook once, whichever step ends the claim
+// first. A nil *claimTrace (no hook) does nothing.
+type claimTrace struct {
+	end   func([]bool, error)
+	ended bool
+}
+
+func (c *claimTrace) done(inserted []bool, err error) {
+	if c == nil || c.ended {
+		return
+	}
+	c.ended = true
+	c.end(inserted, err)
 }
 
 // errClaimNotRun ends a claim's trace when the transaction ended before the
