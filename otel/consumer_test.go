@@ -262,3 +262,57 @@ func TestInstrumentingTwiceIsRefused(t *testing.T) {
 		t.Error("InstrumentInbox over a Trace of the user's accepted")
 	}
 }
+
+// A naturally idempotent consumer has no inbox: InstrumentConsumer takes a
+// nil inbox.Config, the handler still runs in the producer's trace, and
+// the consumer's events are counted.
+func TestNaturallyIdempotentConsumer(t *testing.T) {
+	t.Parallel()
+	tel := newTelemetry(t)
+	brokers := newKfake(t, "orders")
+	sent := produce(t, brokers, "orders", "a", "b")
+	db, store := newDB(t)
+	var mu sync.Mutex
+	handlerSpans := map[string]trace.SpanContext{}
+	ev := &eventCounts{}
+	ccfg := consumer.Config{
+		Brokers:             brokers,
+		GroupID:             "view",
+		Topics:              []string{"orders"},
+		NaturallyIdempotent: true,
+		DB:                  db,
+		Classifier:          store,
+		Handler: func(ctx context.Context, tx *gorm.DB, m consumer.Message) error {
+			mu.Lock()
+			handlerSpans[string(m.Key)] = trace.SpanContextFromContext(ctx)
+			mu.Unlock()
+			return nil
+		},
+		MaxWait:        100 * time.Millisecond,
+		SessionTimeout: 6 * time.Second,
+		Logger:         slog.New(slog.DiscardHandler),
+		OnEvent:        ev.on,
+	}
+	if err := inboxotel.InstrumentConsumer(nil, &ccfg, tel.opts); err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(ccfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background()) }()
+	waitUntil(t, 30*time.Second, "2 messages", func() bool { return ev.count(consumer.EventProcessed) == 2 })
+	_ = c.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for _, s := range sent {
+		if got := handlerSpans[s.key]; got.SpanID() != s.parent.SpanID() || !got.IsRemote() {
+			t.Errorf("handler of %s in span %v, want the producer's %v", s.key, got.SpanID(), s.parent.SpanID())
+		}
+	}
+	if got := fmt.Sprint(tel.counts(t, "inbox.messages", "inbox.outcome")); got != "map[processed:2]" {
+		t.Errorf("inbox.messages %s, want processed:2", got)
+	}
+}
