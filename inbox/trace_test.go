@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/faulttest"
 )
 
 // span is what a recordingTrace hook saw: its name, its parent (the span
@@ -232,7 +233,7 @@ func TestTraceProcessBatch(t *testing.T) {
 
 func TestTraceProcessBatchFunc(t *testing.T) {
 	rec := &recordingTrace{}
-	ib, db := newFaultInbox(t, inbox.Config{Trace: rec.trace()}, postgresLike, nil)
+	ib, db := newFaultInbox(t, inbox.Config{Trace: rec.trace()}, faulttest.PostgresLike, nil)
 	if _, err := ib.Process(t.Context(), msg("seen"), writeEffect); err != nil {
 		t.Fatal(err)
 	}
