@@ -2,7 +2,9 @@
 
 GO       ?= go
 SERVICES := scripts/with-services.sh
-PKGS     := ./...
+# ./... stops at a nested module: the otel module (its own go.mod, tied in
+# by go.work) is listed too, so every target covers it.
+PKGS     := ./... ./otel/...
 
 .DEFAULT_GOAL := help
 

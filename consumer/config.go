@@ -131,6 +131,17 @@ type Config struct {
 	// Extract finds the event id and time of a message. Default
 	// HeaderExtractor(nil, nil): event_id/event_time, then ce_id/ce_time.
 	Extract Extractor
+	// MessageContext, if set, is called before each attempt at processing
+	// a message, with the context that attempt runs under. The context it
+	// returns is the one the Handler receives for msg, and the one the
+	// inbox's work on msg runs under (its inbox.Config.Trace hooks, its
+	// logs); a BatchHandler receives that of the first new message of the
+	// call. Use it to continue the producer's trace from the message's
+	// headers (the module github.com/inboxgo/inbox/otel does). It must
+	// return a context derived from ctx (nil keeps ctx), must not modify
+	// msg, and must be fast and safe for concurrent use. A message without
+	// event id (see Extract) is never processed, so it is not called for it.
+	MessageContext func(ctx context.Context, msg *Message) context.Context
 
 	// BatchSize is the most messages of one partition processed in one
 	// transaction (through inbox.ProcessBatch). Default 1. With

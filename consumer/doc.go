@@ -112,4 +112,9 @@
 // Warn, dead letters and stopped partitions at Error. Config.OnEvent receives
 // every [Event]: processed, duplicate, retry, dead-lettered,
 // partition-stopped, committed, lag per partition, assigned and revoked.
+// Config.MessageContext gives each message the context its handler and its
+// inbox work run under, for tracing. The module
+// github.com/inboxgo/inbox/otel plugs OpenTelemetry into both hooks and
+// into inbox.Config.Trace; its InstrumentConsumer counts each message once,
+// although the inbox's OnEvent reports outcomes too.
 package consumer

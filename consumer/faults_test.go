@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -22,29 +21,8 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/faulttest"
 )
-
-// classifyingStore is the SQLite store with an error classification of the
-// test's choosing: the PostgreSQL adapter's (every net.Error and io.EOF is a
-// lost connection), or one that calls a chosen statement error transient.
-type classifyingStore struct {
-	*inboxsqlite.Store
-	transient func(error) bool
-}
-
-func (s classifyingStore) IsRetryable(err error) bool {
-	return s.transient(err) || s.Store.IsRetryable(err)
-}
-
-func postgresLike(err error) bool {
-	var ne net.Error
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne)
-}
-
-func noSuchTable(err error) bool {
-	code, ok := inboxsqlite.ErrorCode(err)
-	return ok && code == 1 && strings.Contains(err.Error(), "no such table") // SQLITE_ERROR
-}
 
 // newFaultShop is a SQLite shop whose inbox classifies errors with
 // transient and retries quickly, with a table that has a deferred foreign
@@ -64,7 +42,7 @@ func newFaultShop(t *testing.T, transient func(error) bool, cfg inbox.Config) *s
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := setupShop(t, db, classifyingStore{Store: base, transient: transient}, "")
+	s := setupShop(t, db, faulttest.ClassifyingStore{Store: base, Transient: transient}, "")
 	cfg.Logger = testLogger(t)
 	cfg.RetentionDays = max(cfg.RetentionDays, 30)
 	cfg.MinBackoff, cfg.MaxBackoff = time.Millisecond, 5*time.Millisecond
@@ -101,7 +79,7 @@ func closedPortURL(t *testing.T) string {
 func TestHandlerFaultsReachTheFailurePolicy(t *testing.T) {
 	t.Parallel()
 	brokers := newKfake(t, 1, "orders", "orders.dlq")
-	s := newFaultShop(t, postgresLike, inbox.Config{MaxAttempts: 3})
+	s := newFaultShop(t, faulttest.PostgresLike, inbox.Config{MaxAttempts: 3})
 	url := closedPortURL(t)
 	poisons := map[string]func(ctx context.Context, tx *gorm.DB) error{
 		"order-1": func(ctx context.Context, _ *gorm.DB) error {
@@ -175,7 +153,7 @@ func TestHandlerFaultsReachTheFailurePolicy(t *testing.T) {
 func TestNaturallyIdempotentRetriesAFailingDatabase(t *testing.T) {
 	t.Parallel()
 	brokers := newKfake(t, 1, "orders", "orders.dlq")
-	s := newFaultShop(t, noSuchTable, inbox.Config{})
+	s := newFaultShop(t, faulttest.NoSuchTable, inbox.Config{})
 	if err := s.db.AutoMigrate(&orderStatus{}); err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +206,7 @@ func TestStoredOffsetNeverPassesAMessageExpiredMidBatch(t *testing.T) {
 		return day.Add(24 * time.Hour)
 	}
 	brokers := newKfake(t, 1, "orders")
-	s := newFaultShop(t, postgresLike, inbox.Config{Now: clock})
+	s := newFaultShop(t, faulttest.PostgresLike, inbox.Config{Now: clock})
 	s.ib, _ = inbox.New(s.db, s.ib.Store(), inbox.Config{Now: clock, RetentionDays: 1, Logger: testLogger(t)})
 	var msgs []kafka.Message
 	for i, at := range []time.Time{day.Add(time.Hour), day.AddDate(0, 0, -1).Add(time.Hour), day.Add(2 * time.Hour)} {
@@ -240,6 +218,7 @@ func TestStoredOffsetNeverPassesAMessageExpiredMidBatch(t *testing.T) {
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
 	cfg.BatchSize, cfg.BatchWait, cfg.MaxAttempts, cfg.StoreOffsets = 3, time.Second, 2, true
+	cfg.MaintenanceInterval = -1 // maintenance reads the clock too
 	r := start(t, cfg)
 	waitUntil(t, 20*time.Second, "the batch decided", func() bool {
 		return ev.count(EventProcessed) == 3 || ev.count(EventPartitionStopped) == 1
@@ -294,7 +273,7 @@ func (s *shop) reserveBatch(ctx context.Context, tx *gorm.DB, msgs []Message) er
 func TestBatchHandler(t *testing.T) {
 	t.Parallel()
 	brokers := newKfake(t, 2, "orders", "orders.dlq")
-	s := newFaultShop(t, postgresLike, inbox.Config{MaxAttempts: 1})
+	s := newFaultShop(t, faulttest.PostgresLike, inbox.Config{MaxAttempts: 1})
 	var msgs []kafka.Message
 	for i := range 40 {
 		msgs = append(msgs, orderMessage(i, i%2))
@@ -336,7 +315,7 @@ func TestBatchHandler(t *testing.T) {
 func TestNaturallyIdempotentBatchHandler(t *testing.T) {
 	t.Parallel()
 	brokers := newKfake(t, 1, "orders", "orders.dlq")
-	s := newFaultShop(t, postgresLike, inbox.Config{})
+	s := newFaultShop(t, faulttest.PostgresLike, inbox.Config{})
 	if err := s.db.AutoMigrate(&orderStatus{}); err != nil {
 		t.Fatal(err)
 	}

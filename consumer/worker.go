@@ -314,6 +314,11 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		return results, true
 	}
 	var opts []inbox.BatchOption
+	if w.c.cfg.MessageContext != nil {
+		opts = append(opts, inbox.MessageContext(func(ctx context.Context, j int) context.Context {
+			return w.messageContext(ctx, items[idx[j]])
+		}))
+	}
 	if w.c.cfg.StoreOffsets {
 		opts = append(opts, inbox.BeforeCommit(func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
 			next := int64(-1)
@@ -453,7 +458,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 	for {
 		it.attempts++
 		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
-			if err := w.callAny(dbCtx, tx, it.msg); err != nil {
+			if err := w.callAny(w.messageContext(dbCtx, it), tx, it.msg); err != nil {
 				return err
 			}
 			if w.c.cfg.StoreOffsets {
@@ -497,7 +502,7 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 	next := items[len(items)-1].msg.Offset + 1
 	for attempt := 1; ; attempt++ {
 		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
-			if err := w.withTimeout(dbCtx, tx, func(ctx context.Context, tx *gorm.DB) error {
+			if err := w.withTimeout(w.messageContext(dbCtx, items[0]), tx, func(ctx context.Context, tx *gorm.DB) error {
 				return w.c.cfg.BatchHandler(ctx, tx, batch)
 			}); err != nil {
 				return err
@@ -530,6 +535,19 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			return abandoned
 		}
 	}
+}
+
+// messageContext is the context the processing of it runs under: ctx, or what
+// Config.MessageContext made of it.
+func (w *worker) messageContext(ctx context.Context, it *item) context.Context {
+	mc := w.c.cfg.MessageContext
+	if mc == nil {
+		return ctx
+	}
+	if mctx := mc(ctx, &it.msg); mctx != nil {
+		return mctx
+	}
+	return ctx
 }
 
 // callAny runs Handler, or BatchHandler with msg alone.

@@ -20,7 +20,8 @@ type Result struct {
 type BatchOption func(*batchOptions)
 
 type batchOptions struct {
-	beforeCommit func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) error
+	beforeCommit   func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) error
+	messageContext func(ctx context.Context, i int) context.Context
 }
 
 // BeforeCommit makes ProcessBatch call fn in each transaction it is about to
@@ -98,6 +99,7 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun, opts []BatchOpti
 		opt(&b.opts)
 	}
 	msgs := b.msgs
+	ends := b.startMessages(ctx)
 	now := ib.cfg.Now()
 	results := make([]Result, len(msgs))
 	firstOf := make(map[Key]int, len(msgs))
@@ -178,9 +180,43 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun, opts []BatchOpti
 		}
 	}
 	for i, r := range results {
-		ib.record(ctx, msgs[i], r.Outcome, r.Err, start)
+		end := endMessage
+		if ends != nil {
+			end = ends[i]
+		}
+		ib.record(b.ctxOf(ctx, i), msgs[i], r.Outcome, r.Err, start, end)
 	}
 	return results, batchErr
+}
+
+// startMessages gives each message its context (BatchOption MessageContext)
+// and starts its Message hook (Config.Trace). ends[i] ends msgs[i]'s hook;
+// it is nil, and so is b.ctxs, when neither is in use.
+func (b *batchRun) startMessages(ctx context.Context) (ends []func(Outcome, error)) {
+	mc := b.opts.messageContext
+	t := b.ib.cfg.Trace
+	traced := t != nil && t.Message != nil
+	if mc == nil && !traced {
+		return nil
+	}
+	b.ctxs = make([]context.Context, len(b.msgs))
+	ends = make([]func(Outcome, error), len(b.msgs))
+	for i, m := range b.msgs {
+		mctx := ctx
+		if mc != nil {
+			mctx = orContext(mc(ctx, i), ctx)
+		}
+		b.ctxs[i], ends[i] = b.ib.startMessage(mctx, m)
+	}
+	return ends
+}
+
+// ctxOf is the context of msgs[i]: its own (see startMessages), or ctx.
+func (b *batchRun) ctxOf(ctx context.Context, i int) context.Context {
+	if b.ctxs == nil {
+		return ctx
+	}
+	return b.ctxs[i]
 }
 
 // unclearBlame is a handler failure in a transaction in which an earlier
@@ -198,7 +234,8 @@ type batchRun struct {
 	h        Handler      // per message; nil with bh
 	bh       BatchHandler // per transaction; nil with h
 	opts     batchOptions
-	results  []Result // final results so far
+	ctxs     []context.Context // ctxs[i] is msgs[i]'s context; nil if all use the call's
+	results  []Result          // final results so far
 	copiesOf map[int][]int
 }
 
@@ -217,11 +254,17 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 	err := ib.retry(ctx, func(int) error {
 		failedIdx = -1
 		outcomes = make(map[int]Outcome, len(group))
-		return ib.claimTx(ctx, rows, func(tx *gorm.DB, inserted []bool) error {
+		// The claim covers the whole group: it is traced under the first
+		// message's context, the transaction runs under the call's.
+		return ib.claimTxAt(ctx, b.ctxOf(ctx, group[0]), rows, func(tx *gorm.DB, inserted []bool) error {
 			if b.bh != nil {
 				var fresh []Message
+				first := -1
 				for j, idx := range group {
 					if inserted[j] {
+						if first < 0 {
+							first = idx
+						}
 						fresh = append(fresh, b.msgs[idx])
 						outcomes[idx] = Processed
 					} else {
@@ -229,7 +272,7 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 					}
 				}
 				if len(fresh) > 0 {
-					if err := callBatchHandler(ctx, tx, fresh, b.bh); err != nil {
+					if err := ib.handleBatch(b.ctxOf(ctx, first), tx, fresh, b.bh); err != nil {
 						return err
 					}
 				}
@@ -242,7 +285,7 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 						continue
 					}
 					_, before := st.state()
-					err := callHandler(ctx, tx, b.msgs[idx], b.h)
+					err := ib.handle(b.ctxOf(ctx, idx), tx, b.msgs[idx], b.h)
 					if _, after := st.state(); before == nil && after != nil {
 						firstFailure = idx
 					}

@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/faulttest"
 )
 
 // setEffect is a set-based batch handler: one statement for all messages.
@@ -28,7 +29,7 @@ func setEffect(ctx context.Context, tx *gorm.DB, msgs []inbox.Message) error {
 }
 
 func TestProcessBatchFuncCallsOnceWithTheNewMessages(t *testing.T) {
-	ib, db := newFaultInbox(t, inbox.Config{}, postgresLike, nil)
+	ib, db := newFaultInbox(t, inbox.Config{}, faulttest.PostgresLike, nil)
 	if _, err := ib.Process(t.Context(), msg("seen"), writeEffect); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func TestProcessBatchFuncCallsOnceWithTheNewMessages(t *testing.T) {
 // batch is split until the poisons are alone, and every other message
 // commits, in a bounded number of transactions.
 func TestProcessBatchFuncIsolatesPoisonBySplitting(t *testing.T) {
-	ib, db := newFaultInbox(t, inbox.Config{MaxAttempts: 1}, postgresLike, nil)
+	ib, db := newFaultInbox(t, inbox.Config{MaxAttempts: 1}, faulttest.PostgresLike, nil)
 	const n = 32
 	var msgs []inbox.Message
 	for i := range n {

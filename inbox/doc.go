@@ -19,4 +19,9 @@
 // partition the table and expire whole days cheaply; because it is derived
 // from the event and never from the processing time, every redelivery of an
 // event lands on the same key.
+//
+// Config.OnEvent and [Inbox.Counters] report every outcome and retry, and
+// Config.Trace lets a tracing system open a span per message with child
+// spans for its claim and its handler; the module
+// github.com/inboxgo/inbox/otel does both for OpenTelemetry.
 package inbox

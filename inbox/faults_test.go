@@ -18,27 +18,8 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/faulttest"
 )
-
-// classifyingStore is the SQLite store with an error classification of the
-// test's choosing, so that the inbox's fault model can be tried against the
-// classifications the real adapters make (PostgreSQL's counts every
-// net.Error and io.EOF as a lost connection).
-type classifyingStore struct {
-	*inboxsqlite.Store
-	transient func(error) bool
-}
-
-func (s classifyingStore) IsRetryable(err error) bool {
-	return s.transient(err) || s.Store.IsRetryable(err)
-}
-
-// postgresLike classifies as the PostgreSQL adapter does for errors without
-// a SQLSTATE: network errors and EOFs are lost connections.
-func postgresLike(err error) bool {
-	var ne net.Error
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne)
-}
 
 func newFaultInbox(t *testing.T, cfg inbox.Config, transient func(error) bool, gcfg *gorm.Config) (*inbox.Inbox, *gorm.DB) {
 	t.Helper()
@@ -61,7 +42,7 @@ func newFaultInbox(t *testing.T, cfg inbox.Config, transient func(error) bool, g
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.MinBackoff, cfg.MaxBackoff = time.Millisecond, 2*time.Millisecond
-	ib, err := inbox.New(db, classifyingStore{Store: base, transient: transient}, cfg)
+	ib, err := inbox.New(db, faulttest.ClassifyingStore{Store: base, Transient: transient}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +115,7 @@ func handlerFaults(t *testing.T) map[string]error {
 // with a Store that counts such errors as lost connections.
 func TestHandlerFaultsAreNotDatabaseFailures(t *testing.T) {
 	const maxAttempts = 4
-	ib, db := newFaultInbox(t, inbox.Config{MaxAttempts: maxAttempts}, postgresLike, nil)
+	ib, db := newFaultInbox(t, inbox.Config{MaxAttempts: maxAttempts}, faulttest.PostgresLike, nil)
 	n := 0
 	for name, fault := range handlerFaults(t) {
 		for _, marked := range []bool{false, true} {
@@ -181,11 +162,7 @@ func TestHandlerFaultsAreNotDatabaseFailures(t *testing.T) {
 // ignores the error and returns nil: the transaction is retried as a
 // database failure.
 func TestTransientStatementErrorDoomsTheTransaction(t *testing.T) {
-	noSuchTable := func(err error) bool {
-		code, ok := inboxsqlite.ErrorCode(err)
-		return ok && code == 1 && strings.Contains(err.Error(), "no such table") // SQLITE_ERROR
-	}
-	ib, db := newFaultInbox(t, inbox.Config{MaxAttempts: 3}, noSuchTable, nil)
+	ib, db := newFaultInbox(t, inbox.Config{MaxAttempts: 3}, faulttest.NoSuchTable, nil)
 	calls := 0
 	var later error
 	careless := func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
@@ -225,7 +202,7 @@ func TestTransientStatementErrorDoomsTheTransaction(t *testing.T) {
 // at COMMIT. The message that violates it fails (a *CommitError, counted
 // once, not a database failure); in a batch, the other messages commit.
 func TestCommitRefusalIsPinnedOnTheMessage(t *testing.T) {
-	ib, db := newFaultInbox(t, inbox.Config{MaxAttempts: 3}, postgresLike, nil)
+	ib, db := newFaultInbox(t, inbox.Config{MaxAttempts: 3}, faulttest.PostgresLike, nil)
 	if err := db.Exec(`INSERT INTO parents (id) VALUES ('p')`).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +247,7 @@ func TestCommitRefusalIsPinnedOnTheMessage(t *testing.T) {
 // back a failing handler's writes and its inbox row, and keep the caller's
 // own writes.
 func TestProcessTxIssuesItsOwnSavepoint(t *testing.T) {
-	ib, db := newFaultInbox(t, inbox.Config{}, postgresLike, &gorm.Config{DisableNestedTransaction: true})
+	ib, db := newFaultInbox(t, inbox.Config{}, faulttest.PostgresLike, &gorm.Config{DisableNestedTransaction: true})
 	failing := errors.New("handler failed half-way")
 	err := db.Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec(`INSERT INTO parents (id) VALUES ('callers-own')`).Error; err != nil {
@@ -319,7 +296,7 @@ func TestBatchAdmitsAgainstOneClockReading(t *testing.T) {
 		}
 		return day.Add(24 * time.Hour)
 	}
-	ib, _ := newFaultInbox(t, inbox.Config{RetentionDays: 1, Now: clock}, postgresLike, nil)
+	ib, _ := newFaultInbox(t, inbox.Config{RetentionDays: 1, Now: clock}, faulttest.PostgresLike, nil)
 	msgs := []inbox.Message{
 		{Consumer: "c", ID: "today", Time: day},
 		{Consumer: "c", ID: "oldest-day", Time: day.AddDate(0, 0, -1)},
@@ -343,7 +320,7 @@ func TestBatchAdmitsAgainstOneClockReading(t *testing.T) {
 // flakyMigrateStore fails its first Migrate with an error it classifies as
 // transient.
 type flakyMigrateStore struct {
-	classifyingStore
+	faulttest.ClassifyingStore
 	failures int
 }
 
@@ -352,19 +329,19 @@ func (s *flakyMigrateStore) Migrate(ctx context.Context, db *gorm.DB) error {
 		s.failures--
 		return errTransient
 	}
-	return s.classifyingStore.Migrate(ctx, db)
+	return s.ClassifyingStore.Migrate(ctx, db)
 }
 
 // TestStoreOperationsAreDatabaseFailures: the Store's own operations
 // (Migrate, Maintain) fail as the database, so transient failures are
 // retried; and an Inbox is never built on a transaction.
 func TestStoreOperationsAreDatabaseFailures(t *testing.T) {
-	_, db := newFaultInbox(t, inbox.Config{}, postgresLike, nil)
+	_, db := newFaultInbox(t, inbox.Config{}, faulttest.PostgresLike, nil)
 	base, err := inboxsqlite.New(inboxsqlite.Options{Table: "inbox_flaky"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := &flakyMigrateStore{classifyingStore: classifyingStore{Store: base, transient: func(err error) bool { return errors.Is(err, errTransient) }}, failures: 2}
+	store := &flakyMigrateStore{ClassifyingStore: faulttest.ClassifyingStore{Store: base, Transient: func(err error) bool { return errors.Is(err, errTransient) }}, failures: 2}
 	ib, err := inbox.New(db, store, inbox.Config{MinBackoff: time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -87,6 +87,10 @@ type Config struct {
 	// use it to feed a metrics system. It must be fast and safe for
 	// concurrent use.
 	OnEvent func(Event)
+	// Trace, if set, is called around each message's processing, its claim
+	// and its handler call, so that a tracing system can open nested spans
+	// (see [Trace]). Nil traces nothing, at no cost.
+	Trace *Trace
 	// Now is the clock used for the retention window and maintenance.
 	// Default time.Now. Tests set it to move days.
 	Now func() time.Time
@@ -138,6 +142,11 @@ func New(db *gorm.DB, store Store, cfg Config) (*Inbox, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Trace != nil {
+		// A copy: hooks changed after New must not apply half-way.
+		t := *cfg.Trace
+		cfg.Trace = &t
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -179,8 +188,9 @@ func (ib *Inbox) Migrate(ctx context.Context) error {
 // Commit the broker offset of msg only after Process returns a nil error.
 func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, error) {
 	start := time.Now()
+	ctx, end := ib.startMessage(ctx, msg)
 	if err := ib.admit(msg, ib.cfg.Now()); err != nil {
-		ib.record(ctx, msg, Failed, err, start)
+		ib.record(ctx, msg, Failed, err, start, end)
 		return Failed, err
 	}
 	var out Outcome
@@ -191,7 +201,7 @@ func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, 
 				out = Duplicate
 				return nil
 			}
-			if err := callHandler(ctx, tx, msg, h); err != nil {
+			if err := ib.handle(ctx, tx, msg, h); err != nil {
 				out = Failed
 				return err
 			}
@@ -201,10 +211,10 @@ func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, 
 	})
 	if err != nil {
 		err = fmt.Errorf("inbox: consumer %q event %q: %w", msg.Consumer, msg.ID, err)
-		ib.record(ctx, msg, Failed, err, start)
+		ib.record(ctx, msg, Failed, err, start, end)
 		return Failed, err
 	}
-	ib.record(ctx, msg, out, nil, start)
+	ib.record(ctx, msg, out, nil, start, end)
 	return out, nil
 }
 
@@ -225,13 +235,14 @@ func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, 
 // and only then the broker offset.
 func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (Outcome, error) {
 	start := time.Now()
+	ctx, end := ib.startMessage(ctx, msg)
 	if err := ib.admit(msg, ib.cfg.Now()); err != nil {
-		ib.record(ctx, msg, Failed, err, start)
+		ib.record(ctx, msg, Failed, err, start, end)
 		return Failed, err
 	}
 	if tx == nil {
 		err := fmt.Errorf("%w: ProcessTx needs a transaction, got nil", ErrInvalidConfig)
-		ib.record(ctx, msg, Failed, err, start)
+		ib.record(ctx, msg, Failed, err, start, end)
 		return Failed, err
 	}
 	var out Outcome
@@ -242,10 +253,10 @@ func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Hand
 	})
 	if err != nil {
 		err = fmt.Errorf("inbox: consumer %q event %q: %w", msg.Consumer, msg.ID, err)
-		ib.record(ctx, msg, Failed, err, start)
+		ib.record(ctx, msg, Failed, err, start, end)
 		return Failed, err
 	}
-	ib.record(ctx, msg, out, nil, start)
+	ib.record(ctx, msg, out, nil, start, end)
 	return out, nil
 }
 
@@ -295,14 +306,17 @@ func (ib *Inbox) oldestCheckedDay(now time.Time) time.Time {
 }
 
 func (ib *Inbox) claimAndHandle(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (Outcome, error) {
-	inserted, err := ib.claim(ctx, tx, []Row{msg.Row()})
+	rows := []Row{msg.Row()}
+	cctx, endClaim := ib.startClaim(ctx, rows)
+	inserted, err := ib.claim(cctx, tx, rows)
+	endClaim(inserted, err)
 	if err != nil {
 		return Failed, err
 	}
 	if !inserted[0] {
 		return Duplicate, nil
 	}
-	if err := callHandler(ctx, tx, msg, h); err != nil {
+	if err := ib.handle(ctx, tx, msg, h); err != nil {
 		return Failed, err
 	}
 	return Processed, nil
@@ -311,35 +325,82 @@ func (ib *Inbox) claimAndHandle(ctx context.Context, tx *gorm.DB, msg Message, h
 // claimTx runs fn in a new transaction that holds the claim of rows, and
 // commits it (see runTx). A Store that is a ClaimBeginner opens the
 // transaction and claims in one round trip.
+//
+// The Claim hook of Config.Trace surrounds the claim, with BEGIN when the
+// two go together; its context reaches the Store's claim, not the
+// transaction, whose statements belong to the message.
 func (ib *Inbox) claimTx(ctx context.Context, rows []Row, fn func(tx *gorm.DB, inserted []bool) error) error {
+	return ib.claimTxAt(ctx, ctx, rows, fn)
+}
+
+// claimTxAt is claimTx with the claim traced under traceCtx.
+func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []Row, fn func(tx *gorm.DB, inserted []bool) error) error {
 	var inserted []bool
+	cctx, ct := ctx, (*claimTrace)(nil)
+	if t := ib.cfg.Trace; t != nil && t.Claim != nil {
+		var end func([]bool, error)
+		cctx, end = ib.startClaim(traceCtx, rows)
+		ct = &claimTrace{end: end}
+		// BEGIN can fail before the claim runs.
+		defer ct.done(nil, errClaimNotRun)
+	}
 	open := func() (*gorm.DB, error) {
 		if cb, ok := ib.store.(ClaimBeginner); ok {
-			tx, ins, ok, err := cb.BeginClaim(ctx, ib.db.WithContext(ctx), ib.cfg.TxOptions, rows)
+			tx, ins, ok, err := cb.BeginClaim(cctx, ib.db.WithContext(ctx), ib.cfg.TxOptions, rows)
 			if err != nil {
-				return nil, &dbError{op: "begin and claim", err: err}
+				err = &dbError{op: "begin and claim", err: err}
+				ct.done(nil, err)
+				return nil, err
 			}
 			if ok {
 				if len(ins) != len(rows) {
 					_ = tx.Rollback().Error
-					return nil, &dbError{op: "claim", err: fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(ins), len(rows))}
+					err := &dbError{op: "claim", err: fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(ins), len(rows))}
+					ct.done(nil, err)
+					return nil, err
 				}
 				inserted = ins
+				ct.done(ins, nil)
 				return tx, nil
 			}
 		}
-		return begin(ctx, ib.db, ib.cfg.TxOptions)
+		tx, err := begin(ctx, ib.db, ib.cfg.TxOptions)
+		if err != nil {
+			ct.done(nil, err)
+		}
+		return tx, err
 	}
 	return runTxFrom(ctx, open, ib.store, func(tx *gorm.DB) error {
 		if inserted == nil {
 			var err error
-			if inserted, err = ib.claim(ctx, tx, rows); err != nil {
+			inserted, err = ib.claim(cctx, tx, rows)
+			ct.done(inserted, err)
+			if err != nil {
 				return err
 			}
 		}
 		return fn(tx, inserted)
 	})
 }
+
+// claimTrace ends a claim's Trace hook once, whichever step ends the claim
+// first. A nil *claimTrace (no hook) does nothing.
+type claimTrace struct {
+	end   func([]bool, error)
+	ended bool
+}
+
+func (c *claimTrace) done(inserted []bool, err error) {
+	if c == nil || c.ended {
+		return
+	}
+	c.ended = true
+	c.end(inserted, err)
+}
+
+// errClaimNotRun ends a claim's trace when the transaction ended before the
+// claim ran; it is never returned.
+var errClaimNotRun = errors.New("inbox: the claim did not run")
 
 // errStoreContract reports a Store that broke the Claim contract.
 var errStoreContract = errors.New("inbox: store broke the Claim contract")
@@ -362,6 +423,26 @@ func callBatchHandler(ctx context.Context, tx *gorm.DB, msgs []Message, h BatchH
 		}
 	}()
 	return h(ctx, tx, msgs)
+}
+
+// handle calls h for msg inside the Handler hook of Config.Trace, if any.
+func (ib *Inbox) handle(ctx context.Context, tx *gorm.DB, msg Message, h Handler) error {
+	if t := ib.cfg.Trace; t == nil || t.Handler == nil {
+		return callHandler(ctx, tx, msg, h)
+	}
+	hctx, end := ib.startHandler(ctx, []Message{msg})
+	err := callHandler(hctx, tx, msg, h)
+	end(err)
+	return err
+}
+
+// handleBatch calls h for msgs inside the Handler hook of Config.Trace, if
+// any.
+func (ib *Inbox) handleBatch(ctx context.Context, tx *gorm.DB, msgs []Message, h BatchHandler) error {
+	hctx, end := ib.startHandler(ctx, msgs)
+	err := callBatchHandler(hctx, tx, msgs, h)
+	end(err)
+	return err
 }
 
 func callHandler(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (err error) {

@@ -62,7 +62,9 @@ func (ib *Inbox) Counters() Counters {
 	}
 }
 
-func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error, start time.Time) {
+// record reports msg's outcome to the counters, the log, Config.OnEvent and,
+// last, end, the Message hook's end of Config.Trace.
+func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error, start time.Time, end func(Outcome, error)) {
 	var kind EventKind
 	switch out {
 	case Processed:
@@ -88,4 +90,5 @@ func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error
 	if ib.cfg.OnEvent != nil {
 		ib.cfg.OnEvent(Event{Kind: kind, Message: msg, Err: err, Duration: time.Since(start)})
 	}
+	end(out, err)
 }

@@ -242,24 +242,35 @@ func applyProcess(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 }
 
 func applyProcessBatch(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	return applied(evs)(f.Inbox.ProcessBatch(ctx, messages(evs), f.handler))
+}
+
+func messages(evs []Event) []inbox.Message {
 	msgs := make([]inbox.Message, len(evs))
 	for i, e := range evs {
 		msgs[i] = e.Message()
 	}
-	results, err := f.Inbox.ProcessBatch(ctx, msgs, f.handler)
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for i, r := range results {
-		switch r.Outcome {
-		case inbox.Processed:
-			n++
-		case inbox.Failed:
-			return n, fmt.Errorf("event %s: %w", evs[i].ID, r.Err)
+	return msgs
+}
+
+// applied counts the Processed results of a batch of evs, and fails on the
+// first Failed one.
+func applied(evs []Event) func(results []inbox.Result, err error) (int, error) {
+	return func(results []inbox.Result, err error) (int, error) {
+		if err != nil {
+			return 0, err
 		}
+		n := 0
+		for i, r := range results {
+			switch r.Outcome {
+			case inbox.Processed:
+				n++
+			case inbox.Failed:
+				return n, fmt.Errorf("event %s: %w", evs[i].ID, r.Err)
+			}
+		}
+		return n, nil
 	}
-	return n, nil
 }
 
 func applySetEffectBatch(ctx context.Context, f *Fixture, evs []Event) (int, error) {
@@ -271,24 +282,7 @@ func applySetEffectBatch(ctx context.Context, f *Fixture, evs []Event) (int, err
 }
 
 func applyProcessBatchFunc(ctx context.Context, f *Fixture, evs []Event) (int, error) {
-	msgs := make([]inbox.Message, len(evs))
-	for i, e := range evs {
-		msgs[i] = e.Message()
-	}
-	results, err := f.Inbox.ProcessBatchFunc(ctx, msgs, f.batchHandler)
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for i, r := range results {
-		switch r.Outcome {
-		case inbox.Processed:
-			n++
-		case inbox.Failed:
-			return n, fmt.Errorf("event %s: %w", evs[i].ID, r.Err)
-		}
-	}
-	return n, nil
+	return applied(evs)(f.Inbox.ProcessBatchFunc(ctx, messages(evs), f.batchHandler))
 }
 
 func (f *Fixture) seen(tx *gorm.DB, e Event) (bool, error) {

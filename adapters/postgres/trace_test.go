@@ -1,0 +1,49 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// The pipelined BEGIN and claim is traced as one claim, once per
+// transaction, under the message; the handler after it.
+func TestPipelinedClaimIsTraced(t *testing.T) {
+	db, store := fresh(t, inboxpg.Options{})
+	var got []string
+	type key struct{}
+	tr := &inbox.Trace{
+		Message: func(ctx context.Context, m inbox.Message) (context.Context, func(inbox.Outcome, error)) {
+			return context.WithValue(ctx, key{}, m.ID), func(o inbox.Outcome, err error) { got = append(got, "message "+o.String()) }
+		},
+		Claim: func(ctx context.Context, rows []inbox.Row) (context.Context, func([]bool, error)) {
+			parent, _ := ctx.Value(key{}).(string)
+			return ctx, func(ins []bool, err error) { got = append(got, fmt.Sprintf("claim under %s: %v %v", parent, ins, err)) }
+		},
+		Handler: func(ctx context.Context, msgs []inbox.Message) (context.Context, func(error)) {
+			return ctx, func(err error) { got = append(got, fmt.Sprintf("handler %v", err)) }
+		},
+	}
+	ib, err := inbox.New(db, store, inbox.Config{Trace: tr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := inbox.Message{Consumer: "c", ID: "a", Time: time.Now()}
+	for range 2 {
+		if _, err := ib.Process(t.Context(), m, func(context.Context, *gorm.DB, inbox.Message) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := "[claim under a: [true] <nil> handler <nil> message processed claim under a: [false] <nil> message duplicate]"
+	if fmt.Sprint(got) != want {
+		t.Errorf("trace %v\nwant  %s", got, want)
+	}
+}
