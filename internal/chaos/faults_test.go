@@ -49,7 +49,7 @@ func TestChaosFaults(t *testing.T) {
 				Seed: uint64(time.Now().UnixNano()), WorkDir: t.TempDir(), Log: testWriter{t},
 			}, chaos.FaultConfig{
 				Healthy: 60, PerClass: 3, DupRate: 0.1, MaxAttempts: 3, BatchSizes: []int{1, 4}, Partitions: 3,
-				Budget: 25 * time.Second, StopBudget: 15 * time.Second,
+				Budget: 40 * time.Second, StopBudget: 20 * time.Second,
 			})
 			if rep != nil {
 				t.Log("\n" + rep.String())
