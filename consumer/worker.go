@@ -56,12 +56,15 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	// and is rolled back when Run ends.
 	dbCtx := runCtx
 
-	start, from, ok := w.position(ctx, dbCtx)
+	start, from, hasStored, ok := w.position(ctx, dbCtx)
 	if !ok {
 		return
 	}
 	start, commitStart, beyondEnd, ok := w.checkLog(ctx, start, from)
 	if !ok {
+		return
+	}
+	if w.c.cfg.StoreOffsets && beyondEnd == nil && (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, start) {
 		return
 	}
 	w.tracker = newOffsetTracker(start)
@@ -147,31 +150,72 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	w.log.Info("partition released", "cause", context.Cause(ctx))
 }
 
-// position returns the offset to start at: the larger of the group's
-// committed offset and the stored one (a kafka-go sentinel if there is
-// neither), and from, which of the two it is, for messages. ok is false if
-// ctx ended first. checkLog then checks it against the partition's log.
-func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, ok bool) {
+// position returns the offset to start at, and from, where it came from,
+// for messages. ok is false if ctx ended first. checkLog then checks it
+// against the partition's log.
+//
+// Without StoreOffsets it is the group's committed offset (or a kafka-go
+// sentinel). With StoreOffsets it is the stored offset whenever the
+// database has one, also when it is behind the group's: the database's
+// position belongs to the state the effects are in. After a failover to an
+// asynchronous replica, the effects, inbox rows and stored offset of the
+// last commits vanish together while the group's offset in Kafka may
+// already be past them; starting at the larger of the two would skip
+// exactly those messages. Starting lower only redelivers messages whose
+// inbox rows are there, which the inbox absorbs. hasStored reports whether
+// the database had a row for the partition.
+func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, hasStored, ok bool) {
 	start = w.assigned
 	from = fmt.Sprintf("the offset committed by group %q", w.c.cfg.GroupID)
 	if !w.c.cfg.StoreOffsets {
-		return start, from, true
+		return start, from, false, true
 	}
 	for attempt := 1; ; attempt++ {
 		stored, err := w.c.offsets.load(dbCtx, w.c.db(), w.topic, w.partition)
 		if err == nil {
-			if stored >= 0 && stored > start {
-				w.log.Info("starting at the stored offset, past the group's committed one",
-					"stored", stored, "group_committed", start)
-				start = stored
-				from = fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable)
+			if stored < 0 {
+				return start, from, false, true
 			}
-			return start, from, true
+			switch {
+			case w.assigned >= 0 && stored < w.assigned:
+				// Not an error: a failover to a replica that lacked the last
+				// commits, or a commit to Kafka after an offset that did not
+				// move the stored one (a duplicate), look the same.
+				w.log.Warn("starting at the stored offset, behind the group's committed one: the database's position wins (after a database failover its last commits may be gone); the messages in between are delivered again",
+					"stored", stored, "group_committed", w.assigned, "redelivered", w.assigned-stored)
+			case stored != w.assigned:
+				w.log.Info("starting at the stored offset", "stored", stored, "group_committed", w.assigned)
+			}
+			return stored, fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable), true, true
 		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("cannot read the stored offset; retrying", "error", err, "retry_in", wait)
 		if sleep(ctx, wait) != nil {
-			return 0, "", false
+			return 0, "", false, false
+		}
+	}
+}
+
+// storeNext writes next as the partition's stored offset in a transaction
+// of its own, retrying while the database fails; false if ctx ended first.
+//
+// It stores the resolved start offset when the database had no position
+// for the partition (or one the log no longer holds): from then on the
+// database has one, so a later failover that loses commits finds a
+// position at or below them instead of falling back to the group's, which
+// may be past them. And it stores the offset after a dead letter.
+func (w *worker) storeNext(ctx, dbCtx context.Context, next int64) bool {
+	for attempt := 1; ; attempt++ {
+		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
+			return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, next)
+		})
+		if err == nil {
+			return true
+		}
+		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		w.log.Warn("cannot store the partition's offset; retrying", "offset", next, "error", err, "retry_in", wait)
+		if sleep(ctx, wait) != nil {
+			return false
 		}
 	}
 }
@@ -586,14 +630,15 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 	}
 	w.c.emit(Event{Kind: EventDeadLettered, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: cause})
 	if w.c.cfg.StoreOffsets {
-		// Not required for safety (the stored offset may lag), but it saves
-		// dead-lettering the message again after a crash.
+		// The database's position is where the next start resumes, even
+		// behind the group's: a stored offset left before the dead letter
+		// would dead-letter the message again. Retried while the database
+		// fails, like every database failure; if the worker stops first,
+		// the message is dead-lettered again by the next owner (dead
+		// letters are at least once).
 		next, _ := w.tracker.committable()
-		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
-			return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, next)
-		})
-		if err != nil {
-			w.log.Warn("storing the offset after a dead letter failed", "error", err)
+		if !w.storeNext(ctx, dbCtx, next) {
+			return abandoned
 		}
 	}
 	return resolved
