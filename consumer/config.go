@@ -186,6 +186,11 @@ type Config struct {
 	// be past them. Resuming from the database's position applies them
 	// again, exactly once; resuming from the group's would lose them (see
 	// docs/RELIABILITY.md, "Failover", for what survives which failover).
+	// A consumer that keeps running through the failover notices it too:
+	// each write of the stored offset checks that the database still holds
+	// the last offset this member stored (and an idle partition checks every
+	// 5 s); if it does not, the transaction rolls back and the partition
+	// resumes from the database's position (EventRepositioned, a Warn).
 	// Without StoreOffsets such a failover loses those effects.
 	//
 	// The stored offsets win over the group's: resetting the group's offsets
@@ -242,6 +247,8 @@ type Config struct {
 	afterDB func(topic string, partition int, next int64, processed int) error
 	// logCheckInterval, set by tests, replaces defaultLogCheckInterval.
 	logCheckInterval time.Duration
+	// posCheckInterval, set by tests, replaces defaultPosCheckInterval.
+	posCheckInterval time.Duration
 }
 
 var errInvalidConfig = inbox.ErrInvalidConfig

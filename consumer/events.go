@@ -27,6 +27,12 @@ const (
 	// member (starting at Offset) or taken from it.
 	EventAssigned
 	EventRevoked
+	// EventRepositioned (with Config.StoreOffsets): the partition's stored
+	// offset was found behind the one this member had committed (a
+	// database failover that lost the last commits); the member resumed
+	// from it, at Offset, and applies the messages in between again. Err
+	// says what was found.
+	EventRepositioned
 )
 
 func (k EventKind) String() string {
@@ -49,6 +55,8 @@ func (k EventKind) String() string {
 		return "assigned"
 	case EventRevoked:
 		return "revoked"
+	case EventRepositioned:
+		return "repositioned"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -58,8 +66,8 @@ type Event struct {
 	Kind      EventKind
 	Topic     string
 	Partition int
-	Offset    int64 // the message's offset; for EventCommitted, EventAssigned and EventLag the next offset
+	Offset    int64 // the message's offset; for EventCommitted, EventAssigned, EventRepositioned and EventLag the next offset
 	Attempt   int   // for EventRetry: the attempt that failed
 	Lag       int64 // for EventLag
-	Err       error // for EventRetry, EventDeadLettered and EventPartitionStopped
+	Err       error // for EventRetry, EventDeadLettered, EventPartitionStopped and EventRepositioned
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -168,4 +169,83 @@ func TestDeadLetteredOffsetIsStored(t *testing.T) {
 		t.Errorf("%d dead letters, want 1", len(got))
 	}
 	s.checkExactlyOnce(t, 4, nil)
+}
+
+// loseTail makes s's database look like an asynchronous standby promoted
+// while orders from..n-1 (all on partition 0) had reached only the old
+// primary: their effects, inbox rows and stored offset are gone.
+func loseTail(t *testing.T, s *shop, group string, from, n int) {
+	t.Helper()
+	err := s.db.Transaction(func(tx *gorm.DB) error {
+		qty := 0
+		for i := from; i < n; i++ {
+			qty += 1 + i%3
+			if err := tx.Exec(`DELETE FROM reservations`+s.suffix+` WHERE order_id = ?`, "order-"+strconv.Itoa(i)).Error; err != nil {
+				return err
+			}
+		}
+		if err := tx.Exec(`UPDATE stock`+s.suffix+` SET reserved = reserved - ? WHERE sku = 'sku-0'`, qty).Error; err != nil {
+			return err
+		}
+		if err := tx.Exec(`DELETE FROM `+inboxsqlite.DefaultTable+` WHERE offset_no >= ?`, from).Error; err != nil {
+			return err
+		}
+		return tx.Exec(`UPDATE `+DefaultOffsetsTable+` SET next_offset = ? WHERE group_id = ?`, from, group).Error
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A consumer that keeps running through an asynchronous failover: its
+// partition's position lives in its memory, past the commits the promoted
+// database lacks. The next write of the stored offset (a new message), or
+// the check of an idle partition, finds the database behind what the
+// worker committed; the worker resumes from the database's position and
+// applies the lost messages again, exactly once.
+func TestRunningConsumerResumesFromTheDatabaseAfterAFailover(t *testing.T) {
+	t.Parallel()
+	for _, idle := range []bool{false, true} {
+		name := "next message"
+		if idle {
+			name = "idle partition"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			brokers := newKfake(t, 1, "orders")
+			s := newSQLiteShop(t)
+			sendOrders(t, brokers, "orders", 1, 10, nil)
+			ev := newEvents()
+			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
+			cfg.StoreOffsets = true
+			cfg.posCheckInterval = time.Hour
+			if idle {
+				cfg.posCheckInterval = 200 * time.Millisecond
+			}
+			r := start(t, cfg)
+			waitUntil(t, 30*time.Second, "10 processed", func() bool { return ev.count(EventProcessed) == 10 })
+
+			loseTail(t, s, "inventory", 6, 10)
+			n := 10
+			if !idle {
+				produce(t, brokers, "orders", orderMessage(10, 0))
+				n = 11
+			}
+			deadline := time.Now().Add(15 * time.Second)
+			for len(s.counts(t)) < n && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			time.Sleep(300 * time.Millisecond) // a redelivery applied twice would show now
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			s.checkExactlyOnce(t, n, nil)
+			if got := ev.count(EventRepositioned); got != 1 {
+				t.Errorf("%d repositionings, want 1", got)
+			}
+			if got := storedOffset(t, s, "inventory", "orders", 0); got != int64(n) {
+				t.Errorf("stored offset %d, want %d", got, n)
+			}
+		})
+	}
 }

@@ -27,6 +27,15 @@ type worker struct {
 	tracker       *offsetTracker
 	lastCommitted int64
 	lastCommitAt  time.Time
+
+	// With StoreOffsets: floor is the highest stored offset this worker
+	// knows to be committed (-1: none), and every later write of the stored
+	// offset checks that the database is still at or past it. lost is set
+	// when it is not (the database went back in time: a failover that lost
+	// commits); the worker then resumes from the database's position.
+	floor        int64
+	lost         error
+	lastPosCheck time.Time
 }
 
 // item is one fetched message on its way through the worker.
@@ -64,8 +73,12 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	if !ok {
 		return
 	}
-	if w.c.cfg.StoreOffsets && beyondEnd == nil && (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, start) {
-		return
+	w.floor = -1
+	if w.c.cfg.StoreOffsets && beyondEnd == nil {
+		if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start) {
+			return
+		}
+		w.floor = start
 	}
 	w.tracker = newOffsetTracker(start)
 	w.lastCommitted = -1
@@ -119,6 +132,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 
 	halted := false
 	lastLogCheck := time.Now()
+	w.lastPosCheck = time.Now()
 	for ctx.Err() == nil && !halted {
 		batch := w.fetch(ctx, reader)
 		if len(batch) > 0 {
@@ -126,7 +140,14 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			if w.c.crashed(ctx) {
 				return
 			}
-		} else if time.Since(lastLogCheck) >= w.logCheckInterval() {
+		} else if w.c.cfg.StoreOffsets && time.Since(w.lastPosCheck) >= w.posCheckInterval() {
+			w.checkPosition(ctx, dbCtx)
+		}
+		if w.lost != nil && !halted && ctx.Err() == nil {
+			halted = w.reposition(ctx, dbCtx, reader)
+			continue
+		}
+		if len(batch) == 0 && time.Since(lastLogCheck) >= w.logCheckInterval() {
 			if e := w.pastLogEnd(ctx); e != nil {
 				w.stopPartition(e, "PARTITION STOPPED: its next offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset")
 				halted = true
@@ -197,20 +218,27 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 }
 
 // storeNext writes next as the partition's stored offset in a transaction
-// of its own, retrying while the database fails; false if ctx ended first.
+// of its own (checked against floor, see offsetStore.advance), retrying
+// while the database fails; false if ctx ended first or the stored offset
+// moved back (w.lost is then set).
 //
 // It stores the resolved start offset when the database had no position
 // for the partition (or one the log no longer holds): from then on the
 // database has one, so a later failover that loses commits finds a
 // position at or below them instead of falling back to the group's, which
 // may be past them. And it stores the offset after a dead letter.
-func (w *worker) storeNext(ctx, dbCtx context.Context, next int64) bool {
+func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next int64) bool {
 	for attempt := 1; ; attempt++ {
 		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
-			return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, next)
+			return w.c.offsets.advance(dbCtx, tx, w.topic, w.partition, floor, next)
 		})
 		if err == nil {
+			w.floor = max(w.floor, next)
 			return true
+		}
+		if errors.Is(err, errPositionMoved) {
+			w.lost = err
+			return false
 		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("cannot store the partition's offset; retrying", "offset", next, "error", err, "retry_in", wait)
@@ -349,6 +377,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		return results, true
 	}
 	var opts []inbox.BatchOption
+	written := int64(-1) // the highest stored offset this call wrote
 	if w.c.cfg.StoreOffsets {
 		opts = append(opts, inbox.BeforeCommit(func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
 			next := int64(-1)
@@ -362,7 +391,11 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			if next < 0 {
 				return nil
 			}
-			return w.c.offsets.save(ctx, tx, w.topic, w.partition, next)
+			if err := w.c.offsets.advance(ctx, tx, w.topic, w.partition, w.floor, next); err != nil {
+				return err
+			}
+			written = max(written, next)
+			return nil
 		}))
 	}
 	for attempt := 1; ; attempt++ {
@@ -374,6 +407,11 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			rs, err = w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items), opts...)
 		}
 		if err == nil {
+			// Every transaction of a call that succeeded committed, but for
+			// one whose COMMIT a split refused after its write: then the
+			// floor is too high, and the next write finds the position
+			// "moved" and resumes from the database's: redeliveries only.
+			w.floor = max(w.floor, written)
 			processed := 0
 			for j, i := range idx {
 				results[i] = rs[j]
@@ -388,6 +426,10 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		}
 		if dbCtx.Err() != nil || ctx.Err() != nil {
 			return nil, false // stopping: the batch was rolled back and will be redelivered
+		}
+		if errors.Is(err, errPositionMoved) {
+			w.lost = err // rolled back; run resumes from the database's position
+			return nil, false
 		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		level := slog.LevelWarn
@@ -492,11 +534,18 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 				return err
 			}
 			if w.c.cfg.StoreOffsets {
-				return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, it.msg.Offset+1)
+				return w.c.offsets.advance(dbCtx, tx, w.topic, w.partition, w.floor, it.msg.Offset+1)
 			}
 			return nil
 		})
+		if errors.Is(err, errPositionMoved) {
+			w.lost = err
+			return abandoned
+		}
 		if err == nil {
+			if w.c.cfg.StoreOffsets {
+				w.floor = max(w.floor, it.msg.Offset+1)
+			}
 			if w.afterCommit(ctx, 1) {
 				return abandoned
 			}
@@ -637,7 +686,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		// the message is dead-lettered again by the next owner (dead
 		// letters are at least once).
 		next, _ := w.tracker.committable()
-		if !w.storeNext(ctx, dbCtx, next) {
+		if !w.storeNext(ctx, dbCtx, w.floor, next) {
 			return abandoned
 		}
 	}
