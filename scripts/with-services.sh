@@ -2,7 +2,7 @@
 # Run a command with throwaway test services on loopback.
 #
 # Usage:
-#   scripts/with-services.sh [--postgres] [--mariadb] [--kafka] -- CMD [ARGS...]
+#   scripts/with-services.sh [--postgres] [--mariadb] [--kafka] [--postgres-standby sync|async] -- CMD [ARGS...]
 #
 # Each requested service whose variable is unset or empty is started (in parallel) in a
 # fresh temp dir, and the variable is exported for CMD:
@@ -12,6 +12,12 @@
 # and so is the service's DIR, for CMD to run `scripts/<service>.sh restart "$DIR"`:
 #   INBOX_POSTGRES_DIR, INBOX_MYSQL_DIR, INBOX_KAFKA_DIR
 # (only for services started here: a service given by its variable has no DIR).
+# --postgres-standby MODE (implies --postgres) adds a streaming-replication standby of that
+# server (scripts/postgres.sh standby, MODE sync or async) and exports
+#   INBOX_POSTGRES_STANDBY_DIR   its DIR
+#   INBOX_POSTGRES_REPLICATION   MODE
+#   INBOX_POSTGRES_FAILOVER_DSN  one DSN over both servers (target_session_attrs=read-write)
+# (INBOX_POSTGRES_DSN stays the primary's).
 # Everything it started is stopped again on exit (also on failure, INT and TERM), and it
 # exits with CMD's status. If a service fails to start, its log tail is printed, CMD is
 # not run and the exit status is 1. Progress goes to stderr, prefixed "with-services:".
@@ -35,11 +41,21 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1fs", b-a}'; }
 
 wanted=()
+STANDBY_MODE=''
 while (($#)); do
 	case $1 in
 	--postgres) wanted+=(postgres) ;;
 	--mariadb | --mysql) wanted+=(mariadb) ;;
 	--kafka) wanted+=(kafka) ;;
+	--postgres-standby)
+		[[ ${2:-} == sync || ${2:-} == async ]] || {
+			log "--postgres-standby needs sync or async"
+			usage
+		}
+		STANDBY_MODE=$2
+		wanted+=(postgres)
+		shift
+		;;
 	--)
 		shift
 		break
@@ -54,13 +70,14 @@ while (($#)); do
 done
 (($#)) || usage
 
-# run_script SERVICE start|stop DIR
+# run_script SERVICE COMMAND ARGS...: scripts/<service>.sh COMMAND ARGS...
 run_script() {
 	local script=$SCRIPT_DIR/${SCRIPT[$1]}
+	shift
 	if [[ -x $script ]]; then
-		"$script" "$2" "$3"
+		"$script" "$@"
 	else
-		bash "$script" "$2" "$3"
+		bash "$script" "$@"
 	fi
 }
 
@@ -77,6 +94,11 @@ cleanup() {
 	for s in "${STARTED[@]}"; do
 		wait "${PIDS[$s]}" 2>/dev/null
 	done
+	if [[ -e $WORK/postgres-standby ]]; then
+		log "stopping the postgres standby"
+		run_script postgres stop "$WORK/postgres-standby" >>"$WORK/postgres-standby.stop.log" 2>&1 ||
+			tail -n 20 "$WORK/postgres-standby.stop.log" >&2
+	fi
 	for s in "${STARTED[@]}"; do
 		log "stopping $s"
 		run_script "$s" stop "$WORK/$s" >>"$WORK/$s.stop.log" 2>&1 &
@@ -144,6 +166,23 @@ if ((${#to_start[@]})); then
 	done
 	((${#failed[@]} == 0)) || exit 1
 	log "all services up after $(since "$t0")"
+fi
+
+if [[ -n $STANDBY_MODE ]]; then
+	[[ -n ${INBOX_POSTGRES_DIR:-} ]] || {
+		log "--postgres-standby needs a PostgreSQL server started here (INBOX_POSTGRES_DSN is set)"
+		exit 1
+	}
+	log "starting a $STANDBY_MODE standby of postgres in $WORK/postgres-standby"
+	if ! run_script postgres standby "$INBOX_POSTGRES_DIR" "$WORK/postgres-standby" "$STANDBY_MODE" \
+		>"$WORK/postgres-standby.out" 2>"$WORK/postgres-standby.log"; then
+		tail -n 40 "$WORK/postgres-standby.log" | sed 's/^/with-services: [postgres-standby] /' >&2
+		exit 1
+	fi
+	export INBOX_POSTGRES_STANDBY_DIR=$WORK/postgres-standby INBOX_POSTGRES_REPLICATION=$STANDBY_MODE
+	INBOX_POSTGRES_FAILOVER_DSN=$(run_script postgres multi-dsn "$INBOX_POSTGRES_DIR" "$INBOX_POSTGRES_STANDBY_DIR")
+	export INBOX_POSTGRES_FAILOVER_DSN
+	log "postgres standby ready: INBOX_POSTGRES_FAILOVER_DSN=$INBOX_POSTGRES_FAILOVER_DSN"
 fi
 
 log "running: $*"
