@@ -28,6 +28,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -64,6 +65,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.StormLength, "storm-length", 4*time.Second, "length of a termination storm")
 	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
 	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
+	fs.BoolVar(&c.StoreOffsets, "store-offsets", false, "run the consumers with StoreOffsets (offsets in the database, in the effect's transaction)")
+	fs.IntVar(&c.Failovers, "failovers", 0, "PostgreSQL failovers: SIGKILL the primary, promote the standby, rejoin (needs scripts/with-services.sh --postgres-standby sync|async; replaces -db-restarts)")
+	fs.DurationVar(&c.LagWindow, "lag-window", time.Second, "before each failover the primary's WAL senders are paused this long (an asynchronous standby then lacks those commits)")
 	keep := fs.Bool("keep", false, "keep the run's files (consumer logs, event logs)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
 	fs.Usage = func() {
@@ -85,7 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return usage(stderr, "-dup %v: want 0..1", c.DupRate)
 	case c.Waves < 1 || c.Partitions < 1 || c.Consumers < 1 || c.BatchSize < 0:
 		return usage(stderr, "-waves, -partitions and -consumers must be positive, -batch not negative")
-	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0:
+	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0 || c.Failovers < 0:
 		return usage(stderr, "disruption counts must not be negative")
 	}
 	brokers := strings.TrimSpace(os.Getenv("INBOX_KAFKA_BROKERS"))
@@ -109,10 +113,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		cfg.Dialect = db
 		switch db {
 		case "sqlite":
+			cfg.Failovers = 0
 		case "postgres":
 			cfg.DSN, cfg.DBDir = os.Getenv("INBOX_POSTGRES_DSN"), os.Getenv("INBOX_POSTGRES_DIR")
+			if cfg.Failovers > 0 {
+				cfg.DSN, cfg.StandbyDir = os.Getenv("INBOX_POSTGRES_FAILOVER_DSN"), os.Getenv("INBOX_POSTGRES_STANDBY_DIR")
+				cfg.Replication = os.Getenv("INBOX_POSTGRES_REPLICATION")
+				if cfg.DSN == "" || cfg.StandbyDir == "" {
+					fmt.Fprintln(stderr, "inbox-chaos: -failovers needs a standby: run it with scripts/with-services.sh --postgres-standby sync|async (make chaos-failover)")
+					return 1
+				}
+				cfg.DBRestarts = 0 // the failovers are the database's disruption
+			}
 		case "mysql":
 			cfg.DSN, cfg.DBDir = os.Getenv("INBOX_MYSQL_DSN"), os.Getenv("INBOX_MYSQL_DIR")
+			cfg.Failovers = 0
 		default:
 			return usage(stderr, "-db %q: want sqlite, postgres or mysql", db)
 		}
@@ -155,6 +170,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, table(reports))
+	if ft := failoverTable(reports); ft != "" {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, ft)
+	}
 	if failed {
 		return 1
 	}
@@ -172,6 +191,45 @@ func table(reps []*chaos.Report) string {
 			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, r.StoppedConsumers, r.Wall.Seconds())
 	}
 	return b.String()
+}
+
+// failoverTable is the markdown table of docs/RELIABILITY.md's failover
+// section, for the runs that had failovers.
+func failoverTable(reps []*chaos.Report) string {
+	var b strings.Builder
+	for _, r := range reps {
+		if len(r.FailoverStats) == 0 {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("| database | replication | StoreOffsets | events | failovers | SIGKILLs | lost on the server (at least) | Kafka offset ahead of the DB | repositioned | effects applied | lost | applied twice | promotion (s) | recovery (s) | wall time |\n")
+			b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|\n")
+		}
+		var lost, ahead int64
+		var promote, recovery []time.Duration
+		for _, f := range r.FailoverStats {
+			lost += f.ServerLost
+			ahead += f.KafkaAhead
+			promote = append(promote, f.Promote)
+			if f.Recovery >= 0 {
+				recovery = append(recovery, f.Recovery)
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %v | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s | %.0fs |\n",
+			r.Dialect, r.Replication, r.StoreOffsets, r.Orders, len(r.FailoverStats), r.Kills, lost, ahead, r.Repositioned,
+			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, spread(promote), spread(recovery), r.Wall.Seconds())
+	}
+	return b.String()
+}
+
+// spread is "median (min..max)" in seconds.
+func spread(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return fmt.Sprintf("%.2f (%.2f..%.2f)", ds[len(ds)/2].Seconds(), ds[0].Seconds(), ds[len(ds)-1].Seconds())
 }
 
 func usage(stderr io.Writer, format string, args ...any) int {

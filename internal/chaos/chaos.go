@@ -60,6 +60,22 @@ type Config struct {
 	StormLength    time.Duration // default 4 s
 	CatchUp        time.Duration // longest quiet period for the group to catch up
 
+	// StoreOffsets runs the consumers with consumer.Config.StoreOffsets.
+	StoreOffsets bool
+
+	// Failovers kills the PostgreSQL primary (DBDir) with SIGKILL this many
+	// times and promotes its streaming standby (StandbyDir); DSN must name
+	// both servers (target_session_attrs=read-write). Replication is the
+	// standby's mode, sync or async (scripts/postgres.sh standby). Before
+	// each kill the primary's WAL senders are paused for LagWindow (default
+	// 1 s): an asynchronous standby then lacks the commits of that window,
+	// a synchronous one makes them wait. The killed primary rejoins as the
+	// new standby.
+	Failovers   int
+	StandbyDir  string
+	Replication string
+	LagWindow   time.Duration
+
 	Seed    uint64
 	WorkDir string    // files of the run (event log, consumer output)
 	Log     io.Writer // progress
@@ -94,6 +110,26 @@ type Report struct {
 	Problems         []string
 	Wall             time.Duration
 	CatchUp          time.Duration
+
+	StoreOffsets  bool
+	Replication   string         // sync or async, with failovers
+	FailoverStats []FailoverStat // one per database failover
+	Repositioned  int            // partitions that resumed from the database's position mid-run
+}
+
+// FailoverStat is what one database failover did.
+type FailoverStat struct {
+	// ServerLost is how many effects (ledger rows) the old primary had
+	// committed, as last seen before the kill, that the promoted standby
+	// lacks: a lower bound of the transactions the failover lost.
+	ServerLost int64
+	// KafkaAhead is, summed over the partitions, how far the group's offset
+	// in Kafka was past the position stored in the promoted database: the
+	// messages a consumer resuming from Kafka's offset would skip (with
+	// StoreOffsets; without it, unknown and 0).
+	KafkaAhead int64
+	Promote    time.Duration // from the kill until the standby accepts writes
+	Recovery   time.Duration // from the kill until effects are applied again; -1: none were pending
 }
 
 // OK reports whether the ledger check held.
@@ -119,6 +155,24 @@ func (r *Report) String() string {
 	f("  consumer ERROR lines     %7d", r.ErrorLines)
 	for _, k := range r.ErrorKinds {
 		f("      %s", k)
+	}
+	if len(r.FailoverStats) > 0 {
+		var lost, ahead int64
+		var promote, recovery []float64
+		for _, fs := range r.FailoverStats {
+			lost += fs.ServerLost
+			ahead += fs.KafkaAhead
+			promote = append(promote, fs.Promote.Seconds())
+			if fs.Recovery >= 0 {
+				recovery = append(recovery, fs.Recovery.Seconds())
+			}
+		}
+		f("  database failovers       %7d  (%s replication, StoreOffsets %v)", len(r.FailoverStats), r.Replication, r.StoreOffsets)
+		f("  transactions lost (srv)  %7d  (at least: committed on the old primary, missing on the promoted standby)", lost)
+		f("  Kafka offset ahead of DB %7d  messages (summed over failovers and partitions)", ahead)
+		f("  repositioned partitions  %7d  (members that resumed from the database's position)", r.Repositioned)
+		f("  promotion (s)            %s", fmtDurations(promote))
+		f("  recovery (s)             %s  (kill to the next applied effect)", fmtDurations(recovery))
 	}
 	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
 	f("  wall time                %7.1fs", r.Wall.Seconds())
@@ -157,6 +211,17 @@ func (c *Config) defaults() error {
 	}
 	if c.Duration <= 0 {
 		c.Duration = 30 * time.Second
+	}
+	if c.LagWindow <= 0 {
+		c.LagWindow = time.Second
+	}
+	if c.Failovers > 0 {
+		if c.Dialect != "postgres" || c.DBDir == "" || c.StandbyDir == "" {
+			return errors.New("chaos: Failovers need PostgreSQL with DBDir and StandbyDir (scripts/with-services.sh --postgres-standby)")
+		}
+		if c.Replication != "sync" && c.Replication != "async" {
+			return fmt.Errorf("chaos: Replication %q: want sync or async", c.Replication)
+		}
 	}
 	if c.StormLength <= 0 {
 		c.StormLength = 4 * time.Second
@@ -215,6 +280,8 @@ type run struct {
 	group   string
 	fleet   *fleet
 	mu      sync.Mutex // guards rep's counters written by the goroutines
+
+	primaryDir, standbyDir string // with Failovers: swapped by each one
 }
 
 func (r *run) say(format string, args ...any) {
@@ -241,7 +308,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	start := time.Now()
-	r := &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect, BatchSize: cfg.BatchSize, Seed: cfg.Seed, Orders: cfg.Orders}, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
+	r := &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect, BatchSize: cfg.BatchSize, Seed: cfg.Seed, Orders: cfg.Orders,
+		StoreOffsets: cfg.StoreOffsets, Replication: cfg.Replication}, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
+	r.primaryDir, r.standbyDir = cfg.DBDir, cfg.StandbyDir
 	runID := fmt.Sprintf("%08x", rand.Uint32())
 	r.topic = "chaos-orders-" + runID
 	r.group = "chaos-inventory-" + runID
@@ -436,6 +505,9 @@ func (r *run) disruptor(ctx context.Context) error {
 	for range r.cfg.DBRestarts {
 		acts = append(acts, "db")
 	}
+	for range r.cfg.Failovers {
+		acts = append(acts, "failover")
+	}
 	for range r.cfg.Terminations {
 		acts = append(acts, "terminate")
 	}
@@ -461,6 +533,8 @@ func (r *run) disruptor(ctx context.Context) error {
 			err = r.restartBroker(ctx)
 		case "db":
 			err = r.restartDB(ctx)
+		case "failover":
+			err = r.failover(ctx)
 		case "terminate":
 			err = r.terminate(ctx)
 		case "storm":
@@ -579,6 +653,11 @@ func (r *run) waitCaughtUp(ctx context.Context) error {
 		pp, err := inventory.GroupProgress(ctx, r.cfg.Brokers, r.group, r.topic, r.cfg.Partitions)
 		if err == nil {
 			p = pp
+			if p.Done && r.cfg.StoreOffsets {
+				// After a failover the group's offsets can be at the end
+				// while the database's position, and its effects, are not.
+				p.Done = r.storedAtEnd(ctx, p.Ends)
+			}
 			if p.Done {
 				r.rep.InTopic = p.Total
 				r.say("caught up: %s", p)
@@ -600,7 +679,7 @@ func (r *run) verify(ctx context.Context, batch inventory.Batch) error {
 	if err != nil {
 		return err
 	}
-	r.rep.Processed, r.rep.DupSkipped, r.rep.Assigned = out.Processed, out.Duplicates, out.Assigned
+	r.rep.Processed, r.rep.DupSkipped, r.rep.Assigned, r.rep.Repositioned = out.Processed, out.Duplicates, out.Assigned, out.Repositioned
 	r.rep.ErrorLines, r.rep.ErrorKinds = r.fleet.errors.summary()
 	var ledger inventory.Ledger
 	for attempt := 1; ; attempt++ {
