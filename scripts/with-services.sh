@@ -2,7 +2,7 @@
 # Run a command with throwaway test services on loopback.
 #
 # Usage:
-#   scripts/with-services.sh [--postgres] [--mariadb] [--kafka] [--postgres-standby sync|async] -- CMD [ARGS...]
+#   scripts/with-services.sh [--postgres] [--mariadb] [--kafka | --kafka-cluster] [--postgres-standby sync|async] -- CMD [ARGS...]
 #
 # Each requested service whose variable is unset or empty is started (in parallel) in a
 # fresh temp dir, and the variable is exported for CMD:
@@ -12,6 +12,8 @@
 # and so is the service's DIR, for CMD to run `scripts/<service>.sh restart "$DIR"`:
 #   INBOX_POSTGRES_DIR, INBOX_MYSQL_DIR, INBOX_KAFKA_DIR
 # (only for services started here: a service given by its variable has no DIR).
+# --kafka-cluster starts a three-node cluster instead of one broker (scripts/kafka.sh
+# cluster): INBOX_KAFKA_BROKERS lists the three, INBOX_KAFKA_DIR holds node1..3.
 # --postgres-standby MODE (implies --postgres) adds a streaming-replication standby of that
 # server (scripts/postgres.sh standby, MODE sync or async) and exports
 #   INBOX_POSTGRES_STANDBY_DIR   its DIR
@@ -42,11 +44,16 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1fs", b-a}'; }
 
 wanted=()
 STANDBY_MODE=''
+KAFKA_START=start
 while (($#)); do
 	case $1 in
 	--postgres) wanted+=(postgres) ;;
 	--mariadb | --mysql) wanted+=(mariadb) ;;
 	--kafka) wanted+=(kafka) ;;
+	--kafka-cluster)
+		KAFKA_START=cluster
+		wanted+=(kafka)
+		;;
 	--postgres-standby)
 		[[ ${2:-} == sync || ${2:-} == async ]] || {
 			log "--postgres-standby needs sync or async"
@@ -145,7 +152,9 @@ if ((${#to_start[@]})); then
 	t0=$(now)
 	for s in "${to_start[@]}"; do
 		log "starting $s in $WORK/$s"
-		run_script "$s" start "$WORK/$s" >"$WORK/$s.out" 2>"$WORK/$s.log" &
+		start_cmd=start
+		[[ $s == kafka ]] && start_cmd=$KAFKA_START
+		run_script "$s" "$start_cmd" "$WORK/$s" >"$WORK/$s.out" 2>"$WORK/$s.log" &
 		PIDS[$s]=$!
 		STARTED+=("$s")
 	done

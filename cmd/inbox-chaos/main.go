@@ -68,6 +68,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&c.StoreOffsets, "store-offsets", false, "run the consumers with StoreOffsets (offsets in the database, in the effect's transaction)")
 	fs.IntVar(&c.Failovers, "failovers", 0, "PostgreSQL failovers: SIGKILL the primary, promote the standby, rejoin (needs scripts/with-services.sh --postgres-standby sync|async; replaces -db-restarts)")
 	fs.DurationVar(&c.LagWindow, "lag-window", time.Second, "before each failover the primary's WAL senders are paused this long (an asynchronous standby then lacks those commits)")
+	fs.IntVar(&c.LeaderKills, "leader-kills", 0, "SIGKILLs of Kafka cluster nodes (group coordinator, busy partitions' leaders), each restarted; needs scripts/with-services.sh --kafka-cluster; replaces -broker-restarts")
 	keep := fs.Bool("keep", false, "keep the run's files (consumer logs, event logs)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
 	fs.Usage = func() {
@@ -89,7 +90,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return usage(stderr, "-dup %v: want 0..1", c.DupRate)
 	case c.Waves < 1 || c.Partitions < 1 || c.Consumers < 1 || c.BatchSize < 0:
 		return usage(stderr, "-waves, -partitions and -consumers must be positive, -batch not negative")
-	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0 || c.Failovers < 0:
+	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0 || c.Failovers < 0 || c.LeaderKills < 0:
 		return usage(stderr, "disruption counts must not be negative")
 	}
 	brokers := strings.TrimSpace(os.Getenv("INBOX_KAFKA_BROKERS"))
@@ -174,6 +175,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, ft)
 	}
+	if lt := leaderTable(reports); lt != "" {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, lt)
+	}
 	if failed {
 		return 1
 	}
@@ -218,6 +223,33 @@ func failoverTable(reps []*chaos.Report) string {
 		fmt.Fprintf(&b, "| %s | %s | %v | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s | %.0fs |\n",
 			r.Dialect, r.Replication, r.StoreOffsets, r.Orders, len(r.FailoverStats), r.Kills, lost, ahead, r.Repositioned,
 			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, spread(promote), spread(recovery), r.Wall.Seconds())
+	}
+	return b.String()
+}
+
+// leaderTable is the markdown table of the Kafka cluster runs.
+func leaderTable(reps []*chaos.Report) string {
+	var b strings.Builder
+	for _, r := range reps {
+		if len(r.LeaderKills) == 0 {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("| database | events | messages | node kills (coordinator / leader) | consumer SIGKILLs | effects applied | lost | applied twice | dead letters | node back (s) | full ISR again (s) | wall time |\n")
+			b.WriteString("|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|\n")
+		}
+		var back, isr []time.Duration
+		coord := 0
+		for _, k := range r.LeaderKills {
+			back = append(back, k.Back)
+			isr = append(isr, k.FullISR)
+			if strings.HasPrefix(k.Role, "coordinator") {
+				coord++
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d / %d) | %d | %d | %d | %d | %d | %s | %s | %.0fs |\n",
+			r.Dialect, r.Orders, r.InTopic, len(r.LeaderKills), coord, len(r.LeaderKills)-coord, r.Kills,
+			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, r.DeadLetters, spread(back), spread(isr), r.Wall.Seconds())
 	}
 	return b.String()
 }

@@ -76,6 +76,17 @@ type Config struct {
 	Replication string
 	LagWindow   time.Duration
 
+	// LeaderKills kills, with SIGKILL, a node of the three-node Kafka
+	// cluster in KafkaDir (scripts/kafka.sh cluster) this many times: in
+	// turn the group coordinator's node and the leader of the partition
+	// with the most work left. The node is restarted after 1-4 s, and the
+	// next kill waits until every partition of the topic has its three
+	// in-sync replicas again. The topic then has Replicas replicas (default
+	// 3 with LeaderKills), and the consumers dead-letter to a topic of
+	// their own, which must stay empty.
+	LeaderKills int
+	Replicas    int
+
 	Seed    uint64
 	WorkDir string    // files of the run (event log, consumer output)
 	Log     io.Writer // progress
@@ -115,6 +126,17 @@ type Report struct {
 	Replication   string         // sync or async, with failovers
 	FailoverStats []FailoverStat // one per database failover
 	Repositioned  int            // partitions that resumed from the database's position mid-run
+
+	LeaderKills []LeaderKill // one per Kafka node killed
+	DeadLetters int64        // messages in the dead-letter topic (with LeaderKills)
+}
+
+// LeaderKill is one SIGKILL of a Kafka cluster node.
+type LeaderKill struct {
+	Node    int           // node id
+	Role    string        // "coordinator" or "leader of partition N"
+	Back    time.Duration // from the kill until the node was ready again
+	FullISR time.Duration // from the kill until every partition had 3 in-sync replicas
 }
 
 // FailoverStat is what one database failover did.
@@ -174,6 +196,19 @@ func (r *Report) String() string {
 		f("  promotion (s)            %s", fmtDurations(promote))
 		f("  recovery (s)             %s  (kill to the next applied effect)", fmtDurations(recovery))
 	}
+	if len(r.LeaderKills) > 0 {
+		var back, isr []float64
+		roles := map[string]int{}
+		for _, k := range r.LeaderKills {
+			back = append(back, k.Back.Seconds())
+			isr = append(isr, k.FullISR.Seconds())
+			roles[strings.Fields(k.Role)[0]]++
+		}
+		f("  Kafka node kills         %7d  (%d of the group coordinator, %d of a busy partition's leader)", len(r.LeaderKills), roles["coordinator"], roles["leader"])
+		f("  node back (s)            %s", fmtDurations(back))
+		f("  full ISR again (s)       %s", fmtDurations(isr))
+		f("  dead letters             %7d  (must be 0: the scenario has no poison)", r.DeadLetters)
+	}
 	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
 	f("  wall time                %7.1fs", r.Wall.Seconds())
 	for _, s := range r.Skipped {
@@ -214,6 +249,21 @@ func (c *Config) defaults() error {
 	}
 	if c.LagWindow <= 0 {
 		c.LagWindow = time.Second
+	}
+	if c.LeaderKills > 0 {
+		if c.KafkaDir == "" {
+			return errors.New("chaos: LeaderKills need the Kafka cluster's dir (scripts/with-services.sh --kafka-cluster)")
+		}
+		if _, err := os.Stat(filepath.Join(c.KafkaDir, "cluster")); err != nil {
+			return fmt.Errorf("chaos: LeaderKills need a cluster started by scripts/kafka.sh cluster: %w", err)
+		}
+		if c.Replicas <= 0 {
+			c.Replicas = 3
+		}
+		c.BrokerRestarts = 0 // the cluster's nodes are killed one by one instead
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 1
 	}
 	if c.Failovers > 0 {
 		if c.Dialect != "postgres" || c.DBDir == "" || c.StandbyDir == "" {
@@ -282,6 +332,7 @@ type run struct {
 	mu      sync.Mutex // guards rep's counters written by the goroutines
 
 	primaryDir, standbyDir string // with Failovers: swapped by each one
+	dlq                    string // the consumers' dead-letter topic, with LeaderKills
 }
 
 func (r *run) say(format string, args ...any) {
@@ -339,10 +390,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer r.backend.DropTables(ctx, r.db)
-	if err := inventory.CreateTopic(ctx, cfg.Brokers[0], r.topic, cfg.Partitions); err != nil {
+	if err := inventory.CreateReplicatedTopic(ctx, cfg.Brokers[0], r.topic, cfg.Partitions, cfg.Replicas); err != nil {
 		return nil, err
 	}
 	defer r.deleteTopic()
+	if cfg.LeaderKills > 0 {
+		r.dlq = r.topic + ".dlq"
+		if err := inventory.CreateReplicatedTopic(ctx, cfg.Brokers[0], r.dlq, 1, cfg.Replicas); err != nil {
+			return nil, err
+		}
+	}
 
 	r.fleet = newFleet(r)
 	defer r.fleet.stopAll()
@@ -359,7 +416,11 @@ func (r *run) deleteTopic() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	client := &kafka.Client{Addr: kafka.TCP(r.cfg.Brokers...), Timeout: 10 * time.Second}
-	_, _ = client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{r.topic}})
+	topics := []string{r.topic}
+	if r.dlq != "" {
+		topics = append(topics, r.dlq)
+	}
+	_, _ = client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
 }
 
 // setup creates the inbox table and the business tables.
@@ -508,6 +569,9 @@ func (r *run) disruptor(ctx context.Context) error {
 	for range r.cfg.Failovers {
 		acts = append(acts, "failover")
 	}
+	for range r.cfg.LeaderKills {
+		acts = append(acts, "leader")
+	}
 	for range r.cfg.Terminations {
 		acts = append(acts, "terminate")
 	}
@@ -535,6 +599,8 @@ func (r *run) disruptor(ctx context.Context) error {
 			err = r.restartDB(ctx)
 		case "failover":
 			err = r.failover(ctx)
+		case "leader":
+			err = r.killLeader(ctx)
 		case "terminate":
 			err = r.terminate(ctx)
 		case "storm":
@@ -696,6 +762,16 @@ func (r *run) verify(ctx context.Context, batch inventory.Batch) error {
 	}
 	r.rep.Ledger = ledger
 	r.rep.Problems = ledger.Problems()
+	if r.dlq != "" {
+		n, err := inventory.TopicSize(ctx, r.cfg.Brokers, r.dlq, 1)
+		if err != nil {
+			return fmt.Errorf("count the dead letters: %w", err)
+		}
+		r.rep.DeadLetters = n
+		if n > 0 {
+			r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%d messages dead-lettered (the scenario has no poison)", n))
+		}
+	}
 	if ledger.Applied != int64(len(batch.Orders)) {
 		r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%d effects applied for %d orders", ledger.Applied, len(batch.Orders)))
 	}

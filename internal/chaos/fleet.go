@@ -64,6 +64,7 @@ func (f *fleet) startLocked(ctx context.Context) error {
 	cmd, err := inventory.StartProcess(context.WithoutCancel(ctx), inventory.ProcessConfig{
 		Backend: f.r.backend, Brokers: cfg.Brokers, Topic: f.r.topic, Group: f.r.group, Name: name,
 		EventLog: f.eventLog, Session: cfg.Session, BatchSize: cfg.BatchSize, StoreOffsets: cfg.StoreOffsets,
+		DeadLetterTopic: f.r.dlq,
 	}, w)
 	if err != nil {
 		logFile.Close()

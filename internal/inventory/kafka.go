@@ -105,3 +105,25 @@ func GroupProgress(ctx context.Context, brokers []string, group, topic string, p
 	}
 	return pr, nil
 }
+
+// TopicSize returns how many messages the partitions of topic hold (the
+// sum of their log end offsets; nothing is deleted during a run).
+func TopicSize(ctx context.Context, brokers []string, topic string, partitions int) (int64, error) {
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
+	req := make([]kafka.OffsetRequest, partitions)
+	for i := range req {
+		req[i] = kafka.LastOffsetOf(i)
+	}
+	offs, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: req}})
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, p := range offs.Topics[topic] {
+		if p.Error != nil {
+			return 0, p.Error
+		}
+		n += p.LastOffset
+	}
+	return n, nil
+}

@@ -40,6 +40,11 @@ type ProcessConfig struct {
 	// StoreOffsets runs the consumer with consumer.Config.StoreOffsets,
 	// in the backend's OffsetsTable.
 	StoreOffsets bool `json:"store_offsets"`
+	// DeadLetterTopic, if set, makes the consumer dead-letter a message
+	// that cannot be processed (consumer.DeadLetter) instead of stopping
+	// its partition. The scenario has no poison: whatever arrives there is
+	// a message the infrastructure failed, not the handler.
+	DeadLetterTopic string `json:"dead_letter_topic"`
 }
 
 // RunProcessFromEnv runs a consumer process if ProcessEnv is set, until
@@ -103,6 +108,10 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 	}
 	defer events.Close()
 	batch := max(cfg.BatchSize, 1)
+	onFailure := consumer.StopPartition
+	if cfg.DeadLetterTopic != "" {
+		onFailure = consumer.DeadLetter
+	}
 	c, err := consumer.New(consumer.Config{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.Group,
@@ -119,6 +128,8 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 		OnEvent:           logOutcome(events),
 		StoreOffsets:      cfg.StoreOffsets,
 		OffsetsTable:      cfg.Backend.OffsetsTable(),
+		OnFailure:         onFailure,
+		DeadLetterTopic:   cfg.DeadLetterTopic,
 	})
 	if err != nil {
 		return err
