@@ -35,5 +35,18 @@ bench: ## Run the benchmarks against every backend, side by side (see docs/BENCH
 chaos: ## Kill consumers, restart Kafka and the databases, inject duplicates; prove exactly once on every database (see docs/RELIABILITY.md).
 	$(SERVICES) --postgres --mariadb --kafka -- $(GO) run ./cmd/inbox-chaos -session 3s
 
+# The failover runs (docs/RELIABILITY.md, "Failover"). Each starts its own servers.
+FAILOVER_RUN := $(GO) run ./cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 100s -kills 10 -broker-restarts 0 -terminations 2 -storms 0 -failovers 5 -session 3s
+
+.PHONY: chaos-failover
+chaos-failover: ## PostgreSQL primary killed and standby promoted under load, 5 times per mode: sync and async with StoreOffsets (0 lost, 0 twice), async without it (losses measured).
+	$(SERVICES) --postgres-standby sync --kafka -- $(FAILOVER_RUN) -store-offsets
+	$(SERVICES) --postgres-standby async --kafka -- $(FAILOVER_RUN) -store-offsets
+	$(SERVICES) --postgres-standby async --kafka -- $(FAILOVER_RUN) -allow-loss
+
+.PHONY: chaos-cluster
+chaos-cluster: ## Three-node Kafka cluster: 12 SIGKILLs of the group coordinator's and busy partitions' leaders under load (0 lost, 0 twice, no dead letter).
+	$(SERVICES) --postgres --kafka-cluster -- $(GO) run ./cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 240s -kills 10 -leader-kills 12 -terminations 0 -storms 0 -db-restarts 0 -session 6s
+
 .PHONY: ci
 ci: lint test ## What CI runs.

@@ -587,8 +587,15 @@ func (r *run) disruptor(ctx context.Context) error {
 	r.rng.Shuffle(len(acts), func(i, j int) { acts[i], acts[j] = acts[j], acts[i] })
 	r.rngMu.Unlock()
 	every := r.cfg.Duration / time.Duration(len(acts)+1)
-	for _, a := range acts {
-		if sleep(ctx, r.jitter(every)) != nil {
+	deadline := time.Now().Add(r.cfg.Duration)
+	for i, a := range acts {
+		// Failovers and node kills take seconds each: the waits shrink so
+		// that the disruptions stay inside the chaos phase, under load.
+		wait := r.jitter(every)
+		if left := time.Until(deadline) / time.Duration(len(acts)-i+1); wait > left {
+			wait = max(left, 0)
+		}
+		if sleep(ctx, wait) != nil {
 			return ctx.Err()
 		}
 		var err error

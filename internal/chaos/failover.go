@@ -107,13 +107,17 @@ func (r *run) failover(ctx context.Context) error {
 	r.rep.FailoverStats = append(r.rep.FailoverStats, st)
 	n := len(r.rep.FailoverStats)
 	r.mu.Unlock()
-	r.say("failover #%d done: promoted in %.2fs, effects applied again %.2fs after the kill (-1: none pending); the promoted database lacks at least %d effects the old primary had committed; the group's Kafka offsets were %d messages past its stored positions",
-		n, st.Promote.Seconds(), st.Recovery.Seconds(), st.ServerLost, st.KafkaAhead)
+	recovery := "none pending"
+	if st.Recovery >= 0 {
+		recovery = fmt.Sprintf("%.2fs", st.Recovery.Seconds())
+	}
+	r.say("failover #%d done: promoted in %.2fs, effects applied again after the kill: %s; the promoted database lacks at least %d effects the old primary had committed; the group's Kafka offsets were %d messages past its stored positions",
+		n, st.Promote.Seconds(), recovery, st.ServerLost, st.KafkaAhead)
 	return nil
 }
 
 // recoveryLimit bounds the wait for the first effect after a failover.
-const recoveryLimit = 60 * time.Second
+const recoveryLimit = 20 * time.Second
 
 // openServer connects to the one server of a service dir, not through the
 // consumers' multi-host DSN.
