@@ -326,7 +326,10 @@ base_backup() {
 	printf '%s\n' "" "# --- added by scripts/postgres.sh (standby of port $pport) ---" \
 		"unix_socket_directories = '$dir'" "primary_conninfo = '$conninfo'" \
 		"wal_receiver_status_interval = 1s" | run_pg tee -a "$dir/data/postgresql.conf" >/dev/null
-	rm -f -- "$dir/postgres.log"
+	# A killed postmaster leaves its socket lock file; where PID 1 does not
+	# reap, the dead process lingers as a zombie whose pid the new server's
+	# check finds "alive". The server of DIR is known to be gone here.
+	rm -f -- "$dir/postgres.log" "$dir"/.s.PGSQL.*
 	if ! run_pg "$bindir/pg_ctl" start -w -t "$START_TIMEOUT" -D "$dir/data" -l "$dir/postgres.log" \
 		-o "-p $port" >"$dir/pg_ctl.log" 2>&1; then
 		tail -n 30 "$dir/postgres.log" "$dir/pg_ctl.log" >&2 || true
