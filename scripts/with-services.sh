@@ -2,7 +2,8 @@
 # Run a command with throwaway test services on loopback.
 #
 # Usage:
-#   scripts/with-services.sh [--postgres] [--mariadb] [--kafka | --kafka-cluster] [--postgres-standby sync|async] -- CMD [ARGS...]
+#   scripts/with-services.sh [--postgres] [--mariadb] [--kafka | --kafka-cluster] [--postgres-standby sync|async]
+#                            [--mariadb-replica semisync|async] -- CMD [ARGS...]
 #
 # Each requested service whose variable is unset or empty is started (in parallel) in a
 # fresh temp dir, and the variable is exported for CMD:
@@ -20,6 +21,10 @@
 #   INBOX_POSTGRES_REPLICATION   MODE
 #   INBOX_POSTGRES_FAILOVER_DSN  one DSN over both servers (target_session_attrs=read-write)
 # (INBOX_POSTGRES_DSN stays the primary's).
+# --mariadb-replica MODE (implies --mariadb) adds a GTID replica of that server
+# (scripts/mariadb.sh replica, MODE semisync or async) and exports
+#   INBOX_MYSQL_REPLICA_DIR   its DIR
+#   INBOX_MYSQL_REPLICATION   MODE
 # Everything it started is stopped again on exit (also on failure, INT and TERM), and it
 # exits with CMD's status. If a service fails to start, its log tail is printed, CMD is
 # not run and the exit status is 1. Progress goes to stderr, prefixed "with-services:".
@@ -44,6 +49,7 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1fs", b-a}'; }
 
 wanted=()
 STANDBY_MODE=''
+REPLICA_MODE=''
 KAFKA_START=start
 while (($#)); do
 	case $1 in
@@ -53,6 +59,15 @@ while (($#)); do
 	--kafka-cluster)
 		KAFKA_START=cluster
 		wanted+=(kafka)
+		;;
+	--mariadb-replica)
+		[[ ${2:-} == semisync || ${2:-} == async ]] || {
+			log "--mariadb-replica needs semisync or async"
+			usage
+		}
+		REPLICA_MODE=$2
+		wanted+=(mariadb)
+		shift
 		;;
 	--postgres-standby)
 		[[ ${2:-} == sync || ${2:-} == async ]] || {
@@ -101,6 +116,11 @@ cleanup() {
 	for s in "${STARTED[@]}"; do
 		wait "${PIDS[$s]}" 2>/dev/null
 	done
+	if [[ -e $WORK/mariadb-replica ]]; then
+		log "stopping the mariadb replica"
+		run_script mariadb stop "$WORK/mariadb-replica" >>"$WORK/mariadb-replica.stop.log" 2>&1 ||
+			tail -n 20 "$WORK/mariadb-replica.stop.log" >&2
+	fi
 	if [[ -e $WORK/postgres-standby ]]; then
 		log "stopping the postgres standby"
 		run_script postgres stop "$WORK/postgres-standby" >>"$WORK/postgres-standby.stop.log" 2>&1 ||
@@ -192,6 +212,21 @@ if [[ -n $STANDBY_MODE ]]; then
 	INBOX_POSTGRES_FAILOVER_DSN=$(run_script postgres multi-dsn "$INBOX_POSTGRES_DIR" "$INBOX_POSTGRES_STANDBY_DIR")
 	export INBOX_POSTGRES_FAILOVER_DSN
 	log "postgres standby ready: INBOX_POSTGRES_FAILOVER_DSN=$INBOX_POSTGRES_FAILOVER_DSN"
+fi
+
+if [[ -n $REPLICA_MODE ]]; then
+	[[ -n ${INBOX_MYSQL_DIR:-} ]] || {
+		log "--mariadb-replica needs a MariaDB server started here (INBOX_MYSQL_DSN is set)"
+		exit 1
+	}
+	log "starting a $REPLICA_MODE replica of mariadb in $WORK/mariadb-replica"
+	if ! run_script mariadb replica "$INBOX_MYSQL_DIR" "$WORK/mariadb-replica" "$REPLICA_MODE" \
+		>"$WORK/mariadb-replica.out" 2>"$WORK/mariadb-replica.log"; then
+		tail -n 40 "$WORK/mariadb-replica.log" | sed 's/^/with-services: [mariadb-replica] /' >&2
+		exit 1
+	fi
+	export INBOX_MYSQL_REPLICA_DIR=$WORK/mariadb-replica INBOX_MYSQL_REPLICATION=$REPLICA_MODE
+	log "mariadb replica ready: $(<"$WORK/mariadb-replica.out")"
 fi
 
 log "running: $*"
