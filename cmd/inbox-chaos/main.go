@@ -66,7 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
 	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
 	fs.BoolVar(&c.StoreOffsets, "store-offsets", false, "run the consumers with StoreOffsets (offsets in the database, in the effect's transaction)")
-	fs.IntVar(&c.Failovers, "failovers", 0, "PostgreSQL failovers: SIGKILL the primary, promote the standby, rejoin (needs scripts/with-services.sh --postgres-standby sync|async; replaces -db-restarts)")
+	fs.IntVar(&c.Failovers, "failovers", 0, "database failovers: SIGKILL the primary, promote the standby (PostgreSQL: needs scripts/with-services.sh --postgres-standby sync|async, the old primary rejoins; MariaDB: --mariadb-replica semisync|async, one per run, consumers switched by a proxy); replaces -db-restarts")
 	fs.DurationVar(&c.LagWindow, "lag-window", time.Second, "before each failover the primary's WAL senders are paused this long (an asynchronous standby then lacks those commits)")
 	fs.IntVar(&c.LeaderKills, "leader-kills", 0, "SIGKILLs of Kafka cluster nodes (group coordinator, busy partitions' leaders), each restarted; needs scripts/with-services.sh --kafka-cluster; replaces -broker-restarts")
 	allowLoss := fs.Bool("allow-loss", false, "report lost effects without failing: for measuring what an asynchronous failover without -store-offsets loses (effects applied twice still fail)")
@@ -129,7 +129,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		case "mysql":
 			cfg.DSN, cfg.DBDir = os.Getenv("INBOX_MYSQL_DSN"), os.Getenv("INBOX_MYSQL_DIR")
-			cfg.Failovers = 0
+			if cfg.Failovers > 0 {
+				cfg.StandbyDir, cfg.Replication = os.Getenv("INBOX_MYSQL_REPLICA_DIR"), os.Getenv("INBOX_MYSQL_REPLICATION")
+				if cfg.StandbyDir == "" {
+					fmt.Fprintln(stderr, "inbox-chaos: -failovers needs a replica: run it with scripts/with-services.sh --mariadb-replica semisync|async")
+					return 1
+				}
+				// The killed primary does not rejoin: one failover per run.
+				cfg.Failovers, cfg.DBRestarts = 1, 0
+			}
 		default:
 			return usage(stderr, "-db %q: want sqlite, postgres or mysql", db)
 		}

@@ -266,11 +266,17 @@ func (c *Config) defaults() error {
 		c.Replicas = 1
 	}
 	if c.Failovers > 0 {
-		if c.Dialect != "postgres" || c.DBDir == "" || c.StandbyDir == "" {
-			return errors.New("chaos: Failovers need PostgreSQL with DBDir and StandbyDir (scripts/with-services.sh --postgres-standby)")
-		}
-		if c.Replication != "sync" && c.Replication != "async" {
+		switch {
+		case c.DBDir == "" || c.StandbyDir == "":
+			return errors.New("chaos: Failovers need DBDir and StandbyDir (scripts/with-services.sh --postgres-standby or --mariadb-replica)")
+		case c.Dialect == "postgres" && c.Replication != "sync" && c.Replication != "async":
 			return fmt.Errorf("chaos: Replication %q: want sync or async", c.Replication)
+		case c.Dialect == "mysql" && c.Replication != "semisync" && c.Replication != "async":
+			return fmt.Errorf("chaos: Replication %q: want semisync or async", c.Replication)
+		case c.Dialect == "mysql" && c.Failovers > 1:
+			return errors.New("chaos: one failover per MariaDB run (the killed primary does not rejoin)")
+		case c.Dialect != "postgres" && c.Dialect != "mysql":
+			return fmt.Errorf("chaos: no failover for %s", c.Dialect)
 		}
 	}
 	if c.StormLength <= 0 {
@@ -333,6 +339,7 @@ type run struct {
 
 	primaryDir, standbyDir string // with Failovers: swapped by each one
 	dlq                    string // the consumers' dead-letter topic, with LeaderKills
+	proxy                  *proxy // the consumers' way to the MariaDB primary, with Failovers
 }
 
 func (r *run) say(format string, args ...any) {
@@ -367,6 +374,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.group = "chaos-inventory-" + runID
 
 	var err error
+	if cfg.Failovers > 0 && cfg.Dialect == "mysql" {
+		if cfg.DSN, err = r.startProxy(cfg.DSN); err != nil {
+			return nil, err
+		}
+		r.cfg.DSN = cfg.DSN
+		defer r.proxy.close()
+	}
 	r.admin, r.backend, err = newAdmin(ctx, cfg, runID)
 	if err != nil {
 		return nil, err

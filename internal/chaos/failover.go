@@ -13,6 +13,8 @@ import (
 
 	"gorm.io/gorm"
 
+	gomysql "github.com/go-sql-driver/mysql"
+
 	"github.com/inboxgo/inbox/internal/inventory"
 )
 
@@ -25,15 +27,29 @@ import (
 // again.
 func (r *run) failover(ctx context.Context) error {
 	primary, standby := r.primaryDir, r.standbyDir
+	if standby == "" {
+		return r.skip("fail over: no standby left (a killed MariaDB primary does not rejoin)")
+	}
+	script := "postgres.sh"
+	if r.cfg.Dialect == "mysql" {
+		script = "mariadb.sh"
+	}
 	pdb, err := r.openServer(primary)
 	if err != nil {
 		return err
 	}
 	defer closeDB(pdb)
 	busy := r.waitBusy(ctx, 5*time.Second)
-	r.say("failover #%d: pausing the WAL senders of the primary for %v, then SIGKILL (consumers busy: %v)",
+	r.say("failover #%d: pausing replication for %v, then SIGKILL the primary (consumers busy: %v)",
 		len(r.rep.FailoverStats)+1, r.cfg.LagWindow, busy)
-	if err := r.script(ctx, "postgres.sh", "pause-wal", primary); err != nil {
+	// PostgreSQL: the primary's WAL senders stop; MariaDB: the replica's IO
+	// thread. Either way a synchronous primary holds its commits meanwhile.
+	if r.cfg.Dialect == "mysql" {
+		err = r.script(ctx, script, "pause-replication", standby)
+	} else {
+		err = r.script(ctx, script, "pause-wal", primary)
+	}
+	if err != nil {
 		return err
 	}
 	// What the primary committed, as last seen before the kill. A commit
@@ -50,12 +66,19 @@ func (r *run) failover(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	if err := r.script(ctx, "postgres.sh", "kill", primary); err != nil {
+	if err := r.script(ctx, script, "kill", primary); err != nil {
 		return err
 	}
 	killed := time.Now()
-	if err := r.script(ctx, "postgres.sh", "promote", standby); err != nil {
+	if err := r.script(ctx, script, "promote", standby); err != nil {
 		return err
+	}
+	if r.proxy != nil {
+		addr, err := serverAddr(standby)
+		if err != nil {
+			return err
+		}
+		r.proxy.switchTo(addr)
 	}
 	st := FailoverStat{Promote: time.Since(killed)}
 	sdb, err := r.openServer(standby)
@@ -78,11 +101,13 @@ func (r *run) failover(ctx context.Context) error {
 	// reconnect; a synchronous new primary holds every commit until then.
 	var wg sync.WaitGroup
 	var rejoinErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		rejoinErr = r.script(ctx, "postgres.sh", "rejoin", primary, standby, r.cfg.Replication)
-	}()
+	if r.cfg.Dialect == "postgres" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rejoinErr = r.script(ctx, script, "rejoin", primary, standby, r.cfg.Replication)
+		}()
+	}
 	// Recovery is measured only while there is work: a failover after the
 	// last wave may find nothing left to apply (Recovery -1).
 	st.Recovery = -1
@@ -103,6 +128,9 @@ func (r *run) failover(ctx context.Context) error {
 		return rejoinErr
 	}
 	r.primaryDir, r.standbyDir = standby, primary
+	if r.cfg.Dialect == "mysql" {
+		r.standbyDir = ""
+	}
 	r.mu.Lock()
 	r.rep.FailoverStats = append(r.rep.FailoverStats, st)
 	n := len(r.rep.FailoverStats)
@@ -127,9 +155,41 @@ func (r *run) openServer(dir string) (*gorm.DB, error) {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
 	b := r.backend
-	b.DSN = strings.TrimSpace(string(raw)) + " connect_timeout=5"
+	b.DSN = strings.TrimSpace(string(raw))
+	if r.cfg.Dialect == "mysql" {
+		b.DSN += "&timeout=5s"
+	} else {
+		b.DSN += " connect_timeout=5"
+	}
 	db, _, err := b.Open()
 	return db, err
+}
+
+// serverAddr is the host:port of the MariaDB server of a service dir.
+func serverAddr(dir string) (string, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "dsn"))
+	if err != nil {
+		return "", fmt.Errorf("chaos: %w", err)
+	}
+	mc, err := gomysql.ParseDSN(strings.TrimSpace(string(raw)))
+	if err != nil {
+		return "", fmt.Errorf("chaos: %s/dsn: %w", dir, err)
+	}
+	return mc.Addr, nil
+}
+
+// startProxy starts the proxy to the server of dsn and returns dsn with the
+// proxy's address instead.
+func (r *run) startProxy(dsn string) (string, error) {
+	mc, err := gomysql.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("chaos: mysql DSN: %w", err)
+	}
+	if r.proxy, err = newProxy(mc.Addr); err != nil {
+		return "", err
+	}
+	mc.Addr = r.proxy.addr()
+	return mc.FormatDSN(), nil
 }
 
 // kafkaAhead sums, over the partitions, how far the group's committed
