@@ -6,8 +6,13 @@
 // server side, and a producer injects duplicates. After a quiet period in
 // which the group catches up, the ledger check must hold.
 //
-// It is used by cmd/inbox-chaos (make chaos, the full run) and by
-// TestChaosShort (a short run in make test).
+// With Failovers it kills a replicated database's primary and promotes
+// its standby (failover.go); with LeaderKills it kills the nodes of a
+// three-node Kafka cluster that lead the group and its busiest partitions
+// (cluster.go).
+//
+// It is used by cmd/inbox-chaos (make chaos, chaos-failover, chaos-cluster)
+// and by TestChaosShort and TestFailoverShort (short runs in make test).
 package chaos
 
 import (
