@@ -39,5 +39,23 @@ bench: ## Run the benchmarks against every backend, side by side (see docs/BENCH
 chaos: ## Kill consumers, restart Kafka and the databases, inject duplicates, then handler and configuration faults; prove exactly once on every database (see docs/RELIABILITY.md).
 	$(SERVICES) --postgres --mariadb --kafka -- $(GO) run ./cmd/inbox-chaos -session 3s -phases chaos,faults
 
+# The failover runs (docs/RELIABILITY.md, "Failover"). Each starts its own servers.
+FAILOVER_RUN := $(GO) run ./cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 100s -kills 10 -broker-restarts 0 -terminations 2 -storms 0 -failovers 5 -session 3s
+
+MARIADB_FAILOVER_RUN := $(GO) run ./cmd/inbox-chaos -db mysql -orders 6000 -waves 12 -duration 60s -kills 5 -broker-restarts 0 -terminations 1 -storms 0 -failovers 1 -session 3s
+
+.PHONY: chaos-failover
+chaos-failover: ## Database primary killed, standby promoted under load: PostgreSQL 5x per mode (sync, async), MariaDB 1x (semisync, async); with StoreOffsets 0 lost, 0 twice; async without it measures the losses.
+	$(SERVICES) --postgres-standby sync --kafka -- $(FAILOVER_RUN) -store-offsets
+	$(SERVICES) --postgres-standby async --kafka -- $(FAILOVER_RUN) -store-offsets
+	$(SERVICES) --postgres-standby async --kafka -- $(FAILOVER_RUN) -allow-loss
+	$(SERVICES) --mariadb-replica semisync --kafka -- $(MARIADB_FAILOVER_RUN) -store-offsets
+	$(SERVICES) --mariadb-replica async --kafka -- $(MARIADB_FAILOVER_RUN) -store-offsets
+	$(SERVICES) --mariadb-replica async --kafka -- $(MARIADB_FAILOVER_RUN) -allow-loss
+
+.PHONY: chaos-cluster
+chaos-cluster: ## Three-node Kafka cluster: 12 SIGKILLs of the group coordinator's and busy partitions' leaders under load (0 lost, 0 twice, no dead letter).
+	$(SERVICES) --postgres --kafka-cluster -- $(GO) run ./cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 240s -kills 10 -leader-kills 12 -terminations 0 -storms 0 -db-restarts 0 -session 6s
+
 .PHONY: ci
 ci: lint test ## What CI runs.

@@ -185,14 +185,33 @@ type Config struct {
 
 	// StoreOffsets writes each partition's next offset into the table
 	// OffsetsTable in the same transaction as the effect, and starts each
-	// assigned partition at the larger of that offset and the group's
-	// committed one. A crash between the database commit and the Kafka
-	// commit then causes no redelivery. Call Migrate first.
+	// assigned partition at that stored offset whenever the database has
+	// one, whether it is ahead of the group's committed offset or behind
+	// it; the group's is used only for a partition without a row, and the
+	// offset it resolves to is then stored at once. The offset after a
+	// dead-lettered message is stored too (retried while the database
+	// fails). A crash between the database commit and the Kafka commit then
+	// causes no redelivery. Call Migrate first.
+	//
+	// Why behind too: after a failover to an asynchronous replica the last
+	// commits the old primary acknowledged are gone, effects, inbox rows and
+	// stored offset together, while the group's offset in Kafka may already
+	// be past them. Resuming from the database's position applies them
+	// again, exactly once; resuming from the group's would lose them (see
+	// docs/RELIABILITY.md, "Failover", for what survives which failover).
+	// A consumer that keeps running through the failover notices it too:
+	// each write of the stored offset checks that the database still holds
+	// the last offset this member stored (and an idle partition checks every
+	// 5 s); if it does not, the transaction rolls back and the partition
+	// resumes from the database's position (EventRepositioned, a Warn).
+	// Without StoreOffsets such a failover loses those effects.
 	//
 	// The stored offsets win over the group's: resetting the group's offsets
-	// in Kafka (to replay, or after the topic was recreated) has no effect
-	// until the group's rows in OffsetsTable are deleted too. A replay under
-	// a new GroupID needs nothing: its rows do not exist yet.
+	// in Kafka (to replay, to skip, or after the topic was recreated) has no
+	// effect until the group's rows in OffsetsTable are deleted too. A
+	// replay under a new GroupID needs nothing: its rows do not exist yet.
+	// Delete a group's rows as well when StoreOffsets is turned off: turned
+	// on again, it would resume from where the rows were left.
 	//
 	// On assignment the start offset (with or without StoreOffsets) is
 	// checked against the partition's log, and so is the next offset of a
@@ -251,6 +270,8 @@ type Config struct {
 	afterDB func(topic string, partition int, next int64, processed int) error
 	// logCheckInterval, set by tests, replaces defaultLogCheckInterval.
 	logCheckInterval time.Duration
+	// posCheckInterval, set by tests, replaces defaultPosCheckInterval.
+	posCheckInterval time.Duration
 }
 
 var errInvalidConfig = inbox.ErrInvalidConfig

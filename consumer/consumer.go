@@ -121,6 +121,12 @@ func New(cfg Config) (*Consumer, error) {
 			TLS:      cfg.Dialer.TLS,
 			SASL:     cfg.Dialer.SASLMechanism,
 			ClientID: cfg.Dialer.ClientID,
+			// kafka-go refreshes a transport's metadata only when this
+			// expires (default 6 s), not when a leader is unreachable:
+			// after a broker dies, every log-offset lookup of a partition
+			// starting up (and every dead letter) went to the dead leader
+			// until then (seen as ERROR lines in the cluster run).
+			MetadataTTL: transportMetadataTTL,
 		},
 	}
 	if cfg.OnFailure == DeadLetter && c.dlq == nil {

@@ -56,11 +56,16 @@
 // With Config.StoreOffsets the next offset of each partition is written to a
 // table (inbox_offsets: group_id, topic, partition, next_offset; create it
 // with [Consumer.Migrate]) in the same transaction as the effect, and each
-// assigned partition starts at the larger of that offset and the group's
-// committed one. A crash between the database commit and the Kafka commit
-// then redelivers nothing; the inbox still catches the producer's
-// duplicates. The stored offset never passes a message that is not finished;
-// it may lag behind (after a duplicate, or when a batch had a failure), which
+// assigned partition starts at that offset whenever the database has one,
+// even when it is behind the group's committed offset (the group's is used
+// for a partition without a row, and then stored). A crash between the
+// database commit and the Kafka commit then redelivers nothing; the inbox
+// still catches the producer's duplicates. A database failover that loses
+// the last acknowledged commits (asynchronous replication) takes their
+// stored offset with them, so the consumer applies those messages again,
+// exactly once, where resuming from the group's offset would skip them.
+// The stored offset never passes a message that is not finished; it may
+// lag behind (after a duplicate, or when a batch had a failure), which
 // costs only redeliveries that the inbox absorbs. Writing it costs one
 // small upsert per processed message. Since the stored offset wins over the
 // group's, reset a group's position by deleting its rows as well.

@@ -34,6 +34,12 @@ const (
 	// EventMaintenance: the inbox's maintenance ran (Config.MaintenanceInterval);
 	// Err is set if it failed.
 	EventMaintenance
+	// EventRepositioned (with Config.StoreOffsets): the partition's stored
+	// offset was found behind the one this member had committed (a
+	// database failover that lost the last commits); the member resumed
+	// from it, at Offset, and applies the messages in between again. Err
+	// says what was found.
+	EventRepositioned
 )
 
 func (k EventKind) String() string {
@@ -58,6 +64,8 @@ func (k EventKind) String() string {
 		return "revoked"
 	case EventMaintenance:
 		return "maintenance"
+	case EventRepositioned:
+		return "repositioned"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -67,10 +75,10 @@ type Event struct {
 	Kind      EventKind
 	Topic     string
 	Partition int
-	Offset    int64 // the message's offset; for EventCommitted, EventAssigned and EventLag the next offset
+	Offset    int64 // the message's offset; for EventCommitted, EventAssigned, EventRepositioned and EventLag the next offset
 	Attempt   int   // for EventRetry: the attempt that failed
 	Lag       int64 // for EventLag
-	Err       error // for EventRetry, EventDeadLettered, EventPartitionStopped and a failed EventMaintenance
+	Err       error // for EventRetry, EventDeadLettered, EventPartitionStopped, EventRepositioned and a failed EventMaintenance
 	// Maintenance is what the inbox's maintenance did, for EventMaintenance.
 	Maintenance inbox.MaintenanceReport
 }

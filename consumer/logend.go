@@ -35,6 +35,11 @@ func (c *Consumer) logOffsets(ctx context.Context, topic string, partition int) 
 	return 0, 0, fmt.Errorf("consumer: no log offsets for %s/%d in the broker's answer", topic, partition)
 }
 
+// transportMetadataTTL is how long the consumer's own transport (log-offset
+// lookups, the default dead-letter writer) trusts its view of the
+// partitions' leaders: one metadata request per interval in the background.
+const transportMetadataTTL = time.Second
+
 // beyondEndChecks is how many lookups, beyondEndSpacing apart, must all find
 // an offset past the log end before the partition stops: a newly elected
 // leader's high watermark can lag for a moment.

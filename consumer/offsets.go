@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -95,6 +98,43 @@ func (s offsetStore) save(ctx context.Context, tx *gorm.DB, topic string, partit
 	return nil
 }
 
+// errPositionMoved reports that the partition's stored offset is no longer
+// at or past the last one this worker committed: the database lost commits
+// (a failover to a replica that lacked them) or the row was reset.
+var errPositionMoved = errors.New("consumer: the stored offset moved back since this worker committed it")
+
+// advance is save for a worker that has committed floor as the stored
+// offset (floor < 0: nothing yet): it writes next only if the stored
+// offset is still at least floor, and returns errPositionMoved otherwise,
+// so that the transaction rolls back instead of committing effects on top
+// of a database that lost the worker's earlier commits. The check rides on
+// the UPDATE; only an UPDATE that changes no row costs a second statement.
+func (s offsetStore) advance(ctx context.Context, tx *gorm.DB, topic string, partition int, floor, next int64) error {
+	if floor < 0 {
+		return s.save(ctx, tx, topic, partition, next)
+	}
+	key := map[string]any{"group_id": s.group, "topic": topic, "partition": partition}
+	res := tx.WithContext(ctx).Table(s.table).Where(key).Where("next_offset >= ?", floor).
+		Update("next_offset", next)
+	if res.Error != nil {
+		return fmt.Errorf("consumer: store offset %d of %s/%d: %w", next, topic, partition, res.Error)
+	}
+	if res.RowsAffected > 0 {
+		return nil
+	}
+	// MySQL/MariaDB report 0 rows for an UPDATE that leaves the value as it
+	// was: read it to tell that apart from a row that moved back.
+	cur, err := s.load(ctx, tx, topic, partition)
+	if err != nil {
+		return err
+	}
+	if cur >= floor {
+		return nil
+	}
+	return fmt.Errorf("%w: %s/%d is stored at %d, this worker committed %d (a database failover that lost commits, or a reset of the offsets table?)",
+		errPositionMoved, topic, partition, cur, floor)
+}
+
 // load returns the stored next offset of the partition, or -1 if none.
 func (s offsetStore) load(ctx context.Context, db *gorm.DB, topic string, partition int) (int64, error) {
 	var row offsetRow
@@ -108,4 +148,76 @@ func (s offsetStore) load(ctx context.Context, db *gorm.DB, topic string, partit
 		return 0, fmt.Errorf("consumer: load stored offset of %s/%d: %w", topic, partition, err)
 	}
 	return row.NextOffset, nil
+}
+
+// defaultPosCheckInterval is how often an idle partition with StoreOffsets
+// checks that the database still holds the offset it stored: a failover
+// that lost the last commits of a partition that then receives no message
+// would otherwise leave their effects unapplied until the next rebalance.
+const defaultPosCheckInterval = 5 * time.Second
+
+// posCheckInterval is how often an idle partition runs checkPosition.
+func (w *worker) posCheckInterval() time.Duration {
+	if d := w.c.cfg.posCheckInterval; d > 0 {
+		return d
+	}
+	return defaultPosCheckInterval
+}
+
+// checkPosition sets w.lost if the stored offset is behind the one this
+// worker committed. A failed read is only logged at Debug: the next idle
+// period (or the next write, which checks as well) tries again.
+func (w *worker) checkPosition(ctx, dbCtx context.Context) {
+	w.lastPosCheck = time.Now()
+	if w.floor < 0 || w.tracker.inFlight() > 0 {
+		return
+	}
+	stored, err := w.c.offsets.load(dbCtx, w.c.db(), w.topic, w.partition)
+	if err != nil {
+		w.log.Debug("cannot read the stored offset", "error", err)
+		return
+	}
+	if stored < w.floor {
+		w.lost = fmt.Errorf("%w: %s/%d is stored at %d, this worker committed %d (a database failover that lost commits, or a reset of the offsets table?)",
+			errPositionMoved, w.topic, w.partition, stored, w.floor)
+	}
+}
+
+// reposition resumes the partition from the database's position after
+// w.lost: the stored offset went back behind what this worker committed,
+// so the effects of the messages in between are gone from the database
+// (a failover to a replica that lacked the last commits), and they must be
+// applied again. It reads the position as on assignment, checks it against
+// the log, discards what the worker holds and moves the reader there. The
+// group's offset is not moved back: the database's position wins on the
+// next assignment anyway. It returns halt, as process does.
+func (w *worker) reposition(ctx, dbCtx context.Context, reader *kafka.Reader) (halt bool) {
+	cause := w.lost
+	w.lost = nil
+	prev, _ := w.tracker.committable()
+	start, from, hasStored, ok := w.position(ctx, dbCtx)
+	if !ok {
+		return false
+	}
+	start, commitStart, beyondEnd, ok := w.checkLog(ctx, start, from)
+	if !ok {
+		return false
+	}
+	if beyondEnd != nil {
+		w.stopPartition(beyondEnd, "PARTITION STOPPED: the database's position is past the log end; nothing is consumed until the offsets are reset")
+		return true
+	}
+	if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start) {
+		return false
+	}
+	w.floor = start
+	w.log.Warn("the database's stored offset went back behind what this worker committed (a failover to a replica that lacked the last commits?); resuming from it: the messages in between are applied again",
+		"stored", start, "worker_next", prev, "redelivered", max(prev-start, 0), "cause", cause)
+	w.c.emit(Event{Kind: EventRepositioned, Topic: w.topic, Partition: w.partition, Offset: start, Err: cause})
+	w.tracker = newOffsetTracker(start)
+	if err := reader.SetOffset(start); err != nil {
+		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
+		return true
+	}
+	return false
 }

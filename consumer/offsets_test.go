@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -62,6 +63,24 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 				}
 				return errRollback
 			})
+			// advance writes only over a stored offset at or past its floor;
+			// the same value again is no move back (MySQL reports 0 rows).
+			if err := db.Transaction(func(tx *gorm.DB) error { return s.save(ctx, tx, "advance", 0, 7) }); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				p           int
+				floor, next int64
+				moved       bool
+			}{{0, 7, 7, false}, {0, 5, 8, false}, {0, 9, 10, true}, {1, 0, 3, true}, {1, -1, 3, false}, {1, 3, 3, false}} {
+				err := db.Transaction(func(tx *gorm.DB) error { return s.advance(ctx, tx, "advance", c.p, c.floor, c.next) })
+				if moved := errors.Is(err, errPositionMoved); moved != c.moved || err != nil && !moved {
+					t.Errorf("advance(%d, floor %d, next %d) = %v, want moved %v", c.p, c.floor, c.next, err, c.moved)
+				}
+			}
+			if got, err := s.load(ctx, db, "advance", 0); got != 8 || err != nil {
+				t.Errorf("advance left %d (%v), want 8", got, err)
+			}
 			for _, c := range []struct {
 				st    offsetStore
 				topic string

@@ -27,6 +27,15 @@ type worker struct {
 	tracker       *offsetTracker
 	lastCommitted int64
 	lastCommitAt  time.Time
+
+	// With StoreOffsets: floor is the highest stored offset this worker
+	// knows to be committed (-1: none), and every later write of the stored
+	// offset checks that the database is still at or past it. lost is set
+	// when it is not (the database went back in time: a failover that lost
+	// commits); the worker then resumes from the database's position.
+	floor        int64
+	lost         error
+	lastPosCheck time.Time
 }
 
 // item is one fetched message on its way through the worker.
@@ -56,13 +65,20 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	// and is rolled back when Run ends.
 	dbCtx := runCtx
 
-	start, from, ok := w.position(ctx, dbCtx)
+	start, from, hasStored, ok := w.position(ctx, dbCtx)
 	if !ok {
 		return
 	}
 	start, commitStart, beyondEnd, ok := w.checkLog(ctx, start, from)
 	if !ok {
 		return
+	}
+	w.floor = -1
+	if w.c.cfg.StoreOffsets && beyondEnd == nil {
+		if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start) {
+			return
+		}
+		w.floor = start
 	}
 	w.tracker = newOffsetTracker(start)
 	w.lastCommitted = -1
@@ -116,6 +132,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 
 	halted := false
 	lastLogCheck := time.Now()
+	w.lastPosCheck = time.Now()
 	for ctx.Err() == nil && !halted {
 		batch := w.fetch(ctx, reader)
 		if len(batch) > 0 {
@@ -123,7 +140,14 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			if w.c.crashed(ctx) {
 				return
 			}
-		} else if time.Since(lastLogCheck) >= w.logCheckInterval() {
+		} else if w.c.cfg.StoreOffsets && time.Since(w.lastPosCheck) >= w.posCheckInterval() {
+			w.checkPosition(ctx, dbCtx)
+		}
+		if w.lost != nil && !halted && ctx.Err() == nil {
+			halted = w.reposition(ctx, dbCtx, reader)
+			continue
+		}
+		if len(batch) == 0 && time.Since(lastLogCheck) >= w.logCheckInterval() {
 			if e := w.pastLogEnd(ctx); e != nil {
 				w.stopPartition(e, "PARTITION STOPPED: its next offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset")
 				halted = true
@@ -147,31 +171,79 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	w.log.Info("partition released", "cause", context.Cause(ctx))
 }
 
-// position returns the offset to start at: the larger of the group's
-// committed offset and the stored one (a kafka-go sentinel if there is
-// neither), and from, which of the two it is, for messages. ok is false if
-// ctx ended first. checkLog then checks it against the partition's log.
-func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, ok bool) {
+// position returns the offset to start at, and from, where it came from,
+// for messages. ok is false if ctx ended first. checkLog then checks it
+// against the partition's log.
+//
+// Without StoreOffsets it is the group's committed offset (or a kafka-go
+// sentinel). With StoreOffsets it is the stored offset whenever the
+// database has one, also when it is behind the group's: the database's
+// position belongs to the state the effects are in. After a failover to an
+// asynchronous replica, the effects, inbox rows and stored offset of the
+// last commits vanish together while the group's offset in Kafka may
+// already be past them; starting at the larger of the two would skip
+// exactly those messages. Starting lower only redelivers messages whose
+// inbox rows are there, which the inbox absorbs. hasStored reports whether
+// the database had a row for the partition.
+func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, hasStored, ok bool) {
 	start = w.assigned
 	from = fmt.Sprintf("the offset committed by group %q", w.c.cfg.GroupID)
 	if !w.c.cfg.StoreOffsets {
-		return start, from, true
+		return start, from, false, true
 	}
 	for attempt := 1; ; attempt++ {
 		stored, err := w.c.offsets.load(dbCtx, w.c.db(), w.topic, w.partition)
 		if err == nil {
-			if stored >= 0 && stored > start {
-				w.log.Info("starting at the stored offset, past the group's committed one",
-					"stored", stored, "group_committed", start)
-				start = stored
-				from = fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable)
+			if stored < 0 {
+				return start, from, false, true
 			}
-			return start, from, true
+			switch {
+			case w.assigned >= 0 && stored < w.assigned:
+				// Not an error: a failover to a replica that lacked the last
+				// commits, or a commit to Kafka after an offset that did not
+				// move the stored one (a duplicate), look the same.
+				w.log.Warn("starting at the stored offset, behind the group's committed one: the database's position wins (after a database failover its last commits may be gone); the messages in between are delivered again",
+					"stored", stored, "group_committed", w.assigned, "redelivered", w.assigned-stored)
+			case stored != w.assigned:
+				w.log.Info("starting at the stored offset", "stored", stored, "group_committed", w.assigned)
+			}
+			return stored, fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable), true, true
 		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("cannot read the stored offset; retrying", "error", err, "retry_in", wait)
 		if sleep(ctx, wait) != nil {
-			return 0, "", false
+			return 0, "", false, false
+		}
+	}
+}
+
+// storeNext writes next as the partition's stored offset in a transaction
+// of its own (checked against floor, see offsetStore.advance), retrying
+// while the database fails; false if ctx ended first or the stored offset
+// moved back (w.lost is then set).
+//
+// It stores the resolved start offset when the database had no position
+// for the partition (or one the log no longer holds): from then on the
+// database has one, so a later failover that loses commits finds a
+// position at or below them instead of falling back to the group's, which
+// may be past them. And it stores the offset after a dead letter.
+func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next int64) bool {
+	for attempt := 1; ; attempt++ {
+		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
+			return w.c.offsets.advance(dbCtx, tx, w.topic, w.partition, floor, next)
+		})
+		if err == nil {
+			w.floor = max(w.floor, next)
+			return true
+		}
+		if errors.Is(err, errPositionMoved) {
+			w.lost = err
+			return false
+		}
+		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		w.log.Warn("cannot store the partition's offset; retrying", "offset", next, "error", err, "retry_in", wait)
+		if sleep(ctx, wait) != nil {
+			return false
 		}
 	}
 }
@@ -319,6 +391,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			return w.messageContext(ctx, items[idx[j]])
 		}))
 	}
+	written := int64(-1) // the highest stored offset this call wrote
 	if w.c.cfg.StoreOffsets {
 		opts = append(opts, inbox.BeforeCommit(func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
 			next := int64(-1)
@@ -332,7 +405,11 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			if next < 0 {
 				return nil
 			}
-			return w.c.offsets.save(ctx, tx, w.topic, w.partition, next)
+			if err := w.c.offsets.advance(ctx, tx, w.topic, w.partition, w.floor, next); err != nil {
+				return err
+			}
+			written = max(written, next)
+			return nil
 		}))
 	}
 	for attempt := 1; ; attempt++ {
@@ -344,6 +421,11 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			rs, err = w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items), opts...)
 		}
 		if err == nil {
+			// Every transaction of a call that succeeded committed, but for
+			// one whose COMMIT a split refused after its write: then the
+			// floor is too high, and the next write finds the position
+			// "moved" and resumes from the database's: redeliveries only.
+			w.floor = max(w.floor, written)
 			processed := 0
 			for j, i := range idx {
 				results[i] = rs[j]
@@ -358,6 +440,10 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		}
 		if dbCtx.Err() != nil || ctx.Err() != nil {
 			return nil, false // stopping: the batch was rolled back and will be redelivered
+		}
+		if errors.Is(err, errPositionMoved) {
+			w.lost = err // rolled back; run resumes from the database's position
+			return nil, false
 		}
 		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		level := slog.LevelWarn
@@ -462,11 +548,18 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 				return err
 			}
 			if w.c.cfg.StoreOffsets {
-				return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, it.msg.Offset+1)
+				return w.c.offsets.advance(dbCtx, tx, w.topic, w.partition, w.floor, it.msg.Offset+1)
 			}
 			return nil
 		})
+		if errors.Is(err, errPositionMoved) {
+			w.lost = err
+			return abandoned
+		}
 		if err == nil {
+			if w.c.cfg.StoreOffsets {
+				w.floor = max(w.floor, it.msg.Offset+1)
+			}
 			if w.afterCommit(ctx, 1) {
 				return abandoned
 			}
@@ -670,14 +763,15 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 	}
 	w.c.emit(Event{Kind: EventDeadLettered, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: cause})
 	if w.c.cfg.StoreOffsets {
-		// Not required for safety (the stored offset may lag), but it saves
-		// dead-lettering the message again after a crash.
+		// The database's position is where the next start resumes, even
+		// behind the group's: a stored offset left before the dead letter
+		// would dead-letter the message again. Retried while the database
+		// fails, like every database failure; if the worker stops first,
+		// the message is dead-lettered again by the next owner (dead
+		// letters are at least once).
 		next, _ := w.tracker.committable()
-		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
-			return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, next)
-		})
-		if err != nil {
-			w.log.Warn("storing the offset after a dead letter failed", "error", err)
+		if !w.storeNext(ctx, dbCtx, w.floor, next) {
+			return abandoned
 		}
 	}
 	return resolved

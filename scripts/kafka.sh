@@ -10,6 +10,13 @@
 #                                 20s) and start it again with the same
 #                                 server.properties: same port, same data;
 #                                 prints 127.0.0.1:<port> when it is ready
+#   scripts/kafka.sh cluster DIR  start a three-node cluster (combined KRaft nodes in
+#                                 DIR/node1..3, replication factor 3, min.insync.replicas
+#                                 2, unclean leader election off); prints the bootstrap
+#                                 list (also DIR/brokers). stop DIR stops every node;
+#                                 restart DIR/nodeN restarts one (same port, same data)
+#   scripts/kafka.sh kill DIR     SIGKILL the broker of DIR (a node dir, or a single
+#                                 broker's): a crash; restart DIR starts it again
 #   scripts/kafka.sh libs         print the libs dir (no fetch)
 #   scripts/kafka.sh cluster-id [FILE]
 #                                 print a new cluster id (from FILE's 16-byte
@@ -84,12 +91,12 @@ fetch() {
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # A random port in 20000..32767 (below Linux's default ephemeral range) that
-# nothing listens on and that differs from $1.
+# nothing listens on and that is none of the space-separated ports in $1.
 free_port() {
 	local p _
 	for _ in $(seq 1 200); do
 		p=$((20000 + (RANDOM * 32768 + RANDOM) % 12768))
-		[[ "$p" == "${1:-}" ]] && continue
+		[[ " ${1:-} " == *" $p "* ]] && continue
 		port_in_use "$p" || { echo "$p"; return 0; }
 	done
 	die "no free loopback port found"
@@ -115,12 +122,13 @@ cluster_id() {
 	die "cluster id: no usable id in 1000 draws from $src"
 }
 
+# write_config DIR PORT CPORT [NODE_ID VOTERS RF MIN_ISR]: a single node by default.
 write_config() {
-	local dir="$1" port="$2" cport="$3"
+	local dir="$1" port="$2" cport="$3" node="${4:-1}" voters="${5:-1@127.0.0.1:$3}" rf="${6:-1}" isr="${7:-1}"
 	cat >"$dir/server.properties" <<EOF
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$cport
+node.id=$node
+controller.quorum.voters=$voters
 listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
 advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
@@ -129,13 +137,16 @@ inter.broker.listener.name=PLAINTEXT
 log.dirs=$dir/data
 num.partitions=1
 auto.create.topics.enable=true
-offsets.topic.replication.factor=1
+offsets.topic.replication.factor=$rf
 offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+default.replication.factor=$rf
+min.insync.replicas=$isr
+unclean.leader.election.enable=false
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=1000
 num.network.threads=2
@@ -297,10 +308,17 @@ stop_broker() {
 }
 
 stop() {
-	local dir="${1:-}"
+	local dir="${1:-}" nd
 	[[ -n "$dir" ]] || die "usage: kafka.sh stop DIR"
 	[[ -d "$dir" ]] || return 0
-	stop_broker "$dir"
+	if [[ -e "$dir/cluster" ]]; then
+		for nd in "$dir"/node*; do
+			[[ -d "$nd" ]] && stop_broker "$nd" &
+		done
+		wait
+	else
+		stop_broker "$dir"
+	fi
 	rm -rf "$dir"
 }
 
@@ -337,15 +355,102 @@ restart() {
 	die "broker not ready ${timeout}s after restart (pid $pid left running; kafka.sh stop $dir)"
 }
 
+# --- three-node cluster (docs/RELIABILITY.md, "Failover") -------------------
+
+readonly CLUSTER_NODES=3
+
+# cluster_start DIR: three combined KRaft nodes in DIR/node1..3 (one cluster id,
+# static voters), replication factor 3, min.insync.replicas 2, no unclean
+# leader election. Prints the bootstrap list (also DIR/brokers).
+cluster_start() {
+	local dir="${1:-}" n voters='' list='' cid t0=$SECONDS timeout="${INBOX_KAFKA_START_TIMEOUT:-120}"
+	[[ -n "$dir" ]] || die "usage: kafka.sh cluster DIR"
+	need_java
+	mkdir -p "$dir"
+	dir="$(cd "$dir" && pwd)"
+	[[ -e "$dir/cluster" ]] && die "$dir already holds a cluster; stop it first"
+	fetch
+	local -a ports=() cports=()
+	local used=''
+	for ((n = 1; n <= CLUSTER_NODES; n++)); do
+		local p c
+		p="$(free_port "$used")"
+		used+=" $p"
+		c="$(free_port "$used")"
+		used+=" $c"
+		ports[n]=$p
+		cports[n]=$c
+		voters+="${voters:+,}$n@127.0.0.1:$c"
+		list+="${list:+,}127.0.0.1:$p"
+	done
+	cid="$(cluster_id)"
+	for ((n = 1; n <= CLUSTER_NODES; n++)); do
+		local nd="$dir/node$n"
+		mkdir -p "$nd/data"
+		write_config "$nd" "${ports[n]}" "${cports[n]}" "$n" "$voters" 3 2
+		echo "${ports[n]} ${cports[n]}" >"$nd/ports"
+		echo "127.0.0.1:${ports[n]}" >"$nd/brokers"
+		# shellcheck disable=SC2046
+		if ! java -Xshare:auto -XX:TieredStopAtLevel=1 -XX:+UseSerialGC $(java_common "$nd") \
+			-cp "$LIBS/*" kafka.tools.StorageTool format -t "$cid" -c "$nd/server.properties" \
+			>"$nd/format.log" 2>&1; then
+			cat "$nd/format.log" >&2
+			die "storage format of node $n failed"
+		fi
+	done
+	: >"$dir/cluster"
+	for ((n = 1; n <= CLUSTER_NODES; n++)); do
+		launch "$dir/node$n"
+	done
+	local deadline=$((SECONDS + timeout)) ready
+	while ((SECONDS < deadline)); do
+		ready=0
+		for ((n = 1; n <= CLUSTER_NODES; n++)); do
+			local nd="$dir/node$n"
+			alive "$(cat "$nd/pid")" || { show_logs "$nd"; die "node $n exited during startup"; }
+			if grep -qs "Kafka Server started" "$nd/server.log" && port_in_use "${ports[n]}"; then
+				ready=$((ready + 1))
+			fi
+		done
+		if ((ready == CLUSTER_NODES)); then
+			echo "$list" >"$dir/brokers"
+			log "cluster of $CLUSTER_NODES nodes up at $list in $((SECONDS - t0))s (dir $dir)"
+			echo "$list"
+			return 0
+		fi
+		sleep 0.3
+	done
+	for ((n = 1; n <= CLUSTER_NODES; n++)); do show_logs "$dir/node$n"; done
+	die "cluster not ready after ${timeout}s (kafka.sh stop $dir)"
+}
+
+# kill_node DIR: SIGKILL the broker of DIR (a node dir of a cluster, or a
+# single broker's dir): a crash. `kafka.sh restart DIR` starts it again.
+kill_node() {
+	local dir="${1:-}" pid=""
+	[[ -n "$dir" && -f "$dir/server.properties" ]] || die "usage: kafka.sh kill DIR (a broker's dir)"
+	[[ -f "$dir/pid" ]] && pid="$(cat "$dir/pid" 2>/dev/null || true)"
+	alive "$pid" && grep -qsF "kafka.Kafka" "/proc/$pid/cmdline" || die "no broker running in $dir"
+	kill -KILL "$pid"
+	local _
+	for _ in $(seq 1 100); do
+		alive "$pid" || break
+		sleep 0.05
+	done
+	log "killed broker pid $pid ($dir)"
+}
+
 case "${1:-}" in
 fetch) fetch; echo "$LIBS" ;;
 libs) echo "$LIBS" ;;
 start) start "${2:-}" ;;
 stop) stop "${2:-}" ;;
 restart) restart "${2:-}" ;;
+cluster) cluster_start "${2:-}" ;;
+kill) kill_node "${2:-}" ;;
 cluster-id) cluster_id "${2:-}" ;;
 *)
-	echo "usage: $0 fetch | libs | start DIR | stop DIR | restart DIR | cluster-id [FILE]" >&2
+	echo "usage: $0 fetch | libs | start DIR | stop DIR | restart DIR | cluster DIR | kill DIR | cluster-id [FILE]" >&2
 	exit 2
 	;;
 esac

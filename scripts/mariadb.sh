@@ -7,6 +7,18 @@
 #   scripts/mariadb.sh restart DIR # stop that server (clean shutdown) and start it again:
 #                                  # same port, same data; prints the DSN when it is ready
 #
+# Replication (docs/RELIABILITY.md, "Failover"):
+#   scripts/mariadb.sh replica PRIMARY_DIR DIR semisync|async
+#       restart PRIMARY_DIR's server with a binary log (GTID, ROW; semisync: semi-synchronous
+#       replication with AFTER_SYNC and a one-hour timeout, so it never falls back to
+#       asynchronous), start a read-only replica in DIR replicating from it (GTID); prints
+#       the replica's DSN once it replicates (semisync: once the primary counts it)
+#   scripts/mariadb.sh promote DIR            # the replica applies what it received, stops
+#                                             # replicating and turns read_only off
+#   scripts/mariadb.sh kill DIR               # SIGKILL the server (a crash)
+#   scripts/mariadb.sh pause-replication DIR  # stop the replica's IO thread (a lagging link)
+#   scripts/mariadb.sh resume-replication DIR # start it again
+#
 # start writes the DSN (go-sql-driver/mysql form) to DIR/dsn and prints it on stdout:
 #   inbox:inbox@tcp(127.0.0.1:PORT)/inbox_test?parseTime=true&loc=UTC
 # Everything else goes to stderr; the server log is DIR/err.log, the socket DIR/sock.
@@ -26,7 +38,8 @@ SCRIPT_TAG=mariadb.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
-	echo "usage: $0 start|stop|restart DIR" >&2
+	echo "usage: $0 start|stop|restart|promote|kill|pause-replication|resume-replication DIR" >&2
+	echo "       $0 replica PRIMARY_DIR DIR semisync|async" >&2
 	exit 2
 }
 
@@ -102,7 +115,10 @@ stop_server() {
 # by the caller); its pid goes to DIR/launch.pid.
 launch_server() {
 	local dir=$1 port=$2
-	nohup "$MYSQLD" --no-defaults "${user_opt[@]}" \
+	local -a repl_opt=()
+	# Replication options (cmd_replica), kept across restarts.
+	[[ -f $dir/replication.opts ]] && mapfile -t repl_opt <"$dir/replication.opts"
+	nohup "$MYSQLD" --no-defaults "${user_opt[@]}" "${repl_opt[@]}" \
 		--datadir="$dir/data" --socket="$dir/sock" --port="$port" --bind-address=127.0.0.1 \
 		--pid-file="$dir/mariadb.pid" --log-error="$dir/err.log" --skip-name-resolve \
 		--innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=1 \
@@ -245,10 +261,129 @@ cmd_restart() {
 	printf '%s\n' "$dsn"
 }
 
-[[ $# -eq 2 && -n $2 ]] || usage
+# --- replication (docs/RELIABILITY.md, "Failover") --------------------------
+
+# sql DIR SQL: run SQL as root on the server of DIR, batch output without headers.
+sql() {
+	"$CLIENT" --no-defaults --socket="$1/sock" -uroot --connect-timeout=5 -N -B -e "$2"
+}
+
+# slave_field DIR NAME: a field of SHOW SLAVE STATUS on the server of DIR.
+slave_field() {
+	"$CLIENT" --no-defaults --socket="$1/sock" -uroot --connect-timeout=5 -e 'SHOW SLAVE STATUS\G' 2>/dev/null |
+		sed -n "s/^ *$2: //p"
+}
+
+# dsn_port DIR: the port of the server started in DIR.
+dsn_port() {
+	local port
+	[[ -f $1/$MARKER && -f $1/dsn ]] || die "$1 holds no server started by mariadb.sh"
+	port=$(sed -n 's/.*tcp(127\.0\.0\.1:\([0-9]*\)).*/\1/p' <"$1/dsn")
+	[[ -n $port ]] || die "no port in $1/dsn"
+	echo "$port"
+}
+
+# cmd_replica PRIMARY_DIR DIR MODE: a GTID replica of PRIMARY_DIR's server in DIR.
+cmd_replica() {
+	local pdir=$1 dir=$2 mode=$3 pport i t0 semi=()
+	t0=$(date +%s.%N)
+	case $mode in
+	semisync) semi=(--rpl-semi-sync-slave-enabled=ON --rpl-semi-sync-master-wait-point=AFTER_SYNC
+		--rpl-semi-sync-master-timeout=3600000) ;;
+	async) ;;
+	*) die "replication mode must be semisync or async, not '$mode'" ;;
+	esac
+	find_bins || die "MariaDB binaries not found"
+	pdir=$(cd -- "$pdir" && pwd -P)
+	pport=$(dsn_port "$pdir")
+	# The primary needs a binary log: set at start only, so it restarts. What
+	# it holds from then on (the tests' tables) is what the replica gets.
+	printf '%s\n' --server-id=1 --log-bin=binlog --binlog-format=ROW --log-slave-updates "${semi[@]}" \
+		>"$pdir/replication.opts"
+	cmd_restart "$pdir" >/dev/null
+	sql "$pdir" "CREATE USER IF NOT EXISTS 'repl'@'127.0.0.1' IDENTIFIED BY 'repl'; GRANT REPLICATION SLAVE ON *.* TO 'repl'@'127.0.0.1'" ||
+		die "cannot create the replication user"
+	cmd_start "$dir" >/dev/null
+	dir=$(cd -- "$dir" && pwd -P)
+	printf '%s\n' --server-id=2 --log-bin=binlog --binlog-format=ROW --log-slave-updates --read-only=ON "${semi[@]}" \
+		>"$dir/replication.opts"
+	cmd_restart "$dir" >/dev/null
+	sql "$dir" "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$pport, MASTER_USER='repl', MASTER_PASSWORD='repl', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1; START SLAVE" ||
+		die "cannot start replication"
+	# Enabled only now: with no replica attached, a semi-synchronous primary
+	# would hold every commit (for the one-hour timeout).
+	if [[ $mode == semisync ]]; then
+		sql "$pdir" "SET GLOBAL rpl_semi_sync_master_enabled = ON" || die "cannot enable semi-synchronous replication"
+		# The replica negotiates semi-sync when it connects: reconnect it.
+		sql "$dir" "STOP SLAVE IO_THREAD; START SLAVE IO_THREAD" || die "cannot restart the replica's IO thread"
+	fi
+	for ((i = 0; i < 600; i++)); do
+		if [[ $(slave_field "$dir" Slave_IO_Running) == Yes && $(slave_field "$dir" Slave_SQL_Running) == Yes ]] &&
+			{ [[ $mode == async ]] || [[ $(sql "$pdir" "SHOW STATUS LIKE 'Rpl_semi_sync_master_clients'" | cut -f2) == 1 ]]; }; then
+			log "$mode replica of port $pport ready on port $(dsn_port "$dir") in $(elapsed_since "$t0")"
+			cat "$dir/dsn"
+			return 0
+		fi
+		sleep 0.1
+	done
+	sql "$dir" 'SHOW SLAVE STATUS\G' >&2 || true
+	die "the replica did not start replicating in 60 s"
+}
+
+# cmd_promote DIR: the replica in DIR applies what it received, stops
+# replicating and becomes writable.
+cmd_promote() {
+	local dir=$1 i t0
+	t0=$(date +%s.%N)
+	dir=$(cd -- "$dir" && pwd -P)
+	find_bins || die "MariaDB binaries not found"
+	sql "$dir" "STOP SLAVE IO_THREAD" || die "cannot stop the replica's IO thread"
+	for ((i = 0; i < 600; i++)); do
+		if [[ $(slave_field "$dir" Master_Log_File) == "$(slave_field "$dir" Relay_Master_Log_File)" &&
+			$(slave_field "$dir" Read_Master_Log_Pos) == "$(slave_field "$dir" Exec_Master_Log_Pos)" ]]; then
+			break
+		fi
+		sleep 0.1
+	done
+	sql "$dir" "STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF" || die "cannot promote"
+	log "promoted port $(dsn_port "$dir") in $(elapsed_since "$t0")"
+	cat "$dir/dsn"
+}
+
+# cmd_kill DIR: SIGKILL the server of DIR (a crash).
+cmd_kill() {
+	local dir=$1 pid i
+	dir=$(cd -- "$dir" && pwd -P)
+	[[ -f $dir/$MARKER ]] || die "$dir was not created by $SCRIPT_TAG (no $MARKER); not touching it"
+	pid=$(server_pid "$dir") || die "no server running in $dir"
+	kill -KILL "$pid"
+	for ((i = 0; i < 100; i++)); do
+		alive "$pid" || break
+		sleep 0.05
+	done
+	log "killed the server in $dir (pid $pid)"
+}
+
+# cmd_replication DIR stop|start: stop or start the replica's IO thread (a
+# lagging link: a semi-synchronous primary then holds its commits).
+cmd_replication() {
+	find_bins || die "MariaDB binaries not found"
+	sql "$1" "$2 SLAVE IO_THREAD" || die "cannot $2 the IO thread"
+	log "replica IO thread: $2"
+}
+
+case ${1:-} in
+start | stop | restart | promote | kill | pause-replication | resume-replication) [[ $# -eq 2 && -n $2 ]] || usage ;;
+replica) [[ $# -eq 4 && -n $2 && -n $3 ]] || usage ;;
+*) usage ;;
+esac
 case $1 in
 start) cmd_start "$2" ;;
 stop) cmd_stop "$2" ;;
 restart) cmd_restart "$2" ;;
-*) usage ;;
+replica) cmd_replica "$2" "$3" "$4" ;;
+promote) cmd_promote "$2" ;;
+kill) cmd_kill "$2" ;;
+pause-replication) cmd_replication "$2" STOP ;;
+resume-replication) cmd_replication "$2" START ;;
 esac

@@ -109,3 +109,37 @@ func TestKafkaClusterIDFailsOnShortSource(t *testing.T) {
 		t.Errorf("kafka.sh cluster-id with 19 bytes of source succeeded: %q", out)
 	}
 }
+
+// TestPostgresMultiDSN checks the DSN a replicated pair's consumers use:
+// both servers' ports in order, read-write sessions only. It refuses a dir
+// that holds no server of postgres.sh.
+func TestPostgresMultiDSN(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	var dirs []string
+	for _, port := range []string{"15432", "15433"} {
+		d := t.TempDir()
+		if err := os.WriteFile(filepath.Join(d, ".inbox-postgres"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		dsn := "host=127.0.0.1 port=" + port + " user=postgres dbname=inbox_test sslmode=disable\n"
+		if err := os.WriteFile(filepath.Join(d, "dsn"), []byte(dsn), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		dirs = append(dirs, d)
+	}
+	out, err := exec.Command("bash", append([]string{"postgres.sh", "multi-dsn"}, dirs...)...).Output()
+	if err != nil {
+		t.Fatalf("postgres.sh multi-dsn: %v", err)
+	}
+	got := strings.TrimSpace(string(out))
+	for _, want := range []string{"host=127.0.0.1,127.0.0.1 ", "port=15432,15433 ", "target_session_attrs=read-write", "dbname=inbox_test"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("multi-dsn = %q, lacks %q", got, want)
+		}
+	}
+	if out, err := exec.Command("bash", "postgres.sh", "multi-dsn", t.TempDir()).CombinedOutput(); err == nil {
+		t.Errorf("multi-dsn of a foreign dir succeeded: %s", out)
+	}
+}

@@ -2,7 +2,8 @@
 # Run a command with throwaway test services on loopback.
 #
 # Usage:
-#   scripts/with-services.sh [--postgres] [--mariadb] [--kafka] -- CMD [ARGS...]
+#   scripts/with-services.sh [--postgres] [--mariadb] [--kafka | --kafka-cluster] [--postgres-standby sync|async]
+#                            [--mariadb-replica semisync|async] -- CMD [ARGS...]
 #
 # Each requested service whose variable is unset or empty is started (in parallel) in a
 # fresh temp dir, and the variable is exported for CMD:
@@ -12,6 +13,18 @@
 # and so is the service's DIR, for CMD to run `scripts/<service>.sh restart "$DIR"`:
 #   INBOX_POSTGRES_DIR, INBOX_MYSQL_DIR, INBOX_KAFKA_DIR
 # (only for services started here: a service given by its variable has no DIR).
+# --kafka-cluster starts a three-node cluster instead of one broker (scripts/kafka.sh
+# cluster): INBOX_KAFKA_BROKERS lists the three, INBOX_KAFKA_DIR holds node1..3.
+# --postgres-standby MODE (implies --postgres) adds a streaming-replication standby of that
+# server (scripts/postgres.sh standby, MODE sync or async) and exports
+#   INBOX_POSTGRES_STANDBY_DIR   its DIR
+#   INBOX_POSTGRES_REPLICATION   MODE
+#   INBOX_POSTGRES_FAILOVER_DSN  one DSN over both servers (target_session_attrs=read-write)
+# (INBOX_POSTGRES_DSN stays the primary's).
+# --mariadb-replica MODE (implies --mariadb) adds a GTID replica of that server
+# (scripts/mariadb.sh replica, MODE semisync or async) and exports
+#   INBOX_MYSQL_REPLICA_DIR   its DIR
+#   INBOX_MYSQL_REPLICATION   MODE
 # Everything it started is stopped again on exit (also on failure, INT and TERM), and it
 # exits with CMD's status. If a service fails to start, its log tail is printed, CMD is
 # not run and the exit status is 1. Progress goes to stderr, prefixed "with-services:".
@@ -35,11 +48,36 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1fs", b-a}'; }
 
 wanted=()
+STANDBY_MODE=''
+REPLICA_MODE=''
+KAFKA_START=start
 while (($#)); do
 	case $1 in
 	--postgres) wanted+=(postgres) ;;
 	--mariadb | --mysql) wanted+=(mariadb) ;;
 	--kafka) wanted+=(kafka) ;;
+	--kafka-cluster)
+		KAFKA_START=cluster
+		wanted+=(kafka)
+		;;
+	--mariadb-replica)
+		[[ ${2:-} == semisync || ${2:-} == async ]] || {
+			log "--mariadb-replica needs semisync or async"
+			usage
+		}
+		REPLICA_MODE=$2
+		wanted+=(mariadb)
+		shift
+		;;
+	--postgres-standby)
+		[[ ${2:-} == sync || ${2:-} == async ]] || {
+			log "--postgres-standby needs sync or async"
+			usage
+		}
+		STANDBY_MODE=$2
+		wanted+=(postgres)
+		shift
+		;;
 	--)
 		shift
 		break
@@ -54,13 +92,14 @@ while (($#)); do
 done
 (($#)) || usage
 
-# run_script SERVICE start|stop DIR
+# run_script SERVICE COMMAND ARGS...: scripts/<service>.sh COMMAND ARGS...
 run_script() {
 	local script=$SCRIPT_DIR/${SCRIPT[$1]}
+	shift
 	if [[ -x $script ]]; then
-		"$script" "$2" "$3"
+		"$script" "$@"
 	else
-		bash "$script" "$2" "$3"
+		bash "$script" "$@"
 	fi
 }
 
@@ -77,6 +116,16 @@ cleanup() {
 	for s in "${STARTED[@]}"; do
 		wait "${PIDS[$s]}" 2>/dev/null
 	done
+	if [[ -e $WORK/mariadb-replica ]]; then
+		log "stopping the mariadb replica"
+		run_script mariadb stop "$WORK/mariadb-replica" >>"$WORK/mariadb-replica.stop.log" 2>&1 ||
+			tail -n 20 "$WORK/mariadb-replica.stop.log" >&2
+	fi
+	if [[ -e $WORK/postgres-standby ]]; then
+		log "stopping the postgres standby"
+		run_script postgres stop "$WORK/postgres-standby" >>"$WORK/postgres-standby.stop.log" 2>&1 ||
+			tail -n 20 "$WORK/postgres-standby.stop.log" >&2
+	fi
 	for s in "${STARTED[@]}"; do
 		log "stopping $s"
 		run_script "$s" stop "$WORK/$s" >>"$WORK/$s.stop.log" 2>&1 &
@@ -123,7 +172,9 @@ if ((${#to_start[@]})); then
 	t0=$(now)
 	for s in "${to_start[@]}"; do
 		log "starting $s in $WORK/$s"
-		run_script "$s" start "$WORK/$s" >"$WORK/$s.out" 2>"$WORK/$s.log" &
+		start_cmd=start
+		[[ $s == kafka ]] && start_cmd=$KAFKA_START
+		run_script "$s" "$start_cmd" "$WORK/$s" >"$WORK/$s.out" 2>"$WORK/$s.log" &
 		PIDS[$s]=$!
 		STARTED+=("$s")
 	done
@@ -144,6 +195,38 @@ if ((${#to_start[@]})); then
 	done
 	((${#failed[@]} == 0)) || exit 1
 	log "all services up after $(since "$t0")"
+fi
+
+if [[ -n $STANDBY_MODE ]]; then
+	[[ -n ${INBOX_POSTGRES_DIR:-} ]] || {
+		log "--postgres-standby needs a PostgreSQL server started here (INBOX_POSTGRES_DSN is set)"
+		exit 1
+	}
+	log "starting a $STANDBY_MODE standby of postgres in $WORK/postgres-standby"
+	if ! run_script postgres standby "$INBOX_POSTGRES_DIR" "$WORK/postgres-standby" "$STANDBY_MODE" \
+		>"$WORK/postgres-standby.out" 2>"$WORK/postgres-standby.log"; then
+		tail -n 40 "$WORK/postgres-standby.log" | sed 's/^/with-services: [postgres-standby] /' >&2
+		exit 1
+	fi
+	export INBOX_POSTGRES_STANDBY_DIR=$WORK/postgres-standby INBOX_POSTGRES_REPLICATION=$STANDBY_MODE
+	INBOX_POSTGRES_FAILOVER_DSN=$(run_script postgres multi-dsn "$INBOX_POSTGRES_DIR" "$INBOX_POSTGRES_STANDBY_DIR")
+	export INBOX_POSTGRES_FAILOVER_DSN
+	log "postgres standby ready: INBOX_POSTGRES_FAILOVER_DSN=$INBOX_POSTGRES_FAILOVER_DSN"
+fi
+
+if [[ -n $REPLICA_MODE ]]; then
+	[[ -n ${INBOX_MYSQL_DIR:-} ]] || {
+		log "--mariadb-replica needs a MariaDB server started here (INBOX_MYSQL_DSN is set)"
+		exit 1
+	}
+	log "starting a $REPLICA_MODE replica of mariadb in $WORK/mariadb-replica"
+	if ! run_script mariadb replica "$INBOX_MYSQL_DIR" "$WORK/mariadb-replica" "$REPLICA_MODE" \
+		>"$WORK/mariadb-replica.out" 2>"$WORK/mariadb-replica.log"; then
+		tail -n 40 "$WORK/mariadb-replica.log" | sed 's/^/with-services: [mariadb-replica] /' >&2
+		exit 1
+	fi
+	export INBOX_MYSQL_REPLICA_DIR=$WORK/mariadb-replica INBOX_MYSQL_REPLICATION=$REPLICA_MODE
+	log "mariadb replica ready: $(<"$WORK/mariadb-replica.out")"
 fi
 
 log "running: $*"

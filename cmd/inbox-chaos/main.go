@@ -37,6 +37,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -82,6 +83,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	faultBatches := fs.String("fault-batches", "1,10", "faults phase: one round per batch size")
 	fs.DurationVar(&fc.Budget, "fault-budget", 2*time.Minute, "faults phase: longest a round may take before its unresolved messages are reported stuck")
 	fs.DurationVar(&fc.StopBudget, "fault-stop-budget", 30*time.Second, "faults phase: longest wait for the recreated topic's partitions to stop")
+	fs.BoolVar(&c.StoreOffsets, "store-offsets", false, "run the consumers with StoreOffsets (offsets in the database, in the effect's transaction)")
+	fs.IntVar(&c.Failovers, "failovers", 0, "database failovers: SIGKILL the primary, promote the standby (PostgreSQL: needs scripts/with-services.sh --postgres-standby sync|async, the old primary rejoins; MariaDB: --mariadb-replica semisync|async, one per run, consumers switched by a proxy); replaces -db-restarts")
+	fs.DurationVar(&c.LagWindow, "lag-window", time.Second, "before each failover the primary's WAL senders are paused this long (an asynchronous standby then lacks those commits)")
+	fs.IntVar(&c.LeaderKills, "leader-kills", 0, "SIGKILLs of Kafka cluster nodes (group coordinator, busy partitions' leaders), each restarted; needs scripts/with-services.sh --kafka-cluster; replaces -broker-restarts")
+	allowLoss := fs.Bool("allow-loss", false, "report lost effects without failing: for measuring what an asynchronous failover without -store-offsets loses (effects applied twice still fail)")
 	keep := fs.Bool("keep", false, "keep the run's files (consumer logs, event logs)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
 	fs.Usage = func() {
@@ -103,7 +109,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return usage(stderr, "-dup %v: want 0..1", c.DupRate)
 	case c.Waves < 1 || c.Partitions < 1 || c.Consumers < 1 || c.BatchSize < 0:
 		return usage(stderr, "-waves, -partitions and -consumers must be positive, -batch not negative")
-	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0:
+	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0 || c.Failovers < 0 || c.LeaderKills < 0:
 		return usage(stderr, "disruption counts must not be negative")
 	}
 	runChaos, runFaults := false, false
@@ -151,10 +157,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 		cfg.Dialect = db
 		switch db {
 		case "sqlite":
+			cfg.Failovers = 0
 		case "postgres":
 			cfg.DSN, cfg.DBDir = os.Getenv("INBOX_POSTGRES_DSN"), os.Getenv("INBOX_POSTGRES_DIR")
+			if cfg.Failovers > 0 {
+				cfg.DSN, cfg.StandbyDir = os.Getenv("INBOX_POSTGRES_FAILOVER_DSN"), os.Getenv("INBOX_POSTGRES_STANDBY_DIR")
+				cfg.Replication = os.Getenv("INBOX_POSTGRES_REPLICATION")
+				if cfg.DSN == "" || cfg.StandbyDir == "" {
+					fmt.Fprintln(stderr, "inbox-chaos: -failovers needs a standby: run it with scripts/with-services.sh --postgres-standby sync|async (make chaos-failover)")
+					return 1
+				}
+				cfg.DBRestarts = 0 // the failovers are the database's disruption
+			}
 		case "mysql":
 			cfg.DSN, cfg.DBDir = os.Getenv("INBOX_MYSQL_DSN"), os.Getenv("INBOX_MYSQL_DIR")
+			if cfg.Failovers > 0 {
+				cfg.StandbyDir, cfg.Replication = os.Getenv("INBOX_MYSQL_REPLICA_DIR"), os.Getenv("INBOX_MYSQL_REPLICATION")
+				if cfg.StandbyDir == "" {
+					fmt.Fprintln(stderr, "inbox-chaos: -failovers needs a replica: run it with scripts/with-services.sh --mariadb-replica semisync|async")
+					return 1
+				}
+				// The killed primary does not rejoin: one failover per run.
+				cfg.Failovers, cfg.DBRestarts = 1, 0
+			}
 		default:
 			return usage(stderr, "-db %q: want sqlite, postgres or mysql", db)
 		}
@@ -186,7 +211,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if err != nil {
 				fmt.Fprintf(stdout, "  run FAILED: %v\n", err)
 			}
-			dbFailed = err != nil || !rep.OK()
+			dbFailed = err != nil || (!rep.OK() && !(*allowLoss && rep.Ledger.AppliedTwice == 0 && rep.DeadLetters == 0))
 		}
 		if runFaults && ctx.Err() == nil {
 			frep, err := chaos.RunFaults(ctx, cfg, fc)
@@ -213,6 +238,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, table(reports))
 	}
+	if ft := failoverTable(reports); ft != "" {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, ft)
+	}
+	if lt := leaderTable(reports); lt != "" {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, lt)
+	}
 	if len(faultReports) > 0 {
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, chaos.FaultTable(faultReports))
@@ -234,6 +267,72 @@ func table(reps []*chaos.Report) string {
 			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, r.StoppedConsumers, r.Wall.Seconds())
 	}
 	return b.String()
+}
+
+// failoverTable is the markdown table of docs/RELIABILITY.md's failover
+// section, for the runs that had failovers.
+func failoverTable(reps []*chaos.Report) string {
+	var b strings.Builder
+	for _, r := range reps {
+		if len(r.FailoverStats) == 0 {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("| database | replication | StoreOffsets | events | failovers | SIGKILLs | lost on the server (at least) | Kafka offset ahead of the DB | repositioned | effects applied | lost | applied twice | promotion (s) | recovery (s) | wall time |\n")
+			b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|\n")
+		}
+		var lost, ahead int64
+		var promote, recovery []time.Duration
+		for _, f := range r.FailoverStats {
+			lost += f.ServerLost
+			ahead += f.KafkaAhead
+			promote = append(promote, f.Promote)
+			if f.Recovery >= 0 {
+				recovery = append(recovery, f.Recovery)
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %v | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s | %.0fs |\n",
+			r.Dialect, r.Replication, r.StoreOffsets, r.Orders, len(r.FailoverStats), r.Kills, lost, ahead, r.Repositioned,
+			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, spread(promote), spread(recovery), r.Wall.Seconds())
+	}
+	return b.String()
+}
+
+// leaderTable is the markdown table of the Kafka cluster runs.
+func leaderTable(reps []*chaos.Report) string {
+	var b strings.Builder
+	for _, r := range reps {
+		if len(r.LeaderKills) == 0 {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("| database | events | messages | node kills (coordinator / leader) | consumer SIGKILLs | effects applied | lost | applied twice | dead letters | node back (s) | full ISR again (s) | wall time |\n")
+			b.WriteString("|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|\n")
+		}
+		var back, isr []time.Duration
+		coord := 0
+		for _, k := range r.LeaderKills {
+			back = append(back, k.Back)
+			isr = append(isr, k.FullISR)
+			if strings.HasPrefix(k.Role, "coordinator") {
+				coord++
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d / %d) | %d | %d | %d | %d | %d | %s | %s | %.0fs |\n",
+			r.Dialect, r.Orders, r.InTopic, len(r.LeaderKills), coord, len(r.LeaderKills)-coord, r.Kills,
+			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, r.DeadLetters, spread(back), spread(isr), r.Wall.Seconds())
+	}
+	return b.String()
+}
+
+// spread is "median (min..max)" in seconds.
+func spread(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return fmt.Sprintf("%.2f (%.2f..%.2f)", ds[len(ds)/2].Seconds(), ds[0].Seconds(), ds[len(ds)-1].Seconds())
 }
 
 func usage(stderr io.Writer, format string, args ...any) int {

@@ -6,14 +6,18 @@
 // server side, and a producer injects duplicates. After a quiet period in
 // which the group catches up, the ledger check must hold.
 //
-// RunFaults is the fault phase: handler faults on known messages (poison
-// payloads, network errors, a handler's own deadline, deferred constraints
-// that fail at COMMIT) and a topic recreated under StoreOffsets, each of
-// which must end applied exactly once or dead-lettered within MaxAttempts,
-// within a budget.
+// With Failovers it kills a replicated database's primary and promotes
+// its standby (failover.go); with LeaderKills it kills the nodes of a
+// three-node Kafka cluster that lead the group and its busiest partitions
+// (cluster.go). RunFaults is the fault phase: handler faults on known
+// messages (poison payloads, network errors, a handler's own deadline,
+// deferred constraints that fail at COMMIT) and a topic recreated under
+// StoreOffsets, each of which must end applied exactly once or
+// dead-lettered within MaxAttempts, within a budget.
 //
-// It is used by cmd/inbox-chaos (make chaos, the full run) and by
-// TestChaosShort and TestChaosFaults (short runs in make test).
+// It is used by cmd/inbox-chaos (make chaos, chaos-failover, chaos-cluster)
+// and by TestChaosShort, TestChaosFaults and TestFailoverShort (short runs
+// in make test).
 package chaos
 
 import (
@@ -66,6 +70,33 @@ type Config struct {
 	StormLength    time.Duration // default 4 s
 	CatchUp        time.Duration // longest quiet period for the group to catch up
 
+	// StoreOffsets runs the consumers with consumer.Config.StoreOffsets.
+	StoreOffsets bool
+
+	// Failovers kills the PostgreSQL primary (DBDir) with SIGKILL this many
+	// times and promotes its streaming standby (StandbyDir); DSN must name
+	// both servers (target_session_attrs=read-write). Replication is the
+	// standby's mode, sync or async (scripts/postgres.sh standby). Before
+	// each kill the primary's WAL senders are paused for LagWindow (default
+	// 1 s): an asynchronous standby then lacks the commits of that window,
+	// a synchronous one makes them wait. The killed primary rejoins as the
+	// new standby.
+	Failovers   int
+	StandbyDir  string
+	Replication string
+	LagWindow   time.Duration
+
+	// LeaderKills kills, with SIGKILL, a node of the three-node Kafka
+	// cluster in KafkaDir (scripts/kafka.sh cluster) this many times: in
+	// turn the group coordinator's node and the leader of the partition
+	// with the most work left. The node is restarted after 1-4 s, and the
+	// next kill waits until every partition of the topic has its three
+	// in-sync replicas again. The topic then has Replicas replicas (default
+	// 3 with LeaderKills), and the consumers dead-letter to a topic of
+	// their own, which must stay empty.
+	LeaderKills int
+	Replicas    int
+
 	Seed    uint64
 	WorkDir string    // files of the run (event log, consumer output)
 	Log     io.Writer // progress
@@ -100,6 +131,37 @@ type Report struct {
 	Problems         []string
 	Wall             time.Duration
 	CatchUp          time.Duration
+
+	StoreOffsets  bool
+	Replication   string         // sync or async, with failovers
+	FailoverStats []FailoverStat // one per database failover
+	Repositioned  int            // partitions that resumed from the database's position mid-run
+
+	LeaderKills []LeaderKill // one per Kafka node killed
+	DeadLetters int64        // messages in the dead-letter topic (with LeaderKills)
+}
+
+// LeaderKill is one SIGKILL of a Kafka cluster node.
+type LeaderKill struct {
+	Node    int           // node id
+	Role    string        // "coordinator" or "leader of partition N"
+	Back    time.Duration // from the kill until the node was ready again
+	FullISR time.Duration // from the kill until every partition had 3 in-sync replicas
+}
+
+// FailoverStat is what one database failover did.
+type FailoverStat struct {
+	// ServerLost is how many effects (ledger rows) the old primary had
+	// committed, as last seen before the kill, that the promoted standby
+	// lacks: a lower bound of the transactions the failover lost.
+	ServerLost int64
+	// KafkaAhead is, summed over the partitions, how far the group's offset
+	// in Kafka was past the position stored in the promoted database: the
+	// messages a consumer resuming from Kafka's offset would skip (with
+	// StoreOffsets; without it, unknown and 0).
+	KafkaAhead int64
+	Promote    time.Duration // from the kill until the standby accepts writes
+	Recovery   time.Duration // from the kill until effects are applied again; -1: none were pending
 }
 
 // OK reports whether the ledger check held.
@@ -125,6 +187,37 @@ func (r *Report) String() string {
 	f("  consumer ERROR lines     %7d", r.ErrorLines)
 	for _, k := range r.ErrorKinds {
 		f("      %s", k)
+	}
+	if len(r.FailoverStats) > 0 {
+		var lost, ahead int64
+		var promote, recovery []float64
+		for _, fs := range r.FailoverStats {
+			lost += fs.ServerLost
+			ahead += fs.KafkaAhead
+			promote = append(promote, fs.Promote.Seconds())
+			if fs.Recovery >= 0 {
+				recovery = append(recovery, fs.Recovery.Seconds())
+			}
+		}
+		f("  database failovers       %7d  (%s replication, StoreOffsets %v)", len(r.FailoverStats), r.Replication, r.StoreOffsets)
+		f("  transactions lost (srv)  %7d  (at least: committed on the old primary, missing on the promoted standby)", lost)
+		f("  Kafka offset ahead of DB %7d  messages (summed over failovers and partitions)", ahead)
+		f("  repositioned partitions  %7d  (members that resumed from the database's position)", r.Repositioned)
+		f("  promotion (s)            %s", fmtDurations(promote))
+		f("  recovery (s)             %s  (kill to the next applied effect)", fmtDurations(recovery))
+	}
+	if len(r.LeaderKills) > 0 {
+		var back, isr []float64
+		roles := map[string]int{}
+		for _, k := range r.LeaderKills {
+			back = append(back, k.Back.Seconds())
+			isr = append(isr, k.FullISR.Seconds())
+			roles[strings.Fields(k.Role)[0]]++
+		}
+		f("  Kafka node kills         %7d  (%d of the group coordinator, %d of a busy partition's leader)", len(r.LeaderKills), roles["coordinator"], roles["leader"])
+		f("  node back (s)            %s", fmtDurations(back))
+		f("  full ISR again (s)       %s", fmtDurations(isr))
+		f("  dead letters             %7d  (must be 0: the scenario has no poison)", r.DeadLetters)
 	}
 	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
 	f("  wall time                %7.1fs", r.Wall.Seconds())
@@ -163,6 +256,38 @@ func (c *Config) defaults() error {
 	}
 	if c.Duration <= 0 {
 		c.Duration = 30 * time.Second
+	}
+	if c.LagWindow <= 0 {
+		c.LagWindow = time.Second
+	}
+	if c.LeaderKills > 0 {
+		if c.KafkaDir == "" {
+			return errors.New("chaos: LeaderKills need the Kafka cluster's dir (scripts/with-services.sh --kafka-cluster)")
+		}
+		if _, err := os.Stat(filepath.Join(c.KafkaDir, "cluster")); err != nil {
+			return fmt.Errorf("chaos: LeaderKills need a cluster started by scripts/kafka.sh cluster: %w", err)
+		}
+		if c.Replicas <= 0 {
+			c.Replicas = 3
+		}
+		c.BrokerRestarts = 0 // the cluster's nodes are killed one by one instead
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.Failovers > 0 {
+		switch {
+		case c.DBDir == "" || c.StandbyDir == "":
+			return errors.New("chaos: Failovers need DBDir and StandbyDir (scripts/with-services.sh --postgres-standby or --mariadb-replica)")
+		case c.Dialect == "postgres" && c.Replication != "sync" && c.Replication != "async":
+			return fmt.Errorf("chaos: Replication %q: want sync or async", c.Replication)
+		case c.Dialect == "mysql" && c.Replication != "semisync" && c.Replication != "async":
+			return fmt.Errorf("chaos: Replication %q: want semisync or async", c.Replication)
+		case c.Dialect == "mysql" && c.Failovers > 1:
+			return errors.New("chaos: one failover per MariaDB run (the killed primary does not rejoin)")
+		case c.Dialect != "postgres" && c.Dialect != "mysql":
+			return fmt.Errorf("chaos: no failover for %s", c.Dialect)
+		}
 	}
 	if c.StormLength <= 0 {
 		c.StormLength = 4 * time.Second
@@ -221,6 +346,10 @@ type run struct {
 	group   string
 	fleet   *fleet
 	mu      sync.Mutex // guards rep's counters written by the goroutines
+
+	primaryDir, standbyDir string // with Failovers: swapped by each one
+	dlq                    string // the consumers' dead-letter topic, with LeaderKills
+	proxy                  *proxy // the consumers' way to the MariaDB primary, with Failovers
 }
 
 func (r *run) say(format string, args ...any) {
@@ -247,12 +376,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	start := time.Now()
-	r := &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect, BatchSize: cfg.BatchSize, Seed: cfg.Seed, Orders: cfg.Orders}, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
+	r := &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect, BatchSize: cfg.BatchSize, Seed: cfg.Seed, Orders: cfg.Orders,
+		StoreOffsets: cfg.StoreOffsets, Replication: cfg.Replication}, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
+	r.primaryDir, r.standbyDir = cfg.DBDir, cfg.StandbyDir
 	runID := fmt.Sprintf("%08x", rand.Uint32())
 	r.topic = "chaos-orders-" + runID
 	r.group = "chaos-inventory-" + runID
 
 	var err error
+	if cfg.Failovers > 0 && cfg.Dialect == "mysql" {
+		if cfg.DSN, err = r.startProxy(cfg.DSN); err != nil {
+			return nil, err
+		}
+		r.cfg.DSN = cfg.DSN
+		defer r.proxy.close()
+	}
 	r.admin, r.backend, err = newAdmin(ctx, cfg, runID)
 	if err != nil {
 		return nil, err
@@ -276,10 +414,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer r.backend.DropTables(ctx, r.db)
-	if err := inventory.CreateTopic(ctx, cfg.Brokers[0], r.topic, cfg.Partitions); err != nil {
+	if err := inventory.CreateReplicatedTopic(ctx, cfg.Brokers[0], r.topic, cfg.Partitions, cfg.Replicas); err != nil {
 		return nil, err
 	}
 	defer r.deleteTopic()
+	if cfg.LeaderKills > 0 {
+		r.dlq = r.topic + ".dlq"
+		if err := inventory.CreateReplicatedTopic(ctx, cfg.Brokers[0], r.dlq, 1, cfg.Replicas); err != nil {
+			return nil, err
+		}
+	}
 
 	r.fleet = newFleet(r)
 	defer r.fleet.stopAll()
@@ -292,7 +436,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 // deleteTopic removes the run's topic, best effort.
-func (r *run) deleteTopic() { deleteTopic(r.cfg.Brokers, r.topic) }
+func (r *run) deleteTopic() {
+	topics := []string{r.topic}
+	if r.dlq != "" {
+		topics = append(topics, r.dlq)
+	}
+	deleteTopic(r.cfg.Brokers, topics...)
+}
 
 // setup creates the inbox table and the business tables.
 func (r *run) setup(ctx context.Context, store inbox.Store) error {
@@ -437,6 +587,12 @@ func (r *run) disruptor(ctx context.Context) error {
 	for range r.cfg.DBRestarts {
 		acts = append(acts, "db")
 	}
+	for range r.cfg.Failovers {
+		acts = append(acts, "failover")
+	}
+	for range r.cfg.LeaderKills {
+		acts = append(acts, "leader")
+	}
 	for range r.cfg.Terminations {
 		acts = append(acts, "terminate")
 	}
@@ -452,8 +608,15 @@ func (r *run) disruptor(ctx context.Context) error {
 	r.rng.Shuffle(len(acts), func(i, j int) { acts[i], acts[j] = acts[j], acts[i] })
 	r.rngMu.Unlock()
 	every := r.cfg.Duration / time.Duration(len(acts)+1)
-	for _, a := range acts {
-		if sleep(ctx, r.jitter(every)) != nil {
+	deadline := time.Now().Add(r.cfg.Duration)
+	for i, a := range acts {
+		// Failovers and node kills take seconds each: the waits shrink so
+		// that the disruptions stay inside the chaos phase, under load.
+		wait := r.jitter(every)
+		if left := time.Until(deadline) / time.Duration(len(acts)-i+1); wait > left {
+			wait = max(left, 0)
+		}
+		if sleep(ctx, wait) != nil {
 			return ctx.Err()
 		}
 		var err error
@@ -462,6 +625,10 @@ func (r *run) disruptor(ctx context.Context) error {
 			err = r.restartBroker(ctx)
 		case "db":
 			err = r.restartDB(ctx)
+		case "failover":
+			err = r.failover(ctx)
+		case "leader":
+			err = r.killLeader(ctx)
 		case "terminate":
 			err = r.terminate(ctx)
 		case "storm":
@@ -580,6 +747,11 @@ func (r *run) waitCaughtUp(ctx context.Context) error {
 		pp, err := inventory.GroupProgress(ctx, r.cfg.Brokers, r.group, r.topic, r.cfg.Partitions)
 		if err == nil {
 			p = pp
+			if p.Done && r.cfg.StoreOffsets {
+				// After a failover the group's offsets can be at the end
+				// while the database's position, and its effects, are not.
+				p.Done = r.storedAtEnd(ctx, p.Ends)
+			}
 			if p.Done {
 				r.rep.InTopic = p.Total
 				r.say("caught up: %s", p)
@@ -601,7 +773,7 @@ func (r *run) verify(ctx context.Context, batch inventory.Batch) error {
 	if err != nil {
 		return err
 	}
-	r.rep.Processed, r.rep.DupSkipped, r.rep.Assigned = out.Processed, out.Duplicates, out.Assigned
+	r.rep.Processed, r.rep.DupSkipped, r.rep.Assigned, r.rep.Repositioned = out.Processed, out.Duplicates, out.Assigned, out.Repositioned
 	r.rep.ErrorLines, r.rep.ErrorKinds = r.fleet.errors.summary()
 	var ledger inventory.Ledger
 	for attempt := 1; ; attempt++ {
@@ -618,6 +790,16 @@ func (r *run) verify(ctx context.Context, batch inventory.Batch) error {
 	}
 	r.rep.Ledger = ledger
 	r.rep.Problems = ledger.Problems()
+	if r.dlq != "" {
+		n, err := inventory.TopicSize(ctx, r.cfg.Brokers, r.dlq, 1)
+		if err != nil {
+			return fmt.Errorf("count the dead letters: %w", err)
+		}
+		r.rep.DeadLetters = n
+		if n > 0 {
+			r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%d messages dead-lettered (the scenario has no poison)", n))
+		}
+	}
 	if ledger.Applied != int64(len(batch.Orders)) {
 		r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%d effects applied for %d orders", ledger.Applied, len(batch.Orders)))
 	}

@@ -999,10 +999,10 @@ func (d *dlqReader) byEvent() map[string][]deadLetterSeen {
 	return out
 }
 
-// deleteTopic deletes topic, best effort.
-func deleteTopic(brokers []string, topic string) {
+// deleteTopic deletes topics, best effort.
+func deleteTopic(brokers []string, topics ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-	_, _ = client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+	_, _ = client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
 }

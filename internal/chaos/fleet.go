@@ -63,7 +63,8 @@ func (f *fleet) startLocked(ctx context.Context) error {
 	// The process is not bound to ctx: it is always ended by the fleet.
 	cmd, err := inventory.StartProcess(context.WithoutCancel(ctx), inventory.ProcessConfig{
 		Backend: f.r.backend, Brokers: cfg.Brokers, Topic: f.r.topic, Group: f.r.group, Name: name,
-		EventLog: f.eventLog, Session: cfg.Session, BatchSize: cfg.BatchSize,
+		EventLog: f.eventLog, Session: cfg.Session, BatchSize: cfg.BatchSize, StoreOffsets: cfg.StoreOffsets,
+		DeadLetterTopic: f.r.dlq,
 	}, w)
 	if err != nil {
 		logFile.Close()

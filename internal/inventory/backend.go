@@ -129,3 +129,22 @@ func (b Backend) Reservations(ctx context.Context, db *gorm.DB) (int64, error) {
 	err := db.WithContext(ctx).Table(b.LedgerTable()).Count(&n).Error
 	return n, err
 }
+
+// StoredOffsets returns the next offsets that group stored for topic's
+// partitions in OffsetsTable (consumer.Config.StoreOffsets), by partition.
+func (b Backend) StoredOffsets(ctx context.Context, db *gorm.DB, group, topic string) (map[int]int64, error) {
+	var rows []struct {
+		Partition  int
+		NextOffset int64
+	}
+	err := db.WithContext(ctx).Table(b.OffsetsTable()).Select("*").
+		Where(map[string]any{"group_id": group, "topic": topic}).Find(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]int64, len(rows))
+	for _, r := range rows {
+		out[r.Partition] = r.NextOffset
+	}
+	return out, nil
+}

@@ -10,9 +10,15 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// CreateTopic creates topic on a real broker and waits until its partitions
-// are visible.
+// CreateTopic creates topic on a real broker, with one replica per
+// partition, and waits until its partitions are visible.
 func CreateTopic(ctx context.Context, broker, topic string, partitions int) error {
+	return CreateReplicatedTopic(ctx, broker, topic, partitions, 1)
+}
+
+// CreateReplicatedTopic is CreateTopic with replicas replicas per partition
+// (the cluster's min.insync.replicas applies).
+func CreateReplicatedTopic(ctx context.Context, broker, topic string, partitions, replicas int) error {
 	dialer := &kafka.Dialer{Timeout: 10 * time.Second}
 	conn, err := dialer.DialContext(ctx, "tcp", broker)
 	if err != nil {
@@ -28,7 +34,7 @@ func CreateTopic(ctx context.Context, broker, topic string, partitions int) erro
 		return err
 	}
 	defer cc.Close()
-	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}); err != nil {
+	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: replicas}); err != nil {
 		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
 	for {
@@ -48,6 +54,9 @@ type Progress struct {
 	Committed int64 // messages below the committed offsets
 	Total     int64 // messages in the topic
 	Done      bool  // every partition committed up to its end
+
+	Ends    map[int]int64 // each partition's log end offset
+	Offsets map[int]int64 // each partition's committed offset (absent: none)
 }
 
 func (p Progress) String() string {
@@ -79,11 +88,14 @@ func GroupProgress(ctx context.Context, brokers []string, group, topic string, p
 	if err != nil {
 		return Progress{}, err
 	}
-	pr := Progress{Done: len(res.Topics[topic]) == partitions && len(ends) == partitions}
+	pr := Progress{Done: len(res.Topics[topic]) == partitions && len(ends) == partitions, Ends: ends, Offsets: map[int]int64{}}
 	for _, end := range ends {
 		pr.Total += end
 	}
 	for _, p := range res.Topics[topic] {
+		if p.CommittedOffset >= 0 {
+			pr.Offsets[p.Partition] = p.CommittedOffset
+		}
 		if p.CommittedOffset > 0 {
 			pr.Committed += min(p.CommittedOffset, ends[p.Partition])
 		}
@@ -92,4 +104,26 @@ func GroupProgress(ctx context.Context, brokers []string, group, topic string, p
 		}
 	}
 	return pr, nil
+}
+
+// TopicSize returns how many messages the partitions of topic hold (the
+// sum of their log end offsets; nothing is deleted during a run).
+func TopicSize(ctx context.Context, brokers []string, topic string, partitions int) (int64, error) {
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
+	req := make([]kafka.OffsetRequest, partitions)
+	for i := range req {
+		req[i] = kafka.LastOffsetOf(i)
+	}
+	offs, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: req}})
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, p := range offs.Topics[topic] {
+		if p.Error != nil {
+			return 0, p.Error
+		}
+		n += p.LastOffset
+	}
+	return n, nil
 }

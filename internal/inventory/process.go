@@ -37,6 +37,14 @@ type ProcessConfig struct {
 	EventLog  string        `json:"event_log"` // one line per outcome is appended here
 	Session   time.Duration `json:"session"`   // group session timeout
 	BatchSize int           `json:"batch_size"`
+	// StoreOffsets runs the consumer with consumer.Config.StoreOffsets,
+	// in the backend's OffsetsTable.
+	StoreOffsets bool `json:"store_offsets"`
+	// DeadLetterTopic, if set, makes the consumer dead-letter a message
+	// that cannot be processed (consumer.DeadLetter) instead of stopping
+	// its partition. The scenario has no poison: whatever arrives there is
+	// a message the infrastructure failed, not the handler.
+	DeadLetterTopic string `json:"dead_letter_topic"`
 }
 
 // RunProcessFromEnv runs a consumer process if ProcessEnv is set, until
@@ -100,6 +108,10 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 	}
 	defer events.Close()
 	batch := max(cfg.BatchSize, 1)
+	onFailure := consumer.StopPartition
+	if cfg.DeadLetterTopic != "" {
+		onFailure = consumer.DeadLetter
+	}
 	c, err := consumer.New(consumer.Config{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.Group,
@@ -114,9 +126,30 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 		RebalanceTimeout:  2 * cfg.Session,
 		Logger:            log,
 		OnEvent:           logOutcome(events),
+		StoreOffsets:      cfg.StoreOffsets,
+		OffsetsTable:      cfg.Backend.OffsetsTable(),
+		OnFailure:         onFailure,
+		DeadLetterTopic:   cfg.DeadLetterTopic,
 	})
 	if err != nil {
 		return err
+	}
+	if cfg.StoreOffsets {
+		// Processes starting together race to create the table (the losers
+		// fail once and find it on the next try), and the database may be
+		// restarting or failing over.
+		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+			err := c.Migrate(ctx)
+			if err == nil {
+				break
+			}
+			log.Warn("offsets table not ready; waiting", "error", err, "retry_in", wait)
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+			case <-time.After(wait):
+			}
+		}
 	}
 	return c.Run(ctx)
 }
@@ -149,9 +182,10 @@ func Handler(b Backend) consumer.Handler {
 	}
 }
 
-// logOutcome appends "P" or "D" per processed or duplicate message and "A"
-// per partition assignment, one unbuffered write each, so a killed process
-// loses at most the line of the message it was on.
+// logOutcome appends "P" or "D" per processed or duplicate message, "A" per
+// partition assignment and "R" per repositioning after a database failover,
+// one unbuffered write each, so a killed process loses at most the line of
+// the message it was on.
 func logOutcome(w io.Writer) func(consumer.Event) {
 	return func(e consumer.Event) {
 		switch e.Kind {
@@ -161,12 +195,14 @@ func logOutcome(w io.Writer) func(consumer.Event) {
 			_, _ = w.Write([]byte("D\n"))
 		case consumer.EventAssigned:
 			_, _ = w.Write([]byte("A\n"))
+		case consumer.EventRepositioned:
+			_, _ = w.Write([]byte("R\n"))
 		}
 	}
 }
 
 // Outcomes are the counts of an event log.
-type Outcomes struct{ Processed, Duplicates, Assigned int }
+type Outcomes struct{ Processed, Duplicates, Assigned, Repositioned int }
 
 // CountOutcomes reads an event log written by consumer processes.
 func CountOutcomes(path string) (Outcomes, error) {
@@ -183,6 +219,8 @@ func CountOutcomes(path string) (Outcomes, error) {
 			o.Duplicates++
 		case "A":
 			o.Assigned++
+		case "R":
+			o.Repositioned++
 		}
 	}
 	return o, nil
