@@ -222,7 +222,9 @@ const (
 
 // IsRetryable reports SQLITE_BUSY and SQLITE_LOCKED (with their extended
 // codes).
-func (s *Store) IsRetryable(err error) bool {
+func (s *Store) IsRetryable(err error) bool { return isRetryable(err) }
+
+func isRetryable(err error) bool {
 	code, ok := ErrorCode(err)
 	return ok && (code == codeBusy || code == codeLocked)
 }
