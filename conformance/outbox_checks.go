@@ -478,7 +478,7 @@ func checkSeveralRelays(ctx context.Context, env *OutboxEnv) error {
 	}
 	wg.Wait()
 	total := keys * perKey
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(20 * time.Second)
 	for len(distinct(rec.Messages())) < total && time.Now().Before(deadline) {
 		select {
 		case err := <-errs:
