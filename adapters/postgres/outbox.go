@@ -221,6 +221,7 @@ func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row
 type leasedShard struct {
 	Shard            int32
 	PublishedThrough int64
+	NextSeq          int64 // the last number committed when the lease was taken
 }
 
 type storedOutboxRow struct {
@@ -245,13 +246,13 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 	}
 	var got []leasedShard
 	err := db.Raw(`WITH pick AS (
-			SELECT r.shard FROM `+s.relayTable()+` r JOIN `+s.shardsTable()+` c ON c.shard = r.shard
+			SELECT r.shard, c.next_seq FROM `+s.relayTable()+` r JOIN `+s.shardsTable()+` c ON c.shard = r.shard
 			 WHERE c.next_seq > r.published_through AND (r.owner = ? OR r.lease_until < clock_timestamp())
 			 ORDER BY r.shard LIMIT ?
 			   FOR UPDATE OF r SKIP LOCKED)
 		UPDATE `+s.relayTable()+` r SET owner = ?, lease_until = clock_timestamp() + make_interval(secs => ?)
 		  FROM pick WHERE r.shard = pick.shard
-		RETURNING r.shard, r.published_through`,
+		RETURNING r.shard, r.published_through, pick.next_seq`,
 		req.Relay, maxShards, req.Relay, req.Lease.Seconds()).Scan(&got).Error
 	if err != nil {
 		return nil, fmt.Errorf("postgres: lease shards of %s: %w", s.parent(), err)
@@ -259,19 +260,34 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 	if len(got) == 0 {
 		return nil, nil
 	}
+	// The counters say how many committed rows each shard holds beyond its
+	// mark, so each shard is read for exactly its share of MaxRows, in shard
+	// order: no row is read only to be cut off by the LIMIT.
+	slices.SortFunc(got, func(a, b leasedShard) int { return cmp.Compare(a.Shard, b.Shard) })
 	var values strings.Builder
-	for i, l := range got {
-		if i > 0 {
+	left := int64(max(req.MaxRows, 1))
+	for _, l := range got {
+		take := min(l.NextSeq-l.PublishedThrough, left)
+		if take <= 0 {
+			continue
+		}
+		if values.Len() > 0 {
 			values.WriteString(", ")
 		}
-		fmt.Fprintf(&values, "(%d, %d::bigint)", l.Shard, l.PublishedThrough)
+		fmt.Fprintf(&values, "(%d, %d::bigint, %d::bigint)", l.Shard, l.PublishedThrough, take)
+		left -= take
+		if left == 0 {
+			break
+		}
 	}
-	limit := strconv.Itoa(max(req.MaxRows, 1))
+	if values.Len() == 0 {
+		return nil, nil
+	}
 	var stored []storedOutboxRow
 	err = db.Raw(`SELECT o.shard, o.seq, to_char(o.day, 'YYYY-MM-DD') AS day, o.event_id, o.topic, o.msg_key, o.msg_value, o.headers
-		  FROM (VALUES ` + values.String() + `) AS l(shard, through)
-		  CROSS JOIN LATERAL (SELECT * FROM ` + s.parent() + ` x WHERE x.shard = l.shard AND x.seq > l.through ORDER BY x.seq LIMIT ` + limit + `) o
-		 ORDER BY o.shard, o.seq LIMIT ` + limit).Scan(&stored).Error
+		  FROM (VALUES ` + values.String() + `) AS l(shard, through, take)
+		  CROSS JOIN LATERAL (SELECT * FROM ` + s.parent() + ` x WHERE x.shard = l.shard AND x.seq > l.through ORDER BY x.seq LIMIT l.take) o
+		 ORDER BY o.shard, o.seq`).Scan(&stored).Error
 	if err != nil {
 		return nil, fmt.Errorf("postgres: read leased shards of %s: %w", s.parent(), err)
 	}
