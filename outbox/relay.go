@@ -266,39 +266,17 @@ func marksOf(rows []Row, err error) []Mark {
 		return nil
 	}
 	var marks []Mark
-	stopped := false
+	stopped := map[int32]bool{}
 	for i, row := range rows {
-		if len(marks) == 0 || marks[len(marks)-1].Shard != row.Shard {
-			stopped = false
-			if perMessage == nil || perMessage[i] == nil {
-				marks = append(marks, Mark{Shard: row.Shard, Seq: row.Seq})
-			} else {
-				stopped = true
-				marks = append(marks, Mark{Shard: row.Shard, Seq: row.Seq - 1})
-			}
-			continue
-		}
-		if stopped || (perMessage != nil && perMessage[i] != nil) {
-			stopped = true
-			continue
-		}
-		marks[len(marks)-1].Seq = row.Seq
-	}
-	// A shard whose first message failed has nothing to mark.
-	out := marks[:0]
-	for i, m := range marks {
-		if first := firstSeqOf(rows, m.Shard); m.Seq >= first {
-			out = append(out, marks[i])
+		switch {
+		case stopped[row.Shard]:
+		case perMessage != nil && perMessage[i] != nil:
+			stopped[row.Shard] = true
+		case len(marks) > 0 && marks[len(marks)-1].Shard == row.Shard:
+			marks[len(marks)-1].Seq = row.Seq
+		default:
+			marks = append(marks, Mark{Shard: row.Shard, Seq: row.Seq})
 		}
 	}
-	return out
-}
-
-func firstSeqOf(rows []Row, shard int32) int64 {
-	for _, r := range rows {
-		if r.Shard == shard {
-			return r.Seq
-		}
-	}
-	return 0
+	return marks
 }
