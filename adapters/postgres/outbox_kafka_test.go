@@ -79,6 +79,7 @@ func TestOutboxRelayToKafka(t *testing.T) {
 	// until they expire.
 	doomed := newRelay("doomed")
 	doomedCtx, kill := context.WithCancel(runCtx)
+	defer kill()
 	relays.Go(func() {
 		for doomedCtx.Err() == nil {
 			if _, err := doomed.PublishOnce(doomedCtx); err != nil && doomedCtx.Err() == nil {
