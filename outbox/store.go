@@ -1,8 +1,11 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"gorm.io/gorm"
@@ -136,4 +139,38 @@ type DayStats struct {
 // and the conformance suite.
 type StatsReporter interface {
 	Stats(ctx context.Context, db *gorm.DB) ([]DayStats, error)
+}
+
+// ShardCount is how many rows of an Append go to one shard.
+type ShardCount struct {
+	Shard int32
+	Rows  int64
+}
+
+// AssignShards sets each row's Shard to its KeyHash modulo shards, and
+// returns the shards the rows go to, in ascending order (the order in which
+// Append locks them), with their row counts. Adapters call it first in
+// Append.
+func AssignShards(rows []Row, shards int) []ShardCount {
+	counts := map[int32]int64{}
+	for i := range rows {
+		rows[i].Shard = int32(rows[i].KeyHash % uint32(shards))
+		counts[rows[i].Shard]++
+	}
+	out := make([]ShardCount, 0, len(counts))
+	for sh, n := range counts {
+		out = append(out, ShardCount{Shard: sh, Rows: n})
+	}
+	slices.SortFunc(out, func(a, b ShardCount) int { return cmp.Compare(a.Shard, b.Shard) })
+	return out
+}
+
+// NumberRows sets each row's Seq: the rows of a shard get consecutive
+// numbers from first[shard] on, in the order given.
+func NumberRows(rows []Row, first map[int32]int64) {
+	next := maps.Clone(first)
+	for i := range rows {
+		rows[i].Seq = next[rows[i].Shard]
+		next[rows[i].Shard]++
+	}
 }

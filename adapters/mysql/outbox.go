@@ -180,16 +180,13 @@ func intList[T int32 | int64](vs []T) string {
 // moves them on, and inserts the rows.
 func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row) error {
 	tx = tx.WithContext(ctx)
-	counts := map[int32]int64{}
-	for i := range rows {
-		rows[i].Shard = int32(rows[i].KeyHash % uint32(s.shards))
-		counts[rows[i].Shard]++
+	counts := outbox.AssignShards(rows, s.shards)
+	shards := make([]int32, len(counts))
+	var bump strings.Builder
+	for i, c := range counts {
+		shards[i] = c.Shard
+		fmt.Fprintf(&bump, " WHEN %d THEN %d", c.Shard, c.Rows)
 	}
-	shards := make([]int32, 0, len(counts))
-	for sh := range counts {
-		shards = append(shards, sh)
-	}
-	slices.Sort(shards)
 	var current []struct {
 		Shard   int32
 		NextSeq int64
@@ -200,19 +197,14 @@ func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row
 	if len(current) != len(shards) {
 		return fmt.Errorf("mysql: %s has %d of the shards %v; run Migrate", s.shardsTable(), len(current), shards)
 	}
-	next := make(map[int32]int64, len(current))
-	var bump strings.Builder
+	first := make(map[int32]int64, len(current))
 	for _, c := range current {
-		next[c.Shard] = c.NextSeq + 1
-		fmt.Fprintf(&bump, " WHEN %d THEN %d", c.Shard, counts[c.Shard])
+		first[c.Shard] = c.NextSeq + 1
 	}
 	if err := tx.Exec(`UPDATE ` + s.shardsTable() + ` SET next_seq = next_seq + CASE shard` + bump.String() + ` END WHERE shard IN (` + intList(shards) + `)`).Error; err != nil {
 		return fmt.Errorf("mysql: number rows of %s: %w", s.tbl.name, err)
 	}
-	for i := range rows {
-		rows[i].Seq = next[rows[i].Shard]
-		next[rows[i].Shard]++
-	}
+	outbox.NumberRows(rows, first)
 	const perRow = 8
 	for lo := 0; lo < len(rows); lo += 500 {
 		hi := min(lo+500, len(rows))

@@ -133,28 +133,18 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 // Append numbers rows in their shards and inserts them.
 func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row) error {
 	tx = tx.WithContext(ctx)
-	counts := map[int32]int64{}
-	for i := range rows {
-		rows[i].Shard = int32(rows[i].KeyHash % uint32(s.shards))
-		counts[rows[i].Shard]++
-	}
-	shards := make([]int32, 0, len(counts))
-	for sh := range counts {
-		shards = append(shards, sh)
-	}
-	slices.Sort(shards)
-	next := make(map[int32]int64, len(shards))
-	for _, sh := range shards {
+	first := map[int32]int64{}
+	for _, c := range outbox.AssignShards(rows, s.shards) {
 		var last int64
-		if err := tx.Raw(`UPDATE `+s.shardsTable+` SET next_seq = next_seq + ? WHERE shard = ? RETURNING next_seq`, counts[sh], sh).Scan(&last).Error; err != nil {
-			return fmt.Errorf("sqlite: number rows of shard %d of %s: %w", sh, s.table, err)
+		if err := tx.Raw(`UPDATE `+s.shardsTable+` SET next_seq = next_seq + ? WHERE shard = ? RETURNING next_seq`, c.Rows, c.Shard).Scan(&last).Error; err != nil {
+			return fmt.Errorf("sqlite: number rows of shard %d of %s: %w", c.Shard, s.table, err)
 		}
-		next[sh] = last - counts[sh] + 1
+		if last < c.Rows {
+			return fmt.Errorf("sqlite: shard %d of %s has no counter row; run Migrate", c.Shard, s.table)
+		}
+		first[c.Shard] = last - c.Rows + 1
 	}
-	for i := range rows {
-		rows[i].Seq = next[rows[i].Shard]
-		next[rows[i].Shard]++
-	}
+	outbox.NumberRows(rows, first)
 	const perRow = 8
 	for lo := 0; lo < len(rows); lo += 32766 / perRow {
 		hi := min(lo+32766/perRow, len(rows))

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -201,4 +202,36 @@ func Relay(ctx context.Context, db *gorm.DB, store outbox.Store, brokers []strin
 		results = append(results, Result{Mode: fmt.Sprintf("%s (%d relay)", mode, o.Relays), Events: len(msgs), Elapsed: elapsed})
 	}
 	return results, nil
+}
+
+// Bench runs Direct and Relay with Defaults once per b.Loop, each time on
+// the database and store open returns (and then cleans up), and reports
+// every mode's events/s and its ratio to direct producing.
+func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store outbox.Store, cleanup func(), err error)) {
+	for b.Loop() {
+		db, store, cleanup, err := open()
+		if err != nil {
+			if cleanup != nil {
+				cleanup()
+			}
+			b.Fatal(err)
+		}
+		o := Defaults()
+		direct, err := Direct(b.Context(), brokers, o)
+		if err != nil {
+			cleanup()
+			b.Fatal(err)
+		}
+		relay, err := Relay(b.Context(), db, store, brokers, o)
+		cleanup()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Log(direct)
+		b.ReportMetric(direct.EventsPerSec(), "direct-events/s")
+		for i, r := range relay {
+			b.Logf("%v (%.2fx direct)", r, r.EventsPerSec()/direct.EventsPerSec())
+			b.ReportMetric(r.EventsPerSec(), Metrics[i])
+		}
+	}
 }
