@@ -29,6 +29,7 @@ var outboxOrderChecks = []OutboxCheck{
 
 var outboxRelayChecks = []OutboxCheck{
 	{Area: "relay", Name: "lease-excludes", Doc: "a shard one relay leases is not claimed by another until the lease expires, and the old relay's acknowledgement is then refused", Run: checkLeaseExcludes},
+	{Area: "relay", Name: "hot-key-does-not-starve", Doc: "a claim smaller than one key's backlog still hands out the oldest rows of every other leased shard", Run: checkHotKey},
 	{Area: "relay", Name: "publish-failure", Doc: "messages the broker did not acknowledge are published again, in order, and the acknowledged ones are not", Run: checkPublishFailure},
 	{Area: "relay", Name: "restart", Doc: "a relay that restarts (or another that takes over) continues where the last acknowledgement left off", Run: checkRelayRestart},
 	{Area: "relay", Name: "several-relays", Doc: "several relays running while writers enqueue publish every message, in order per key, without publishing any twice", Run: checkSeveralRelays},
@@ -576,6 +577,39 @@ func checkExpiry(ctx context.Context, env *OutboxEnv) error {
 	}
 	if len(report.Held) > 0 || !slices.ContainsFunc(report.Expired, held.Equal) {
 		return fmt.Errorf("once published, the held day was not expired: held %v, expired %v", report.Held, report.Expired)
+	}
+	return nil
+}
+
+func checkHotKey(ctx context.Context, env *OutboxEnv) error {
+	ob := env.Outbox()
+	hot := make([]outbox.Message, 60)
+	for i := range hot {
+		hot[i] = msgOf("orders", "hot", strconv.Itoa(i))
+	}
+	if err := env.enqueueTx(ctx, ob, "hot", hot...); err != nil {
+		return err
+	}
+	// Cold keys, enqueued after the hot backlog; at least one of them
+	// falls in another shard.
+	for i := range 8 {
+		if err := env.enqueueTx(ctx, ob, "cold", msgOf("orders", "cold-"+strconv.Itoa(i), "c")); err != nil {
+			return err
+		}
+	}
+	rows, err := env.H.Store.Claim(ctx, env.H.DB.WithContext(ctx), outbox.ClaimRequest{Relay: "r1", Lease: 10 * time.Second, MaxRows: 20})
+	if err != nil {
+		return err
+	}
+	if len(rows) != 20 {
+		return fmt.Errorf("claimed %d rows, want 20", len(rows))
+	}
+	shards := map[int32]bool{}
+	for _, r := range rows {
+		shards[r.Shard] = true
+	}
+	if len(shards) < 2 {
+		return fmt.Errorf("a claim of 20 rows handed out one shard only (%v) while others had rows waiting: a hot key starves the rest", shards)
 	}
 	return nil
 }

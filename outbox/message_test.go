@@ -151,3 +151,19 @@ func TestMarksOf(t *testing.T) {
 		t.Fatalf("partly published: %v", got)
 	}
 }
+
+func TestShareRows(t *testing.T) {
+	got := ShareRows([]ShardCount{{1, 1000}, {2, 3}, {3, 0}, {4, 50}}, 100)
+	want := []ShardCount{{1, 49}, {2, 3}, {4, 48}}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+	if got := ShareRows([]ShardCount{{1, 5}, {2, 5}, {3, 5}}, 2); len(got) != 2 || got[0] != (ShardCount{1, 1}) || got[1] != (ShardCount{2, 1}) {
+		t.Fatalf("fewer rows than shards: %v", got)
+	}
+}

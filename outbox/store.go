@@ -174,3 +174,38 @@ func NumberRows(rows []Row, first map[int32]int64) {
 		next[rows[i].Shard]++
 	}
 }
+
+// ShareRows splits maxRows among shards (each with the number of its
+// unpublished rows, in Rows) and returns how many rows to read from each, in
+// the order given, leaving out shards that get none. It fills them evenly
+// (water-filling), so a shard with a long backlog (a hot key) never holds up
+// the others.
+func ShareRows(pending []ShardCount, maxRows int) []ShardCount {
+	take := make([]int64, len(pending))
+	for left := int64(max(maxRows, 1)); left > 0; {
+		var wanting int64
+		for i, p := range pending {
+			if p.Rows > take[i] {
+				wanting++
+			}
+		}
+		if wanting == 0 {
+			break
+		}
+		share := max(left/wanting, 1)
+		for i, p := range pending {
+			add := min(p.Rows-take[i], share, left)
+			if add > 0 {
+				take[i] += add
+				left -= add
+			}
+		}
+	}
+	var out []ShardCount
+	for i, p := range pending {
+		if take[i] > 0 {
+			out = append(out, ShardCount{Shard: p.Shard, Rows: take[i]})
+		}
+	}
+	return out
+}

@@ -280,21 +280,19 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 	if err != nil || len(leased) == 0 {
 		return nil, err
 	}
+	pending := make([]outbox.ShardCount, len(leased))
+	through := make(map[int32]int64, len(leased))
+	for i, l := range leased {
+		pending[i] = outbox.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
+		through[l.Shard] = l.PublishedThrough
+	}
 	var union strings.Builder
-	left := int64(max(req.MaxRows, 1))
-	for _, l := range leased {
-		take := min(l.NextSeq-l.PublishedThrough, left)
-		if take <= 0 {
-			continue
-		}
+	for _, sh := range outbox.ShareRows(pending, req.MaxRows) {
 		if union.Len() > 0 {
 			union.WriteString(" UNION ALL ")
 		}
 		fmt.Fprintf(&union, "(SELECT shard, seq, CAST(day AS CHAR) AS day, event_id, topic, msg_key, msg_value, headers FROM %s WHERE shard = %d AND seq > %d ORDER BY seq LIMIT %d)",
-			s.tbl.table, l.Shard, l.PublishedThrough, take)
-		if left -= take; left == 0 {
-			break
-		}
+			s.tbl.table, sh.Shard, through[sh.Shard], sh.Rows)
 	}
 	if union.Len() == 0 {
 		return nil, nil

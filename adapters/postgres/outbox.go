@@ -248,27 +248,25 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 		return nil, nil
 	}
 	// The counters say how many committed rows each shard holds beyond its
-	// mark, so each shard is read for exactly its share of MaxRows, in shard
-	// order: no row is read only to be cut off by the LIMIT.
+	// mark, so each shard is read for exactly its share of MaxRows: no row
+	// is read only to be cut off by a LIMIT.
 	slices.SortFunc(got, func(a, b leasedShard) int { return cmp.Compare(a.Shard, b.Shard) })
+	pending := make([]outbox.ShardCount, len(got))
+	through := make(map[int32]int64, len(got))
+	for i, l := range got {
+		pending[i] = outbox.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
+		through[l.Shard] = l.PublishedThrough
+	}
+	shares := outbox.ShareRows(pending, req.MaxRows)
+	if len(shares) == 0 {
+		return nil, nil
+	}
 	var values strings.Builder
-	left := int64(max(req.MaxRows, 1))
-	for _, l := range got {
-		take := min(l.NextSeq-l.PublishedThrough, left)
-		if take <= 0 {
-			continue
-		}
-		if values.Len() > 0 {
+	for i, sh := range shares {
+		if i > 0 {
 			values.WriteString(", ")
 		}
-		fmt.Fprintf(&values, "(%d, %d::bigint, %d::bigint)", l.Shard, l.PublishedThrough, take)
-		left -= take
-		if left == 0 {
-			break
-		}
-	}
-	if values.Len() == 0 {
-		return nil, nil
+		fmt.Fprintf(&values, "(%d, %d::bigint, %d::bigint)", sh.Shard, through[sh.Shard], sh.Rows)
 	}
 	var stored []storedOutboxRow
 	err = db.Raw(`SELECT o.shard, o.seq, to_char(o.day, 'YYYY-MM-DD') AS day, o.event_id, o.topic, o.msg_key, o.msg_value, o.headers

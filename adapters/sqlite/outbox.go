@@ -172,6 +172,7 @@ const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
 type leased struct {
 	Shard            int32
 	PublishedThrough int64
+	NextSeq          int64
 }
 
 type storedRow struct {
@@ -199,20 +200,22 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 			WHERE shard IN (SELECT shard FROM `+s.shardsTable+`
 			                 WHERE next_seq > published_through AND (owner = ? OR lease_until < `+nowMillis+`)
 			                 ORDER BY shard LIMIT ?)
-			RETURNING shard, published_through`, req.Relay, req.Lease.Milliseconds(), req.Relay, maxShards).Scan(&got).Error
+			RETURNING shard, published_through, next_seq`, req.Relay, req.Lease.Milliseconds(), req.Relay, maxShards).Scan(&got).Error
 		if err != nil {
 			return fmt.Errorf("sqlite: lease shards of %s: %w", s.table, err)
 		}
 		slices.SortFunc(got, func(a, b leased) int { return cmp.Compare(a.Shard, b.Shard) })
-		for _, l := range got {
-			left := req.MaxRows - len(rows)
-			if left <= 0 {
-				break
-			}
+		pending := make([]outbox.ShardCount, len(got))
+		through := make(map[int32]int64, len(got))
+		for i, l := range got {
+			pending[i] = outbox.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
+			through[l.Shard] = l.PublishedThrough
+		}
+		for _, sh := range outbox.ShareRows(pending, req.MaxRows) {
 			var part []storedRow
 			if err := tx.Raw(`SELECT shard, seq, day, event_id, topic, msg_key, msg_value, headers FROM `+s.table+`
-				WHERE shard = ? AND seq > ? ORDER BY seq LIMIT ?`, l.Shard, l.PublishedThrough, left).Scan(&part).Error; err != nil {
-				return fmt.Errorf("sqlite: read shard %d of %s: %w", l.Shard, s.table, err)
+				WHERE shard = ? AND seq > ? ORDER BY seq LIMIT ?`, sh.Shard, through[sh.Shard], sh.Rows).Scan(&part).Error; err != nil {
+				return fmt.Errorf("sqlite: read shard %d of %s: %w", sh.Shard, s.table, err)
 			}
 			for _, p := range part {
 				day, err := time.Parse(time.DateOnly, p.Day)
