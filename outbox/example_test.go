@@ -4,6 +4,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
 )
 
@@ -108,4 +110,61 @@ func ExampleNewEventID() {
 	id := outbox.NewEventID(at)
 	fmt.Println(len(id), id[:13], id[14:15])
 	// Output: 36 01a22f8f-3888 7
+}
+
+// Stock is the inventory service's table in the chain example.
+type Stock struct {
+	SKU      string `gorm:"primaryKey"`
+	Reserved int
+}
+
+// The middle of the chain: service B consumes OrderCreated through the
+// inbox, reserves stock and enqueues StockReserved in the same transaction.
+// A redelivered OrderCreated is a duplicate: neither the reservation nor the
+// StockReserved event happens twice, and the event id of StockReserved is
+// derived from the order's, so even a re-run of the whole transaction sends
+// the same id downstream.
+func ExampleOutbox_Enqueue_inboxHandler() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "outbox-chain")
+	defer os.RemoveAll(dir)
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(dir, "inventory.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		log.Fatal(err)
+	}
+	inboxStore, _ := inboxsqlite.New(inboxsqlite.Options{})
+	ib, _ := inbox.New(db, inboxStore, inbox.Config{})
+	outboxStore, _ := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{})
+	ob, _ := outbox.New(db, outboxStore, outbox.Config{})
+	if err := errors.Join(ib.Migrate(ctx), ob.Migrate(ctx), db.AutoMigrate(&Stock{})); err != nil {
+		log.Fatal(err)
+	}
+	db.Create(&Stock{SKU: "sku-7"})
+
+	reserve := func(ctx context.Context, tx *gorm.DB, msg inbox.Message) error {
+		if err := tx.Model(&Stock{}).Where("sku = ?", "sku-7").Update("reserved", gorm.Expr("reserved + 1")).Error; err != nil {
+			return err
+		}
+		return ob.Enqueue(ctx, tx, outbox.Message{
+			Topic: "stock", Key: []byte("sku-7"), Value: []byte(`{"reserved":1}`),
+			ID: "stock-reserved-for-" + msg.ID,
+		})
+	}
+	orderCreated := inbox.Message{Consumer: "inventory", ID: "order-created-o1", Time: time.Now()}
+	for range 2 { // the broker delivers it twice
+		out, err := ib.Process(ctx, orderCreated, reserve)
+		fmt.Println(out, err)
+	}
+	relay, _ := ob.NewRelay(printer{}, outbox.RelayConfig{ID: "relay-b"})
+	if _, err := relay.PublishOnce(ctx); err != nil {
+		log.Fatal(err)
+	}
+	var s Stock
+	db.First(&s, "sku = ?", "sku-7")
+	fmt.Println("reserved:", s.Reserved)
+	// Output:
+	// processed <nil>
+	// duplicate <nil>
+	// stock key=sku-7 value={"reserved":1} event_id=stock-reserved-for-order-created-o1
+	// reserved: 1
 }

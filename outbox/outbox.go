@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -50,6 +51,20 @@ type Outbox struct {
 	store Store
 	cfg   Config
 	log   *slog.Logger
+
+	enqueued, refused, failed atomic.Uint64
+}
+
+// Counters are an Outbox's totals since it was made.
+type Counters struct {
+	Enqueued uint64 // messages handed to the Store (they commit with their transactions, or not)
+	Refused  uint64 // calls refused before anything was written: invalid messages, no transaction
+	Failed   uint64 // calls whose statements failed (the caller's transaction must roll back)
+}
+
+// Counters returns the totals so far, for a metrics system.
+func (o *Outbox) Counters() Counters {
+	return Counters{Enqueued: o.enqueued.Load(), Refused: o.refused.Load(), Failed: o.failed.Load()}
 }
 
 // New returns an Outbox over db and store. It does not touch the database;
@@ -119,10 +134,20 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 // enqueue all of a transaction's messages in one call, as late in the
 // transaction as possible.
 func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) error {
+	err := o.enqueue(ctx, tx, msgs)
+	if err != nil {
+		o.log.LogAttrs(ctx, slog.LevelWarn, "enqueue failed", slog.Int("messages", len(msgs)), slog.Any("error", err))
+	}
+	return err
+}
+
+func (o *Outbox) enqueue(ctx context.Context, tx *gorm.DB, msgs []Message) error {
 	if tx == nil {
+		o.refused.Add(1)
 		return fmt.Errorf("%w: Enqueue needs the caller's transaction, got nil", inbox.ErrInvalidConfig)
 	}
 	if c, ok := tx.Statement.ConnPool.(gorm.TxCommitter); !ok || c == nil {
+		o.refused.Add(1)
 		return fmt.Errorf("%w: Enqueue needs a *gorm.DB inside a transaction (db.Begin or db.Transaction): outside one the messages would commit without the effect", inbox.ErrInvalidConfig)
 	}
 	if len(msgs) == 0 {
@@ -134,6 +159,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) erro
 	for i, m := range msgs {
 		p, err := prepare(m, o.cfg.Headers, now)
 		if err != nil {
+			o.refused.Add(1)
 			return fmt.Errorf("outbox: message %d of %d: %w", i+1, len(msgs), err)
 		}
 		hs, err := encodeHeaders(p.headers)
@@ -146,8 +172,10 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) erro
 		}
 	}
 	if err := o.store.Append(ctx, tx.WithContext(ctx), rows); err != nil {
+		o.failed.Add(1)
 		return fmt.Errorf("outbox: enqueue %d messages: %w", len(rows), err)
 	}
+	o.enqueued.Add(uint64(len(rows)))
 	return nil
 }
 
