@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	gormpg "gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -55,9 +57,13 @@ func postgresChain(t *testing.T) chainDB {
 		}
 	})
 	return chainDB{
-		db:        db,
-		newInbox:  func(table string) (inbox.Store, error) { return inboxpg.New(inboxpg.Options{Schema: schema, Table: table}) },
-		newOutbox: func(table string) (outbox.Store, error) { return inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Table: table, Shards: 16}) },
+		db: db,
+		newInbox: func(table string) (inbox.Store, error) {
+			return inboxpg.New(inboxpg.Options{Schema: schema, Table: table})
+		},
+		newOutbox: func(table string) (outbox.Store, error) {
+			return inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Table: table, Shards: 16})
+		},
 		drop: func(tables ...string) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -193,10 +199,13 @@ func runChain(t *testing.T, c chainDB) {
 	var wg sync.WaitGroup
 	startRelay := func(ob *outbox.Outbox, id string, runCtx context.Context, release bool) {
 		w := outbox.NewKafkaWriter(brokers...)
-		pub, err := outbox.NewKafkaPublisher(w)
+		kp, err := outbox.NewKafkaPublisher(w)
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Every third publish "loses its acknowledgement": the broker has
+		// the messages, the relay does not mark them and sends them again.
+		pub := &ackLosing{Publisher: kp, every: 3}
 		r, err := ob.NewRelay(pub, outbox.RelayConfig{ID: id, Lease: 3 * time.Second, MaxMessages: 50, PollInterval: 20 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
@@ -331,4 +340,23 @@ func runChain(t *testing.T, c chainDB) {
 	if lost != 0 || twice != 0 || reorders.Load() != 0 {
 		t.Fatalf("chain broken: %d lost, %d applied twice, %d reordered within a key", lost, twice, reorders.Load())
 	}
+}
+
+// ackLosing publishes through Publisher and then reports every every-th
+// call as failed, as a relay that crashed between the broker's
+// acknowledgement and marking the messages published.
+type ackLosing struct {
+	outbox.Publisher
+	every int
+	calls atomic.Int64
+}
+
+func (p *ackLosing) Publish(ctx context.Context, msgs []kafka.Message) error {
+	if err := p.Publisher.Publish(ctx, msgs); err != nil {
+		return err
+	}
+	if p.calls.Add(1)%int64(p.every) == 0 {
+		return errors.New("acknowledgement lost (injected)")
+	}
+	return nil
 }
