@@ -17,6 +17,7 @@ import (
 )
 
 var outboxEnqueueChecks = []OutboxCheck{
+	{Area: "enqueue", Name: "verify-after-migrate", Doc: "a Store that verifies settings (inbox.Verifier) accepts the harness's database after Migrate", Run: checkOutboxVerify},
 	{Area: "enqueue", Name: "commit-publishes", Doc: "messages enqueued in a committed transaction are published once each, with their key, value, headers and event id", Run: checkCommitPublishes},
 	{Area: "enqueue", Name: "rollback-removes", Doc: "a rolled-back transaction leaves neither its effect nor its messages", Run: checkRollbackRemoves},
 	{Area: "enqueue", Name: "invalid-stores-nothing", Doc: "an invalid message, or a *gorm.DB that is no transaction, fails Enqueue before anything is stored", Run: checkInvalidStoresNothing},
@@ -44,14 +45,21 @@ func msgOf(topic, key, value string) outbox.Message {
 }
 
 // enqueueTx enqueues msgs in a new transaction together with an effect
-// named name.
+// named name, and runs the transaction again after a transient failure, as
+// an application does.
 func (env *OutboxEnv) enqueueTx(ctx context.Context, ob *outbox.Outbox, name string, msgs ...outbox.Message) error {
-	return env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := env.Effect(tx, name); err != nil {
+	for attempt := 1; ; attempt++ {
+		err := ob.DB().WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			if err := env.Effect(tx, name); err != nil {
+				return err
+			}
+			return ob.Enqueue(ctx, tx, msgs...)
+		})
+		if err == nil || !ob.IsRetryable(err) || attempt == 20 || ctx.Err() != nil {
 			return err
 		}
-		return ob.Enqueue(ctx, tx, msgs...)
-	})
+		time.Sleep(time.Duration(attempt) * 5 * time.Millisecond)
+	}
 }
 
 func checkCommitPublishes(ctx context.Context, env *OutboxEnv) error {
@@ -610,6 +618,17 @@ func checkHotKey(ctx context.Context, env *OutboxEnv) error {
 	}
 	if len(shards) < 2 {
 		return fmt.Errorf("a claim of 20 rows handed out one shard only (%v) while others had rows waiting: a hot key starves the rest", shards)
+	}
+	return nil
+}
+
+func checkOutboxVerify(ctx context.Context, env *OutboxEnv) error {
+	v, ok := env.H.Store.(inbox.Verifier)
+	if !ok {
+		return nil
+	}
+	if err := v.Verify(ctx, env.H.DB.WithContext(ctx)); err != nil {
+		return fmt.Errorf("Verify after Migrate: %w", err)
 	}
 	return nil
 }

@@ -32,9 +32,11 @@ func sqliteChain(t *testing.T) chainDB {
 		}
 	})
 	return chainDB{
-		db:        db,
-		newInbox:  func(table string) (inbox.Store, error) { return inboxsqlite.New(inboxsqlite.Options{Table: table}) },
-		newOutbox: func(table string) (outbox.Store, error) { return inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: table, Shards: 16}) },
-		drop:      func(...string) {},
+		db:       db,
+		newInbox: func(table string) (inbox.Store, error) { return inboxsqlite.New(inboxsqlite.Options{Table: table}) },
+		newOutbox: func(table string) (outbox.Store, error) {
+			return inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: table, Shards: 16})
+		},
+		drop: func(...string) {},
 	}
 }

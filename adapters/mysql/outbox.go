@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -492,6 +493,30 @@ func (s *OutboxStore) maintain(db *gorm.DB, plan inbox.MaintenancePlan) (outbox.
 	}
 }
 
+// Verify checks the server (MariaDB 10.6+ or MySQL 8.0+, for SKIP LOCKED),
+// a strict sql_mode, and that the outbox table is InnoDB and partitioned by
+// RANGE COLUMNS(day) with a catch-all.
+func (s *OutboxStore) Verify(ctx context.Context, db *gorm.DB) error {
+	db = db.WithContext(ctx)
+	server, problems, err := sessionProblems(ctx, db)
+	if err != nil {
+		return err
+	}
+	if !server.Supported() || (server.MariaDB && server.Major == 10 && server.Minor < 6) {
+		problems = append(problems, fmt.Errorf("server %s lacks SKIP LOCKED (MySQL 8.0+ or MariaDB 10.6+)", server))
+	}
+	if err := s.tbl.checkEngine(db); err != nil {
+		problems = append(problems, err)
+	}
+	if _, err := s.tbl.readPartitions(db); err != nil {
+		problems = append(problems, err)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("mysql: unsafe outbox settings on %s: %w", server, errors.Join(problems...))
+	}
+	return nil
+}
+
 // Stats counts rows and unpublished rows per day.
 func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats, error) {
 	var raw []struct {
@@ -518,4 +543,5 @@ func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats
 var (
 	_ outbox.Store         = (*OutboxStore)(nil)
 	_ outbox.StatsReporter = (*OutboxStore)(nil)
+	_ inbox.Verifier       = (*OutboxStore)(nil)
 )

@@ -3,6 +3,7 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -486,6 +487,28 @@ func (s *OutboxStore) expirePartition(db *gorm.DB, name string, dryRun bool) (he
 	return false, true, s.tbl.dropDetached(db, name)
 }
 
+// Verify checks that the outbox tables exist with the configured number of
+// shards and that the server's settings keep committed messages (fsync,
+// full_page_writes, synchronous_commit): a message lost in a crash after
+// its transaction committed is never published.
+func (s *OutboxStore) Verify(ctx context.Context, db *gorm.DB) error {
+	db = db.WithContext(ctx)
+	problems, err := durabilityProblems(db)
+	if err != nil {
+		return err
+	}
+	var shards int64
+	if err := db.Raw(`SELECT count(*) FROM ` + s.relayTable()).Scan(&shards).Error; err != nil {
+		problems = append(problems, fmt.Errorf("outbox tables of %s are missing (run Migrate): %w", s.parent(), err))
+	} else if shards != int64(s.shards) {
+		problems = append(problems, fmt.Errorf("%s has %d shards, the store is configured with %d", s.parent(), shards, s.shards))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("postgres: unsafe outbox settings: %w", errors.Join(problems...))
+	}
+	return nil
+}
+
 // Stats counts rows and unpublished rows per day.
 func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats, error) {
 	var raw []struct {
@@ -514,4 +537,5 @@ var (
 	_ outbox.Store         = (*OutboxStore)(nil)
 	_ outbox.StatsReporter = (*OutboxStore)(nil)
 	_ inbox.SchemaPrinter  = (*OutboxStore)(nil)
+	_ inbox.Verifier       = (*OutboxStore)(nil)
 )

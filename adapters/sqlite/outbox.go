@@ -347,6 +347,11 @@ func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats
 	return out, nil
 }
 
+// Verify checks the connection's settings as the inbox Store does (WAL, a
+// busy timeout, synchronous FULL: with NORMAL a power loss can undo the
+// commit of a message, which is then never published).
+func (s *OutboxStore) Verify(ctx context.Context, db *gorm.DB) error { return verifySettings(ctx, db) }
+
 // IsRetryable is the inbox Store's classification: SQLITE_BUSY and
 // SQLITE_LOCKED.
 func (s *OutboxStore) IsRetryable(err error) bool { return isRetryable(err) }
@@ -354,4 +359,5 @@ func (s *OutboxStore) IsRetryable(err error) bool { return isRetryable(err) }
 var (
 	_ outbox.Store         = (*OutboxStore)(nil)
 	_ outbox.StatsReporter = (*OutboxStore)(nil)
+	_ inbox.Verifier       = (*OutboxStore)(nil)
 )

@@ -231,7 +231,9 @@ func isRetryable(err error) bool {
 
 // Verify checks that the connection uses write-ahead logging, a busy
 // timeout and durable commits (synchronous FULL or EXTRA).
-func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
+func (s *Store) Verify(ctx context.Context, db *gorm.DB) error { return verifySettings(ctx, db) }
+
+func verifySettings(ctx context.Context, db *gorm.DB) error {
 	db = db.WithContext(ctx)
 	var problems []error
 	var mode string

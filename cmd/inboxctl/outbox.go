@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
 )
 
@@ -14,7 +15,8 @@ var outboxSpec = cmdSpec{
 	synopsis: `Manage the outbox table (github.com/inboxgo/inbox/outbox). The first argument
 is the action:
 
-  migrate   create the outbox table, its shards and relay tables (or check them)
+  migrate   create the outbox table, its shards and relay tables (or check
+            them); warns about settings that can lose committed messages
   maintain  prepare the coming days and remove published rows of days before
             today - retention-days; a day that still holds unpublished rows is
             never removed and is reported (exit status 1): is a relay running?
@@ -126,6 +128,13 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		// Migrate makes no day partitions on PostgreSQL: prepare them now.
 		if _, err := ob.Maintain(ctx); err != nil {
 			return fail(stderr, "outbox", err)
+		}
+		// Like migrate for the inbox, this DSN may not be the
+		// applications': warn, do not fail.
+		if v, ok := store.(inbox.Verifier); ok {
+			if err := v.Verify(ctx, db); err != nil {
+				fmt.Fprintf(stderr, "inboxctl outbox: warning: with this DSN's settings %v\n", err)
+			}
 		}
 	case "maintain":
 		plan := ob.Plan()
