@@ -98,7 +98,22 @@ func (s *OutboxStore) relayTable() string  { return s.qualify(s.tbl.name + "_rel
 // leaseNever is a lease_until long past.
 const leaseNever = "'1970-01-02 00:00:00'"
 
-func (s *OutboxStore) createStatements(today time.Time) []string {
+// MigrationSQL returns Migrate's statements with partitions from the day
+// before plan.Today through plan.PrepareThrough (at least
+// OutboxOptions.InitialDays ahead, as Migrate makes them) and the catch-all.
+func (s *OutboxStore) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
+	today := inbox.DayOf(plan.Today)
+	if plan.PrepareThrough.Before(today) {
+		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", inbox.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(today))
+	}
+	return s.createStatements(today, inbox.DayOf(plan.PrepareThrough)), nil
+}
+
+// createStatements makes the tables, the outbox table with a partition for
+// each day from the day before today through last (at least
+// Options.InitialDays ahead) and the catch-all, and the shards.
+func (s *OutboxStore) createStatements(today, last time.Time) []string {
+	last = maxTime(last, today.AddDate(0, 0, s.tbl.initialDays))
 	var b strings.Builder
 	b.WriteString(`CREATE TABLE IF NOT EXISTS ` + s.tbl.table + ` (
 		shard      INT             NOT NULL,
@@ -113,7 +128,7 @@ func (s *OutboxStore) createStatements(today time.Time) []string {
 		PRIMARY KEY (shard, seq, day)
 	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
 	PARTITION BY RANGE COLUMNS(day) (`)
-	for d := today.AddDate(0, 0, -1); !d.After(today.AddDate(0, 0, s.tbl.initialDays)); d = d.AddDate(0, 0, 1) {
+	for d := today.AddDate(0, 0, -1); !d.After(last); d = d.AddDate(0, 0, 1) {
 		fmt.Fprintf(&b, "PARTITION %s VALUES LESS THAN ('%s'), ", partitionName(d), dayText(d.AddDate(0, 0, 1)))
 	}
 	b.WriteString("PARTITION pmax VALUES LESS THAN (MAXVALUE))")
@@ -145,7 +160,8 @@ func (s *OutboxStore) createStatements(today time.Time) []string {
 // partitioning and the number of shards.
 func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 	return s.tbl.withLock(ctx, db, func(conn *gorm.DB) error {
-		for _, q := range s.createStatements(inbox.DayOf(time.Now())) {
+		today := inbox.DayOf(time.Now())
+		for _, q := range s.createStatements(today, today) {
 			if err := conn.Exec(q).Error; err != nil {
 				return fmt.Errorf("mysql: migrate %s: %w", s.tbl.name, err)
 			}
@@ -544,4 +560,12 @@ var (
 	_ outbox.Store         = (*OutboxStore)(nil)
 	_ outbox.StatsReporter = (*OutboxStore)(nil)
 	_ inbox.Verifier       = (*OutboxStore)(nil)
+	_ inbox.SchemaPrinter  = (*OutboxStore)(nil)
 )
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

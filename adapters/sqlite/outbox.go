@@ -95,6 +95,26 @@ func (s *OutboxStore) createStatements() []string {
 	}
 }
 
+// shardRows inserts the shards' rows that are missing.
+func (s *OutboxStore) shardRows() string {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO ` + s.shardsTable + ` (shard) VALUES `)
+	for i := range s.shards {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(" + strconv.Itoa(i) + ")")
+	}
+	b.WriteString(` ON CONFLICT (shard) DO NOTHING`)
+	return b.String()
+}
+
+// MigrationSQL returns Migrate's statements; SQLite has no partitions to
+// prepare.
+func (s *OutboxStore) MigrationSQL(inbox.MaintenancePlan) ([]string, error) {
+	return append(s.createStatements(), s.shardRows()), nil
+}
+
 // Migrate creates the tables and the shards, and refuses a shards table
 // with another number of shards.
 func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
@@ -109,15 +129,7 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 			return fmt.Errorf("sqlite: count shards of %s: %w", s.table, err)
 		}
 		if have.N == 0 {
-			var b strings.Builder
-			b.WriteString(`INSERT INTO ` + s.shardsTable + ` (shard) VALUES `)
-			for i := range s.shards {
-				if i > 0 {
-					b.WriteByte(',')
-				}
-				b.WriteString("(" + strconv.Itoa(i) + ")")
-			}
-			if err := tx.Exec(b.String()).Error; err != nil {
+			if err := tx.Exec(s.shardRows()).Error; err != nil {
 				return fmt.Errorf("sqlite: create shards of %s: %w", s.table, err)
 			}
 			return nil
@@ -360,4 +372,5 @@ var (
 	_ outbox.Store         = (*OutboxStore)(nil)
 	_ outbox.StatsReporter = (*OutboxStore)(nil)
 	_ inbox.Verifier       = (*OutboxStore)(nil)
+	_ inbox.SchemaPrinter  = (*OutboxStore)(nil)
 )

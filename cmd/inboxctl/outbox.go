@@ -26,6 +26,7 @@ is the action:
 refuses a different number). --retention-days here defaults to the outbox's
 3 days.`,
 	examples: `  inboxctl outbox migrate --dsn "$DSN"
+  inboxctl outbox migrate --print-sql --dialect postgres --schema app > migrations/0002_outbox.sql
   inboxctl outbox maintain --dsn "$DSN" --retention-days 3 --dry-run
   inboxctl outbox stats --dsn "$DSN" --json
 `,
@@ -63,6 +64,7 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs, o := newFlagSet(outboxSpec)
 	shards := fs.Int("shards", 64, "`number` of shards of the outbox table (the applications' adapter option)")
 	dryRun := fs.Bool("dry-run", false, "maintain: change nothing; print what would be prepared and removed")
+	printSQL := fs.Bool("print-sql", false, "migrate: print the DDL for --dialect instead of running it; connects to nothing")
 	fs.Lookup("retention-days").DefValue = "3"
 	o.retentionDays = outbox.DefaultRetentionDays
 	fs.Lookup("table").Usage = "outbox `table` name (default: the adapter's, outbox_messages)"
@@ -81,6 +83,16 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if *shards < 1 {
 		return fail(stderr, "outbox", usageErrorf("--shards must be at least 1, got %d", *shards))
+	}
+	if *printSQL {
+		if action != "migrate" {
+			return fail(stderr, "outbox", usageErrorf("--print-sql is for migrate"))
+		}
+		return printDDL(o, o.prepareDays, stdout, stderr, ddlTarget{
+			cmd: "outbox", what: "outbox table", then: "inboxctl outbox maintain (or Outbox.RunMaintenance)",
+			defaultTable: func(b *backend) string { return b.defaultOutboxTable },
+			newStore:     func(b *backend, table string) (any, error) { return b.newOutboxStore(table, o.schema, *shards) },
+		})
 	}
 	o.create = action == "migrate"
 	if err := o.resolve(true); err != nil {
