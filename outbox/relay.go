@@ -137,6 +137,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		pause := time.Duration(0)
 		switch {
+		case errors.Is(err, ErrShardStuck) && !errors.Is(err, errPublish):
+			// The other shards go on at full speed; the stuck one is
+			// reported on every cycle until the row is repaired.
+			failures = 0
+			r.log.Error("relay cannot publish a stored message; its shard waits (keys of other shards go on)", "error", err)
+			if n < r.cfg.MaxMessages {
+				pause = r.cfg.PollInterval
+			}
 		case err != nil:
 			failures++
 			pause = r.o.backoff(failures)
@@ -198,28 +206,35 @@ func (r *Relay) cycle(ctx context.Context, ev *RelayEvent) (int, error) {
 		return 0, nil
 	}
 	msgs := make([]kafka.Message, 0, len(rows))
+	sent := make([]Row, 0, len(rows))
 	bytes := 0
 	var bad error
+	blocked := map[int32]bool{}
 	for _, row := range rows {
+		if blocked[row.Shard] {
+			continue
+		}
 		hs, err := decodeHeaders(row.Headers)
 		if err != nil {
 			// Publishing what follows in this shard would overtake it:
-			// the shard stops here until someone repairs the row.
-			bad = fmt.Errorf("outbox: shard %d seq %d (event %q): %w", row.Shard, row.Seq, row.EventID, err)
-			break
+			// the shard stops here, loudly, until someone repairs the row.
+			blocked[row.Shard] = true
+			bad = errors.Join(bad, fmt.Errorf("%w: shard %d at seq %d (event %q): %w", ErrShardStuck, row.Shard, row.Seq, row.EventID, err))
+			continue
 		}
 		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.Value, Headers: hs}
 		size := MessageBytes(m.Key, m.Value, m.Headers)
 		if len(msgs) > 0 && bytes+size > r.maxBytes {
-			break // a prefix of the (shard, seq) order keeps every shard's run a prefix
+			break // what is left is a suffix of every shard's run
 		}
 		bytes += size
 		msgs = append(msgs, m)
+		sent = append(sent, row)
 	}
 	if len(msgs) == 0 {
 		return 0, bad
 	}
-	rows = rows[:len(msgs)]
+	rows = sent
 	// Publishing after the lease expired would only duplicate what the next
 	// relay publishes, but it is wasted work: stop in time.
 	pubCtx, cancel := context.WithDeadline(ctx, claimedAt.Add(r.cfg.Lease*9/10))
@@ -252,10 +267,18 @@ func (r *Relay) cycle(ctx context.Context, ev *RelayEvent) (int, error) {
 	}
 	r.published.Add(uint64(acked))
 	if pubErr != nil {
-		return acked, fmt.Errorf("outbox: relay publish: %w", pubErr)
+		return acked, fmt.Errorf("%w: %w", errPublish, pubErr)
 	}
 	return acked, bad
 }
+
+// ErrShardStuck is wrapped by a relay cycle's error when a stored message
+// cannot be published (its stored headers are unreadable): its shard stops
+// there, since publishing what follows would overtake it, and the error is
+// logged on every cycle until the row is repaired. Other shards go on.
+var ErrShardStuck = errors.New("outbox: a stored message cannot be published; its shard waits")
+
+var errPublish = errors.New("outbox: relay publish")
 
 // marksOf returns, for each shard of rows, the last Seq before the first
 // message that failed (all of them when err is nil). rows are in (shard,
