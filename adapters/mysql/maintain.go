@@ -48,27 +48,8 @@ func (s *Store) maintain(db *gorm.DB, plan inbox.MaintenancePlan) (inbox.Mainten
 		return report, err
 	}
 
-	// Prepare: split the new days out of the catch-all.
-	var top time.Time
-	if len(parts) > 1 {
-		top = parts[len(parts)-2].bound
-	}
-	var split strings.Builder
-	for d := inbox.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
-		if next := d.AddDate(0, 0, 1); next.After(top) {
-			fmt.Fprintf(&split, "PARTITION %s VALUES LESS THAN ('%s'), ", partitionName(d), dayText(next))
-			report.Prepared = append(report.Prepared, d)
-		}
-	}
-	if len(report.Prepared) > 0 && !plan.DryRun {
-		pmax := quoteName(parts[len(parts)-1].name)
-		q := "ALTER TABLE " + s.table + " REORGANIZE PARTITION " + pmax + " INTO (" + split.String() + "PARTITION " + pmax + " VALUES LESS THAN (MAXVALUE))"
-		if err := db.Exec(q).Error; err != nil {
-			return report, fmt.Errorf("mysql: prepare days %s..%s in %s: %w", dayText(report.Prepared[0]), dayText(report.Prepared[len(report.Prepared)-1]), s.name, err)
-		}
-		if parts, err = s.readPartitions(db); err != nil {
-			return report, err
-		}
+	if report.Prepared, parts, err = s.prepareDays(db, parts, plan); err != nil {
+		return report, err
 	}
 
 	// Expire.
@@ -160,6 +141,36 @@ func (s *Store) maintain(db *gorm.DB, plan inbox.MaintenancePlan) (inbox.Mainten
 		report.RowsRemoved += n
 	}
 	return report, err
+}
+
+// prepareDays splits the days from plan.Today through plan.PrepareThrough
+// that have no partition yet out of the catch-all, with one REORGANIZE
+// PARTITION (cheap: the catch-all only holds far-future rows), and returns
+// them and the partitions after the change. parts are the table's
+// partitions; in a dry run nothing changes.
+func (s *Store) prepareDays(db *gorm.DB, parts []partition, plan inbox.MaintenancePlan) ([]time.Time, []partition, error) {
+	var top time.Time
+	if len(parts) > 1 {
+		top = parts[len(parts)-2].bound
+	}
+	var prepared []time.Time
+	var split strings.Builder
+	for d := inbox.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
+		if next := d.AddDate(0, 0, 1); next.After(top) {
+			fmt.Fprintf(&split, "PARTITION %s VALUES LESS THAN ('%s'), ", partitionName(d), dayText(next))
+			prepared = append(prepared, d)
+		}
+	}
+	if len(prepared) == 0 || plan.DryRun {
+		return prepared, parts, nil
+	}
+	pmax := quoteName(parts[len(parts)-1].name)
+	q := "ALTER TABLE " + s.table + " REORGANIZE PARTITION " + pmax + " INTO (" + split.String() + "PARTITION " + pmax + " VALUES LESS THAN (MAXVALUE))"
+	if err := db.Exec(q).Error; err != nil {
+		return nil, parts, fmt.Errorf("mysql: prepare days %s..%s in %s: %w", dayText(prepared[0]), dayText(prepared[len(prepared)-1]), s.name, err)
+	}
+	parts, err := s.readPartitions(db)
+	return prepared, parts, err
 }
 
 // daysBefore lists the days before cutoff that the partitions hold.

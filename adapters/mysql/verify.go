@@ -59,21 +59,12 @@ func parseVersion(version string) Server {
 // and is partitioned by RANGE COLUMNS(day) with a catch-all partition.
 func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	db = db.WithContext(ctx)
-	var problems []error
-	server, err := DetectServer(ctx, db)
+	server, problems, err := sessionProblems(ctx, db)
 	if err != nil {
 		return err
 	}
 	if !server.Supported() {
 		problems = append(problems, fmt.Errorf("server %s is not supported (MySQL 8.0+ or MariaDB 10.5+)", server))
-	}
-	var mode string
-	// No bind arguments: GORM would read @@ as a named parameter.
-	if err := db.Raw("SELECT @@SESSION.sql_mode").Row().Scan(&mode); err != nil {
-		return fmt.Errorf("mysql: read sql_mode: %w", err)
-	}
-	if !strictMode(mode) {
-		problems = append(problems, fmt.Errorf("sql_mode %q has neither STRICT_TRANS_TABLES nor STRICT_ALL_TABLES: too long values are cut with only a warning (open with mysql.Open or mysql.StrictDSN)", mode))
 	}
 	if err := s.checkEngine(db); err != nil {
 		problems = append(problems, err)
@@ -114,6 +105,26 @@ func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 		return fmt.Errorf("mysql: unsafe settings on %s: %w", server, errors.Join(problems...))
 	}
 	return nil
+}
+
+// sessionProblems detects the server and reports a session sql_mode that is
+// not strict: a value too long for its column would be cut with only a
+// warning.
+func sessionProblems(ctx context.Context, db *gorm.DB) (Server, []error, error) {
+	server, err := DetectServer(ctx, db)
+	if err != nil {
+		return server, nil, err
+	}
+	var mode string
+	// No bind arguments: GORM would read @@ as a named parameter.
+	if err := db.Raw("SELECT @@SESSION.sql_mode").Row().Scan(&mode); err != nil {
+		return server, nil, fmt.Errorf("mysql: read sql_mode: %w", err)
+	}
+	var problems []error
+	if !strictMode(mode) {
+		problems = append(problems, fmt.Errorf("sql_mode %q has neither STRICT_TRANS_TABLES nor STRICT_ALL_TABLES: too long values are cut with only a warning (open with mysql.Open or mysql.StrictDSN)", mode))
+	}
+	return server, problems, nil
 }
 
 func strictMode(mode string) bool {

@@ -157,6 +157,21 @@ func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	if err := s.checkLayout(ctx, db); err != nil {
 		problems = append(problems, err)
 	}
+	settings, err := durabilityProblems(db)
+	if err != nil {
+		return err
+	}
+	problems = append(problems, settings...)
+	if len(problems) > 0 {
+		return fmt.Errorf("postgres: unsafe settings: %w", errors.Join(problems...))
+	}
+	return nil
+}
+
+// durabilityProblems reports the server settings under which a committed
+// transaction (an inbox row, an outbox message) can be lost or corrupted by
+// a crash: fsync or full_page_writes off, synchronous_commit off.
+func durabilityProblems(db *gorm.DB) ([]error, error) {
 	var set struct {
 		Fsync             string
 		FullPageWrites    string
@@ -164,10 +179,11 @@ func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	}
 	if err := db.Raw(`SELECT current_setting('fsync') AS fsync, current_setting('full_page_writes') AS full_page_writes,
 		current_setting('synchronous_commit') AS synchronous_commit`).Scan(&set).Error; err != nil {
-		return fmt.Errorf("postgres: read settings: %w", err)
+		return nil, fmt.Errorf("postgres: read settings: %w", err)
 	}
+	var problems []error
 	if set.Fsync != "on" {
-		problems = append(problems, fmt.Errorf("fsync is %q: a crash can corrupt or lose committed inbox rows", set.Fsync))
+		problems = append(problems, fmt.Errorf("fsync is %q: a crash can corrupt or lose committed rows", set.Fsync))
 	}
 	if set.FullPageWrites != "on" {
 		problems = append(problems, fmt.Errorf("full_page_writes is %q: a crash can corrupt pages", set.FullPageWrites))
@@ -175,8 +191,5 @@ func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	if set.SynchronousCommit == "off" {
 		problems = append(problems, errors.New("synchronous_commit is off: a crash can lose committed transactions whose offsets were already committed"))
 	}
-	if len(problems) > 0 {
-		return fmt.Errorf("postgres: unsafe settings: %w", errors.Join(problems...))
-	}
-	return nil
+	return problems, nil
 }

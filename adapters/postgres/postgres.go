@@ -179,7 +179,9 @@ var _ sqlStater = (*pgconn.PgError)(nil)
 // retry, a bad or closed connection, a network error). A retry after a lost
 // COMMIT is safe: if the COMMIT did land, the inbox row turns the retry into
 // a Duplicate. The caller's own context ending is never retryable.
-func (s *Store) IsRetryable(err error) bool {
+func (s *Store) IsRetryable(err error) bool { return isRetryable(err) }
+
+func isRetryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}

@@ -222,14 +222,18 @@ const (
 
 // IsRetryable reports SQLITE_BUSY and SQLITE_LOCKED (with their extended
 // codes).
-func (s *Store) IsRetryable(err error) bool {
+func (s *Store) IsRetryable(err error) bool { return isRetryable(err) }
+
+func isRetryable(err error) bool {
 	code, ok := ErrorCode(err)
 	return ok && (code == codeBusy || code == codeLocked)
 }
 
 // Verify checks that the connection uses write-ahead logging, a busy
 // timeout and durable commits (synchronous FULL or EXTRA).
-func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
+func (s *Store) Verify(ctx context.Context, db *gorm.DB) error { return verifySettings(ctx, db) }
+
+func verifySettings(ctx context.Context, db *gorm.DB) error {
 	db = db.WithContext(ctx)
 	var problems []error
 	var mode string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/outbox"
 )
 
 // backend is what inboxctl needs to know about one dialect: how to open it,
@@ -27,6 +28,9 @@ type backend struct {
 	mustExist func(dsn string) error
 	open      func(dsn string) gorm.Dialector
 	newStore  func(table, schema string) (inbox.Store, error)
+	// defaultOutboxTable and newOutboxStore are the outbox's.
+	defaultOutboxTable string
+	newOutboxStore     func(table, schema string, shards int) (outbox.Store, error)
 	// tables lists the tables (in schema, where the dialect has schemas)
 	// whose names start with prefix.
 	tables func(ctx context.Context, db *gorm.DB, schema, prefix string) ([]string, error)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/outbox"
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 )
@@ -31,6 +32,10 @@ func init() {
 		open: func(dsn string) gorm.Dialector { return gormmysql.Open(dsn) },
 		newStore: func(table, schema string) (inbox.Store, error) {
 			return inboxmysql.New(inboxmysql.Options{Table: table, Schema: schema})
+		},
+		defaultOutboxTable: inboxmysql.DefaultOutboxTable,
+		newOutboxStore: func(table, schema string, shards int) (outbox.Store, error) {
+			return inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Schema: schema, Shards: shards})
 		},
 		tables: func(ctx context.Context, db *gorm.DB, schema, prefix string) ([]string, error) {
 			var names []string

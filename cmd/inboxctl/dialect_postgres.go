@@ -9,6 +9,7 @@ import (
 
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/outbox"
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 )
@@ -22,6 +23,10 @@ func init() {
 		open:          func(dsn string) gorm.Dialector { return gormpg.Open(dsn) },
 		newStore: func(table, schema string) (inbox.Store, error) {
 			return inboxpg.New(inboxpg.Options{Schema: schema, Table: table})
+		},
+		defaultOutboxTable: inboxpg.DefaultOutboxTable,
+		newOutboxStore: func(table, schema string, shards int) (outbox.Store, error) {
+			return inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Table: table, Shards: shards})
 		},
 		tables: func(ctx context.Context, db *gorm.DB, schema, prefix string) ([]string, error) {
 			var names []string

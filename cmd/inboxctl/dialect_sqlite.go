@@ -14,6 +14,7 @@ import (
 
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/outbox"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 )
@@ -39,6 +40,10 @@ func init() {
 		open: func(dsn string) gorm.Dialector { return gormsqlite.Open(dsn) },
 		newStore: func(table, _ string) (inbox.Store, error) {
 			return inboxsqlite.New(inboxsqlite.Options{Table: table})
+		},
+		defaultOutboxTable: inboxsqlite.DefaultOutboxTable,
+		newOutboxStore: func(table, _ string, shards int) (outbox.Store, error) {
+			return inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: table, Shards: shards})
 		},
 		tables: func(ctx context.Context, db *gorm.DB, _, prefix string) ([]string, error) {
 			var names []string

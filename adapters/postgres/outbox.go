@@ -1,0 +1,541 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/outbox"
+)
+
+// Defaults for OutboxOptions.
+const (
+	DefaultOutboxTable = "outbox_messages"
+	DefaultShards      = 64
+)
+
+// OutboxOptions configures an OutboxStore.
+type OutboxOptions struct {
+	// Schema holds the outbox tables; created by Migrate if missing.
+	// Default DefaultSchema.
+	Schema string
+	// Table is the partitioned outbox table, at most MaxTableBytes bytes;
+	// <Table>_shards numbers the rows of each shard and <Table>_relay holds
+	// each shard's published mark and relay lease. Default
+	// DefaultOutboxTable.
+	Table string
+	// Shards is the number of shards, fixed when the tables are made.
+	// Enqueuing transactions whose keys fall in one shard take turns, so more
+	// shards mean less waiting, and more rows for relays to lease. Default
+	// DefaultShards.
+	Shards int
+	// LockTimeout bounds how long a maintenance step waits for its lock on
+	// the outbox table. Default DefaultLockTimeout.
+	LockTimeout time.Duration
+}
+
+// OutboxStore is the PostgreSQL outbox Store. It is safe for concurrent
+// use.
+//
+// Rows are numbered per shard from a counter row in <table>_shards that
+// Append updates, so the row lock on it orders the enqueuing transactions
+// of a shard: a lower number always commits first. Relays lease shards in
+// <table>_relay with SELECT ... FOR UPDATE SKIP LOCKED and an expiry timed by
+// the database's clock, and mark a shard published through a number with
+// one UPDATE: no outbox row is ever updated.
+//
+// The outbox table is partitioned by RANGE on the day the row was enqueued,
+// like the inbox table (partitions <table>_pYYYYMMDD, and a DEFAULT
+// partition for days without one). Maintain drops a day's partition only
+// when none of its rows lies beyond its shard's published mark, checked under
+// the lock that detaches it (one index probe per shard): an unpublished row
+// is never dropped; such a day is reported in Held.
+type OutboxStore struct {
+	tbl    *Store // the outbox table's names, advisory lock and partition helpers
+	shards int
+}
+
+// NewOutbox validates opts and returns an OutboxStore. It does not touch
+// the database.
+func NewOutbox(opts OutboxOptions) (*OutboxStore, error) {
+	opts.Schema = cmp.Or(opts.Schema, DefaultSchema)
+	opts.Table = cmp.Or(opts.Table, DefaultOutboxTable)
+	if opts.Shards < 0 || opts.Shards > 1<<16 {
+		return nil, fmt.Errorf("%w: %d shards, want 1..65536", inbox.ErrInvalidConfig, opts.Shards)
+	}
+	// The inbox Store's checks of names and timeouts hold here as well.
+	tbl, err := New(Options{Schema: opts.Schema, Table: opts.Table, LockTimeout: opts.LockTimeout})
+	if err != nil {
+		return nil, err
+	}
+	h := fnv.New64a()
+	h.Write([]byte("github.com/inboxgo/inbox/adapters/postgres/outbox\x00" + opts.Schema + "\x00" + opts.Table))
+	tbl.lockKey = int64(h.Sum64())
+	return &OutboxStore{tbl: tbl, shards: cmp.Or(opts.Shards, DefaultShards)}, nil
+}
+
+// Schema returns the schema of the outbox tables.
+func (s *OutboxStore) Schema() string { return s.tbl.schema }
+
+// Table returns the outbox table name.
+func (s *OutboxStore) Table() string { return s.tbl.table }
+
+func (s *OutboxStore) parent() string { return s.tbl.parent() }
+func (s *OutboxStore) shardsTable() string {
+	return s.tbl.qualified(s.tbl.table + "_shards")
+}
+func (s *OutboxStore) relayTable() string { return s.tbl.qualified(s.tbl.table + "_relay") }
+
+func (s *OutboxStore) createStatements() []string {
+	n := strconv.Itoa(s.shards - 1)
+	return []string{
+		`CREATE SCHEMA IF NOT EXISTS ` + quoteIdent(s.tbl.schema),
+		`CREATE TABLE IF NOT EXISTS ` + s.parent() + ` (
+			shard      integer     NOT NULL,
+			seq        bigint      NOT NULL,
+			day        date        NOT NULL,
+			event_id   text        NOT NULL,
+			topic      text        NOT NULL,
+			msg_key    bytea,
+			msg_value  bytea       NOT NULL,
+			headers    bytea       NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now(),
+			CONSTRAINT ` + quoteIdent(s.tbl.table+"_pkey") + ` PRIMARY KEY (shard, seq, day)
+		) PARTITION BY RANGE (day)`,
+		`CREATE TABLE IF NOT EXISTS ` + s.tbl.qualified(s.tbl.defaultPartition()) + ` PARTITION OF ` + s.parent() + ` DEFAULT`,
+		`CREATE INDEX IF NOT EXISTS ` + quoteIdent(s.tbl.table+"_dday") + ` ON ` + s.tbl.qualified(s.tbl.defaultPartition()) + ` (day)`,
+		// next_seq is the last number handed out in the shard.
+		`CREATE TABLE IF NOT EXISTS ` + s.shardsTable() + ` (
+			shard    integer PRIMARY KEY,
+			next_seq bigint  NOT NULL DEFAULT 0
+		)`,
+		`CREATE TABLE IF NOT EXISTS ` + s.relayTable() + ` (
+			shard             integer     PRIMARY KEY,
+			published_through bigint      NOT NULL DEFAULT 0,
+			owner             text        NOT NULL DEFAULT '',
+			lease_until       timestamptz NOT NULL DEFAULT '-infinity'
+		)`,
+		`INSERT INTO ` + s.shardsTable() + ` (shard) SELECT g FROM generate_series(0, ` + n + `) g ON CONFLICT DO NOTHING`,
+		`INSERT INTO ` + s.relayTable() + ` (shard) SELECT g FROM generate_series(0, ` + n + `) g ON CONFLICT DO NOTHING`,
+	}
+}
+
+// Migrate creates the schema, the tables and the shards in one transaction
+// under the store's advisory lock, and refuses tables made with another
+// number of shards.
+func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := s.tbl.lock(tx); err != nil {
+			return err
+		}
+		for _, q := range s.createStatements() {
+			if err := tx.Exec(q).Error; err != nil {
+				return fmt.Errorf("postgres: migrate %s: %w", s.parent(), err)
+			}
+		}
+		var have struct{ Shards, Relay, Top int64 }
+		if err := tx.Raw(`SELECT (SELECT count(*) FROM ` + s.shardsTable() + `) AS shards, (SELECT count(*) FROM ` + s.relayTable() + `) AS relay,
+			(SELECT COALESCE(max(shard), -1) FROM ` + s.shardsTable() + `) AS top`).Scan(&have).Error; err != nil {
+			return fmt.Errorf("postgres: count shards of %s: %w", s.parent(), err)
+		}
+		if have.Shards != int64(s.shards) || have.Relay != int64(s.shards) || have.Top != int64(s.shards-1) {
+			return fmt.Errorf("%w: outbox table %s has %d shards (%d relay rows), the store is configured with %d; changing it would move keys to other shards and break their order",
+				inbox.ErrInvalidConfig, s.parent(), have.Shards, have.Relay, s.shards)
+		}
+		return nil
+	}, readCommitted)
+}
+
+// MigrationSQL returns Migrate's statements, followed by the partitions of
+// the days Today through PrepareThrough.
+func (s *OutboxStore) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
+	if plan.PrepareThrough.Before(plan.Today) {
+		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", inbox.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(plan.Today))
+	}
+	stmts := s.createStatements()
+	for d := inbox.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
+		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.tbl.qualified(partitionName(s.tbl.table, d))+` PARTITION OF `+s.parent()+` `+bounds(d))
+	}
+	return stmts, nil
+}
+
+// Append takes the counter rows of the rows' shards in ascending order
+// (their row locks order the shard's transactions until tx ends), and
+// inserts the rows.
+func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row) error {
+	tx = tx.WithContext(ctx)
+	first := map[int32]int64{}
+	for _, c := range outbox.AssignShards(rows, s.shards) {
+		var last int64
+		if err := tx.Raw(`UPDATE `+s.shardsTable()+` SET next_seq = next_seq + ? WHERE shard = ? RETURNING next_seq`, c.Rows, c.Shard).Scan(&last).Error; err != nil {
+			return fmt.Errorf("postgres: number rows of shard %d of %s: %w", c.Shard, s.parent(), err)
+		}
+		if last < c.Rows {
+			return fmt.Errorf("postgres: shard %d of %s has no counter row; run Migrate", c.Shard, s.parent())
+		}
+		first[c.Shard] = last - c.Rows + 1
+	}
+	outbox.NumberRows(rows, first)
+	const perRow = 8
+	for lo := 0; lo < len(rows); lo += 65535 / perRow {
+		hi := min(lo+65535/perRow, len(rows))
+		var b strings.Builder
+		b.WriteString(`INSERT INTO ` + s.parent() + ` (shard, seq, day, event_id, topic, msg_key, msg_value, headers) VALUES `)
+		args := make([]any, 0, perRow*(hi-lo))
+		for i, r := range rows[lo:hi] {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			// The first value is never a []byte: GORM would expand it.
+			b.WriteString("(?, ?, ?::date, ?, ?, ?, ?, ?)")
+			args = append(args, r.Shard, r.Seq, dayText(r.Day), r.EventID, r.Topic, r.Key, r.Value, r.Headers)
+		}
+		if err := tx.Exec(b.String(), args...).Error; err != nil {
+			return fmt.Errorf("postgres: insert into %s: %w", s.parent(), err)
+		}
+	}
+	return nil
+}
+
+type leasedShard struct {
+	Shard            int32
+	PublishedThrough int64
+	NextSeq          int64 // the last number committed when the lease was taken
+}
+
+type storedOutboxRow struct {
+	Shard    int32
+	Seq      int64
+	Day      string
+	EventID  string
+	Topic    string
+	MsgKey   []byte
+	MsgValue []byte
+	Headers  []byte
+}
+
+// Claim leases shards with one UPDATE whose candidate rows are locked with
+// SKIP LOCKED (a relay never waits for another), then reads the leased
+// shards' oldest rows with one index range scan per shard.
+func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRequest) ([]outbox.Row, error) {
+	db = db.WithContext(ctx)
+	maxShards := req.MaxShards
+	if maxShards <= 0 {
+		maxShards = s.shards
+	}
+	var got []leasedShard
+	err := db.Raw(`WITH pick AS (
+			SELECT r.shard, c.next_seq FROM `+s.relayTable()+` r JOIN `+s.shardsTable()+` c ON c.shard = r.shard
+			 WHERE c.next_seq > r.published_through AND (r.owner = ? OR r.lease_until < clock_timestamp())
+			 ORDER BY r.shard LIMIT ?
+			   FOR UPDATE OF r SKIP LOCKED)
+		UPDATE `+s.relayTable()+` r SET owner = ?, lease_until = clock_timestamp() + make_interval(secs => ?)
+		  FROM pick WHERE r.shard = pick.shard
+		RETURNING r.shard, r.published_through, pick.next_seq`,
+		req.Relay, maxShards, req.Relay, req.Lease.Seconds()).Scan(&got).Error
+	if err != nil {
+		return nil, fmt.Errorf("postgres: lease shards of %s: %w", s.parent(), err)
+	}
+	if len(got) == 0 {
+		return nil, nil
+	}
+	// The counters say how many committed rows each shard holds beyond its
+	// mark, so each shard is read for exactly its share of MaxRows: no row
+	// is read only to be cut off by a LIMIT.
+	slices.SortFunc(got, func(a, b leasedShard) int { return cmp.Compare(a.Shard, b.Shard) })
+	pending := make([]outbox.ShardCount, len(got))
+	through := make(map[int32]int64, len(got))
+	for i, l := range got {
+		pending[i] = outbox.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
+		through[l.Shard] = l.PublishedThrough
+	}
+	shares := outbox.ShareRows(pending, req.MaxRows)
+	if len(shares) == 0 {
+		return nil, nil
+	}
+	var values strings.Builder
+	for i, sh := range shares {
+		if i > 0 {
+			values.WriteString(", ")
+		}
+		fmt.Fprintf(&values, "(%d, %d::bigint, %d::bigint)", sh.Shard, through[sh.Shard], sh.Rows)
+	}
+	var stored []storedOutboxRow
+	err = db.Raw(`SELECT o.shard, o.seq, to_char(o.day, 'YYYY-MM-DD') AS day, o.event_id, o.topic, o.msg_key, o.msg_value, o.headers
+		  FROM (VALUES ` + values.String() + `) AS l(shard, through, take)
+		  CROSS JOIN LATERAL (SELECT * FROM ` + s.parent() + ` x WHERE x.shard = l.shard AND x.seq > l.through ORDER BY x.seq LIMIT l.take) o
+		 ORDER BY o.shard, o.seq`).Scan(&stored).Error
+	if err != nil {
+		return nil, fmt.Errorf("postgres: read leased shards of %s: %w", s.parent(), err)
+	}
+	rows := make([]outbox.Row, len(stored))
+	for i, p := range stored {
+		day, err := time.Parse(time.DateOnly, p.Day)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: malformed day %q: %w", p.Day, err)
+		}
+		rows[i] = outbox.Row{Shard: p.Shard, Seq: p.Seq, Day: day, EventID: p.EventID, Topic: p.Topic, Key: p.MsgKey, Value: p.MsgValue, Headers: p.Headers}
+	}
+	return rows, nil
+}
+
+// Ack moves the marks of the shards relay holds, with one UPDATE.
+func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks []outbox.Mark) error {
+	if len(marks) == 0 {
+		return nil
+	}
+	var values strings.Builder
+	for i, m := range marks {
+		if i > 0 {
+			values.WriteString(", ")
+		}
+		fmt.Fprintf(&values, "(%d, %d::bigint)", m.Shard, m.Seq)
+	}
+	var done []int32
+	err := db.WithContext(ctx).Raw(`UPDATE `+s.relayTable()+` r SET published_through = GREATEST(r.published_through, v.through)
+		  FROM (VALUES `+values.String()+`) AS v(shard, through)
+		 WHERE r.shard = v.shard AND r.owner = ?
+		RETURNING r.shard`, relay).Scan(&done).Error
+	if err != nil {
+		return fmt.Errorf("postgres: mark shards of %s published: %w", s.parent(), err)
+	}
+	if len(done) < len(marks) {
+		var lost []int32
+		for _, m := range marks {
+			if !slices.Contains(done, m.Shard) {
+				lost = append(lost, m.Shard)
+			}
+		}
+		return fmt.Errorf("%w: shards %v of %s", outbox.ErrLeaseLost, lost, s.parent())
+	}
+	return nil
+}
+
+// Release ends relay's leases.
+func (s *OutboxStore) Release(ctx context.Context, db *gorm.DB, relay string) error {
+	if err := db.WithContext(ctx).Exec(`UPDATE `+s.relayTable()+` SET lease_until = '-infinity' WHERE owner = ?`, relay).Error; err != nil {
+		return fmt.Errorf("postgres: release leases on %s: %w", s.parent(), err)
+	}
+	return nil
+}
+
+// IsRetryable is the inbox Store's classification (see Store.IsRetryable).
+func (s *OutboxStore) IsRetryable(err error) bool { return isRetryable(err) }
+
+// unpublishedIn is a query answering whether the relation rel holds a row
+// beyond its shard's published mark: one index probe per shard.
+func (s *OutboxStore) unpublishedIn(rel string) string {
+	return `SELECT EXISTS (SELECT 1 FROM ` + s.relayTable() + ` r
+		WHERE EXISTS (SELECT 1 FROM ` + rel + ` o WHERE o.shard = r.shard AND o.seq > r.published_through))`
+}
+
+// Maintain creates the partitions of the days from plan.Today through
+// plan.PrepareThrough (a day whose rows already sit in the DEFAULT partition
+// keeps them there), and drops the partitions of days before
+// plan.ExpireBefore whose rows are all published; the others are reported
+// in Held. Published rows of expired days in the DEFAULT partition are
+// deleted.
+func (s *OutboxStore) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (outbox.MaintenanceReport, error) {
+	db = db.WithContext(ctx)
+	var report outbox.MaintenanceReport
+	existing, err := s.tbl.dayPartitions(db)
+	if err != nil {
+		return report, err
+	}
+	def := s.tbl.qualified(s.tbl.defaultPartition())
+	expireBefore := inbox.DayOf(plan.ExpireBefore)
+	for d := inbox.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
+		if slices.ContainsFunc(existing, d.Equal) || d.Before(expireBefore) {
+			continue
+		}
+		var inDefault bool
+		if err := db.Raw(`SELECT EXISTS (SELECT 1 FROM `+def+` WHERE day = ?::date)`, dayText(d)).Scan(&inDefault).Error; err != nil {
+			return report, fmt.Errorf("postgres: look for rows of %s in %s: %w", dayText(d), def, err)
+		}
+		if inDefault {
+			continue // creating the partition would fail; the rows expire from DEFAULT
+		}
+		if !plan.DryRun {
+			err := db.Transaction(func(tx *gorm.DB) error {
+				if err := s.tbl.lock(tx); err != nil {
+					return err
+				}
+				return tx.Exec(`CREATE TABLE IF NOT EXISTS ` + s.tbl.qualified(partitionName(s.tbl.table, d)) + ` PARTITION OF ` + s.parent() + ` ` + bounds(d)).Error
+			}, readCommitted)
+			if err != nil {
+				return report, fmt.Errorf("postgres: create partition %s: %w", partitionName(s.tbl.table, d), err)
+			}
+		}
+		report.Prepared = append(report.Prepared, d)
+	}
+
+	if !plan.DryRun {
+		leftovers, err := s.tbl.detachedDays(db)
+		if err != nil {
+			return report, err
+		}
+		for _, d := range leftovers {
+			if d.Before(expireBefore) {
+				// Detached only after its rows were found published.
+				if err := s.tbl.dropDetached(db, partitionName(s.tbl.table, d)); err != nil {
+					return report, err
+				}
+			}
+		}
+	}
+	slices.SortFunc(existing, time.Time.Compare)
+	for _, d := range existing {
+		if !d.Before(expireBefore) {
+			continue
+		}
+		name := partitionName(s.tbl.table, d)
+		held, dropped, err := s.expirePartition(db, name, plan.DryRun)
+		if err != nil {
+			return report, err
+		}
+		switch {
+		case held:
+			report.Held = append(report.Held, d)
+		case dropped || plan.DryRun:
+			report.Expired = append(report.Expired, d)
+			report.RowsRemoved = -1
+		}
+	}
+
+	// The DEFAULT partition: delete what is published, hold the rest.
+	var heldDays []string
+	if err := db.Raw(`SELECT DISTINCT to_char(o.day, 'YYYY-MM-DD') FROM `+def+` o JOIN `+s.relayTable()+` r ON r.shard = o.shard
+		WHERE o.day < ?::date AND o.seq > r.published_through ORDER BY 1`, dayText(expireBefore)).Scan(&heldDays).Error; err != nil {
+		return report, fmt.Errorf("postgres: look for unpublished expired rows in %s: %w", def, err)
+	}
+	held, err := parseDays(heldDays)
+	if err != nil {
+		return report, err
+	}
+	for _, d := range held {
+		if !slices.ContainsFunc(report.Held, d.Equal) {
+			report.Held = append(report.Held, d)
+		}
+	}
+	published := ` FROM ` + def + ` o USING ` + s.relayTable() + ` r WHERE o.day < ?::date AND o.shard = r.shard AND o.seq <= r.published_through`
+	var n int64
+	if plan.DryRun {
+		err = db.Raw(`SELECT count(*) FROM `+def+` o JOIN `+s.relayTable()+` r ON r.shard = o.shard WHERE o.day < ?::date AND o.seq <= r.published_through`,
+			dayText(expireBefore)).Scan(&n).Error
+	} else {
+		res := db.Exec(`DELETE`+published, dayText(expireBefore))
+		err, n = res.Error, res.RowsAffected
+	}
+	if err != nil {
+		return report, fmt.Errorf("postgres: expire published rows from %s: %w", def, err)
+	}
+	if report.RowsRemoved >= 0 {
+		report.RowsRemoved += n
+	}
+	slices.SortFunc(report.Held, time.Time.Compare)
+	return report, nil
+}
+
+// expirePartition drops the partition name unless it holds an unpublished
+// row. The check runs first without a lock (a held day costs inserts
+// nothing), then again under the ACCESS EXCLUSIVE lock that detaching takes,
+// so no row can arrive between the check and the detach. The detached table
+// is dropped without that lock.
+func (s *OutboxStore) expirePartition(db *gorm.DB, name string, dryRun bool) (held, dropped bool, err error) {
+	rel := s.tbl.qualified(name)
+	if err := db.Raw(s.unpublishedIn(rel)).Scan(&held).Error; err != nil {
+		return false, false, fmt.Errorf("postgres: look for unpublished rows in %s: %w", name, err)
+	}
+	if held || dryRun {
+		return held, false, nil
+	}
+	err = db.Transaction(func(tx *gorm.DB) error {
+		if err := s.tbl.lock(tx); err != nil {
+			return err
+		}
+		if err := s.tbl.lockTable(tx); err != nil {
+			return err
+		}
+		attached, err := s.tbl.isPartition(tx, name)
+		if err != nil || !attached {
+			return err
+		}
+		if err := tx.Raw(s.unpublishedIn(rel)).Scan(&held).Error; err != nil {
+			return fmt.Errorf("postgres: look for unpublished rows in %s: %w", name, err)
+		}
+		if held {
+			return nil
+		}
+		if err := tx.Exec(`ALTER TABLE ` + s.parent() + ` DETACH PARTITION ` + rel).Error; err != nil {
+			return fmt.Errorf("postgres: detach partition %s: %w", name, err)
+		}
+		dropped = true
+		return nil
+	}, readCommitted)
+	if err != nil || !dropped {
+		return held, false, err
+	}
+	return false, true, s.tbl.dropDetached(db, name)
+}
+
+// Verify checks that the outbox tables exist with the configured number of
+// shards and that the server's settings keep committed messages (fsync,
+// full_page_writes, synchronous_commit): a message lost in a crash after
+// its transaction committed is never published.
+func (s *OutboxStore) Verify(ctx context.Context, db *gorm.DB) error {
+	db = db.WithContext(ctx)
+	problems, err := durabilityProblems(db)
+	if err != nil {
+		return err
+	}
+	var shards int64
+	if err := db.Raw(`SELECT count(*) FROM ` + s.relayTable()).Scan(&shards).Error; err != nil {
+		problems = append(problems, fmt.Errorf("outbox tables of %s are missing (run Migrate): %w", s.parent(), err))
+	} else if shards != int64(s.shards) {
+		problems = append(problems, fmt.Errorf("%s has %d shards, the store is configured with %d", s.parent(), shards, s.shards))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("postgres: unsafe outbox settings: %w", errors.Join(problems...))
+	}
+	return nil
+}
+
+// Stats counts rows and unpublished rows per day.
+func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats, error) {
+	var raw []struct {
+		Day         string
+		Rows        int64
+		Unpublished int64
+	}
+	err := db.WithContext(ctx).Raw(`SELECT to_char(o.day, 'YYYY-MM-DD') AS day, count(*) AS rows,
+		count(*) FILTER (WHERE o.seq > r.published_through) AS unpublished
+		FROM ` + s.parent() + ` o JOIN ` + s.relayTable() + ` r ON r.shard = o.shard GROUP BY o.day ORDER BY o.day`).Scan(&raw).Error
+	if err != nil {
+		return nil, fmt.Errorf("postgres: stats of %s: %w", s.parent(), err)
+	}
+	out := make([]outbox.DayStats, 0, len(raw))
+	for _, r := range raw {
+		d, err := time.Parse(time.DateOnly, r.Day)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: malformed day %q: %w", r.Day, err)
+		}
+		out = append(out, outbox.DayStats{Day: d, Rows: r.Rows, Unpublished: r.Unpublished})
+	}
+	return out, nil
+}
+
+var (
+	_ outbox.Store         = (*OutboxStore)(nil)
+	_ outbox.StatsReporter = (*OutboxStore)(nil)
+	_ inbox.SchemaPrinter  = (*OutboxStore)(nil)
+	_ inbox.Verifier       = (*OutboxStore)(nil)
+)

@@ -1,0 +1,376 @@
+package sqlite
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/outbox"
+)
+
+// Defaults for OutboxOptions.
+const (
+	DefaultOutboxTable = "outbox_messages"
+	DefaultShards      = 64
+)
+
+// OutboxOptions configures an OutboxStore.
+type OutboxOptions struct {
+	// Table is the outbox table; its shards live in <Table>_shards.
+	// Default DefaultOutboxTable.
+	Table string
+	// Shards is the number of shards, fixed when the table is made.
+	// Default DefaultShards.
+	Shards int
+	// DeleteBatch is how many rows one expiry transaction deletes. Default
+	// 1000.
+	DeleteBatch int
+}
+
+// OutboxStore is the SQLite outbox Store.
+//
+// SQLite has one writer at a time, and that is how it orders keys: an
+// enqueuing transaction holds the write lock from BEGIN IMMEDIATE to its
+// end, so transactions take their sequence numbers one after the other, in
+// commit order. Several relays may run: they coordinate through the leases
+// in the shards table, each claim a short write transaction (there are no
+// row locks to skip; a claim waits for the write lock instead, within the
+// busy timeout). One relay is enough for SQLite's write rate; a second one
+// only stands by. Expiry deletes published rows of expired days in small
+// batches; unpublished rows are never deleted.
+type OutboxStore struct {
+	table, shardsTable string
+	shards             int
+	deleteBatch        int
+}
+
+// NewOutbox validates opts and returns an OutboxStore. It does not touch
+// the database.
+func NewOutbox(opts OutboxOptions) (*OutboxStore, error) {
+	opts.Table = cmp.Or(opts.Table, DefaultOutboxTable)
+	if err := inbox.ValidateIdentifier("table name", opts.Table+"_shards"); err != nil {
+		return nil, err
+	}
+	if opts.Shards < 0 || opts.Shards > 1<<16 || opts.DeleteBatch < 0 {
+		return nil, fmt.Errorf("%w: shards %d (1..65536) or delete batch %d", inbox.ErrInvalidConfig, opts.Shards, opts.DeleteBatch)
+	}
+	return &OutboxStore{table: opts.Table, shardsTable: opts.Table + "_shards",
+		shards: cmp.Or(opts.Shards, DefaultShards), deleteBatch: cmp.Or(opts.DeleteBatch, 1000)}, nil
+}
+
+// Table returns the outbox table name.
+func (s *OutboxStore) Table() string { return s.table }
+
+func (s *OutboxStore) createStatements() []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + s.table + ` (
+			shard      INTEGER NOT NULL,
+			seq        INTEGER NOT NULL,
+			day        TEXT    NOT NULL,
+			event_id   TEXT    NOT NULL,
+			topic      TEXT    NOT NULL,
+			msg_key    BLOB,
+			msg_value  BLOB    NOT NULL,
+			headers    BLOB    NOT NULL,
+			created_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+			PRIMARY KEY (shard, seq)
+		) STRICT`,
+		`CREATE INDEX IF NOT EXISTS ` + s.table + `_day ON ` + s.table + ` (day)`,
+		// next_seq is the last number handed out; published_through the
+		// last one published; lease_until in Unix milliseconds.
+		`CREATE TABLE IF NOT EXISTS ` + s.shardsTable + ` (
+			shard             INTEGER PRIMARY KEY,
+			next_seq          INTEGER NOT NULL DEFAULT 0,
+			published_through INTEGER NOT NULL DEFAULT 0,
+			owner             TEXT    NOT NULL DEFAULT '',
+			lease_until       INTEGER NOT NULL DEFAULT 0
+		) STRICT`,
+	}
+}
+
+// shardRows inserts the shards' rows that are missing.
+func (s *OutboxStore) shardRows() string {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO ` + s.shardsTable + ` (shard) VALUES `)
+	for i := range s.shards {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(" + strconv.Itoa(i) + ")")
+	}
+	b.WriteString(` ON CONFLICT (shard) DO NOTHING`)
+	return b.String()
+}
+
+// MigrationSQL returns Migrate's statements; SQLite has no partitions to
+// prepare.
+func (s *OutboxStore) MigrationSQL(inbox.MaintenancePlan) ([]string, error) {
+	return append(s.createStatements(), s.shardRows()), nil
+}
+
+// Migrate creates the tables and the shards, and refuses a shards table
+// with another number of shards.
+func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, q := range s.createStatements() {
+			if err := tx.Exec(q).Error; err != nil {
+				return fmt.Errorf("sqlite: migrate %s: %w", s.table, err)
+			}
+		}
+		var have struct{ N, Top int64 }
+		if err := tx.Raw(`SELECT COUNT(*) AS n, COALESCE(MAX(shard), -1) AS top FROM ` + s.shardsTable).Scan(&have).Error; err != nil {
+			return fmt.Errorf("sqlite: count shards of %s: %w", s.table, err)
+		}
+		if have.N == 0 {
+			if err := tx.Exec(s.shardRows()).Error; err != nil {
+				return fmt.Errorf("sqlite: create shards of %s: %w", s.table, err)
+			}
+			return nil
+		}
+		if have.N != int64(s.shards) || have.Top != int64(s.shards-1) {
+			return fmt.Errorf("%w: outbox table %s has %d shards, the store is configured with %d; changing it would move keys to other shards and break their order",
+				inbox.ErrInvalidConfig, s.table, have.N, s.shards)
+		}
+		return nil
+	})
+}
+
+// Append numbers rows in their shards and inserts them.
+func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row) error {
+	tx = tx.WithContext(ctx)
+	first := map[int32]int64{}
+	for _, c := range outbox.AssignShards(rows, s.shards) {
+		var last int64
+		if err := tx.Raw(`UPDATE `+s.shardsTable+` SET next_seq = next_seq + ? WHERE shard = ? RETURNING next_seq`, c.Rows, c.Shard).Scan(&last).Error; err != nil {
+			return fmt.Errorf("sqlite: number rows of shard %d of %s: %w", c.Shard, s.table, err)
+		}
+		if last < c.Rows {
+			return fmt.Errorf("sqlite: shard %d of %s has no counter row; run Migrate", c.Shard, s.table)
+		}
+		first[c.Shard] = last - c.Rows + 1
+	}
+	outbox.NumberRows(rows, first)
+	const perRow = 8
+	for lo := 0; lo < len(rows); lo += 32766 / perRow {
+		hi := min(lo+32766/perRow, len(rows))
+		var b strings.Builder
+		b.WriteString(`INSERT INTO ` + s.table + ` (shard, seq, day, event_id, topic, msg_key, msg_value, headers) VALUES `)
+		args := make([]any, 0, perRow*(hi-lo))
+		for i, r := range rows[lo:hi] {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			// The first value is never a []byte: GORM would expand it.
+			b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
+			args = append(args, r.Shard, r.Seq, dayText(r.Day), r.EventID, r.Topic, r.Key, r.Value, r.Headers)
+		}
+		if err := tx.Exec(b.String(), args...).Error; err != nil {
+			return fmt.Errorf("sqlite: insert into %s: %w", s.table, err)
+		}
+	}
+	return nil
+}
+
+// nowMillis is the database's clock in Unix milliseconds.
+const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
+
+type leased struct {
+	Shard            int32
+	PublishedThrough int64
+	NextSeq          int64
+}
+
+type storedRow struct {
+	Shard    int32
+	Seq      int64
+	Day      string
+	EventID  string
+	Topic    string
+	MsgKey   []byte
+	MsgValue []byte
+	Headers  []byte
+}
+
+// Claim leases shards with unpublished rows in one write transaction and
+// reads their oldest rows.
+func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRequest) ([]outbox.Row, error) {
+	maxShards := req.MaxShards
+	if maxShards <= 0 {
+		maxShards = s.shards
+	}
+	var rows []outbox.Row
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var got []leased
+		err := tx.Raw(`UPDATE `+s.shardsTable+` SET owner = ?, lease_until = `+nowMillis+` + ?
+			WHERE shard IN (SELECT shard FROM `+s.shardsTable+`
+			                 WHERE next_seq > published_through AND (owner = ? OR lease_until < `+nowMillis+`)
+			                 ORDER BY shard LIMIT ?)
+			RETURNING shard, published_through, next_seq`, req.Relay, req.Lease.Milliseconds(), req.Relay, maxShards).Scan(&got).Error
+		if err != nil {
+			return fmt.Errorf("sqlite: lease shards of %s: %w", s.table, err)
+		}
+		slices.SortFunc(got, func(a, b leased) int { return cmp.Compare(a.Shard, b.Shard) })
+		pending := make([]outbox.ShardCount, len(got))
+		through := make(map[int32]int64, len(got))
+		for i, l := range got {
+			pending[i] = outbox.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
+			through[l.Shard] = l.PublishedThrough
+		}
+		for _, sh := range outbox.ShareRows(pending, req.MaxRows) {
+			var part []storedRow
+			if err := tx.Raw(`SELECT shard, seq, day, event_id, topic, msg_key, msg_value, headers FROM `+s.table+`
+				WHERE shard = ? AND seq > ? ORDER BY seq LIMIT ?`, sh.Shard, through[sh.Shard], sh.Rows).Scan(&part).Error; err != nil {
+				return fmt.Errorf("sqlite: read shard %d of %s: %w", sh.Shard, s.table, err)
+			}
+			for _, p := range part {
+				day, err := time.Parse(time.DateOnly, p.Day)
+				if err != nil {
+					return fmt.Errorf("sqlite: %s holds a malformed day %q: %w", s.table, p.Day, err)
+				}
+				rows = append(rows, outbox.Row{Shard: p.Shard, Seq: p.Seq, Day: day, EventID: p.EventID, Topic: p.Topic,
+					Key: p.MsgKey, Value: p.MsgValue, Headers: p.Headers})
+			}
+		}
+		return nil
+	})
+	return rows, err
+}
+
+// Ack moves the published marks of the shards relay holds.
+func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks []outbox.Mark) error {
+	var lost []int32
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		lost = lost[:0]
+		for _, m := range marks {
+			res := tx.Exec(`UPDATE `+s.shardsTable+` SET published_through = MAX(published_through, ?) WHERE shard = ? AND owner = ?`, m.Seq, m.Shard, relay)
+			if res.Error != nil {
+				return fmt.Errorf("sqlite: mark shard %d of %s published: %w", m.Shard, s.table, res.Error)
+			}
+			if res.RowsAffected == 0 {
+				lost = append(lost, m.Shard)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(lost) > 0 {
+		return fmt.Errorf("%w: shards %v of %s", outbox.ErrLeaseLost, lost, s.table)
+	}
+	return nil
+}
+
+// Release ends relay's leases.
+func (s *OutboxStore) Release(ctx context.Context, db *gorm.DB, relay string) error {
+	if err := db.WithContext(ctx).Exec(`UPDATE `+s.shardsTable+` SET lease_until = 0 WHERE owner = ?`, relay).Error; err != nil {
+		return fmt.Errorf("sqlite: release leases on %s: %w", s.table, err)
+	}
+	return nil
+}
+
+type dayCount struct {
+	Day         string
+	Rows        int64
+	Unpublished int64
+}
+
+func (s *OutboxStore) dayCounts(db *gorm.DB, before string) ([]dayCount, error) {
+	q := `SELECT o.day AS day, COUNT(*) AS rows, SUM(o.seq > sh.published_through) AS unpublished
+		FROM ` + s.table + ` o JOIN ` + s.shardsTable + ` sh ON sh.shard = o.shard`
+	var args []any
+	if before != "" {
+		q += ` WHERE o.day < ?`
+		args = append(args, before)
+	}
+	var got []dayCount
+	if err := db.Raw(q+` GROUP BY o.day ORDER BY o.day`, args...).Scan(&got).Error; err != nil {
+		return nil, fmt.Errorf("sqlite: count rows of %s by day: %w", s.table, err)
+	}
+	return got, nil
+}
+
+// Maintain deletes the published rows of days before plan.ExpireBefore in
+// batches, each its own transaction; days with unpublished rows are
+// reported in Held. There is nothing to prepare.
+func (s *OutboxStore) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (outbox.MaintenanceReport, error) {
+	db = db.WithContext(ctx)
+	cutoff := dayText(plan.ExpireBefore)
+	counts, err := s.dayCounts(db, cutoff)
+	if err != nil {
+		return outbox.MaintenanceReport{}, err
+	}
+	var report outbox.MaintenanceReport
+	for _, c := range counts {
+		d, err := time.Parse(time.DateOnly, c.Day)
+		if err != nil {
+			return report, fmt.Errorf("sqlite: %s holds a malformed day %q: %w", s.table, c.Day, err)
+		}
+		if c.Unpublished > 0 {
+			report.Held = append(report.Held, d)
+		} else {
+			report.Expired = append(report.Expired, d)
+		}
+		if plan.DryRun {
+			report.RowsRemoved += c.Rows - c.Unpublished
+		}
+	}
+	if plan.DryRun {
+		return report, nil
+	}
+	del := `DELETE FROM ` + s.table + ` WHERE rowid IN (SELECT o.rowid FROM ` + s.table + ` o JOIN ` + s.shardsTable + ` sh ON sh.shard = o.shard
+		WHERE o.day < ? AND o.seq <= sh.published_through LIMIT ?)`
+	for {
+		res := db.Exec(del, cutoff, s.deleteBatch)
+		if res.Error != nil {
+			return report, fmt.Errorf("sqlite: expire published rows before %s from %s: %w", cutoff, s.table, res.Error)
+		}
+		report.RowsRemoved += res.RowsAffected
+		if res.RowsAffected < int64(s.deleteBatch) {
+			return report, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return report, err
+		}
+	}
+}
+
+// Stats counts rows and unpublished rows per day.
+func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats, error) {
+	counts, err := s.dayCounts(db.WithContext(ctx), "")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]outbox.DayStats, 0, len(counts))
+	for _, c := range counts {
+		d, err := time.Parse(time.DateOnly, c.Day)
+		if err != nil {
+			return nil, fmt.Errorf("sqlite: %s holds a malformed day %q: %w", s.table, c.Day, err)
+		}
+		out = append(out, outbox.DayStats{Day: d, Rows: c.Rows, Unpublished: c.Unpublished})
+	}
+	return out, nil
+}
+
+// Verify checks the connection's settings as the inbox Store does (WAL, a
+// busy timeout, synchronous FULL: with NORMAL a power loss can undo the
+// commit of a message, which is then never published).
+func (s *OutboxStore) Verify(ctx context.Context, db *gorm.DB) error { return verifySettings(ctx, db) }
+
+// IsRetryable is the inbox Store's classification: SQLITE_BUSY and
+// SQLITE_LOCKED.
+func (s *OutboxStore) IsRetryable(err error) bool { return isRetryable(err) }
+
+var (
+	_ outbox.Store         = (*OutboxStore)(nil)
+	_ outbox.StatsReporter = (*OutboxStore)(nil)
+	_ inbox.Verifier       = (*OutboxStore)(nil)
+	_ inbox.SchemaPrinter  = (*OutboxStore)(nil)
+)

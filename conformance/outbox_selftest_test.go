@@ -1,0 +1,156 @@
+package conformance_test
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/outbox"
+)
+
+// The outbox checks against broken outbox stores: each breaks one promise
+// of the outbox.Store contract on top of the healthy SQLite store.
+
+// sharedLeases ignores which relay asks: every relay claims and acknowledges
+// as the same one, so two relays publish the same shards at once.
+type sharedLeases struct{ *inboxsqlite.OutboxStore }
+
+func (s sharedLeases) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRequest) ([]outbox.Row, error) {
+	req.Relay = "everyone"
+	return s.OutboxStore.Claim(ctx, db, req)
+}
+
+func (s sharedLeases) Ack(ctx context.Context, db *gorm.DB, _ string, marks []outbox.Mark) error {
+	return s.OutboxStore.Ack(ctx, db, "everyone", marks)
+}
+
+// expiresUnpublished deletes expired days whether or not their rows were
+// published, the way a plain "DROP PARTITION older than N days" does.
+type expiresUnpublished struct {
+	*inboxsqlite.OutboxStore
+}
+
+func (s expiresUnpublished) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (outbox.MaintenanceReport, error) {
+	if err := db.WithContext(ctx).Exec(`DELETE FROM `+s.Table()+` WHERE day < ?`, plan.ExpireBefore.Format("2006-01-02")).Error; err != nil {
+		return outbox.MaintenanceReport{}, err
+	}
+	return s.OutboxStore.Maintain(ctx, db, plan)
+}
+
+// newestFirst hands out each shard's rows newest first, as a relay ordering
+// by anything but the shard's commit order would.
+type newestFirst struct{ *inboxsqlite.OutboxStore }
+
+func (s newestFirst) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRequest) ([]outbox.Row, error) {
+	rows, err := s.OutboxStore.Claim(ctx, db, req)
+	slices.Reverse(rows)
+	return rows, err
+}
+
+// appendsElsewhere stores messages through its own connection to another
+// database: they commit on their own, without the caller's transaction.
+type appendsElsewhere struct {
+	*inboxsqlite.OutboxStore
+	own *gorm.DB
+}
+
+func (s appendsElsewhere) Append(ctx context.Context, _ *gorm.DB, rows []outbox.Row) error {
+	return s.own.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return s.OutboxStore.Append(ctx, tx, rows) })
+}
+
+func (s appendsElsewhere) Migrate(ctx context.Context, db *gorm.DB) error {
+	if err := s.OutboxStore.Migrate(ctx, db); err != nil {
+		return err
+	}
+	return s.OutboxStore.Migrate(ctx, s.own)
+}
+
+func outboxHarnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.OutboxStore) outbox.Store) conformance.OutboxHarnessMaker {
+	return func(ctx context.Context) (*conformance.OutboxHarness, error) {
+		path := filepath.Join(t.TempDir(), "outbox.db")
+		db := openSQLiteAt(t, path)
+		s, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Shards: 8})
+		if err != nil {
+			return nil, err
+		}
+		return &conformance.OutboxHarness{DB: db, Store: wrap(t, s),
+			Open: func(context.Context) (*gorm.DB, error) { return openSQLiteAt(t, path), nil }}, nil
+	}
+}
+
+func TestOutboxSuiteFailsBrokenStores(t *testing.T) {
+	cases := []struct {
+		name     string
+		wrap     func(t *testing.T, s *inboxsqlite.OutboxStore) outbox.Store
+		mustFail []string
+	}{
+		{"ignores-other-relays-leases",
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) outbox.Store { return sharedLeases{s} },
+			[]string{"outbox-relay/lease-excludes"}},
+		{"expires-unpublished-rows",
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) outbox.Store { return expiresUnpublished{s} },
+			[]string{"outbox-expiry/never-unpublished"}},
+		{"hands-out-newest-first",
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) outbox.Store { return newestFirst{s} },
+			[]string{"outbox-order/per-key", "outbox-order/commit-gap", "outbox-relay/restart", "outbox-relay/publish-failure", "outbox-relay/several-relays"}},
+		{"appends-outside-the-transaction",
+			func(t *testing.T, s *inboxsqlite.OutboxStore) outbox.Store {
+				return appendsElsewhere{s, openSQLiteAt(t, filepath.Join(t.TempDir(), "elsewhere.db"))}
+			},
+			[]string{"outbox-enqueue/commit-publishes", "outbox-enqueue/rollback-removes"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var failed []string
+			for _, c := range conformance.OutboxChecks() {
+				if err := conformance.RunOutboxCheck(t.Context(), outboxHarnessWith(t, tc.wrap), c); err != nil {
+					failed = append(failed, c.ID())
+					t.Logf("caught: %v", err)
+				}
+			}
+			for _, id := range tc.mustFail {
+				if !slices.Contains(failed, id) {
+					t.Errorf("check %s passed a store that %s", id, tc.name)
+				}
+			}
+		})
+	}
+}
+
+func TestOutboxSuitePassesHealthyStore(t *testing.T) {
+	conformance.RunOutbox(t, outboxHarnessWith(t, func(_ *testing.T, s *inboxsqlite.OutboxStore) outbox.Store { return s }))
+}
+
+func TestOutboxChecksHaveStableUniqueNames(t *testing.T) {
+	seen := map[string]bool{}
+	for _, c := range conformance.OutboxChecks() {
+		if seen[c.ID()] {
+			t.Errorf("duplicate check %s", c.ID())
+		}
+		seen[c.ID()] = true
+		if c.Doc == "" || c.Run == nil {
+			t.Errorf("check %s lacks Doc or Run", c.ID())
+		}
+	}
+}
+
+func openSQLiteAt(t *testing.T, path string) *gorm.DB {
+	t.Helper()
+	db, err := gorm.Open(inboxsqlite.Open(path), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	return db
+}

@@ -1,0 +1,42 @@
+//go:build cgo
+
+package outbox_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/outbox"
+)
+
+func init() {
+	chainBackends = append(chainBackends, struct {
+		name string
+		open func(t *testing.T) chainDB
+	}{"sqlite", sqliteChain})
+}
+
+func sqliteChain(t *testing.T) chainDB {
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "chain.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	return chainDB{
+		db:       db,
+		newInbox: func(table string) (inbox.Store, error) { return inboxsqlite.New(inboxsqlite.Options{Table: table}) },
+		newOutbox: func(table string) (outbox.Store, error) {
+			return inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: table, Shards: 16})
+		},
+		drop: func(...string) {},
+	}
+}

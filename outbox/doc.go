@@ -1,0 +1,78 @@
+// Package outbox publishes events atomically with the database change that
+// causes them: the transactional outbox, the producer half of the inbox
+// pattern.
+//
+// [Outbox.Enqueue] stores messages inside the caller's GORM transaction (a
+// handler's transaction from the inbox, or any transaction of the
+// application): they exist if and only if that transaction commits. A
+// [Relay] publishes them to Kafka with kafka-go and marks them published
+// once the broker acknowledged them (acks from all in-sync replicas). A
+// relay that dies in between publishes them again, so delivery is at least
+// once; every message carries a stable event id and event time in the
+// headers the inbox consumer reads (event_id and event_time, or CloudEvents'
+// ce_id and ce_time), and the downstream inbox drops the copies.
+//
+// # Order per key
+//
+// Messages with the same topic and key reach Kafka in the order their
+// transactions committed, across relay restarts and with several relays.
+// The classic trap is numbering rows at INSERT (a sequence, an
+// autoincrement): transactions commit in another order than they insert, so
+// a relay reading "id > last published" skips a row that commits later with
+// a lower id, or publishes it after a higher one. This package never lets
+// such a gap form:
+//
+//   - Every key belongs to one of a fixed number of shards (a hash of topic
+//     and key). Enqueue takes the shard's next sequence numbers by updating
+//     the shard's counter row inside the caller's transaction, and the row
+//     lock it holds until that transaction ends makes the next enqueuer of
+//     the shard wait. So within a shard a lower number always commits first
+//     (a rolled-back number is handed out again), and the committed rows of
+//     a shard are always a gapless prefix of its numbers. The price:
+//     concurrent transactions enqueuing for keys of the same shard take
+//     turns; more shards, fewer collisions. On SQLite the single writer
+//     gives the same order.
+//   - A relay publishes, for each shard it leases, the rows right after the
+//     shard's published mark, in sequence order, in one synchronous write
+//     that kafka-go sends as one batch per partition (the relay keeps each
+//     cycle within the writer's batch limits, because a later batch could
+//     otherwise succeed after an earlier one failed). It then moves the
+//     shard's mark with one UPDATE: outbox rows are written once and never
+//     updated. A publish that fails in part marks, per shard, only the
+//     messages before the first failure.
+//   - Whichever relays run and fail, every run they publish starts at a
+//     shard's mark and goes up in order, so the first copy of a message to
+//     reach a partition always comes after the first copy of the message
+//     before it: the order the downstream inbox applies is the commit
+//     order, whatever duplicates arrive.
+//
+// # Several relays
+//
+// Relays lease shards in the database, with an expiry timed by the
+// database's clock. On PostgreSQL (and MariaDB) the lease is taken with
+// SELECT ... FOR UPDATE SKIP LOCKED, so relays never wait for each other and
+// do no double work in the normal case; a relay that dies is replaced when
+// its leases expire (RelayConfig.Lease), or at once if it restarts under the
+// same RelayConfig.ID. An acknowledgement from a relay whose shard was taken
+// over is refused ([ErrLeaseLost]); what it published is published again by
+// the new owner. On SQLite the leases work the same way, but every claim
+// waits for the database's single write lock: one relay is enough there and
+// a second one only stands by.
+//
+// # Expiry
+//
+// Rows are filed under the UTC day they were enqueued on. On PostgreSQL and
+// MariaDB each day is a partition, and Maintain drops a past day's partition
+// whole, never by long DELETEs; on SQLite it deletes published rows in small
+// batches. A day that still holds an unpublished row is never removed:
+// Maintain keeps it, reports it in MaintenanceReport.Held and logs an error
+// each run until a relay has published it.
+//
+// # What adapters do
+//
+// The database-specific part is the small [Store] interface, whose doc
+// comments are the contract; the conformance package's RunOutbox is its
+// executable form. The Outbox and Relay own validation, retries, logging
+// and metrics; adapters own their dialect SQL and reuse the inbox adapters'
+// classification of transient errors.
+package outbox

@@ -1,0 +1,292 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// Defaults for Config.
+const (
+	DefaultRetentionDays = 3
+	DefaultPrepareDays   = 7
+)
+
+// Config tunes an Outbox. The zero value is usable.
+type Config struct {
+	// Headers picks the event id and time headers. Default EventHeaders.
+	Headers HeaderStyle
+	// RetentionDays is how many days before today published rows are kept
+	// (for diagnosis and replays by hand). Default DefaultRetentionDays.
+	RetentionDays int
+	// PrepareDays is how many days after today Maintain prepares storage
+	// for. Default DefaultPrepareDays.
+	PrepareDays int
+	// MaxAttempts, MinBackoff and MaxBackoff bound the retries of the
+	// outbox's own transactions (Migrate, Maintain, and the relay's).
+	// Defaults 10, 5ms and 1s.
+	MaxAttempts            int
+	MinBackoff, MaxBackoff time.Duration
+	// Logger receives retries (Warn) and failures (Error). Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Now is the clock for event times, row days and maintenance. Default
+	// time.Now.
+	Now func() time.Time
+}
+
+// Outbox stores messages inside the application's transactions. It is safe
+// for concurrent use.
+type Outbox struct {
+	db    *gorm.DB
+	store Store
+	cfg   Config
+	log   *slog.Logger
+
+	enqueued, refused, failed atomic.Uint64
+}
+
+// Counters are an Outbox's totals since it was made.
+type Counters struct {
+	Enqueued uint64 // messages handed to the Store (they commit with their transactions, or not)
+	Refused  uint64 // calls refused before anything was written: invalid messages, no transaction
+	Failed   uint64 // calls whose statements failed (the caller's transaction must roll back)
+}
+
+// Counters returns the totals so far, for a metrics system.
+func (o *Outbox) Counters() Counters {
+	return Counters{Enqueued: o.enqueued.Load(), Refused: o.refused.Load(), Failed: o.failed.Load()}
+}
+
+// New returns an Outbox over db and store. It does not touch the database;
+// call Migrate once at start-up.
+func New(db *gorm.DB, store Store, cfg Config) (*Outbox, error) {
+	if db == nil || store == nil {
+		return nil, fmt.Errorf("%w: outbox needs a db and a store", inbox.ErrInvalidConfig)
+	}
+	if c, ok := db.Statement.ConnPool.(gorm.TxCommitter); ok && c != nil {
+		return nil, fmt.Errorf("%w: outbox.New needs the database, not a transaction", inbox.ErrInvalidConfig)
+	}
+	if cfg.RetentionDays < 0 || cfg.PrepareDays < 0 || cfg.MaxAttempts < 0 || cfg.MinBackoff < 0 || cfg.MaxBackoff < 0 {
+		return nil, fmt.Errorf("%w: negative value in the outbox configuration", inbox.ErrInvalidConfig)
+	}
+	if cfg.Headers != EventHeaders && cfg.Headers != CloudEventsHeaders {
+		return nil, fmt.Errorf("%w: unknown header style %d", inbox.ErrInvalidConfig, cfg.Headers)
+	}
+	cfg.RetentionDays = cmp.Or(cfg.RetentionDays, DefaultRetentionDays)
+	cfg.PrepareDays = cmp.Or(cfg.PrepareDays, DefaultPrepareDays)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, 10)
+	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, 5*time.Millisecond)
+	cfg.MaxBackoff = max(cmp.Or(cfg.MaxBackoff, time.Second), cfg.MinBackoff)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	// Enqueue's statements run in the caller's transaction; tracked, a
+	// transient failure of one dooms that transaction (see inbox.Transact).
+	if err := inbox.TrackStatements(db); err != nil {
+		return nil, err
+	}
+	return &Outbox{db: db, store: store, cfg: cfg, log: log.With("component", "outbox")}, nil
+}
+
+// Store returns the outbox's Store.
+func (o *Outbox) Store() Store { return o.store }
+
+// DB returns the database handle the outbox works on.
+func (o *Outbox) DB() *gorm.DB { return o.db }
+
+// Migrate creates or checks the outbox tables, retrying transient errors.
+// Call Maintain after it.
+func (o *Outbox) Migrate(ctx context.Context) error {
+	if err := o.retry(ctx, "migrate", func() error { return o.store.Migrate(ctx, o.db.WithContext(ctx)) }); err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
+	return nil
+}
+
+// Enqueue stores msgs inside tx, the caller's transaction: they are
+// published if and only if tx commits, after every message enqueued for the
+// same topic and key by transactions that committed before. tx must be a
+// transaction (from db.Begin or db.Transaction, or an inbox handler's); a
+// plain *gorm.DB is refused with an error wrapping inbox.ErrInvalidConfig,
+// since the messages would then commit on their own.
+//
+// Each message gets its event id and time headers (see [Message]); a
+// message that is invalid fails the whole call with an error wrapping
+// inbox.ErrInvalidMessage before anything is written. If a statement fails,
+// roll tx back: part of the call may be in it. Enqueue does not retry; a
+// transient failure (IsRetryable) means running the whole transaction
+// again. It locks the shards of the messages' keys until tx ends, so
+// concurrent transactions enqueuing for keys of one shard take turns;
+// enqueue all of a transaction's messages in one call, as late in the
+// transaction as possible.
+func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) error {
+	err := o.enqueue(ctx, tx, msgs)
+	if err != nil {
+		o.log.LogAttrs(ctx, slog.LevelWarn, "enqueue failed", slog.Int("messages", len(msgs)), slog.Any("error", err))
+	}
+	return err
+}
+
+func (o *Outbox) enqueue(ctx context.Context, tx *gorm.DB, msgs []Message) error {
+	if tx == nil {
+		o.refused.Add(1)
+		return fmt.Errorf("%w: Enqueue needs the caller's transaction, got nil", inbox.ErrInvalidConfig)
+	}
+	if c, ok := tx.Statement.ConnPool.(gorm.TxCommitter); !ok || c == nil {
+		o.refused.Add(1)
+		return fmt.Errorf("%w: Enqueue needs a *gorm.DB inside a transaction (db.Begin or db.Transaction): outside one the messages would commit without the effect", inbox.ErrInvalidConfig)
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	now := o.cfg.Now()
+	day := inbox.DayOf(now)
+	rows := make([]Row, len(msgs))
+	for i, m := range msgs {
+		p, err := prepare(m, o.cfg.Headers, now)
+		if err != nil {
+			o.refused.Add(1)
+			return fmt.Errorf("outbox: message %d of %d: %w", i+1, len(msgs), err)
+		}
+		hs, err := encodeHeaders(p.headers)
+		if err != nil {
+			return fmt.Errorf("outbox: message %d of %d: %w", i+1, len(msgs), err)
+		}
+		rows[i] = Row{KeyHash: keyHash(m.Topic, m.Key, p.id), Day: day, EventID: p.id, Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
+		if rows[i].Value == nil {
+			rows[i].Value = []byte{}
+		}
+	}
+	if err := o.store.Append(ctx, tx.WithContext(ctx), rows); err != nil {
+		o.failed.Add(1)
+		return fmt.Errorf("outbox: enqueue %d messages: %w", len(rows), err)
+	}
+	o.enqueued.Add(uint64(len(rows)))
+	return nil
+}
+
+// IsRetryable reports whether err, from Enqueue or another statement of
+// the same transaction, is a transient database failure after which the
+// transaction can run again.
+func (o *Outbox) IsRetryable(err error) bool { return err != nil && o.store.IsRetryable(err) }
+
+// Plan returns the maintenance plan for today: prepare today through
+// PrepareDays ahead, expire published rows of days before the retention
+// window.
+func (o *Outbox) Plan() inbox.MaintenancePlan {
+	today := inbox.DayOf(o.cfg.Now())
+	return inbox.MaintenancePlan{
+		Today:          today,
+		PrepareThrough: today.AddDate(0, 0, o.cfg.PrepareDays),
+		ExpireBefore:   today.AddDate(0, 0, -o.cfg.RetentionDays),
+	}
+}
+
+// Maintain runs [Outbox.MaintainPlan] for [Outbox.Plan].
+func (o *Outbox) Maintain(ctx context.Context) (MaintenanceReport, error) {
+	return o.MaintainPlan(ctx, o.Plan())
+}
+
+// MaintainPlan prepares the coming days and removes the published rows of
+// expired days. A day that still holds unpublished rows is kept and logged
+// as an error on every run until its rows are published: nothing
+// unpublished is ever removed.
+func (o *Outbox) MaintainPlan(ctx context.Context, plan inbox.MaintenancePlan) (MaintenanceReport, error) {
+	if plan.PrepareThrough.Before(plan.Today) || !plan.ExpireBefore.Before(plan.Today) {
+		return MaintenanceReport{}, fmt.Errorf("%w: maintenance plan must prepare from today on and expire only days before today", inbox.ErrInvalidConfig)
+	}
+	var report MaintenanceReport
+	err := o.retry(ctx, "maintain", func() error {
+		var err error
+		report, err = o.store.Maintain(ctx, o.db.WithContext(ctx), plan)
+		return err
+	})
+	if err != nil {
+		return report, fmt.Errorf("outbox: maintain: %w", err)
+	}
+	report.DryRun = plan.DryRun
+	for _, d := range report.Held {
+		o.log.Error("outbox day is past retention but still holds unpublished messages; it is kept until they are published: is a relay running?",
+			"day", d.Format(time.DateOnly))
+	}
+	o.log.Info("outbox maintenance done", "prepared", len(report.Prepared), "expired_days", len(report.Expired),
+		"rows_removed", report.RowsRemoved, "held_days", len(report.Held), "dry_run", plan.DryRun)
+	return report, nil
+}
+
+// RunMaintenance calls Maintain now and then every interval until ctx ends;
+// it returns ctx's error.
+func (o *Outbox) RunMaintenance(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		return fmt.Errorf("%w: maintenance interval %v", inbox.ErrInvalidConfig, interval)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := o.Maintain(ctx); err != nil && ctx.Err() == nil {
+			o.log.Error("outbox maintenance failed; will try again", "error", err, "next_in", interval)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// retry runs fn until it succeeds, fails with an error the Store does not
+// call transient, ctx ends, or the attempts are used up.
+func (o *Outbox) retry(ctx context.Context, op string, fn func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return errors.Join(err, ctx.Err())
+		}
+		if !o.store.IsRetryable(err) {
+			return err
+		}
+		if attempt >= o.cfg.MaxAttempts {
+			return fmt.Errorf("gave up after %d attempts: %w", attempt, err)
+		}
+		o.log.Warn("transient database failure, retrying", "op", op, "attempt", attempt, "error", err)
+		if err := sleep(ctx, o.backoff(attempt)); err != nil {
+			return err
+		}
+	}
+}
+
+func (o *Outbox) backoff(attempt int) time.Duration {
+	d := o.cfg.MinBackoff << min(attempt-1, 20)
+	if d > o.cfg.MaxBackoff || d <= 0 {
+		d = o.cfg.MaxBackoff
+	}
+	return o.cfg.MinBackoff/2 + rand.N(d)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

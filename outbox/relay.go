@@ -1,0 +1,305 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// Defaults for RelayConfig.
+const (
+	DefaultLease        = 30 * time.Second
+	DefaultMaxMessages  = 500
+	DefaultPollInterval = 100 * time.Millisecond
+)
+
+// RelayConfig tunes a Relay. The zero value is usable.
+type RelayConfig struct {
+	// ID names the relay in the leases it holds. Give a relay process the
+	// same id across restarts (its host name, a pod name) and it resumes its
+	// shards at once; a relay with a new id waits for the old leases to
+	// expire. Two relays running at the same time must have different ids.
+	// Default: host name, process id and a random suffix.
+	ID string
+	// Lease is how long a relay holds the shards it claims without claiming
+	// again; a relay that dies is replaced after it. Default DefaultLease.
+	Lease time.Duration
+	// MaxShards bounds the shards one relay leases at a time, so that
+	// several relays share the work; 0 for no limit.
+	MaxShards int
+	// MaxMessages bounds one cycle. Default DefaultMaxMessages, and never
+	// more than the Publisher's Limits.
+	MaxMessages int
+	// PollInterval is the pause after a cycle that found less than a full
+	// batch. Default DefaultPollInterval.
+	PollInterval time.Duration
+	// OnEvent, if set, is called synchronously after every cycle that did
+	// something or failed; it must be fast.
+	OnEvent func(RelayEvent)
+}
+
+// RelayEvent reports one relay cycle.
+type RelayEvent struct {
+	Claimed   int   // rows claimed
+	Published int   // messages acknowledged by the broker and marked published
+	Err       error // what went wrong, if anything
+	LeaseLost bool  // another relay took over shards this cycle published
+	Duration  time.Duration
+}
+
+// RelayCounters are a relay's totals since it was made.
+type RelayCounters struct {
+	Cycles, Published, PublishFailures, LeasesLost uint64
+}
+
+// Relay publishes stored messages to Kafka, at least once and in order per
+// topic and key. Several relays (in one process or many) share the work
+// through leases on shards. Each cycle claims the oldest unpublished rows of
+// the shards it leases, publishes them, and after the broker acknowledged
+// marks them published; a crash in between publishes them again.
+type Relay struct {
+	o        *Outbox
+	pub      Publisher
+	cfg      RelayConfig
+	maxBytes int
+	log      *slog.Logger
+
+	cycles, published, failures, leasesLost atomic.Uint64
+}
+
+// NewRelay returns a relay of o's messages through pub.
+func (o *Outbox) NewRelay(pub Publisher, cfg RelayConfig) (*Relay, error) {
+	if pub == nil {
+		return nil, fmt.Errorf("%w: relay needs a publisher", inbox.ErrInvalidConfig)
+	}
+	if cfg.Lease < 0 || cfg.MaxShards < 0 || cfg.MaxMessages < 0 || cfg.PollInterval < 0 {
+		return nil, fmt.Errorf("%w: negative value in the relay configuration", inbox.ErrInvalidConfig)
+	}
+	if cfg.Lease != 0 && cfg.Lease < 10*time.Millisecond {
+		return nil, fmt.Errorf("%w: relay lease %v is shorter than 10ms", inbox.ErrInvalidConfig, cfg.Lease)
+	}
+	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
+	cfg.MaxMessages = cmp.Or(cfg.MaxMessages, DefaultMaxMessages)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
+	maxBytes := MaxMessageBytes
+	if l, ok := pub.(Limited); ok {
+		m, b := l.Limits()
+		if m < 1 || b < MaxMessageBytes {
+			return nil, fmt.Errorf("%w: the publisher takes %d messages, %d bytes at a time; a relay needs at least 1 message of %d bytes",
+				inbox.ErrInvalidConfig, m, b, MaxMessageBytes)
+		}
+		cfg.MaxMessages, maxBytes = min(cfg.MaxMessages, m), b
+	}
+	if cfg.ID == "" {
+		cfg.ID = defaultRelayID()
+	}
+	if len(cfg.ID) > 128 {
+		return nil, fmt.Errorf("%w: relay id longer than 128 bytes", inbox.ErrInvalidConfig)
+	}
+	return &Relay{o: o, pub: pub, cfg: cfg, maxBytes: maxBytes, log: o.log.With("relay", cfg.ID)}, nil
+}
+
+func defaultRelayID() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// ID returns the relay's id.
+func (r *Relay) ID() string { return r.cfg.ID }
+
+// Counters returns the relay's totals so far.
+func (r *Relay) Counters() RelayCounters {
+	return RelayCounters{Cycles: r.cycles.Load(), Published: r.published.Load(), PublishFailures: r.failures.Load(), LeasesLost: r.leasesLost.Load()}
+}
+
+// Run relays until ctx ends, then releases its leases and returns ctx's
+// error. Failures are logged and retried with backoff; they never stop it.
+func (r *Relay) Run(ctx context.Context) error {
+	defer r.release()
+	failures := 0
+	for {
+		n, err := r.PublishOnce(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		pause := time.Duration(0)
+		switch {
+		case errors.Is(err, ErrShardStuck) && !errors.Is(err, errPublish):
+			// The other shards go on at full speed; the stuck one is
+			// reported on every cycle until the row is repaired.
+			failures = 0
+			r.log.Error("relay cannot publish a stored message; its shard waits (keys of other shards go on)", "error", err)
+			if n < r.cfg.MaxMessages {
+				pause = r.cfg.PollInterval
+			}
+		case err != nil:
+			failures++
+			pause = r.o.backoff(failures)
+			r.log.Warn("relay cycle failed; trying again", "error", err, "in", pause)
+		case n < r.cfg.MaxMessages:
+			failures = 0
+			pause = r.cfg.PollInterval
+		default:
+			failures = 0
+		}
+		if pause > 0 {
+			if err := sleep(ctx, pause); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (r *Relay) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.o.store.Release(ctx, r.o.db.WithContext(ctx), r.cfg.ID); err != nil {
+		r.log.Warn("relay could not release its leases; other relays take its shards when they expire", "error", err, "lease", r.cfg.Lease)
+	}
+}
+
+// PublishOnce runs one cycle: claim, publish, mark published. It returns
+// how many messages it marked published. A failed publish marks, in each
+// shard, the messages before the first that failed.
+func (r *Relay) PublishOnce(ctx context.Context) (int, error) {
+	start := time.Now()
+	ev := RelayEvent{}
+	defer func() {
+		r.cycles.Add(1)
+		if r.cfg.OnEvent != nil && (ev.Claimed > 0 || ev.Err != nil) {
+			ev.Duration = time.Since(start)
+			r.cfg.OnEvent(ev)
+		}
+	}()
+	n, err := r.cycle(ctx, &ev)
+	ev.Published, ev.Err = n, err
+	return n, err
+}
+
+func (r *Relay) cycle(ctx context.Context, ev *RelayEvent) (int, error) {
+	var rows []Row
+	claimedAt := time.Now()
+	req := ClaimRequest{Relay: r.cfg.ID, Lease: r.cfg.Lease, MaxShards: r.cfg.MaxShards, MaxRows: r.cfg.MaxMessages}
+	err := r.o.retry(ctx, "claim", func() error {
+		var err error
+		rows, err = r.o.store.Claim(ctx, r.o.db.WithContext(ctx), req)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: relay claim: %w", err)
+	}
+	ev.Claimed = len(rows)
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	msgs := make([]kafka.Message, 0, len(rows))
+	sent := make([]Row, 0, len(rows))
+	bytes := 0
+	var bad error
+	blocked := map[int32]bool{}
+	for _, row := range rows {
+		if blocked[row.Shard] {
+			continue
+		}
+		hs, err := decodeHeaders(row.Headers)
+		if err != nil {
+			// Publishing what follows in this shard would overtake it:
+			// the shard stops here, loudly, until someone repairs the row.
+			blocked[row.Shard] = true
+			bad = errors.Join(bad, fmt.Errorf("%w: shard %d at seq %d (event %q): %w", ErrShardStuck, row.Shard, row.Seq, row.EventID, err))
+			continue
+		}
+		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.Value, Headers: hs}
+		size := MessageBytes(m.Key, m.Value, m.Headers)
+		if len(msgs) > 0 && bytes+size > r.maxBytes {
+			break // what is left is a suffix of every shard's run
+		}
+		bytes += size
+		msgs = append(msgs, m)
+		sent = append(sent, row)
+	}
+	if len(msgs) == 0 {
+		return 0, bad
+	}
+	rows = sent
+	// Publishing after the lease expired would only duplicate what the next
+	// relay publishes, but it is wasted work: stop in time.
+	pubCtx, cancel := context.WithDeadline(ctx, claimedAt.Add(r.cfg.Lease*9/10))
+	pubErr := r.pub.Publish(pubCtx, msgs)
+	cancel()
+	marks := marksOf(rows, pubErr)
+	if pubErr != nil {
+		r.failures.Add(1)
+	}
+	if len(marks) > 0 {
+		ackErr := r.o.retry(ctx, "ack", func() error { return r.o.store.Ack(ctx, r.o.db.WithContext(ctx), r.cfg.ID, marks) })
+		if errors.Is(ackErr, ErrLeaseLost) {
+			ev.LeaseLost = true
+			r.leasesLost.Add(1)
+			r.log.Warn("another relay took over shards this relay had published; it publishes them again (the inbox drops the copies)", "error", ackErr)
+			ackErr = nil
+		}
+		if ackErr != nil {
+			return 0, fmt.Errorf("outbox: relay mark published (the messages were sent and will be sent again): %w", ackErr)
+		}
+	}
+	acked := 0
+	for _, row := range rows {
+		for _, m := range marks {
+			if m.Shard == row.Shard && row.Seq <= m.Seq {
+				acked++
+				break
+			}
+		}
+	}
+	r.published.Add(uint64(acked))
+	if pubErr != nil {
+		return acked, fmt.Errorf("%w: %w", errPublish, pubErr)
+	}
+	return acked, bad
+}
+
+// ErrShardStuck is wrapped by a relay cycle's error when a stored message
+// cannot be published (its stored headers are unreadable): its shard stops
+// there, since publishing what follows would overtake it, and the error is
+// logged on every cycle until the row is repaired. Other shards go on.
+var ErrShardStuck = errors.New("outbox: a stored message cannot be published; its shard waits")
+
+var errPublish = errors.New("outbox: relay publish")
+
+// marksOf returns, for each shard of rows, the last Seq before the first
+// message that failed (all of them when err is nil). rows are in (shard,
+// seq) order. An error that is not per message fails every message.
+func marksOf(rows []Row, err error) []Mark {
+	var perMessage kafka.WriteErrors
+	if err != nil && (!errors.As(err, &perMessage) || len(perMessage) != len(rows)) {
+		return nil
+	}
+	var marks []Mark
+	stopped := map[int32]bool{}
+	for i, row := range rows {
+		switch {
+		case stopped[row.Shard]:
+		case perMessage != nil && perMessage[i] != nil:
+			stopped[row.Shard] = true
+		case len(marks) > 0 && marks[len(marks)-1].Shard == row.Shard:
+			marks[len(marks)-1].Seq = row.Seq
+		default:
+			marks = append(marks, Mark{Shard: row.Shard, Seq: row.Seq})
+		}
+	}
+	return marks
+}

@@ -1,0 +1,211 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+)
+
+// Store is the storage contract of the outbox: the part that differs
+// between databases. An adapter implements it with its own dialect SQL;
+// [Outbox] and [Relay] own validation, retries, logging and metrics, so a
+// Store does none of those. The conformance package (RunOutbox) is the
+// executable form of this contract.
+//
+// Rows live in shards: a row's shard is its KeyHash modulo the Store's
+// shard count, fixed when the table is created. Within a shard every row
+// has a sequence number, and the Store keeps for each shard how far it has
+// been published. A Store must be safe for concurrent use.
+type Store interface {
+	// Migrate creates the outbox tables (or checks existing ones) and the
+	// shards. It must be idempotent and safe when several processes run it at
+	// the same time, and must refuse a table made with another shard count:
+	// moving keys to other shards would break their order.
+	Migrate(ctx context.Context, db *gorm.DB) error
+
+	// Append stores rows inside tx, the caller's transaction, setting each
+	// row's Shard and Seq. Seq numbers of a shard are assigned in commit
+	// order: Append holds a lock on each shard it writes to until tx ends
+	// (taken in ascending shard order within one call), so of two
+	// transactions appending to one shard, the second waits, and a row with
+	// a lower Seq is always committed (or rolled back, its number then
+	// reused) before a row with a higher one is. Rows of one shard within
+	// one call get ascending Seq numbers in the order given. If tx rolls
+	// back, nothing of the call remains.
+	//
+	// On a transient failure it returns an error for which IsRetryable is
+	// true; it never retries by itself.
+	Append(ctx context.Context, tx *gorm.DB, rows []Row) error
+
+	// Claim leases to req.Relay, for req.Lease, the shards that hold
+	// committed unpublished rows and on which no other relay holds a lease
+	// that has not expired (its own leases are renewed), at most
+	// req.MaxShards of them; it never waits for a shard another relay is
+	// leasing at that moment (row locks that skip locked rows, or the
+	// database's single writer). It then returns, in (Shard, Seq) order, at
+	// most req.MaxRows of the oldest unpublished rows of the shards it
+	// leased: for each shard a run of consecutive Seq numbers starting right
+	// after the shard's published mark. Leases are timed by the database's
+	// clock.
+	Claim(ctx context.Context, db *gorm.DB, req ClaimRequest) ([]Row, error)
+
+	// Ack moves the published mark of each shard in marks up to its Seq
+	// (never down), only where relay still holds the shard's lease (expired
+	// or not, as long as no other relay took it). If relay no longer holds
+	// some of the shards, the others are acknowledged and the error wraps
+	// ErrLeaseLost.
+	Ack(ctx context.Context, db *gorm.DB, relay string, marks []Mark) error
+
+	// Release ends relay's leases at once, so that other relays take its
+	// shards over without waiting for the leases to expire.
+	Release(ctx context.Context, db *gorm.DB, relay string) error
+
+	// Maintain prepares storage for the days up to plan.PrepareThrough and
+	// removes the published rows of days before plan.ExpireBefore. It never
+	// removes an unpublished row: a day that still holds one is kept whole
+	// (where days are partitions) and reported in Held. It must be
+	// idempotent and safe while rows are appended, claimed and acknowledged.
+	// With plan.DryRun it changes nothing and reports what it would do.
+	Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (MaintenanceReport, error)
+
+	// IsRetryable reports whether err is a transient failure after which the
+	// transaction can be run again, as the inbox Store of the same database
+	// decides it.
+	IsRetryable(err error) bool
+}
+
+// Row is one stored message.
+type Row struct {
+	Shard   int32 // set by Append: KeyHash modulo the Store's shard count
+	Seq     int64 // set by Append: the row's place in its shard, from 1
+	KeyHash uint32
+	// Day is the UTC day the row was enqueued on (by the enqueuer's clock);
+	// it picks the partition. It is not the event time, which may lie in the
+	// past: a row must never land in a day that expiry may be dropping.
+	Day     time.Time
+	EventID string
+	Topic   string
+	Key     []byte // nil: the message has no key
+	Value   []byte
+	Headers []byte // the encoded headers, opaque to the Store
+}
+
+// ClaimRequest is what a relay asks Claim for.
+type ClaimRequest struct {
+	Relay     string        // the relay's id
+	Lease     time.Duration // how long the leases last, at least a millisecond
+	MaxShards int           // at most this many shards; 0 for no limit
+	MaxRows   int           // at most this many rows, at least 1
+}
+
+// Mark says that a shard is published through Seq.
+type Mark struct {
+	Shard int32
+	Seq   int64
+}
+
+// ErrLeaseLost is wrapped by Ack's error when another relay took over a
+// shard: the messages were published, and the other relay publishes them
+// again (at least once; the downstream inbox drops the copies).
+var ErrLeaseLost = errors.New("outbox: the relay's lease on a shard was taken over by another relay")
+
+// MaintenanceReport says what a Maintain call did (or, in a dry run, would
+// do).
+type MaintenanceReport struct {
+	Prepared    []time.Time // days made ready
+	Expired     []time.Time // days whose rows were removed
+	RowsRemoved int64       // rows deleted, or -1 if a partition was dropped (not counted)
+	// Held are expired days that still hold unpublished rows: they were
+	// kept. A relay that is down or stuck is the usual cause.
+	Held   []time.Time
+	DryRun bool
+}
+
+// DayStats is one line of [StatsReporter] output.
+type DayStats struct {
+	Day         time.Time
+	Rows        int64
+	Unpublished int64
+}
+
+// StatsReporter is an optional Store capability used by operators' tools
+// and the conformance suite.
+type StatsReporter interface {
+	Stats(ctx context.Context, db *gorm.DB) ([]DayStats, error)
+}
+
+// ShardCount is how many rows of an Append go to one shard.
+type ShardCount struct {
+	Shard int32
+	Rows  int64
+}
+
+// AssignShards sets each row's Shard to its KeyHash modulo shards, and
+// returns the shards the rows go to, in ascending order (the order in which
+// Append locks them), with their row counts. Adapters call it first in
+// Append.
+func AssignShards(rows []Row, shards int) []ShardCount {
+	counts := map[int32]int64{}
+	for i := range rows {
+		rows[i].Shard = int32(rows[i].KeyHash % uint32(shards))
+		counts[rows[i].Shard]++
+	}
+	out := make([]ShardCount, 0, len(counts))
+	for sh, n := range counts {
+		out = append(out, ShardCount{Shard: sh, Rows: n})
+	}
+	slices.SortFunc(out, func(a, b ShardCount) int { return cmp.Compare(a.Shard, b.Shard) })
+	return out
+}
+
+// NumberRows sets each row's Seq: the rows of a shard get consecutive
+// numbers from first[shard] on, in the order given.
+func NumberRows(rows []Row, first map[int32]int64) {
+	next := maps.Clone(first)
+	for i := range rows {
+		rows[i].Seq = next[rows[i].Shard]
+		next[rows[i].Shard]++
+	}
+}
+
+// ShareRows splits maxRows among shards (each with the number of its
+// unpublished rows, in Rows) and returns how many rows to read from each, in
+// the order given, leaving out shards that get none. It fills them evenly
+// (water-filling), so a shard with a long backlog (a hot key) never holds up
+// the others.
+func ShareRows(pending []ShardCount, maxRows int) []ShardCount {
+	take := make([]int64, len(pending))
+	for left := int64(max(maxRows, 1)); left > 0; {
+		var wanting int64
+		for i, p := range pending {
+			if p.Rows > take[i] {
+				wanting++
+			}
+		}
+		if wanting == 0 {
+			break
+		}
+		share := max(left/wanting, 1)
+		for i, p := range pending {
+			add := min(p.Rows-take[i], share, left)
+			if add > 0 {
+				take[i] += add
+				left -= add
+			}
+		}
+	}
+	var out []ShardCount
+	for i, p := range pending {
+		if take[i] > 0 {
+			out = append(out, ShardCount{Shard: p.Shard, Rows: take[i]})
+		}
+	}
+	return out
+}
