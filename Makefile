@@ -10,7 +10,7 @@ PKGS     := ./... ./otel/...
 
 .PHONY: help
 help: ## List the targets.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
 demo: ## Run the demo: SQLite and an in-process Kafka broker, nothing to install.
