@@ -216,6 +216,9 @@ func BenchmarkVariants(b *testing.B) {
 					b.ReportMetric(r.EventsPerSec()/base, key+"/a")
 					b.ReportMetric(float64(r.Latency(0.5).Microseconds())/1000, key+"-p50-ms")
 					b.ReportMetric(float64(r.Latency(0.99).Microseconds())/1000, key+"-p99-ms")
+					if r.Variant.Dedup {
+						b.ReportMetric(r.ReplayPerSec(), key+"-replay-duplicates/s")
+					}
 				}
 			}
 		})

@@ -60,6 +60,19 @@ type Result struct {
 	Elapsed time.Duration
 	Workers int
 	Batch   int // events per operation
+	// Replay is how long a dedup variant took to run the same events a
+	// second time, all of them duplicates (zero for the others): a fast
+	// path that makes duplicates slow shows here.
+	Replay time.Duration
+}
+
+// ReplayPerSec is the throughput of the replay (duplicates per second), or
+// zero for a variant without dedup.
+func (r Result) ReplayPerSec() float64 {
+	if r.Replay <= 0 {
+		return 0
+	}
+	return float64(r.Events) / r.Replay.Seconds()
 }
 
 // EventsPerSec is the throughput.
@@ -243,6 +256,16 @@ func runFresh(ctx context.Context, b *Backend, v Variant, evs []Event, o Options
 	}
 	if res.Applied != int64(len(evs)) && !v.Idempotent {
 		return res, fmt.Errorf("bench: %s on %s applied %d effects for %d events", v.Key, b.Name, res.Applied, len(evs))
+	}
+	if v.Dedup {
+		replay, err := Apply(ctx, f, v, evs, o.Workers, o.BatchSize)
+		if err != nil {
+			return res, err
+		}
+		if replay.Applied != 0 {
+			return res, fmt.Errorf("bench: %s on %s applied %d effects on a replay, want none", v.Key, b.Name, replay.Applied)
+		}
+		res.Replay = replay.Elapsed
 	}
 	return res, nil
 }
