@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,6 +196,24 @@ func options() bench.Options {
 	return o
 }
 
+// selectedVariants are the variants INBOX_BENCH_VARIANTS names
+// (comma-separated keys, the first one the reference), or all of them.
+func selectedVariants(tb testing.TB) []bench.Variant {
+	keys := os.Getenv("INBOX_BENCH_VARIANTS")
+	if keys == "" {
+		return bench.Variants
+	}
+	var vs []bench.Variant
+	for _, k := range strings.Split(keys, ",") {
+		v, ok := bench.VariantByKey(strings.TrimSpace(k))
+		if !ok {
+			tb.Fatalf("INBOX_BENCH_VARIANTS: no variant %q", k)
+		}
+		vs = append(vs, v)
+	}
+	return vs
+}
+
 // BenchmarkVariants runs (a)-(e) per backend with the same events and
 // concurrency and reports events/s, the ratio to (a) and the per-operation
 // latency (per batch for (c)). Use -benchtime 1x: one iteration is a full
@@ -205,7 +224,7 @@ func BenchmarkVariants(b *testing.B) {
 			o := options()
 			be := backend(b, name, o.Workers)
 			for range b.N {
-				results, err := bench.Compare(b.Context(), be, bench.Variants, o)
+				results, err := bench.Compare(b.Context(), be, selectedVariants(b), o)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -232,33 +251,76 @@ func BenchmarkTrackingCost(b *testing.B) {
 	for _, name := range backends {
 		b.Run(name, func(b *testing.B) {
 			o := options()
-			o.Rounds = 1
-			rounds := envInt("INBOX_BENCH_ROUNDS", 9)
 			be := backend(b, name, o.Workers)
 			for range b.N {
-				var ratios []float64
-				for r := range rounds {
-					vs := slices.Clone(bench.TrackingCost)
-					if r%2 == 1 {
-						slices.Reverse(vs)
-					}
-					results, err := bench.Compare(b.Context(), be, vs, o)
-					if err != nil {
-						b.Fatal(err)
-					}
-					tracked, untracked := results[0], results[1]
-					if vs[0].Untracked {
-						tracked, untracked = untracked, tracked
-					}
-					ratios = append(ratios, tracked.EventsPerSec()/untracked.EventsPerSec())
-					b.Logf("round %d: tracked %.0f events/s, untracked %.0f events/s, ratio %.3f", r+1, tracked.EventsPerSec(), untracked.EventsPerSec(), ratios[r])
-				}
-				slices.Sort(ratios)
-				b.ReportMetric(ratios[len(ratios)/2], "tracked/untracked-median")
-				b.ReportMetric(ratios[0], "tracked/untracked-min")
-				b.ReportMetric(ratios[len(ratios)-1], "tracked/untracked-max")
+				// The tracked variant against the untracked one.
+				paired(b, be, []bench.Variant{bench.TrackingCost[1], bench.TrackingCost[0]}, envInt("INBOX_BENCH_ROUNDS", 9), o)
 			}
 		})
+	}
+}
+
+// BenchmarkPaired runs the variants INBOX_BENCH_VARIANTS names (default
+// a,b,c2), the first being the reference, side by side in every round
+// (INBOX_BENCH_ROUNDS, default 5), alternating their order, and reports
+// each variant's per-round throughput ratio to the reference: the median
+// and the spread.
+func BenchmarkPaired(b *testing.B) {
+	if os.Getenv("INBOX_BENCH_VARIANTS") == "" {
+		b.Setenv("INBOX_BENCH_VARIANTS", "a,b,c2")
+	}
+	for _, name := range backends {
+		b.Run(name, func(b *testing.B) {
+			o := options()
+			be := backend(b, name, o.Workers)
+			for range b.N {
+				paired(b, be, selectedVariants(b), envInt("INBOX_BENCH_ROUNDS", 5), o)
+			}
+		})
+	}
+}
+
+// paired runs vs (vs[0] the reference) once per round, in alternating
+// order, and reports each other variant's throughput ratio to the
+// reference in the same round: median, min and max over the rounds.
+func paired(b *testing.B, be *bench.Backend, vs []bench.Variant, rounds int, o bench.Options) {
+	o.Rounds = 1
+	ratios := make([][]float64, len(vs))
+	for r := range rounds {
+		order := make([]int, len(vs))
+		for i := range order {
+			order[i] = i
+		}
+		if r%2 == 1 {
+			slices.Reverse(order)
+		}
+		run := make([]bench.Variant, len(vs))
+		for k, i := range order {
+			run[k] = vs[i]
+		}
+		results, err := bench.Compare(b.Context(), be, run, o)
+		if err != nil {
+			b.Fatal(err)
+		}
+		byVariant := make([]bench.Result, len(vs))
+		for k, i := range order {
+			byVariant[i] = results[k]
+		}
+		line := fmt.Sprintf("round %d:", r+1)
+		for i, res := range byVariant {
+			ratio := res.EventsPerSec() / byVariant[0].EventsPerSec()
+			ratios[i] = append(ratios[i], ratio)
+			line += fmt.Sprintf(" %s %.0f events/s (%.3fx)", vs[i].Key, res.EventsPerSec(), ratio)
+		}
+		b.Log(line)
+	}
+	for i := 1; i < len(vs); i++ {
+		rs := ratios[i]
+		slices.Sort(rs)
+		name := vs[i].Key + "/" + vs[0].Key
+		b.ReportMetric(rs[len(rs)/2], name+"-median")
+		b.ReportMetric(rs[0], name+"-min")
+		b.ReportMetric(rs[len(rs)-1], name+"-max")
 	}
 }
 
