@@ -5,6 +5,9 @@ SERVICES := scripts/with-services.sh
 # ./... stops at a nested module: the otel module (its own go.mod, tied in
 # by go.work) is listed too, so every target covers it.
 PKGS     := ./... ./otel/...
+# golangci-lint, pinned, built into .bin/ by the lint target (the module proxy serves it).
+GOLANGCI_VERSION := v2.15.0
+GOLANGCI := .bin/golangci-lint-$(GOLANGCI_VERSION)
 
 .DEFAULT_GOAL := help
 
@@ -25,11 +28,17 @@ test-short: ## Run the tests that need no server (backends are skipped; not for 
 	$(GO) test -race -count=1 $(PKGS)
 
 .PHONY: lint
-lint: ## gofmt, go vet, and the library, commands and tests building without cgo (no SQLite there).
+lint: $(GOLANGCI) ## gofmt, go vet, golangci-lint (.golangci.yml), and everything building without cgo (no SQLite there).
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GOLANGCI) run $(PKGS)
 	CGO_ENABLED=0 $(GO) build $(PKGS)
 	CGO_ENABLED=0 $(GO) vet $(PKGS)
+
+$(GOLANGCI):
+	@mkdir -p .bin
+	GOBIN=$(CURDIR)/.bin $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION)
+	mv .bin/golangci-lint $@
 
 .PHONY: bench
 bench: ## Run the benchmarks against every backend, side by side (see docs/BENCHMARKS.md).

@@ -147,7 +147,7 @@ func checkRollbackRemoves(ctx context.Context, env *OutboxEnv) error {
 func checkInvalidStoresNothing(ctx context.Context, env *OutboxEnv) error {
 	ob := env.Outbox()
 	if err := ob.Enqueue(ctx, env.H.DB.WithContext(ctx), msgOf("orders", "k", "no-tx")); !errors.Is(err, inbox.ErrInvalidConfig) {
-		return fmt.Errorf("Enqueue on a plain *gorm.DB: %v, want an error wrapping inbox.ErrInvalidConfig", err)
+		return fmt.Errorf("enqueue on a plain *gorm.DB: %v, want an error wrapping inbox.ErrInvalidConfig", err)
 	}
 	bad := []outbox.Message{
 		{Topic: "", Value: []byte("x")},
@@ -628,7 +628,7 @@ func checkOutboxVerify(ctx context.Context, env *OutboxEnv) error {
 		return nil
 	}
 	if err := v.Verify(ctx, env.H.DB.WithContext(ctx)); err != nil {
-		return fmt.Errorf("Verify after Migrate: %w", err)
+		return fmt.Errorf("the Store's Verify after Migrate: %w", err)
 	}
 	return nil
 }

@@ -70,7 +70,7 @@ var schemaChecks = []Check{
 			}
 			if v, ok := env.H.Store.(inbox.Verifier); ok {
 				if err := v.Verify(ctx, env.H.DB); err != nil {
-					return fmt.Errorf("Verify on the harness database: %w", err)
+					return fmt.Errorf("the Store's Verify on the harness database: %w", err)
 				}
 			}
 			return nil
@@ -94,7 +94,7 @@ var schemaChecks = []Check{
 						return err
 					}
 					if !slices.Equal(got, s.want) {
-						return fmt.Errorf("Claim answered %v, want %v", got, s.want)
+						return fmt.Errorf("the claim answered %v, want %v", got, s.want)
 					}
 					return nil
 				}, env.H.TxOptions)

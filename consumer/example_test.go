@@ -64,7 +64,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	go c.Run(context.Background())
+	go func() { _ = c.Run(context.Background()) }()
 	defer c.Close()
 
 	// Wait for the four messages, then look at the stock.

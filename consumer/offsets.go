@@ -42,7 +42,7 @@ type offsetStore struct {
 // transactions makes migrate fail.
 func (s offsetStore) migrate(ctx context.Context, db *gorm.DB) error {
 	db = db.WithContext(ctx)
-	mysql := db.Dialector.Name() == "mysql"
+	mysql := db.Name() == "mysql"
 	if mysql {
 		// Before AutoMigrate, whose ALTERs of a MyISAM table fail with
 		// errors that do not name the engine.

@@ -41,7 +41,9 @@ func ExampleInbox_Process() {
 	if err := ib.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	db.AutoMigrate(&Stock{})
+	if err := db.AutoMigrate(&Stock{}); err != nil {
+		log.Fatal(err)
+	}
 	db.Create(&Stock{SKU: "sku-7"})
 
 	reserve := func(ctx context.Context, tx *gorm.DB, msg inbox.Message) error {

@@ -93,7 +93,7 @@ func ExampleInstrumentConsumer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	go c.Run(context.Background())
+	go func() { _ = c.Run(context.Background()) }()
 	for ib.Counters().Processed+ib.Counters().Duplicates < 2 {
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -101,7 +101,7 @@ func (tel *telemetry) points(t *testing.T, name string) []any {
 func attr(attrs []attribute.KeyValue, key attribute.Key) string {
 	for _, kv := range attrs {
 		if kv.Key == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

@@ -99,7 +99,7 @@ func validTopic(topic string) error {
 	}
 	for i := 0; i < len(topic); i++ {
 		c := topic[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+		if !topicByte(c) {
 			return invalid("topic", topic, "may hold only ASCII letters, digits, '.', '_' and '-'")
 		}
 	}
@@ -297,4 +297,9 @@ func decodeHeaders(b []byte) ([]kafka.Header, error) {
 		hs[i] = kafka.Header{Key: h.K, Value: h.V}
 	}
 	return hs, nil
+}
+
+// topicByte reports whether c may appear in a Kafka topic name.
+func topicByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
 }

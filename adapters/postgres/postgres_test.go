@@ -288,7 +288,7 @@ func TestExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeDB(db)
+	defer func() { _ = closeDB(db) }()
 	drop := func() {
 		if err := db.Exec(`DROP SCHEMA IF EXISTS inbox_example CASCADE`).Error; err != nil {
 			t.Fatal(err)
@@ -415,7 +415,7 @@ func TestMaintainConcurrently(t *testing.T) {
 				errs[i] = err
 				return
 			}
-			defer closeDB(other)
+			defer func() { _ = closeDB(other) }()
 			reports[i], errs[i] = store.Maintain(t.Context(), other, plan)
 		})
 	}

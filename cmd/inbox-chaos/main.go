@@ -211,7 +211,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if err != nil {
 				fmt.Fprintf(stdout, "  run FAILED: %v\n", err)
 			}
-			dbFailed = err != nil || (!rep.OK() && !(*allowLoss && rep.Ledger.AppliedTwice == 0 && rep.DeadLetters == 0))
+			dbFailed = err != nil || (!rep.OK() && (!*allowLoss || rep.Ledger.AppliedTwice != 0 || rep.DeadLetters != 0))
 		}
 		if runFaults && ctx.Err() == nil {
 			frep, err := chaos.RunFaults(ctx, cfg, fc)
