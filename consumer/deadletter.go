@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"errors"
-	"io"
 	"strconv"
 	"time"
 
@@ -118,60 +117,4 @@ func failureAttrs(err error) []any {
 		attrs = append(attrs, "panic_stack", stack)
 	}
 	return attrs
-}
-
-// permanentPublishErrors are the producer errors that retrying a dead letter
-// cannot cure: the message, the topic, the credentials or the writer's
-// configuration must change. A custom MessageWriter marks an error permanent
-// by wrapping one of them.
-var permanentPublishErrors = []error{
-	kafka.MessageSizeTooLarge, // also kafka-go's client-side MessageTooLargeError
-	kafka.RecordListTooLarge,
-	kafka.InvalidTopic,
-	kafka.InvalidRecord,
-	kafka.InvalidTimestamp,
-	kafka.InvalidRequiredAcks,
-	kafka.InvalidRequest,
-	kafka.InvalidConfiguration,
-	kafka.PolicyViolation,
-	kafka.UnsupportedVersion,
-	kafka.UnsupportedForMessageFormat,
-	kafka.UnsupportedCompressionType,
-	kafka.TopicAuthorizationFailed,
-	kafka.ClusterAuthorizationFailed,
-	kafka.TransactionalIDAuthorizationFailed,
-	kafka.SASLAuthenticationFailed,
-	kafka.UnsupportedSASLMechanism,
-	io.ErrClosedPipe, // the Writer was closed
-}
-
-// classifyPublishError tells whether a dead letter's publish error is
-// permanent, and whether it says the topic is unknown (permanent only once
-// it persists; see deadLetterUnknownTopicAttempts). Anything else (no
-// leader, timeouts, the network, errors it does not know) is transient.
-// kafka.WriteErrors, which does not unwrap, is looked into: cause is the
-// error inside it that decided (err itself otherwise).
-func classifyPublishError(err error) (permanent, unknownTopic bool, cause error) {
-	errs := []error{err}
-	var we kafka.WriteErrors
-	if errors.As(err, &we) {
-		errs = errs[:0]
-		for _, e := range we {
-			if e != nil {
-				errs = append(errs, e)
-			}
-		}
-	}
-	cause = err
-	for _, e := range errs {
-		for _, p := range permanentPublishErrors {
-			if errors.Is(e, p) {
-				return true, false, e
-			}
-		}
-		if errors.Is(e, kafka.UnknownTopicOrPartition) {
-			unknownTopic, cause = true, e
-		}
-	}
-	return false, unknownTopic, cause
 }

@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/kafkaerr"
 )
 
 // worker consumes one assigned partition for one generation.
@@ -736,7 +737,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		if ctx.Err() != nil {
 			return abandoned
 		}
-		permanent, unknown, perr := classifyPublishError(err)
+		permanent, unknown, perr := kafkaerr.Classify(err)
 		if unknown {
 			unknownTopic++
 			permanent = unknownTopic >= deadLetterUnknownTopicAttempts

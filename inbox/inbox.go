@@ -197,16 +197,9 @@ func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, 
 	rows := []Row{msg.Row()}
 	err := ib.retry(ctx, func(attempt int) error {
 		return ib.claimTx(ctx, rows, func(tx *gorm.DB, inserted []bool) error {
-			if !inserted[0] {
-				out = Duplicate
-				return nil
-			}
-			if err := ib.handle(ctx, tx, msg, h); err != nil {
-				out = Failed
-				return err
-			}
-			out = Processed
-			return nil
+			var err error
+			out, err = ib.handleClaimed(ctx, tx, msg, h, inserted[0])
+			return err
 		})
 	})
 	if err != nil {
@@ -313,7 +306,12 @@ func (ib *Inbox) claimAndHandle(ctx context.Context, tx *gorm.DB, msg Message, h
 	if err != nil {
 		return Failed, err
 	}
-	if !inserted[0] {
+	return ib.handleClaimed(ctx, tx, msg, h, inserted[0])
+}
+
+// handleClaimed runs h for msg if its claim inserted the row.
+func (ib *Inbox) handleClaimed(ctx context.Context, tx *gorm.DB, msg Message, h Handler, inserted bool) (Outcome, error) {
+	if !inserted {
 		return Duplicate, nil
 	}
 	if err := ib.handle(ctx, tx, msg, h); err != nil {

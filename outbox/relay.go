@@ -14,6 +14,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxgo/inbox/internal/kafkaerr"
+
 	"github.com/inboxgo/inbox/inbox"
 )
 
@@ -127,6 +129,12 @@ func (r *Relay) Counters() RelayCounters {
 
 // Run relays until ctx ends, then releases its leases and returns ctx's
 // error. Failures are logged and retried with backoff; they never stop it.
+// What can keep it retrying forever: the database or the broker being down
+// (logged at Warn), and a stored message the broker refuses for good (too
+// large for the topic's max.message.bytes, a topic it does not accept,
+// authorization; logged at Error every cycle): the relay never drops a
+// message, so its shard waits until an operator fixes the topic or the row,
+// while the other shards go on.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.release()
 	failures := 0
@@ -148,7 +156,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		case err != nil:
 			failures++
 			pause = r.o.backoff(failures)
-			r.log.Warn("relay cycle failed; trying again", "error", err, "in", pause)
+			if permanent, _, cause := kafkaerr.Classify(err); permanent {
+				// Nothing is dropped: the message's shard waits for it (the
+				// keys after it must not overtake it), retried until the
+				// message or the topic is fixed; other shards go on.
+				r.log.Error("the broker refuses a stored message for good; its shard waits until the message or the topic is fixed",
+					"error", err, "cause", cause, "retry_in", pause)
+			} else {
+				r.log.Warn("relay cycle failed; trying again", "error", err, "in", pause)
+			}
 		case n < r.cfg.MaxMessages:
 			failures = 0
 			pause = r.cfg.PollInterval

@@ -84,40 +84,61 @@ func pgxArrays(tx *gorm.DB) bool {
 	return false
 }
 
-// claimArrays claims rows with one statement whose text does not depend on
-// the number of rows: each column travels as one array parameter and is
-// unnested on the server. Sent on the transaction's connection as it is,
-// and scanned without GORM.
+// claimArrays claims rows (in key order) with one statement whose text does
+// not depend on the number of rows: each column travels as one array
+// parameter and is unnested on the server. Sent on the transaction's
+// connection as it is, and scanned without GORM.
 func (s *Store) claimArrays(ctx context.Context, tx *gorm.DB, rows []inbox.Row, inserted []bool) error {
-	n := len(rows)
-	consumers, ids, days, topics := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	times, partitions, offsets := make([]time.Time, n), make([]int32, n), make([]int64, n)
-	index := make(map[returnedKey]int, n)
-	for i, r := range rows {
-		consumers[i], ids[i], days[i], topics[i] = r.Consumer, r.EventID, dayText(r.Day), r.Topic
-		times[i], partitions[i], offsets[i] = r.EventTime.UTC(), r.Partition, r.Offset
-		index[returnedKey{r.Consumer, r.EventID, days[i]}] = i
-	}
-	got, err := tx.Statement.ConnPool.QueryContext(ctx, s.claimArraysSQL, consumers, ids, days, times, topics, partitions, offsets)
+	got, err := tx.Statement.ConnPool.QueryContext(ctx, s.claimArraysSQL, arrayArgs(rows)...)
 	if err != nil {
 		return fmt.Errorf("postgres: claim in %s: %w", s.parent(), err)
 	}
 	defer got.Close()
-	for got.Next() {
-		var k returnedKey
-		if err := got.Scan(&k.Consumer, &k.EventID, &k.Day); err != nil {
-			return fmt.Errorf("postgres: claim in %s: %w", s.parent(), err)
-		}
-		i, ok := index[k]
-		if !ok || inserted[i] {
-			return fmt.Errorf("postgres: claim in %s returned a key that was not inserted: %q/%q/%s", s.parent(), k.Consumer, k.EventID, k.Day)
-		}
-		inserted[i] = true
-	}
-	if err := got.Err(); err != nil {
+	if err := markReturned(got, rows, inserted); err != nil {
 		return fmt.Errorf("postgres: claim in %s: %w", s.parent(), err)
 	}
 	return nil
+}
+
+// arrayArgs are the seven array parameters of claimArraysSQL for rows, in
+// their order (the caller puts them in key order).
+func arrayArgs(rows []inbox.Row) []any {
+	n := len(rows)
+	consumers, ids, days, topics := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	times, partitions, offsets := make([]time.Time, n), make([]int32, n), make([]int64, n)
+	for i, r := range rows {
+		consumers[i], ids[i], days[i], topics[i] = r.Consumer, r.EventID, dayText(r.Day), r.Topic
+		times[i], partitions[i], offsets[i] = r.EventTime.UTC(), r.Partition, r.Offset
+	}
+	return []any{consumers, ids, days, times, topics, partitions, offsets}
+}
+
+// keyRows are the rows RETURNING gives back, from database/sql or from pgx.
+type keyRows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// markReturned sets inserted[i] for each row of rows whose key got
+// returns, and fails on a key that was not sent or comes twice.
+func markReturned(got keyRows, rows []inbox.Row, inserted []bool) error {
+	index := make(map[returnedKey]int, len(rows))
+	for i, r := range rows {
+		index[returnedKey{r.Consumer, r.EventID, dayText(r.Day)}] = i
+	}
+	for got.Next() {
+		var k returnedKey
+		if err := got.Scan(&k.Consumer, &k.EventID, &k.Day); err != nil {
+			return err
+		}
+		i, ok := index[k]
+		if !ok || inserted[i] {
+			return fmt.Errorf("returned a key that was not inserted: %q/%q/%s", k.Consumer, k.EventID, k.Day)
+		}
+		inserted[i] = true
+	}
+	return got.Err()
 }
 
 type returnedKey struct {

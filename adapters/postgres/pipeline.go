@@ -42,6 +42,7 @@ func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("postgres: take a connection: %w", err)
 	}
+	sorted, order := keyorder.Sort(rows)
 	var inserted []bool
 	err = conn.Raw(func(dc any) error {
 		pc := dc.(*stdlib.Conn).Conn()
@@ -51,7 +52,7 @@ func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 			r := rows[0]
 			b.Queue(s.claimOneSQL, r.Consumer, r.EventID, dayText(r.Day), r.EventTime.UTC(), r.Topic, r.Partition, r.Offset)
 		} else {
-			b.Queue(s.claimArraysSQL, s.arrayArgs(rows)...)
+			b.Queue(s.claimArraysSQL, arrayArgs(sorted)...)
 		}
 		br := pc.SendBatch(ctx, &b)
 		if _, err := br.Exec(); err != nil {
@@ -62,7 +63,7 @@ func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 		if len(rows) == 1 {
 			inserted, err = claimOneResult(br)
 		} else {
-			inserted, err = s.claimArraysResult(br, rows)
+			inserted, err = claimArraysResult(br, sorted, order)
 		}
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = cerr
@@ -115,47 +116,19 @@ func claimOneResult(br pgx.BatchResults) ([]bool, error) {
 	return []bool{ct.RowsAffected() == 1}, nil
 }
 
-func (s *Store) claimArraysResult(br pgx.BatchResults, rows []inbox.Row) ([]bool, error) {
-	sorted, order := keyorder.Sort(rows)
-	_ = sorted // the arguments were built from the sorted rows
-	index := make(map[returnedKey]int, len(sorted))
-	for i, r := range sorted {
-		index[returnedKey{r.Consumer, r.EventID, dayText(r.Day)}] = i
-	}
-	inserted := make([]bool, len(sorted))
+// claimArraysResult reads the keys the claim of sorted returned and
+// answers in the caller's order (keyorder.Unsort with order).
+func claimArraysResult(br pgx.BatchResults, sorted []inbox.Row, order []int) ([]bool, error) {
 	got, err := br.Query()
 	if err != nil {
 		return nil, err
 	}
 	defer got.Close()
-	for got.Next() {
-		var k returnedKey
-		if err := got.Scan(&k.Consumer, &k.EventID, &k.Day); err != nil {
-			return nil, err
-		}
-		i, ok := index[k]
-		if !ok || inserted[i] {
-			return nil, fmt.Errorf("returned a key that was not inserted: %q/%q/%s", k.Consumer, k.EventID, k.Day)
-		}
-		inserted[i] = true
-	}
-	if err := got.Err(); err != nil {
+	inserted := make([]bool, len(sorted))
+	if err := markReturned(got, sorted, inserted); err != nil {
 		return nil, err
 	}
 	return keyorder.Unsort(order, inserted), nil
-}
-
-// arrayArgs are the seven array parameters of claimArraysSQL, in key order.
-func (s *Store) arrayArgs(rows []inbox.Row) []any {
-	sorted, _ := keyorder.Sort(rows)
-	n := len(sorted)
-	consumers, ids, days, topics := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	times, partitions, offsets := make([]time.Time, n), make([]int32, n), make([]int64, n)
-	for i, r := range sorted {
-		consumers[i], ids[i], days[i], topics[i] = r.Consumer, r.EventID, dayText(r.Day), r.Topic
-		times[i], partitions[i], offsets[i] = r.EventTime.UTC(), r.Partition, r.Offset
-	}
-	return []any{consumers, ids, days, times, topics, partitions, offsets}
 }
 
 // pipelinedTx is a transaction opened by BeginClaim on conn: a
