@@ -12,8 +12,14 @@
 // DeadLetter with a small MaxAttempts, and a topic recreated under
 // StoreOffsets. Healthy messages must be applied exactly once, poison ones
 // dead-lettered within MaxAttempts, nothing lost; every round has a budget,
-// so a stuck message fails the run instead of hanging it. -phases selects
-// the phases.
+// so a stuck message fails the run instead of hanging it.
+//
+// Then the chain phase (internal/chaos.RunChain): the outbox chain, service
+// A's OrderCreated through relay processes to service B's inbox, B's
+// StockReserved through relay processes to a ledger's inbox, under SIGKILLs
+// of relays and consumers, broker and database restarts and connection
+// terminations: every order reserved once, every StockReserved published at
+// least once and booked once, in order per key. -phases selects the phases.
 //
 // It needs real servers: run it through make chaos, which starts throwaway
 // ones with scripts/with-services.sh. The broker and database restarts use
@@ -75,7 +81,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.StormLength, "storm-length", 4*time.Second, "length of a termination storm")
 	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
 	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
-	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates) and faults (handler and configuration faults)")
+	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates), faults (handler and configuration faults) and chain (the outbox chain under kills and restarts)")
+	var cc chaos.ChainConfig
+	fs.IntVar(&cc.Orders, "chain-orders", 3000, "chain phase: orders service A places")
+	chainDuration := fs.Duration("chain-duration", 60*time.Second, "chain phase: length of its chaos")
+	chainKills := fs.Int("chain-kills", 30, "chain phase: SIGKILLs of relay and consumer processes")
+	fs.IntVar(&cc.CrashAfter, "chain-crash-after", 3, "chain phase: the first relay of each outbox kills itself after this many acknowledged publishes, before marking them published (0: never)")
 	var fc chaos.FaultConfig
 	fs.IntVar(&fc.Healthy, "fault-healthy", 1000, "faults phase: healthy orders per round")
 	fs.IntVar(&fc.PerClass, "fault-per-class", 10, "faults phase: messages of each fault class per round")
@@ -109,18 +120,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return usage(stderr, "-dup %v: want 0..1", c.DupRate)
 	case c.Waves < 1 || c.Partitions < 1 || c.Consumers < 1 || c.BatchSize < 0:
 		return usage(stderr, "-waves, -partitions and -consumers must be positive, -batch not negative")
+	case cc.Orders < 1 || *chainKills < 0 || *chainDuration <= 0 || cc.CrashAfter < 0:
+		return usage(stderr, "-chain-orders and -chain-duration must be positive, -chain-kills and -chain-crash-after not negative")
 	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0 || c.Failovers < 0 || c.LeaderKills < 0:
 		return usage(stderr, "disruption counts must not be negative")
 	}
-	runChaos, runFaults := false, false
+	runChaos, runFaults, runChain := false, false, false
 	for _, p := range strings.Split(*phases, ",") {
 		switch strings.TrimSpace(p) {
 		case "chaos":
 			runChaos = true
 		case "faults":
 			runFaults = true
+		case "chain":
+			runChain = true
 		default:
-			return usage(stderr, "-phases %q: want chaos, faults or both", *phases)
+			return usage(stderr, "-phases %q: want chaos, faults, chain, comma-separated", *phases)
 		}
 	}
 	for _, b := range strings.Split(*faultBatches, ",") {
@@ -152,6 +167,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	failed := false
 	var reports []*chaos.Report
 	var faultReports []*chaos.FaultReport
+	var chainReports []*chaos.ChainReport
 	for _, db := range strings.Split(*dbs, ",") {
 		cfg := c
 		cfg.Dialect = db
@@ -224,6 +240,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			dbFailed = dbFailed || err != nil || !frep.OK()
 		}
+		if runChain && ctx.Err() == nil && cfg.Failovers == 0 && cfg.LeaderKills == 0 {
+			ccfg := cfg
+			ccfg.Duration, ccfg.Kills = *chainDuration, *chainKills
+			crep, err := chaos.RunChain(ctx, ccfg, cc)
+			if crep != nil {
+				fmt.Fprint(stdout, crep.String())
+				chainReports = append(chainReports, crep)
+			}
+			if err != nil {
+				fmt.Fprintf(stdout, "  chain phase FAILED: %v\n", err)
+			}
+			dbFailed = dbFailed || err != nil || !crep.OK()
+		}
 		failed = failed || dbFailed
 		if *keep || dbFailed {
 			fmt.Fprintf(stdout, "  files kept in %s\n", dir)
@@ -249,6 +278,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(faultReports) > 0 {
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, chaos.FaultTable(faultReports))
+	}
+	if len(chainReports) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, chaos.ChainTable(chainReports))
 	}
 	if failed {
 		return 1

@@ -21,6 +21,8 @@ func TestUsageErrors(t *testing.T) {
 		{"-phases", "storm"},
 		{"-fault-batches", "0"},
 		{"-fault-max-attempts", "1"},
+		{"-chain-orders", "0"},
+		{"-chain-kills", "-1"},
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(args, &out, &errOut); code != 2 {

@@ -8,6 +8,16 @@
 // rebalanced, replays the whole topic with a new consumer group, and then
 // verifies that every order was reserved exactly once.
 //
+// Then the outbox chain: service A places orders and enqueues OrderCreated
+// in each order's transaction, a relay publishes them, service B reserves
+// stock through its inbox and enqueues StockReserved in the same
+// transaction, a second relay publishes those, and a ledger books them
+// through its inbox. The first relay kills itself between the broker's
+// acknowledgement and marking a batch published, B's consumer is killed
+// mid-stream; the demo then checks that every order was reserved once,
+// every StockReserved published at least once and booked once, and nothing
+// was applied out of its key's order.
+//
 // By default it needs nothing installed: SQLite in a temporary directory and
 // an in-process Kafka broker (franz-go's kfake). Point it at real servers with
 // -db postgres|mysql -dsn DSN and -brokers host:port.

@@ -32,6 +32,9 @@ func expectVerified(t *testing.T, out string, code int) {
 	if code != 0 || !strings.Contains(out, "verification           OK") {
 		t.Fatalf("demo exit %d without a passing verification line", code)
 	}
+	if !strings.Contains(out, "chain verification     OK") {
+		t.Fatalf("no passing chain verification line")
+	}
 	if !strings.Contains(out, "applied, ") || strings.Contains(out, "FAILED") {
 		t.Fatalf("unexpected report")
 	}

@@ -143,7 +143,7 @@ func (d *demo) run(ctx context.Context) (bool, error) {
 	}
 	d.say("inbox demo: %d orders, %s database, %s Kafka, topic %q with %d partitions", d.orders, d.backend.Dialect, kind, d.topic, d.partitions)
 
-	d.say("[1/5] producing orders (%.0f%% sent twice by the producer)", d.dupRate*100)
+	d.say("[1/7] producing orders (%.0f%% sent twice by the producer)", d.dupRate*100)
 	d.batch = inventory.Generate(d.backend.RunID, d.orders, d.dupRate, d.seed)
 	w := inventory.Writer(d.brokers, d.topic)
 	err = inventory.Write(ctx, w, d.batch.Messages)
@@ -155,7 +155,7 @@ func (d *demo) run(ctx context.Context) (bool, error) {
 
 	group := "inventory-" + d.backend.RunID
 	live := filepath.Join(dir, "live.log")
-	d.say("[2/5] consumer #1 starts; it will be killed with SIGKILL mid-stream")
+	d.say("[2/7] consumer #1 starts; it will be killed with SIGKILL mid-stream")
 	first, err := d.startChild(ctx, "consumer-1", group, live)
 	if err != nil {
 		return false, err
@@ -172,7 +172,7 @@ func (d *demo) run(ctx context.Context) (bool, error) {
 	}
 	d.say("      consumer #1 killed after %d reservations; its uncommitted offsets will be redelivered", killedAt)
 
-	d.say("[3/5] consumer #2 starts; consumer #3 joins the group later (rebalance)")
+	d.say("[3/7] consumer #2 starts; consumer #3 joins the group later (rebalance)")
 	if _, err := d.startChild(ctx, "consumer-2", group, live); err != nil {
 		return false, err
 	}
@@ -187,7 +187,7 @@ func (d *demo) run(ctx context.Context) (bool, error) {
 	}
 	d.stopChildren()
 
-	d.say("[4/5] replaying the whole topic with a new consumer group")
+	d.say("[4/7] replaying the whole topic with a new consumer group")
 	replayGroup := "inventory-replay-" + d.backend.RunID
 	replay := filepath.Join(dir, "replay.log")
 	if _, err := d.startChild(ctx, "replay", replayGroup, replay); err != nil {
@@ -198,8 +198,18 @@ func (d *demo) run(ctx context.Context) (bool, error) {
 	}
 	d.stopChildren()
 
-	d.say("[5/5] verifying")
-	return d.report(ctx, live, replay, time.Since(start))
+	d.say("[5/7] verifying")
+	ok, err := d.report(ctx, live, replay, time.Since(start))
+	if err != nil {
+		return false, err
+	}
+	chainOK, err := d.runChain(ctx)
+	if err != nil {
+		return false, fmt.Errorf("chain: %w", err)
+	}
+	d.say("")
+	d.say("total time %.1fs", time.Since(start).Seconds())
+	return ok && chainOK, nil
 }
 
 func (d *demo) setupDB(ctx context.Context) error {
@@ -225,7 +235,10 @@ func (d *demo) setupDB(ctx context.Context) error {
 func (d *demo) setupBroker(ctx context.Context) error {
 	d.topic = "orders-" + d.backend.RunID
 	if len(d.brokers) == 0 {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(d.partitions), d.topic), kfake.GroupMinSessionTimeout(500*time.Millisecond))
+		// kfake hangs on a fetch of a topic it does not know: the chain's
+		// topics are seeded here too.
+		chain := inventory.Chain{Backend: d.backend}
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(d.partitions), d.topic, chain.OrdersTopic(), chain.StockTopic()), kfake.GroupMinSessionTimeout(500*time.Millisecond))
 		if err != nil {
 			return fmt.Errorf("in-process Kafka: %w", err)
 		}

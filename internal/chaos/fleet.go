@@ -198,6 +198,9 @@ type watcher struct {
 	last    []string
 	stop    string
 	seen    bool
+	// injected: the process announced that it kills itself on purpose
+	// (inventory.InjectedCrash); its exit is no finding.
+	injected bool
 }
 
 func (w *watcher) Write(b []byte) (int, error) {
@@ -214,6 +217,9 @@ func (w *watcher) Write(b []byte) (int, error) {
 		w.partial = w.partial[i+1:]
 		if strings.Contains(line, "level=ERROR") {
 			w.errors.add(line)
+		}
+		if strings.Contains(line, inventory.InjectedCrash) {
+			w.injected = true
 		}
 		if strings.Contains(line, "PARTITION STOPPED") && w.stop == "" {
 			w.stop = line
@@ -235,6 +241,12 @@ func (w *watcher) stopped() string {
 	}
 	w.seen = true
 	return w.stop
+}
+
+func (w *watcher) crashedOnPurpose() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.injected
 }
 
 func (w *watcher) tail() string {

@@ -50,7 +50,15 @@ type ProcessConfig struct {
 // RunProcessFromEnv runs a consumer process if ProcessEnv is set, until
 // SIGTERM or SIGINT (or until it is killed), and reports ran=true with the
 // process's exit code. It returns ran=false otherwise.
+//
+// With ChainProcessEnv set instead, it runs a relay or consumer of the
+// chain scenario ([RunChainProcess]) the same way.
 func RunProcessFromEnv(stderr io.Writer) (ran bool, code int) {
+	if raw := os.Getenv(ChainProcessEnv); raw != "" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return runChainFromEnv(ctx, raw, stderr)
+	}
 	raw := os.Getenv(ProcessEnv)
 	if raw == "" {
 		return false, 0
