@@ -449,7 +449,21 @@ func checkRelayRestart(ctx context.Context, env *OutboxEnv) error {
 func checkSeveralRelays(ctx context.Context, env *OutboxEnv) error {
 	const writers, keys, perKey, relays = 3, 12, 10, 3
 	want := map[string][]string{}
-	var wg sync.WaitGroup
+	// Whichever way the check returns, its writers and relays are stopped
+	// and gone, and their connections closed, before the harness drops the
+	// tables: one left running would hold the database (SQLite's single
+	// writer) for whatever runs next.
+	runCtx, stop := context.WithCancel(ctx)
+	var wg, running sync.WaitGroup
+	var pools []*gorm.DB
+	defer func() {
+		stop()
+		wg.Wait()
+		running.Wait()
+		for _, db := range pools {
+			closeDB(db)
+		}
+	}()
 	errs := make(chan error, writers+relays)
 	for w := range writers {
 		for k := w; k < keys; k += writers {
@@ -461,7 +475,7 @@ func checkSeveralRelays(ctx context.Context, env *OutboxEnv) error {
 			ob := env.Outbox()
 			for i := range perKey {
 				for k := w; k < keys; k += writers {
-					if err := env.enqueueTx(ctx, ob, "several", msgOf("orders", fmt.Sprintf("k%d", k), strconv.Itoa(i))); err != nil {
+					if err := env.enqueueTx(runCtx, ob, "several", msgOf("orders", fmt.Sprintf("k%d", k), strconv.Itoa(i))); err != nil {
 						errs <- err
 						return
 					}
@@ -470,9 +484,6 @@ func checkSeveralRelays(ctx context.Context, env *OutboxEnv) error {
 		})
 	}
 	rec := &Recorder{}
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var running sync.WaitGroup
 	for r := range relays {
 		db := env.H.DB
 		if env.H.Open != nil {
@@ -480,7 +491,7 @@ func checkSeveralRelays(ctx context.Context, env *OutboxEnv) error {
 			if db, err = env.H.Open(ctx); err != nil {
 				return err
 			}
-			defer closeDB(db)
+			pools = append(pools, db)
 		}
 		relay := env.Relay(env.OutboxOn(db), rec, fmt.Sprintf("relay-%d", r), func(c *outbox.RelayConfig) { c.MaxMessages = 10; c.MaxShards = 4 })
 		running.Go(func() { _ = relay.Run(runCtx) })

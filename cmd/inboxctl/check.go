@@ -33,11 +33,20 @@ its own connection pool opened from the DSN as given; the scratch tables are
 dropped afterwards, also when a check fails or the command is interrupted.
 The inbox table (--table) is never touched.
 
+The outbox checks (outbox-*) follow: the outbox Store of the same dialect,
+in scratch tables of its own (inboxctl_check_<random>, with their _shards
+and _relay tables), against a broker stand-in that records what a relay
+publishes: messages exist if and only if their transaction commits, are
+published in commit order per key, survive a relay that fails or is taken
+over, and expiry never removes an unpublished row. The outbox table (--table)
+is never touched either.
+
 By default every area runs except the slow retention checks, which move a
 clock over several days of maintenance; --all adds them.`,
 	examples: `  inboxctl check --dsn "$DSN"
   inboxctl check --dialect mysql --dsn 'app:secret@tcp(db:3306)/app?parseTime=true' --all
   inboxctl check --dsn "$DSN" --run 'atomicity|concurrency' --json
+  inboxctl check --dsn "$DSN" --run '^outbox-'  # the outbox table only
   inboxctl check --dsn "$DSN" --isolation serializable
   inboxctl check --list --all
 `,
@@ -107,7 +116,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	checks := selectChecks(*all, re)
 	if *list {
 		for _, c := range checks {
-			fmt.Fprintf(stdout, "%-50s %s\n", c.ID(), c.Doc)
+			fmt.Fprintf(stdout, "%-50s %s\n", c.ID, c.Doc)
 		}
 		return exitOK
 	}
@@ -170,10 +179,10 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			break
 		}
 		t0 := time.Now()
-		r := checkResult{Check: c.ID(), Doc: c.Doc, Status: statusPass}
-		if err := conformance.RunCheck(ctx, ck.harness, c); err != nil {
+		r := checkResult{Check: c.ID, Doc: c.Doc, Status: statusPass}
+		if err := c.run(ctx, ck); err != nil {
 			r.Status = statusFail
-			r.Reason = strings.TrimPrefix(err.Error(), c.ID()+": ")
+			r.Reason = strings.TrimPrefix(err.Error(), c.ID+": ")
 			if ctx.Err() != nil {
 				report.Interrupted = true
 				// What the check saw after the interrupt is noise.
@@ -201,10 +210,18 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return exitOK
 }
 
-// selectChecks returns the suite's checks to run: all with all, else every
-// area but retention; filtered by re when set.
-func selectChecks(all bool, re *regexp.Regexp) []conformance.Check {
-	var out []conformance.Check
+// suiteCheck is one check of the run: an inbox check (conformance.Check)
+// or an outbox check (conformance.OutboxCheck), each with its harness.
+type suiteCheck struct {
+	ID, Doc string
+	run     func(ctx context.Context, ck *checker) error
+}
+
+// selectChecks returns the checks to run: the inbox suite's, all with all,
+// else every area but retention, then the outbox suite's; filtered by re
+// (on the IDs) when set.
+func selectChecks(all bool, re *regexp.Regexp) []suiteCheck {
+	var out []suiteCheck
 	for _, c := range conformance.Checks() {
 		if !all && c.Area == "retention" {
 			continue
@@ -212,7 +229,17 @@ func selectChecks(all bool, re *regexp.Regexp) []conformance.Check {
 		if re != nil && !re.MatchString(c.ID()) {
 			continue
 		}
-		out = append(out, c)
+		out = append(out, suiteCheck{ID: c.ID(), Doc: c.Doc, run: func(ctx context.Context, ck *checker) error {
+			return conformance.RunCheck(ctx, ck.harness, c)
+		}})
+	}
+	for _, c := range conformance.OutboxChecks() {
+		if re != nil && !re.MatchString(c.ID()) {
+			continue
+		}
+		out = append(out, suiteCheck{ID: c.ID(), Doc: c.Doc, run: func(ctx context.Context, ck *checker) error {
+			return conformance.RunOutboxCheck(ctx, ck.outboxHarness, c)
+		}})
 	}
 	return out
 }
@@ -347,6 +374,39 @@ func (ck *checker) harness(ctx context.Context) (*conformance.Harness, error) {
 			// Clean up even when ctx was cancelled: that is when it matters.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer cancel()
+			err := ck.dropScratch(cctx, db, table)
+			ck.warnEffects(cctx, db, effectsBefore)
+			return err
+		},
+	}, nil
+}
+
+// outboxHarness is the conformance.OutboxHarnessMaker: a fresh outbox
+// Store on scratch tables and a fresh connection pool for every check.
+func (ck *checker) outboxHarness(ctx context.Context) (*conformance.OutboxHarness, error) {
+	table := scratchPrefix + conformance.RandomSuffix()
+	store, err := ck.b.newOutboxStore(table, ck.o.schema, 0)
+	if err != nil {
+		return nil, err
+	}
+	db, err := openDB(ctx, ck.b, ck.o.dsn)
+	if err != nil {
+		return nil, err
+	}
+	effectsBefore, err := ck.b.tables(ctx, db, "", effectsPrefix)
+	if err != nil {
+		closeDB(db)
+		return nil, fmt.Errorf("list tables: %w", err)
+	}
+	return &conformance.OutboxHarness{
+		DB:    db,
+		Store: store,
+		Open:  func(ctx context.Context) (*gorm.DB, error) { return openDB(ctx, ck.b, ck.o.dsn) },
+		Close: func() error {
+			defer closeDB(db)
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			// table_shards, table_relay and the partitions share the prefix.
 			err := ck.dropScratch(cctx, db, table)
 			ck.warnEffects(cctx, db, effectsBefore)
 			return err

@@ -22,6 +22,7 @@ func TestCheckPostgres(t *testing.T) {
 	expectCode(t, r, exitOK)
 	n := len(selectChecks(false, nil)) + 1
 	for _, want := range []string{"PASS  settings/verify", "PASS  concurrency/concurrent-deliveries-first-rolls-back",
+		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-expiry/never-unpublished",
 		fmt.Sprintf("PASS: %d of %d checks passed against postgres", n, n)} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("check output lacks %q:\n%v", want, r)
