@@ -4,10 +4,15 @@
 package outboxbench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -204,34 +209,126 @@ func Relay(ctx context.Context, db *gorm.DB, store outbox.Store, brokers []strin
 	return results, nil
 }
 
-// Bench runs Direct and Relay with Defaults once per b.Loop, each time on
-// the database and store open returns (and then cleans up), and reports
-// every mode's events/s and its ratio to direct producing.
+// Bench measures, in Rounds rounds (INBOX_BENCH_ROUNDS, default 5), direct
+// producing and the relay at each cycle size of INBOX_OUTBOX_BATCHES
+// (default "500,1000"), every one on a fresh topic and, for the relay, a
+// fresh store from open (cleaned up after). The order alternates: forward in
+// even rounds, reversed in odd ones, so that neither side always runs on a
+// warmer (or busier) box. Each relay mode's events/s is divided by the same
+// round's direct figure; it reports, per mode, the median events/s and the
+// median ratio with its spread (min..max) over the rounds. INBOX_OUTBOX_EVENTS
+// (default 20000) sets the events per mode.
+//
+// Direct writes in batches of the largest cycle size measured (at most the
+// writer's limit), so that the reference is the best the same writer does.
 func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store outbox.Store, cleanup func(), err error)) {
-	for b.Loop() {
-		db, store, cleanup, err := open()
-		if err != nil {
-			if cleanup != nil {
-				cleanup()
-			}
-			b.Fatal(err)
+	o := Defaults()
+	o.Events = envInt("INBOX_OUTBOX_EVENTS", o.Events)
+	rounds := envInt("INBOX_BENCH_ROUNDS", 5)
+	var batches []int
+	for _, f := range strings.Split(cmp.Or(os.Getenv("INBOX_OUTBOX_BATCHES"), "500,1000"), ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > outbox.DefaultBatchMessages {
+			b.Fatalf("INBOX_OUTBOX_BATCHES %q: want cycle sizes 1..%d", f, outbox.DefaultBatchMessages)
 		}
-		o := Defaults()
-		direct, err := Direct(b.Context(), brokers, o)
-		if err != nil {
-			cleanup()
-			b.Fatal(err)
-		}
-		relay, err := Relay(b.Context(), db, store, brokers, o)
-		cleanup()
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Log(direct)
-		b.ReportMetric(direct.EventsPerSec(), "direct-events/s")
-		for i, r := range relay {
-			b.Logf("%v (%.2fx direct)", r, r.EventsPerSec()/direct.EventsPerSec())
-			b.ReportMetric(r.EventsPerSec(), Metrics[i])
-		}
+		batches = append(batches, n)
 	}
+	for b.Loop() {
+		// series[name] holds one figure per round: events/s, or the ratio.
+		rate, ratio := map[string][]float64{}, map[string][]float64{}
+		var names []string
+		note := func(name string, v, ref float64) {
+			if _, ok := rate[name]; !ok {
+				names = append(names, name)
+			}
+			rate[name] = append(rate[name], v)
+			ratio[name] = append(ratio[name], v/ref)
+		}
+		for round := range rounds {
+			steps := make([]int, 0, len(batches)+1) // -1: direct; else an index into batches
+			steps = append(steps, -1)
+			for i := range batches {
+				steps = append(steps, i)
+			}
+			if round%2 == 1 {
+				slices.Reverse(steps)
+			}
+			var direct float64
+			relays := map[int][]Result{}
+			for _, step := range steps {
+				if step < 0 {
+					do := o
+					do.Batch = slices.Max(batches)
+					r, err := Direct(b.Context(), brokers, do)
+					if err != nil {
+						b.Fatal(err)
+					}
+					direct = r.EventsPerSec()
+					continue
+				}
+				db, store, cleanup, err := open()
+				if err != nil {
+					if cleanup != nil {
+						cleanup()
+					}
+					b.Fatal(err)
+				}
+				ro := o
+				ro.Batch = batches[step]
+				res, err := Relay(b.Context(), db, store, brokers, ro)
+				cleanup()
+				if err != nil {
+					b.Fatal(err)
+				}
+				relays[step] = res
+			}
+			note("direct", direct, direct)
+			for i, batch := range batches {
+				for _, r := range relays[i] {
+					note(fmt.Sprintf("%s, cycles of %d", r.Mode, batch), r.EventsPerSec(), direct)
+				}
+			}
+			b.Logf("round %d/%d done (order %v; -1 is direct)", round+1, rounds, steps)
+		}
+		for _, name := range names {
+			med, lo, hi := spread(ratio[name])
+			b.Logf("%-58s %8.0f events/s (median of %d rounds); %.2fx direct (%.2f..%.2f)", name, median(rate[name]), rounds, med, lo, hi)
+		}
+		for i, batch := range batches {
+			for j, metric := range Metrics {
+				// Results come in the order of Metrics: enqueue only, drain, enqueue to ack.
+				name := names[1+i*len(Metrics)+j]
+				med, _, _ := spread(ratio[name])
+				b.ReportMetric(median(rate[name]), fmt.Sprintf("%s@%d", metric, batch))
+				b.ReportMetric(med, fmt.Sprintf("%s-x-direct@%d", strings.TrimSuffix(metric, "-events/s"), batch))
+			}
+		}
+		b.ReportMetric(median(rate["direct"]), "direct-events/s")
+	}
+}
+
+func median(v []float64) float64 {
+	m, _, _ := spread(v)
+	return m
+}
+
+// spread returns the median, min and max of v.
+func spread(v []float64) (med, lo, hi float64) {
+	if len(v) == 0 {
+		return 0, 0, 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	med = s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return med, s[0], s[len(s)-1]
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
 }
