@@ -74,7 +74,7 @@ func messages(topic string, o Options) []outbox.Message {
 // writer settings, Batch messages per synchronous write: the reference.
 func Direct(ctx context.Context, brokers []string, o Options) (Result, error) {
 	topic := fmt.Sprintf("outbox-bench-direct-%d", time.Now().UnixNano())
-	if err := inventory.CreateTopic(ctx, brokers[0], topic, o.Partitions); err != nil {
+	if err := createTopic(ctx, brokers, topic, o.Partitions); err != nil {
 		return Result{}, err
 	}
 	w := outbox.NewKafkaWriter(brokers...)
@@ -94,6 +94,34 @@ func Direct(ctx context.Context, brokers []string, o Options) (Result, error) {
 		}
 	}
 	return Result{Mode: "direct to Kafka", Events: len(kms), Elapsed: time.Since(start)}, nil
+}
+
+// createTopic creates topic and waits until every partition has a leader:
+// a write right after the creation can otherwise fail with "unknown topic
+// or partition" on a busy broker, and neither side's timing should include
+// the wait.
+func createTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
+	if err := inventory.CreateTopic(ctx, brokers[0], topic, partitions); err != nil {
+		return err
+	}
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == partitions {
+			ready := true
+			for _, p := range md.Topics[0].Partitions {
+				ready = ready && p.Error == nil && p.Leader.Host != ""
+			}
+			if ready {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topic %s not ready after 30 s (last error %v)", topic, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // counting counts what the relays acknowledged.
@@ -134,7 +162,7 @@ func Relay(ctx context.Context, db *gorm.DB, store outbox.Store, brokers []strin
 	var results []Result
 	for _, mode := range []string{"relay drain", "enqueue to ack"} {
 		topic := fmt.Sprintf("outbox-bench-%d", time.Now().UnixNano())
-		if err := inventory.CreateTopic(ctx, brokers[0], topic, o.Partitions); err != nil {
+		if err := createTopic(ctx, brokers, topic, o.Partitions); err != nil {
 			return nil, err
 		}
 		msgs := messages(topic, o)
