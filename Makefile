@@ -28,12 +28,13 @@ test-short: ## Run the tests that need no server (backends are skipped; not for 
 	$(GO) test -race -count=1 $(PKGS)
 
 .PHONY: lint
-lint: $(GOLANGCI) ## gofmt, go vet, golangci-lint (.golangci.yml), and everything building without cgo (no SQLite there).
+lint: $(GOLANGCI) ## gofmt, go vet, golangci-lint (.golangci.yml), everything building without cgo (no SQLite there), and a PostgreSQL-only user module at go 1.25.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GOLANGCI) run $(PKGS)
 	CGO_ENABLED=0 $(GO) build $(PKGS)
 	CGO_ENABLED=0 $(GO) vet $(PKGS)
+	scripts/check-modules.sh
 
 $(GOLANGCI):
 	@mkdir -p .bin

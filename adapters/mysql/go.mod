@@ -3,7 +3,7 @@ module github.com/inboxgo/inbox/adapters/mysql
 go 1.25.0
 
 require (
-	github.com/go-sql-driver/mysql v1.10.1
+	github.com/go-sql-driver/mysql v1.8.1
 	github.com/inboxgo/inbox v0.0.0
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/gorm v1.31.2

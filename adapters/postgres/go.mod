@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/inboxgo/inbox v0.0.0
-	github.com/jackc/pgx/v5 v5.13.0
+	github.com/jackc/pgx/v5 v5.10.0
 	gorm.io/driver/postgres v1.6.3
 	gorm.io/gorm v1.31.2
 )

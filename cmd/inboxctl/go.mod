@@ -3,7 +3,7 @@ module github.com/inboxgo/inbox/cmd/inboxctl
 go 1.25.0
 
 require (
-	github.com/go-sql-driver/mysql v1.10.1
+	github.com/go-sql-driver/mysql v1.8.1
 	github.com/inboxgo/inbox v0.0.0
 	github.com/inboxgo/inbox/adapters/mysql v0.0.0
 	github.com/inboxgo/inbox/adapters/postgres v0.0.0
@@ -18,7 +18,7 @@ require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
-	github.com/jackc/pgx/v5 v5.13.0 // indirect
+	github.com/jackc/pgx/v5 v5.10.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/jinzhu/inflection v1.0.0 // indirect
 	github.com/jinzhu/now v1.1.5 // indirect
