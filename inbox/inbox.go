@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"gorm.io/gorm"
@@ -474,28 +474,8 @@ func (ib *Inbox) retry(ctx context.Context, fn func(attempt int) error) error {
 		if ib.cfg.OnEvent != nil {
 			ib.cfg.OnEvent(Event{Kind: EventRetry, Attempt: attempt, Err: err})
 		}
-		if err := sleep(ctx, ib.backoff(attempt)); err != nil {
+		if err := backoff.Sleep(ctx, backoff.Wait(ib.cfg.MinBackoff, ib.cfg.MaxBackoff, attempt)); err != nil {
 			return err
 		}
-	}
-}
-
-func (ib *Inbox) backoff(attempt int) time.Duration {
-	d := ib.cfg.MinBackoff << min(attempt-1, 20)
-	if d > ib.cfg.MaxBackoff || d <= 0 {
-		d = ib.cfg.MaxBackoff
-	}
-	// Full jitter: concurrent losers of the same race must not retry in step.
-	return ib.cfg.MinBackoff/2 + rand.N(d)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
