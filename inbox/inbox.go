@@ -60,6 +60,16 @@ const (
 	ProcessExpired
 )
 
+// The defaults of the Config fields of the same names, used where a field is
+// left zero.
+const (
+	DefaultRetentionDays = 30
+	DefaultPrepareDays   = 7
+	DefaultMaxAttempts   = 10
+	DefaultMinBackoff    = 5 * time.Millisecond
+	DefaultMaxBackoff    = time.Second
+)
+
 // Config tunes an Inbox. The zero value is usable.
 type Config struct {
 	// RetentionDays is how many days before today (UTC) the inbox keeps
@@ -122,19 +132,19 @@ func New(db *gorm.DB, store Store, cfg Config) (*Inbox, error) {
 		return nil, fmt.Errorf("%w: read-only transactions cannot hold inbox rows", ErrInvalidConfig)
 	}
 	if cfg.RetentionDays == 0 {
-		cfg.RetentionDays = 30
+		cfg.RetentionDays = DefaultRetentionDays
 	}
 	if cfg.PrepareDays == 0 {
-		cfg.PrepareDays = 7
+		cfg.PrepareDays = DefaultPrepareDays
 	}
 	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = 10
+		cfg.MaxAttempts = DefaultMaxAttempts
 	}
 	if cfg.MinBackoff == 0 {
-		cfg.MinBackoff = 5 * time.Millisecond
+		cfg.MinBackoff = DefaultMinBackoff
 	}
 	if cfg.MaxBackoff == 0 {
-		cfg.MaxBackoff = time.Second
+		cfg.MaxBackoff = DefaultMaxBackoff
 	}
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = cfg.MinBackoff
