@@ -350,7 +350,7 @@ func (c *chainRun) serviceA(ctx context.Context, driver inventory.Chain, ob *out
 		}
 		wg.Wait()
 		close(errs)
-		for err := range errs {
+		if err, failed := <-errs; failed {
 			return fmt.Errorf("service A: %w", err)
 		}
 		c.say("chain: wave %d/%d placed (%d orders)", i+1, waves, hi-lo)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -263,7 +264,7 @@ func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store outbo
 	}
 	for b.Loop() {
 		// series[name] holds one figure per round: events/s, or the ratio.
-		rate, ratio := map[string][]float64{}, map[string][]float64{}
+		rate, ratio, vs := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 		var names []string
 		note := func(name string, v, ref float64) {
 			if _, ok := rate[name]; !ok {
@@ -312,8 +313,14 @@ func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store outbo
 			}
 			note("direct", direct, direct)
 			for i, batch := range batches {
-				for _, r := range relays[i] {
+				for j, r := range relays[i] {
 					note(fmt.Sprintf("%s, cycles of %d", r.Mode, batch), r.EventsPerSec(), direct)
+					if i > 0 {
+						// The same mode at the first cycle size, same round.
+						vs[fmt.Sprintf("%s, cycles of %d vs %d", r.Mode, batch, batches[0])] = append(
+							vs[fmt.Sprintf("%s, cycles of %d vs %d", r.Mode, batch, batches[0])], r.EventsPerSec()/relays[0][j].EventsPerSec())
+					}
+					b.Logf("round %d: %v (%.2fx direct %.0f/s), cycles of %d", round+1, r, r.EventsPerSec()/direct, direct, batch)
 				}
 			}
 			b.Logf("round %d/%d done (order %v; -1 is direct)", round+1, rounds, steps)
@@ -321,6 +328,10 @@ func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store outbo
 		for _, name := range names {
 			med, lo, hi := spread(ratio[name])
 			b.Logf("%-58s %8.0f events/s (median of %d rounds); %.2fx direct (%.2f..%.2f)", name, median(rate[name]), rounds, med, lo, hi)
+		}
+		for _, name := range slices.Sorted(maps.Keys(vs)) {
+			med, lo, hi := spread(vs[name])
+			b.Logf("%-58s %.2fx (%.2f..%.2f) over %d rounds", name, med, lo, hi, rounds)
 		}
 		for i, batch := range batches {
 			for j, metric := range Metrics {
