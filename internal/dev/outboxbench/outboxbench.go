@@ -243,7 +243,8 @@ func Relay(ctx context.Context, db *gorm.DB, store outbox.Store, brokers []strin
 // (default "500,1000"), every one on a fresh topic and, for the relay, a
 // fresh store from open (cleaned up after). The order alternates: forward in
 // even rounds, reversed in odd ones, so that neither side always runs on a
-// warmer (or busier) box. Each relay mode's events/s is divided by the same
+// warmer (or busier) box. Figures go to stderr (a benchmark's b.Log is
+// truncated). Each relay mode's events/s is divided by the same
 // round's direct figure; it reports, per mode, the median events/s and the
 // median ratio with its spread (min..max) over the rounds. INBOX_OUTBOX_EVENTS
 // (default 20000) sets the events per mode.
@@ -320,18 +321,18 @@ func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store outbo
 						vs[fmt.Sprintf("%s, cycles of %d vs %d", r.Mode, batch, batches[0])] = append(
 							vs[fmt.Sprintf("%s, cycles of %d vs %d", r.Mode, batch, batches[0])], r.EventsPerSec()/relays[0][j].EventsPerSec())
 					}
-					b.Logf("round %d: %v (%.2fx direct %.0f/s), cycles of %d", round+1, r, r.EventsPerSec()/direct, direct, batch)
+					fmt.Fprintf(os.Stderr, "round %d: %v (%.2fx direct %.0f/s), cycles of %d\n", round+1, r, r.EventsPerSec()/direct, direct, batch)
 				}
 			}
-			b.Logf("round %d/%d done (order %v; -1 is direct)", round+1, rounds, steps)
+			fmt.Fprintf(os.Stderr, "round %d/%d done (order %v; -1 is direct)\n", round+1, rounds, steps)
 		}
 		for _, name := range names {
 			med, lo, hi := spread(ratio[name])
-			b.Logf("%-58s %8.0f events/s (median of %d rounds); %.2fx direct (%.2f..%.2f)", name, median(rate[name]), rounds, med, lo, hi)
+			fmt.Fprintf(os.Stderr, "%-58s %8.0f events/s (median of %d rounds); %.2fx direct (%.2f..%.2f)\n", name, median(rate[name]), rounds, med, lo, hi)
 		}
 		for _, name := range slices.Sorted(maps.Keys(vs)) {
 			med, lo, hi := spread(vs[name])
-			b.Logf("%-58s %.2fx (%.2f..%.2f) over %d rounds", name, med, lo, hi, rounds)
+			fmt.Fprintf(os.Stderr, "%-58s %.2fx (%.2f..%.2f) over %d rounds\n", name, med, lo, hi, rounds)
 		}
 		for i, batch := range batches {
 			for j, metric := range Metrics {
