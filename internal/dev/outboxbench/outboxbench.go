@@ -174,9 +174,18 @@ func Relay(ctx context.Context, db *gorm.DB, store outbox.Store, brokers []strin
 				wg.Go(func() {
 					for lo := w * o.PerTx; lo < len(msgs); lo += writers * o.PerTx {
 						batch := msgs[lo:min(lo+o.PerTx, len(msgs))]
-						if err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return ob.Enqueue(ctx, tx, batch...) }); err != nil {
-							errs <- err
-							return
+						// A transient failure (SQLite's busy writer under
+						// load) is retried, as an application does.
+						for attempt := 1; ; attempt++ {
+							err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return ob.Enqueue(ctx, tx, batch...) })
+							if err == nil {
+								break
+							}
+							if !ob.IsRetryable(err) || attempt == 20 {
+								errs <- err
+								return
+							}
+							time.Sleep(time.Duration(attempt) * time.Millisecond)
 						}
 					}
 				})
