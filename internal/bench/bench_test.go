@@ -59,7 +59,7 @@ func TestVariantsApplyEachEffectOnce(t *testing.T) {
 			}
 			be := backend(t, name, workers)
 			evs := bench.Events(n, skus)
-			for _, v := range bench.Variants {
+			for _, v := range slices.Concat(bench.Variants, bench.Floor) {
 				t.Run(v.Key, func(t *testing.T) {
 					ctx := t.Context()
 					f, err := bench.NewFixture(ctx, be, skus, inbox.Config{}, 0)
@@ -96,7 +96,7 @@ func TestVariantsApplyEachEffectOnce(t *testing.T) {
 					if want := int64(n) + wantReplay; reserved != want {
 						t.Errorf("SUM(reserved) = %d, want %d", reserved, want)
 					}
-					if v.Key == "b" || v.Key == "c" {
+					if v.Key == "b" || v.Key == "c" || v.Key == "b0" {
 						rows, err := f.InboxRows(ctx)
 						if err != nil {
 							t.Fatal(err)
