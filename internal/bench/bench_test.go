@@ -96,7 +96,7 @@ func TestVariantsApplyEachEffectOnce(t *testing.T) {
 					if want := int64(n) + wantReplay; reserved != want {
 						t.Errorf("SUM(reserved) = %d, want %d", reserved, want)
 					}
-					if v.Key == "b" || v.Key == "c" || v.Key == "b0" {
+					if v.Key == "b" || v.Key == "c" || v.Key == "b0" || v.Key == "c20" {
 						rows, err := f.InboxRows(ctx)
 						if err != nil {
 							t.Fatal(err)

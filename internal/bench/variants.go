@@ -136,6 +136,20 @@ func (f *Fixture) effect(tx *gorm.DB, sku int64) error {
 // set-based UPDATE: the units are summed per sku, and the skus are listed
 // in ascending order (a fixed lock order for concurrent batches).
 func (f *Fixture) setEffect(tx *gorm.DB, skus []int64) error {
+	q, args, want := f.setEffectSQL(skus)
+	res := tx.Exec(q, args...)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected != want {
+		return fmt.Errorf("bench: set-based update of %d skus updated %d rows", want, res.RowsAffected)
+	}
+	return nil
+}
+
+// setEffectSQL is setEffect's statement with ? placeholders, its
+// arguments, and the rows it must update.
+func (f *Fixture) setEffectSQL(skus []int64) (string, []any, int64) {
 	units := make(map[int64]int64, len(skus))
 	for _, sku := range skus {
 		units[sku]++
@@ -169,14 +183,7 @@ func (f *Fixture) setEffect(tx *gorm.DB, skus []int64) error {
 			strings.TrimSuffix(strings.Repeat("(?, ?),", len(distinct)), ",") +
 			`) AS v WHERE ` + f.Stock + `.sku = v.column1`
 	}
-	res := tx.Exec(q, args...)
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected != int64(len(distinct)) {
-		return fmt.Errorf("bench: set-based update of %d skus updated %d rows", len(distinct), res.RowsAffected)
-	}
-	return nil
+	return q, args, int64(len(distinct))
 }
 
 func (f *Fixture) batchHandler(ctx context.Context, tx *gorm.DB, msgs []inbox.Message) error {
@@ -373,6 +380,8 @@ func applyUpsert(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 var Floor = []Variant{
 	{Key: "a0", Name: "effect only, raw SQL (BEGIN, UPDATE, COMMIT)", apply: applyRawEffect},
 	{Key: "b0", Name: "inbox row and effect, raw SQL with Process's round trips", Dedup: true, apply: applyRawClaim},
+	{Key: "a20", Name: "set-based effect per batch, raw SQL (BEGIN, UPDATE, COMMIT)", Batched: true, apply: applyRawSetEffect},
+	{Key: "c20", Name: "inbox rows of a batch and set-based effect, raw SQL with ProcessBatchFunc's round trips", Batched: true, Dedup: true, apply: applyRawBatchClaim},
 }
 
 // rawTx runs fn in a transaction on one connection of f's pool without
@@ -527,6 +536,108 @@ func applyRawClaim(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 		}
 		applied = 1
 		return f.rawEffect(exec, e.SKU)
+	})
+	return applied, err
+}
+
+// placeholders numbers q's ? placeholders for PostgreSQL ($1, $2, ...).
+func (f *Fixture) placeholders(q string) string {
+	if f.Backend.Dialect != Postgres {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for _, c := range q {
+		if c == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func (f *Fixture) rawSetEffect(exec rawExec, evs []Event) error {
+	skus := make([]int64, len(evs))
+	for i, e := range evs {
+		skus[i] = e.SKU
+	}
+	q, args, want := f.setEffectSQL(skus)
+	n, err := exec(f.placeholders(q), args...)
+	if err != nil {
+		return err
+	}
+	if n != want {
+		return fmt.Errorf("bench: set-based update of %d skus updated %d rows", want, n)
+	}
+	return nil
+}
+
+func applyRawSetEffect(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	return len(evs), f.rawTx(ctx, nil, func(_ int64, exec rawExec) error { return f.rawSetEffect(exec, evs) })
+}
+
+// rawBatchClaim is the multi-row claim each adapter sends for evs (in key
+// order, as the adapters sort them), with PostgreSQL's RETURNING; the
+// affected-row count is read, the returned keys are not.
+func (f *Fixture) rawBatchClaim(evs []Event) *rawStmt {
+	sorted := slices.Clone(evs)
+	slices.SortFunc(sorted, func(a, b Event) int { return strings.Compare(a.ID, b.ID) })
+	cols := ` (consumer, event_id, day, event_time, topic, partition_no, offset_no) `
+	if f.Backend.Dialect == Postgres {
+		n := len(sorted)
+		consumers, ids, days, topics := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		times, partitions, offsets := make([]time.Time, n), make([]int32, n), make([]int64, n)
+		for i, e := range sorted {
+			m := e.Message()
+			consumers[i], ids[i], days[i], topics[i] = m.Consumer, m.ID, inbox.DayOf(m.Time).Format(time.DateOnly), m.Topic
+			times[i], partitions[i], offsets[i] = m.Time.UTC(), m.Partition, m.Offset
+		}
+		return &rawStmt{`INSERT INTO ` + f.InboxTable + cols +
+			`SELECT * FROM unnest($1::text[], $2::text[], $3::date[], $4::timestamptz[], $5::text[], $6::integer[], $7::bigint[])` +
+			` ON CONFLICT (consumer, event_id, day) DO NOTHING RETURNING consumer, event_id, to_char(day, 'YYYY-MM-DD')`,
+			[]any{consumers, ids, days, times, topics, partitions, offsets}}
+	}
+	var b strings.Builder
+	var args []any
+	for i, e := range sorted {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		one := f.rawClaim(e)
+		args = append(args, one.args...)
+		if f.Backend.Dialect == MySQL {
+			b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))")
+		} else {
+			b.WriteString("(?, ?, ?, ?, ?, ?, ?)")
+		}
+	}
+	if f.Backend.Dialect == MySQL {
+		return &rawStmt{`INSERT INTO ` + f.InboxTable + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no, claim_token, processed_at) VALUES ` +
+			b.String() + ` ON DUPLICATE KEY UPDATE deliveries = deliveries + 1`, args}
+	}
+	// Without the adapter's RETURNING: go-sqlite3's Exec steps a statement
+	// once, so the count would stop at the first returned row. The floor is
+	// then a little lower than the adapter's work.
+	return &rawStmt{`INSERT INTO ` + f.InboxTable + cols + `VALUES ` + b.String() +
+		` ON CONFLICT (consumer, event_id, day) DO NOTHING`, args}
+}
+
+func applyRawBatchClaim(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	applied := 0
+	err := f.rawTx(ctx, f.rawBatchClaim(evs), func(claimed int64, exec rawExec) error {
+		applied = 0
+		n := int64(len(evs))
+		switch {
+		case claimed == n:
+		case claimed == 0 || (f.Backend.Dialect == MySQL && claimed == 2*n):
+			return nil // a replay: every row was there
+		default:
+			return fmt.Errorf("bench: %d of %d rows claimed: the floor variant handles all-new and all-duplicate batches only", claimed, n)
+		}
+		applied = len(evs)
+		return f.rawSetEffect(exec, evs)
 	})
 	return applied, err
 }
