@@ -2,9 +2,9 @@
 
 GO       ?= go
 SERVICES := scripts/with-services.sh
-# ./... stops at a nested module: the otel module (its own go.mod, tied in
-# by go.work) is listed too, so every target covers it.
-PKGS     := ./... ./otel/...
+# ./... stops at a nested module: every module of go.work is listed, so
+# every target covers them all (README, "Modules").
+PKGS     := ./... ./adapters/postgres/... ./adapters/mysql/... ./adapters/sqlite/... ./otel/... ./cmd/inboxctl/... ./internal/dev/...
 # golangci-lint, pinned, built into .bin/ by the lint target (the module proxy serves it).
 GOLANGCI_VERSION := v2.15.0
 GOLANGCI := .bin/golangci-lint-$(GOLANGCI_VERSION)
@@ -17,7 +17,7 @@ help: ## List the targets.
 
 .PHONY: demo
 demo: ## Run the demo: SQLite and an in-process Kafka broker, nothing to install.
-	$(GO) run ./cmd/inbox-demo
+	$(GO) run ./internal/dev/cmd/inbox-demo
 
 .PHONY: test
 test: ## Run every test against real PostgreSQL, MariaDB, SQLite and Kafka (started and stopped here); no backend may be skipped.
@@ -28,12 +28,13 @@ test-short: ## Run the tests that need no server (backends are skipped; not for 
 	$(GO) test -race -count=1 $(PKGS)
 
 .PHONY: lint
-lint: $(GOLANGCI) ## gofmt, go vet, golangci-lint (.golangci.yml), and everything building without cgo (no SQLite there).
+lint: $(GOLANGCI) ## gofmt, go vet, golangci-lint (.golangci.yml), everything building without cgo (no SQLite there), and a PostgreSQL-only user module at go 1.25.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GOLANGCI) run $(PKGS)
 	CGO_ENABLED=0 $(GO) build $(PKGS)
 	CGO_ENABLED=0 $(GO) vet $(PKGS)
+	scripts/check-modules.sh
 
 $(GOLANGCI):
 	@mkdir -p .bin
@@ -46,12 +47,12 @@ bench: ## Run the benchmarks against every backend, side by side (see docs/BENCH
 
 .PHONY: chaos
 chaos: ## Kill consumers, restart Kafka and the databases, inject duplicates, then handler and configuration faults; prove exactly once on every database (see docs/RELIABILITY.md).
-	$(SERVICES) --postgres --mariadb --kafka -- $(GO) run ./cmd/inbox-chaos -session 3s -phases chaos,faults
+	$(SERVICES) --postgres --mariadb --kafka -- $(GO) run ./internal/dev/cmd/inbox-chaos -session 3s -phases chaos,faults
 
 # The failover runs (docs/RELIABILITY.md, "Failover"). Each starts its own servers.
-FAILOVER_RUN := $(GO) run ./cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 100s -kills 10 -broker-restarts 0 -terminations 2 -storms 0 -failovers 5 -session 3s
+FAILOVER_RUN := $(GO) run ./internal/dev/cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 100s -kills 10 -broker-restarts 0 -terminations 2 -storms 0 -failovers 5 -session 3s
 
-MARIADB_FAILOVER_RUN := $(GO) run ./cmd/inbox-chaos -db mysql -orders 6000 -waves 12 -duration 60s -kills 5 -broker-restarts 0 -terminations 1 -storms 0 -failovers 1 -session 3s
+MARIADB_FAILOVER_RUN := $(GO) run ./internal/dev/cmd/inbox-chaos -db mysql -orders 6000 -waves 12 -duration 60s -kills 5 -broker-restarts 0 -terminations 1 -storms 0 -failovers 1 -session 3s
 
 .PHONY: chaos-failover
 chaos-failover: ## Database primary killed, standby promoted under load: PostgreSQL 5x per mode (sync, async), MariaDB 1x (semisync, async); with StoreOffsets 0 lost, 0 twice; async without it measures the losses.
@@ -64,7 +65,7 @@ chaos-failover: ## Database primary killed, standby promoted under load: Postgre
 
 .PHONY: chaos-cluster
 chaos-cluster: ## Three-node Kafka cluster: 12 SIGKILLs of the group coordinator's and busy partitions' leaders under load (0 lost, 0 twice, no dead letter).
-	$(SERVICES) --postgres --kafka-cluster -- $(GO) run ./cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 240s -kills 10 -leader-kills 12 -terminations 0 -storms 0 -db-restarts 0 -session 6s
+	$(SERVICES) --postgres --kafka-cluster -- $(GO) run ./internal/dev/cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 240s -kills 10 -leader-kills 12 -terminations 0 -storms 0 -db-restarts 0 -session 6s
 
 .PHONY: ci
 ci: lint test ## What CI runs.

@@ -281,6 +281,18 @@ var errInvalidConfig = inbox.ErrInvalidConfig
 // costs nothing (partitions are prepared days ahead).
 const DefaultMaintenanceInterval = time.Hour
 
+// The defaults of the Config fields of the same names, used where a field is
+// left zero.
+const (
+	DefaultBatchSize      = 1
+	DefaultBatchWait      = 50 * time.Millisecond
+	DefaultMaxAttempts    = 5
+	DefaultMinBackoff     = 100 * time.Millisecond
+	DefaultMaxBackoff     = 10 * time.Second
+	DefaultCommitInterval = time.Second
+	DefaultMaxWait        = 500 * time.Millisecond
+)
+
 func (c *Config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -374,32 +386,32 @@ func (c *Config) setDefaults() {
 		c.Extract = HeaderExtractor(nil, nil)
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 1
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.BatchWait == 0 {
-		c.BatchWait = 50 * time.Millisecond
+		c.BatchWait = DefaultBatchWait
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 5
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.MinBackoff == 0 {
-		c.MinBackoff = 100 * time.Millisecond
+		c.MinBackoff = DefaultMinBackoff
 	}
 	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 10 * time.Second
+		c.MaxBackoff = DefaultMaxBackoff
 	}
 	c.MaxBackoff = max(c.MaxBackoff, c.MinBackoff)
 	if c.OffsetsTable == "" {
 		c.OffsetsTable = DefaultOffsetsTable
 	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = time.Second
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.StartOffset == 0 {
 		c.StartOffset = kafka.FirstOffset
 	}
 	if c.MaxWait == 0 {
-		c.MaxWait = 500 * time.Millisecond
+		c.MaxWait = DefaultMaxWait
 	}
 	if c.MaintenanceInterval == 0 {
 		c.MaintenanceInterval = DefaultMaintenanceInterval

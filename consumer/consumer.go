@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -243,9 +243,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		}
 		if err != nil {
 			failures++
-			wait := backoff(c.cfg.MinBackoff, c.cfg.MaxBackoff, failures)
+			wait := backoff.Wait(c.cfg.MinBackoff, c.cfg.MaxBackoff, failures)
 			c.log.Warn("consumer group error; retrying", "error", err, "failures", failures, "retry_in", wait)
-			if sleep(runCtx, wait) != nil {
+			if backoff.Sleep(runCtx, wait) != nil {
 				break
 			}
 			continue
@@ -415,26 +415,6 @@ func (c *Consumer) startGeneration(runCtx context.Context, gen *kafka.Generation
 func (c *Consumer) db() *gorm.DB { return c.cfg.DB }
 
 func (c *Consumer) classifier() inbox.ErrorClassifier { return c.cfg.Classifier }
-
-// backoff returns a jittered exponential wait for the given failure count.
-func backoff(minD, maxD time.Duration, failures int) time.Duration {
-	d := minD << min(max(failures-1, 0), 20)
-	if d > maxD || d <= 0 {
-		d = maxD
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
 
 func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
 	return kafka.LoggerFunc(func(format string, args ...any) {

@@ -1,124 +1,65 @@
 package consumer_test
 
 import (
-	"context"
+	"errors"
 	"fmt"
-	"log"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
-	"gorm.io/gorm/logger"
 
-	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/consumer"
-	"github.com/inboxgo/inbox/inbox"
 )
 
-// An inventory service reserves stock on each OrderCreated. The producer
-// sends order-2 twice (a retry after a lost acknowledgement): the inbox
-// applies it once.
-func Example() {
-	// An in-process Kafka cluster stands in for the real one.
-	cluster, err := kfake.NewCluster(kfake.SeedTopics(2, "orders"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer cluster.Close()
-	brokers := cluster.ListenAddrs()
-	dir, _ := os.MkdirTemp("", "inbox-example")
-	defer os.RemoveAll(dir)
+// The consumer reads the inbox key, the producer's event id and event time,
+// from the message headers. The default extractor takes event_id /
+// event_time, then the CloudEvents binary-mode headers ce_id / ce_time. A
+// message without them is never processed: the error wraps ErrNoEventID (or
+// ErrNoEventTime) and the message goes to Config.OnFailure.
+func ExampleHeaderExtractor() {
+	extract := consumer.HeaderExtractor(nil, nil)
 
-	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(dir, "shop.db")), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		log.Fatal(err)
+	ours := kafka.Message{Headers: []kafka.Header{
+		{Key: consumer.HeaderEventID, Value: []byte("order-42-placed")},
+		{Key: consumer.HeaderEventTime, Value: []byte("2026-11-30T09:00:00Z")},
+	}}
+	cloudEvent := kafka.Message{Headers: []kafka.Header{
+		{Key: "ce_specversion", Value: []byte("1.0")},
+		{Key: consumer.HeaderCloudEvID, Value: []byte("9b2c7d1e")},
+		{Key: consumer.HeaderCloudEvTime, Value: []byte("2026-11-30T10:15:00+01:00")},
+	}}
+	for _, m := range []kafka.Message{ours, cloudEvent} {
+		id, at, err := extract(&m)
+		fmt.Println(id, at.UTC().Format(time.RFC3339), err)
 	}
-	db.Exec(`CREATE TABLE stock (sku TEXT PRIMARY KEY, reserved INTEGER NOT NULL)`)
-	db.Exec(`INSERT INTO stock VALUES ('sku-7', 0)`)
-	send(brokers, "order-1", "order-2", "order-2", "order-3")
 
-	// The service's part: an inbox, and a consumer that runs the handler
-	// in the inbox's transaction.
-	store, _ := inboxsqlite.New(inboxsqlite.Options{})
-	ib, _ := inbox.New(db, store, inbox.Config{})
-	if err := ib.Migrate(context.Background()); err != nil {
-		log.Fatal(err)
-	}
-	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	c, err := consumer.New(consumer.Config{
-		Brokers:  brokers,
-		GroupID:  "inventory",
-		Topics:   []string{"orders"},
-		Inbox:    ib,
-		Consumer: "reserve-stock",
-		Handler: func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
-			return tx.Exec(`UPDATE stock SET reserved = reserved + 1 WHERE sku = 'sku-7'`).Error
-		},
-		Logger: quiet,
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	go func() { _ = c.Run(context.Background()) }()
-	defer c.Close()
+	_, _, err := extract(&kafka.Message{Value: []byte(`{"order_id":"42"}`)})
+	fmt.Println(errors.Is(err, consumer.ErrNoEventID))
 
-	// Wait for the four messages, then look at the stock.
-	for ib.Counters().Processed+ib.Counters().Duplicates < 4 {
-		time.Sleep(20 * time.Millisecond)
-	}
-	var reserved int
-	db.Raw(`SELECT reserved FROM stock WHERE sku = 'sku-7'`).Scan(&reserved)
-	fmt.Println("reserved:", reserved, "duplicates skipped:", ib.Counters().Duplicates)
-	// Output: reserved: 3 duplicates skipped: 1
+	// A producer with headers of its own names them; the first key found
+	// wins.
+	custom := consumer.HeaderExtractor([]string{"x-message-id"}, []string{"x-occurred-at"})
+	id, at, err := custom(&kafka.Message{Headers: []kafka.Header{
+		{Key: "x-message-id", Value: []byte("pay-7781")},
+		{Key: "x-occurred-at", Value: []byte("2026-11-30T23:59:59.5Z")},
+	}})
+	fmt.Println(id, at.Format(time.RFC3339Nano), err)
+	// Output:
+	// order-42-placed 2026-11-30T09:00:00Z <nil>
+	// 9b2c7d1e 2026-11-30T09:15:00Z <nil>
+	// true
+	// pay-7781 2026-11-30T23:59:59.5Z <nil>
 }
 
-// send produces one OrderCreated per order id, with the producer's event id
-// and time in headers; the same order id means the same event.
-func send(brokers []string, orders ...string) {
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "orders", Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond}
-	defer w.Close()
-	at := time.Now().UTC().Truncate(time.Second).Format(time.RFC3339)
-	for _, id := range orders {
-		err := w.WriteMessages(context.Background(), kafka.Message{
-			Key:   []byte(id),
-			Value: []byte(`{"order_id":"` + id + `","sku":"sku-7","qty":1}`),
-			Headers: []kafka.Header{
-				{Key: "event_id", Value: []byte("OrderCreated/" + id)},
-				{Key: "event_time", Value: []byte(at)},
-			},
-		})
-		if err != nil {
-			log.Fatal(err)
-		}
+// Where the producer sets no event id, the message's position can serve as
+// one: it covers Kafka's redeliveries (a crash before the offset commit, a
+// rebalance), never a producer that sends the same event twice. Choose it
+// explicitly: Config{Extract: consumer.ProvenanceExtractor()}.
+func ExampleProvenanceExtractor() {
+	m := kafka.Message{
+		Topic: "orders", Partition: 3, Offset: 1017,
+		Time: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC), // the broker's timestamp
 	}
-}
-
-// A naturally idempotent handler, here an upsert of the order's latest
-// state, needs no inbox row: running it twice changes nothing. Increments
-// (reserved = reserved + n) are never naturally idempotent.
-func Example_naturallyIdempotent() {
-	var db *gorm.DB       // the service's database
-	var store inbox.Store // its adapter's Store, for its error classification
-	type OrderState struct {
-		OrderID string `gorm:"primaryKey"`
-		Status  string
-	}
-	c, err := consumer.New(consumer.Config{
-		Brokers:             []string{"localhost:9092"},
-		GroupID:             "order-view",
-		Topics:              []string{"orders"},
-		DB:                  db,
-		Classifier:          store,
-		NaturallyIdempotent: true,
-		Handler: func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
-			return tx.Clauses(clause.OnConflict{UpdateAll: true}).
-				Create(&OrderState{OrderID: string(msg.Key), Status: "created"}).Error
-		},
-	})
-	_, _ = c, err
+	id, at, err := consumer.ProvenanceExtractor()(&m)
+	fmt.Println(id, at.Format(time.RFC3339), err)
+	// Output: orders/3/1017 2026-11-30T09:00:00Z <nil>
 }

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
 	"time"
 
@@ -73,7 +74,7 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 	beyond := 0
 	for attempt := 1; ; attempt++ {
 		first, end, err := w.c.logOffsets(ctx, w.topic, w.partition)
-		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		switch {
 		case err == nil && (start < 0 || start <= end):
 			return w.resolveStart(start, first, end)
@@ -90,7 +91,7 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 			}
 			w.log.Log(ctx, level, "cannot read the partition's log offsets; retrying", "attempt", attempt, "error", err, "retry_in", wait)
 		}
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return 0, false, nil, false
 		}
 	}
@@ -109,7 +110,7 @@ func (w *worker) pastLogEnd(ctx context.Context) *PartitionStoppedError {
 	}
 	var end int64
 	for i := range beyondEndChecks {
-		if i > 0 && sleep(ctx, beyondEndSpacing) != nil {
+		if i > 0 && backoff.Sleep(ctx, beyondEndSpacing) != nil {
 			return nil
 		}
 		var err error

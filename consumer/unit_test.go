@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -183,7 +184,7 @@ func TestDeadLetterHeaders(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	ib := &inbox.Inbox{}
 	ok := Config{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topics: []string{"t"}, Inbox: ib, Consumer: "c",
-		Handler: (&shop{}).reserve}
+		Handler: func(context.Context, *gorm.DB, Message) error { return nil }}
 	if _, err := New(ok); err != nil {
 		t.Fatalf("valid config rejected: %v", err)
 	}

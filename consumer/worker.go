@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
 	"sync"
 	"time"
@@ -210,9 +211,9 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 			}
 			return stored, fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable), true, true
 		}
-		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("cannot read the stored offset; retrying", "error", err, "retry_in", wait)
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return 0, "", false, false
 		}
 	}
@@ -241,9 +242,9 @@ func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next int64) bool {
 			w.lost = err
 			return false
 		}
-		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("cannot store the partition's offset; retrying", "offset", next, "error", err, "retry_in", wait)
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}
 	}
@@ -264,7 +265,7 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) []kafka.Message {
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 			w.log.Warn("fetch failed; retrying", "error", err)
-			_ = sleep(ctx, w.c.cfg.MinBackoff)
+			_ = backoff.Sleep(ctx, w.c.cfg.MinBackoff)
 		}
 		return nil
 	}
@@ -446,14 +447,14 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			w.lost = err // rolled back; run resumes from the database's position
 			return nil, false
 		}
-		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: the database, not the messages, is failing
 		}
 		w.log.Log(ctx, level, "the batch could not commit; retrying it", "messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait)
 		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return nil, false
 		}
 	}
@@ -490,11 +491,11 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 		case it.attempts >= w.c.cfg.MaxAttempts:
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
-		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
 		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "event_id", it.msg.EventID,
 			"attempt", it.attempts, "error", err, "retry_in", wait)
 		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
 		rs, ok := w.processInbox(ctx, dbCtx, []*item{it})
@@ -575,10 +576,10 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 		} else if it.attempts >= w.c.cfg.MaxAttempts {
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
-		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
 		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait)
 		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
 	}
@@ -622,10 +623,10 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			w.log.Warn("a batch failed; trying its messages one by one", "messages", len(items), "error", err)
 			return stopped
 		}
-		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("the batch could not commit; retrying it", "messages", len(items), "attempt", attempt, "error", err, "retry_in", wait)
 		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
 	}
@@ -747,13 +748,13 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		if permanent {
 			return w.deadLetterRefused(it, reason, cause, attempt, perr)
 		}
-		wait := backoff(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: the producer, not the message, is failing
 		}
 		w.log.Log(ctx, level, "publishing a dead letter failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
 	}

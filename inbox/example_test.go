@@ -1,108 +1,64 @@
 package inbox_test
 
 import (
-	"context"
+	"errors"
 	"fmt"
-	"log"
-	"os"
-	"path/filepath"
 	"time"
 
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
-
-	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/inbox"
 )
 
-// Stock is the business table of the example: reserving stock is an
-// increment, which is never idempotent on its own.
-type Stock struct {
-	SKU      string `gorm:"primaryKey"`
-	Reserved int
+// A handler marks the failures that another run of the transaction may
+// cure (a lock it could not get, a service that answered 503): the inbox
+// then rolls back and runs the transaction again, within
+// Config.MaxAttempts. Unmarked errors are returned at once. The mark keeps
+// the error's chain, so errors.Is and errors.As still find the cause.
+func ExampleRetryable() {
+	errUnavailable := errors.New("warehouse API: 503 Service Unavailable")
+
+	err := fmt.Errorf("reserve sku-7: %w", inbox.Retryable(errUnavailable))
+	fmt.Println(err)
+	fmt.Println(inbox.IsMarkedRetryable(err), errors.Is(err, errUnavailable))
+
+	// A malformed payload will fail the same way every time: not marked.
+	err = errors.New("order-42: unknown SKU")
+	fmt.Println(inbox.IsMarkedRetryable(err))
+	// Output:
+	// reserve sku-7: warehouse API: 503 Service Unavailable
+	// true true
+	// false
 }
 
-// The seeds' scenario: an OrderCreated event is delivered twice (a rebalance
-// redelivered it); the reservation is applied once.
-func ExampleInbox_Process() {
-	ctx := context.Background()
-	dir, _ := os.MkdirTemp("", "inbox-example")
-	defer os.RemoveAll(dir)
-
-	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(dir, "app.db")), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		log.Fatal(err)
-	}
-	store, _ := inboxsqlite.New(inboxsqlite.Options{})
-	ib, err := inbox.New(db, store, inbox.Config{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := ib.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
-	if err := db.AutoMigrate(&Stock{}); err != nil {
-		log.Fatal(err)
-	}
-	db.Create(&Stock{SKU: "sku-7"})
-
-	reserve := func(ctx context.Context, tx *gorm.DB, msg inbox.Message) error {
-		return tx.Model(&Stock{}).Where("sku = ?", "sku-7").
-			Update("reserved", gorm.Expr("reserved + ?", 2)).Error
-	}
+// The inbox key holds the UTC calendar day of the producer's event time, so
+// an event stamped late in the evening in Tokyo belongs to the previous UTC
+// day, in every redelivery and whatever the consumer's own clock or zone.
+func ExampleMessage_Day() {
+	tokyo := time.FixedZone("JST", 9*60*60)
 	msg := inbox.Message{
-		Consumer: "inventory",
-		ID:       "7f1c9e2a-5b6d-4a31-9c1e-2d8f7b3a6e10",
-		Time:     time.Now(), // in real code: the event time the producer set
-		Topic:    "orders", Partition: 3, Offset: 88121,
+		Consumer: "billing",
+		ID:       "order-42-placed",
+		Time:     time.Date(2026, 12, 1, 8, 30, 0, 0, tokyo),
 	}
-	for range 2 {
-		out, err := ib.Process(ctx, msg, reserve)
-		if err != nil {
-			log.Fatal(err)
-		}
-		fmt.Println(out)
-	}
-	var s Stock
-	db.First(&s, "sku = ?", "sku-7")
-	fmt.Println("reserved:", s.Reserved)
+	fmt.Println(msg.Day().Format(time.DateOnly), msg.Validate())
+
+	msg.ID = ""
+	err := msg.Validate()
+	fmt.Println(err, errors.Is(err, inbox.ErrInvalidMessage))
 	// Output:
-	// processed
-	// duplicate
-	// reserved: 2
+	// 2026-11-30 <nil>
+	// inbox: invalid event id: empty true
 }
 
-// A batch claims all its inbox rows with one statement; the handler runs only
-// for the new messages, and a failing one is isolated.
-func ExampleInbox_ProcessBatch() {
-	ctx := context.Background()
-	dir, _ := os.MkdirTemp("", "inbox-example")
-	defer os.RemoveAll(dir)
-	db, _ := gorm.Open(inboxsqlite.Open(filepath.Join(dir, "app.db")), &gorm.Config{Logger: logger.Discard})
-	store, _ := inboxsqlite.New(inboxsqlite.Options{})
-	ib, _ := inbox.New(db, store, inbox.Config{})
-	if err := ib.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
-
-	now := time.Now()
-	msg := func(id string) inbox.Message { return inbox.Message{Consumer: "billing", ID: id, Time: now} }
-	handler := func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
-		if m.ID == "poison" {
-			return fmt.Errorf("cannot bill %s", m.ID)
-		}
-		return nil
-	}
-	results, err := ib.ProcessBatch(ctx, []inbox.Message{msg("a"), msg("b"), msg("a"), msg("poison")}, handler)
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, r := range results {
-		fmt.Println(r.Outcome, r.Err)
-	}
+// Adapters check every configured table and schema name before it goes
+// into SQL; a third-party Store should do the same. The error wraps
+// ErrInvalidConfig.
+func ExampleValidateIdentifier() {
+	fmt.Println(inbox.ValidateIdentifier("table name", "inbox_messages"))
+	err := inbox.ValidateIdentifier("table name", "inbox-messages; DROP TABLE orders")
+	fmt.Println(err)
+	fmt.Println(errors.Is(err, inbox.ErrInvalidConfig))
 	// Output:
-	// processed <nil>
-	// processed <nil>
-	// duplicate <nil>
-	// failed inbox: consumer "billing" event "poison": cannot bill poison
+	// <nil>
+	// inbox: invalid table name "inbox-messages; DROP TABLE orders": must be 1-63 ASCII letters, digits or underscores, not starting with a digit
+	// true
 }

@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"gorm.io/gorm"
@@ -58,6 +58,16 @@ const (
 	// removed, a redelivery of an event that was processed long ago is
 	// applied again: use it only where the effect is naturally idempotent.
 	ProcessExpired
+)
+
+// The defaults of the Config fields of the same names, used where a field is
+// left zero.
+const (
+	DefaultRetentionDays = 30
+	DefaultPrepareDays   = 7
+	DefaultMaxAttempts   = 10
+	DefaultMinBackoff    = 5 * time.Millisecond
+	DefaultMaxBackoff    = time.Second
 )
 
 // Config tunes an Inbox. The zero value is usable.
@@ -122,19 +132,19 @@ func New(db *gorm.DB, store Store, cfg Config) (*Inbox, error) {
 		return nil, fmt.Errorf("%w: read-only transactions cannot hold inbox rows", ErrInvalidConfig)
 	}
 	if cfg.RetentionDays == 0 {
-		cfg.RetentionDays = 30
+		cfg.RetentionDays = DefaultRetentionDays
 	}
 	if cfg.PrepareDays == 0 {
-		cfg.PrepareDays = 7
+		cfg.PrepareDays = DefaultPrepareDays
 	}
 	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = 10
+		cfg.MaxAttempts = DefaultMaxAttempts
 	}
 	if cfg.MinBackoff == 0 {
-		cfg.MinBackoff = 5 * time.Millisecond
+		cfg.MinBackoff = DefaultMinBackoff
 	}
 	if cfg.MaxBackoff == 0 {
-		cfg.MaxBackoff = time.Second
+		cfg.MaxBackoff = DefaultMaxBackoff
 	}
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = cfg.MinBackoff
@@ -474,28 +484,8 @@ func (ib *Inbox) retry(ctx context.Context, fn func(attempt int) error) error {
 		if ib.cfg.OnEvent != nil {
 			ib.cfg.OnEvent(Event{Kind: EventRetry, Attempt: attempt, Err: err})
 		}
-		if err := sleep(ctx, ib.backoff(attempt)); err != nil {
+		if err := backoff.Sleep(ctx, backoff.Wait(ib.cfg.MinBackoff, ib.cfg.MaxBackoff, attempt)); err != nil {
 			return err
 		}
-	}
-}
-
-func (ib *Inbox) backoff(attempt int) time.Duration {
-	d := ib.cfg.MinBackoff << min(attempt-1, 20)
-	if d > ib.cfg.MaxBackoff || d <= 0 {
-		d = ib.cfg.MaxBackoff
-	}
-	// Full jitter: concurrent losers of the same race must not retry in step.
-	return ib.cfg.MinBackoff/2 + rand.N(d)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }

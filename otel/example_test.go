@@ -2,140 +2,94 @@ package inboxotel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
-	"log/slog"
-	"os"
-	"path/filepath"
-	"slices"
-	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
-	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/inbox"
 	inboxotel "github.com/inboxgo/inbox/otel"
 )
 
-// A consumer wired with InstrumentConsumer: the producer sends an order
-// twice (a retry) from a traced request; the consumer's spans continue
-// the producer's trace, and the metrics count one processed message and
-// one duplicate. In a service the providers are the global ones (leave
-// Options empty) with real exporters.
-func ExampleInstrumentConsumer() {
-	spans := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-
-	cluster, err := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
-	if err != nil {
+// A service that calls the inbox itself (Process, ProcessTx, ProcessBatch)
+// instruments the inbox's configuration once, before inbox.New. Options{}
+// takes the global providers, the ones the service's OpenTelemetry SDK set
+// up; here no-op providers stand in for them. The message spans start from
+// the context passed to Process: put the producer's trace context there.
+// A second instrumentation is refused, since it would count every message
+// twice. (A service on consumer.Consumer calls InstrumentConsumer instead,
+// with both configurations.)
+func ExampleInstrumentInbox() {
+	icfg := inbox.Config{RetentionDays: 14}
+	opts := inboxotel.Options{
+		TracerProvider: tracenoop.NewTracerProvider(),
+		MeterProvider:  metricnoop.NewMeterProvider(),
+	}
+	if err := inboxotel.InstrumentInbox(&icfg, opts); err != nil {
 		log.Fatal(err)
 	}
-	defer cluster.Close()
-	brokers := cluster.ListenAddrs()
-	dir, _ := os.MkdirTemp("", "inboxotel-example")
-	defer os.RemoveAll(dir)
-	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(dir, "shop.db")), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		log.Fatal(err)
-	}
+	fmt.Println("trace hooks:", icfg.Trace != nil, "event hook:", icfg.OnEvent != nil)
 
-	// The producer's side: its span's context goes into the headers.
-	ctx, request := tp.Tracer("checkout").Start(context.Background(), "POST /orders")
-	msg := kafka.Message{Key: []byte("order-1"), Headers: []kafka.Header{
-		{Key: "event_id", Value: []byte("OrderCreated/order-1")},
-		{Key: "event_time", Value: []byte(time.Now().UTC().Format(time.RFC3339))},
+	// Then, in the service:
+	//	ib, err := inbox.New(db, store, icfg)
+	//	...
+	//	ctx := propagation.TraceContext{}.Extract(ctx, inboxotel.NewHeaderCarrier(&m.Headers))
+	//	outcome, err := ib.Process(ctx, msg, handler)
+
+	err := inboxotel.InstrumentInbox(&icfg, opts)
+	fmt.Println(errors.Is(err, inboxotel.ErrAlreadyInstrumented))
+	// Output:
+	// trace hooks: true event hook: true
+	// true
+}
+
+// The producer's side: the trace context of the request that emits an
+// event goes into the Kafka message's headers (W3C traceparent), so that
+// the consumer's spans continue that trace. In a service the context comes
+// from the request's span; here a fixed span context keeps the output
+// stable.
+func ExampleNewHeaderCarrier() {
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
+		SpanID:     trace.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+		TraceFlags: trace.FlagsSampled,
+	})
+	ctx := trace.ContextWithSpanContext(context.Background(), sc)
+
+	msg := kafka.Message{Topic: "orders", Key: []byte("order-42"), Headers: []kafka.Header{
+		{Key: consumer.HeaderEventID, Value: []byte("order-42-placed")},
 	}}
 	propagation.TraceContext{}.Inject(ctx, inboxotel.NewHeaderCarrier(&msg.Headers))
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "orders", BatchTimeout: time.Millisecond}
-	if err := w.WriteMessages(context.Background(), msg, msg); err != nil {
-		log.Fatal(err)
-	}
-	w.Close()
-	request.End()
-
-	// The consumer's side: instrument both configurations, then build.
-	icfg := inbox.Config{}
-	ccfg := consumer.Config{
-		Brokers:  brokers,
-		GroupID:  "inventory",
-		Topics:   []string{"orders"},
-		Consumer: "reserve-stock",
-		Handler: func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
-			return nil // the reservation, written through tx, traced under ctx
-		},
-		Logger: slog.New(slog.DiscardHandler),
-	}
-	opts := inboxotel.Options{TracerProvider: tp, MeterProvider: mp}
-	if err := inboxotel.InstrumentConsumer(&icfg, &ccfg, opts); err != nil {
-		log.Fatal(err)
-	}
-	store, _ := inboxsqlite.New(inboxsqlite.Options{})
-	ib, err := inbox.New(db, store, icfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := ib.Migrate(context.Background()); err != nil {
-		log.Fatal(err)
-	}
-	ccfg.Inbox = ib
-	c, err := consumer.New(ccfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	go func() { _ = c.Run(context.Background()) }()
-	for ib.Counters().Processed+ib.Counters().Duplicates < 2 {
-		time.Sleep(20 * time.Millisecond)
-	}
-	c.Close()
-
-	for _, s := range spans.Ended() {
-		if s.Name() != "process orders" {
-			continue
-		}
-		var children []string
-		for _, k := range spans.Ended() {
-			if k.Parent().SpanID() == s.SpanContext().SpanID() {
-				children = append(children, k.Name())
-			}
-		}
-		outcome := ""
-		for _, a := range s.Attributes() {
-			if a.Key == "inbox.outcome" {
-				outcome = a.Value.AsString()
-			}
-		}
-		fmt.Printf("%s: %s, in the request's trace: %t, children %v\n", s.Name(), outcome,
-			s.Parent().SpanID() == request.SpanContext().SpanID(), children)
-	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		log.Fatal(err)
-	}
-	for _, m := range rm.ScopeMetrics[0].Metrics {
-		if m.Name != "inbox.messages" {
-			continue
-		}
-		var counts []string
-		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-			o, _ := dp.Attributes.Value("inbox.outcome")
-			counts = append(counts, fmt.Sprintf("%s=%d", o.AsString(), dp.Value))
-		}
-		slices.Sort(counts)
-		fmt.Println("inbox.messages:", counts)
+	for _, h := range msg.Headers {
+		fmt.Printf("%s: %s\n", h.Key, h.Value)
 	}
 	// Output:
-	// process orders: processed, in the request's trace: true, children [inbox claim inbox handler]
-	// process orders: duplicate, in the request's trace: true, children [inbox claim]
-	// inbox.messages: [duplicate=1 processed=1]
+	// event_id: order-42-placed
+	// traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+}
+
+// A consumer that wants the producer's trace in its handler but no spans of
+// the inbox's (a naturally idempotent consumer, say) installs MessageContext
+// alone:
+//
+//	cfg.MessageContext = inboxotel.MessageContext(nil)
+//
+// The handler's context then carries the producer's span as its remote
+// parent, and the handler's own spans join that trace.
+func ExampleMessageContext() {
+	hook := inboxotel.MessageContext(nil) // W3C Trace Context and Baggage
+	msg := &consumer.Message{Message: kafka.Message{Headers: []kafka.Header{
+		{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
+	}}}
+
+	ctx := hook(context.Background(), msg)
+	parent := trace.SpanContextFromContext(ctx)
+	fmt.Println(parent.TraceID(), parent.SpanID(), parent.IsRemote())
+	// Output: 4bf92f3577b34da6a3ce929d0e0e4736 00f067aa0ba902b7 true
 }

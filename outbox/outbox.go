@@ -5,8 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -266,27 +266,8 @@ func (o *Outbox) retry(ctx context.Context, op string, fn func() error) error {
 			return fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 		}
 		o.log.Warn("transient database failure, retrying", "op", op, "attempt", attempt, "error", err)
-		if err := sleep(ctx, o.backoff(attempt)); err != nil {
+		if err := backoff.Sleep(ctx, backoff.Wait(o.cfg.MinBackoff, o.cfg.MaxBackoff, attempt)); err != nil {
 			return err
 		}
-	}
-}
-
-func (o *Outbox) backoff(attempt int) time.Duration {
-	d := o.cfg.MinBackoff << min(attempt-1, 20)
-	if d > o.cfg.MaxBackoff || d <= 0 {
-		d = o.cfg.MaxBackoff
-	}
-	return o.cfg.MinBackoff/2 + rand.N(d)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }

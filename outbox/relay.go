@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
 	"os"
 	"sync/atomic"
@@ -155,7 +156,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		case err != nil:
 			failures++
-			pause = r.o.backoff(failures)
+			pause = backoff.Wait(r.o.cfg.MinBackoff, r.o.cfg.MaxBackoff, failures)
 			if permanent, _, cause := kafkaerr.Classify(err); permanent {
 				// Nothing is dropped: the message's shard waits for it (the
 				// keys after it must not overtake it), retried until the
@@ -172,7 +173,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			failures = 0
 		}
 		if pause > 0 {
-			if err := sleep(ctx, pause); err != nil {
+			if err := backoff.Sleep(ctx, pause); err != nil {
 				return err
 			}
 		}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Proves what a user of one adapter gets (README, "Modules"): a fresh module
+# that imports only the PostgreSQL adapter and the consumer says go 1.25,
+# builds with CGO_ENABLED=0, and its go.mod names no SQLite driver, no MySQL
+# driver and no in-process broker. Also checks that every library module
+# declares go 1.25. Needs the Go module proxy (or a warm module cache).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+fail() { echo "check-modules: $*" >&2; exit 1; }
+
+for mod in go.mod adapters/postgres/go.mod adapters/mysql/go.mod adapters/sqlite/go.mod otel/go.mod cmd/inboxctl/go.mod; do
+	line="$(grep -m1 '^go ' "$root/$mod")"
+	[ "$line" = "go 1.25.0" ] || fail "$mod says '$line', want 'go 1.25.0' (the oldest supported Go)"
+done
+
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+cat > "$dir/go.mod" <<MOD
+module example.com/orders
+
+go 1.25
+
+require (
+	github.com/inboxgo/inbox v0.0.0
+	github.com/inboxgo/inbox/adapters/postgres v0.0.0
+)
+
+replace (
+	github.com/inboxgo/inbox => $root
+	github.com/inboxgo/inbox/adapters/postgres => $root/adapters/postgres
+)
+MOD
+cat > "$dir/main.go" <<'GO'
+package main
+
+import (
+	"context"
+	"log"
+
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+
+	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/inbox"
+)
+
+func main() {
+	db, err := gorm.Open(postgres.Open("host=127.0.0.1 dbname=orders"), &gorm.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := inboxpg.New(inboxpg.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ib, err := inbox.New(db, store, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := consumer.New(consumer.Config{
+		Brokers: []string{"127.0.0.1:9092"}, GroupID: "inventory", Topics: []string{"orders"},
+		Inbox: ib, Consumer: "reserve-stock",
+		Handler: func(ctx context.Context, tx *gorm.DB, m consumer.Message) error { return nil },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(c.Run(context.Background()))
+}
+GO
+cd "$dir"
+GOWORK=off GOFLAGS=-mod=mod go get gorm.io/driver/postgres@v1.6.3 >/dev/null 2>&1 || true
+GOWORK=off GOFLAGS=-mod=mod go mod tidy
+GOWORK=off CGO_ENABLED=0 go build -o /dev/null . || fail "the PostgreSQL-only module does not build without cgo"
+grep -q '^go 1.25' go.mod || fail "go.mod of the user's module was raised to $(grep '^go ' go.mod)"
+if grep -nE 'sqlite|go-sql-driver|gorm.io/driver/mysql|kfake|franz-go' go.mod; then
+	fail "the PostgreSQL-only module's go.mod names the modules above"
+fi
+echo "check-modules: a PostgreSQL + consumer module says go 1.25, builds without cgo, and its go.mod is:"
+sed -n '1,/^replace/p' go.mod | sed '/^replace/d'
