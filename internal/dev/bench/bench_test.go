@@ -264,7 +264,10 @@ func BenchmarkTrackingCost(b *testing.B) {
 // a,b,c2), the first being the reference, side by side in every round
 // (INBOX_BENCH_ROUNDS, default 5), alternating their order, and reports
 // each variant's per-round throughput ratio to the reference: the median
-// and the spread.
+// and the spread. Each round's log line also gives every variant's CPU time
+// per event, of this process and, when INBOX_BENCH_SERVER_PID names the
+// server's process, of the server. The floors of bench.Floor (a0, b0, a20,
+// c20) are selected by key like the others.
 func BenchmarkPaired(b *testing.B) {
 	if os.Getenv("INBOX_BENCH_VARIANTS") == "" {
 		b.Setenv("INBOX_BENCH_VARIANTS", "a,b,c2")
