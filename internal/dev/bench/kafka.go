@@ -15,6 +15,7 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/backoff"
 )
 
 // DefaultKafkaEvents is how many events the end-to-end benchmark produces.
@@ -162,20 +163,9 @@ func createTopic(ctx context.Context, brokers []string, topic string, partitions
 		if time.Now().After(deadline) {
 			return fmt.Errorf("bench: topic %s has no leaders after a minute (%d partitions seen): %v", topic, len(ps), err)
 		}
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+		if err := backoff.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return err
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 
@@ -215,7 +205,7 @@ func produceEvents(ctx context.Context, brokers []string, topic string, evs []Ev
 			if attempt == 120 || ctx.Err() != nil {
 				return 0, fmt.Errorf("bench: produce to %s: %w", topic, err)
 			}
-			if err := sleepCtx(ctx, 250*time.Millisecond); err != nil {
+			if err := backoff.Sleep(ctx, 250*time.Millisecond); err != nil {
 				return 0, err
 			}
 		}
