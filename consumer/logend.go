@@ -3,11 +3,12 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxgo/inbox/internal/backoff"
 )
 
 // logOffsets returns the partition's log start offset (the first offset

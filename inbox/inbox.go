@@ -5,11 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/internal/backoff"
 )
 
 // Handler applies the business effect of one message inside tx, the

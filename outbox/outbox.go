@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/backoff"
 )
 
 // Defaults for Config.

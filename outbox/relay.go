@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/inboxgo/inbox/internal/backoff"
 	"log/slog"
 	"os"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 	"github.com/inboxgo/inbox/internal/kafkaerr"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/backoff"
 )
 
 // Defaults for RelayConfig.

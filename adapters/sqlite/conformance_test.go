@@ -12,12 +12,13 @@ import (
 	"github.com/inboxgo/inbox/conformance"
 )
 
-// newHarness gives every check its own database file.
-func newHarness(t *testing.T) conformance.HarnessMaker {
+// newHarness gives every check its own database file, opened with GORM's
+// prepared statements or without.
+func newHarness(t *testing.T, prepared bool) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		path := filepath.Join(t.TempDir(), "inbox.db")
 		open := func(context.Context) (*gorm.DB, error) {
-			return gorm.Open(inboxsqlite.Open(path), &gorm.Config{Logger: logger.Discard})
+			return gorm.Open(inboxsqlite.Open(path), &gorm.Config{Logger: logger.Discard, PrepareStmt: prepared})
 		}
 		db, err := open(ctx)
 		if err != nil {
@@ -44,5 +45,12 @@ func newHarness(t *testing.T) conformance.HarnessMaker {
 }
 
 func TestConformance(t *testing.T) {
-	conformance.Run(t, newHarness(t))
+	conformance.Run(t, newHarness(t, false))
+}
+
+// TestConformancePrepareStmt runs the suite with GORM's prepared
+// statements: the claim then runs on GORM's prepared-statement transaction
+// (the single-row statement prepared once, multi-row ones sent as they are).
+func TestConformancePrepareStmt(t *testing.T) {
+	conformance.Run(t, newHarness(t, true))
 }

@@ -45,6 +45,7 @@ type Options struct {
 type Store struct {
 	table       string
 	deleteBatch int
+	claimOneSQL string // the single-row claim
 }
 
 // New returns a Store for the configured table.
@@ -61,7 +62,12 @@ func New(opts Options) (*Store, error) {
 	if opts.DeleteBatch == 0 {
 		opts.DeleteBatch = 1000
 	}
-	return &Store{table: opts.Table, deleteBatch: opts.DeleteBatch}, nil
+	return &Store{
+		table:       opts.Table,
+		deleteBatch: opts.DeleteBatch,
+		claimOneSQL: `INSERT INTO ` + opts.Table + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no) ` +
+			`VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (consumer, event_id, day) DO NOTHING`,
+	}, nil
 }
 
 // DSN returns a go-sqlite3 DSN for the database file at path with the
@@ -126,17 +132,53 @@ func (s *Store) createStatements() []string {
 // SQLite's default limit on bound parameters is 32766; 7 per row.
 const claimChunk = 1000
 
-// Claim inserts rows with INSERT ... ON CONFLICT DO NOTHING RETURNING and
-// matches the returned keys against rows: RETURNING yields only inserted rows.
+// Claim inserts rows with INSERT ... ON CONFLICT DO NOTHING, sent on the
+// transaction's connection as it is (GORM's statement building and result
+// scanning cost as much as SQLite's own work on the row). A single row is
+// told new or duplicate by the affected-row count; several rows by the keys
+// RETURNING gives back, which are only the inserted ones.
 func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	conn := tx.Statement.ConnPool
+	if conn == nil {
+		return nil, fmt.Errorf("sqlite: claim in %s: the *gorm.DB has no connection", s.table)
+	}
+	if len(rows) == 1 {
+		return s.claimOne(ctx, conn, rows[0])
+	}
+	// Under gorm.Config{PrepareStmt: true} every distinct statement would be
+	// prepared and cached per connection, one per batch size; the
+	// single-row statement above has one text and may be.
+	switch p := conn.(type) {
+	case *gorm.PreparedStmtTX:
+		conn = p.Tx
+	case *gorm.PreparedStmtDB:
+		conn = p.ConnPool
+	}
 	inserted := make([]bool, len(rows))
 	for lo := 0; lo < len(rows); lo += claimChunk {
 		hi := min(lo+claimChunk, len(rows))
-		if err := s.claimChunk(ctx, tx, rows[lo:hi], inserted[lo:hi]); err != nil {
+		if err := s.claimChunk(ctx, conn, rows[lo:hi], inserted[lo:hi]); err != nil {
 			return nil, err
 		}
 	}
 	return inserted, nil
+}
+
+// claimOne claims one row by the affected-row count: ON CONFLICT DO NOTHING
+// changes 0 rows only on a conflict of the key; any other reason not to
+// store the row is an error (the table has no other unique key, and STRICT
+// refuses a value of the wrong type).
+func (s *Store) claimOne(ctx context.Context, conn gorm.ConnPool, r inbox.Row) ([]bool, error) {
+	res, err := conn.ExecContext(ctx, s.claimOneSQL, r.Consumer, r.EventID, dayText(r.Day),
+		r.EventTime.UTC().Format(time.RFC3339Nano), r.Topic, r.Partition, r.Offset)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: claim in %s: %w", s.table, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n < 0 || n > 1 {
+		return nil, fmt.Errorf("sqlite: claim in %s: %d rows affected (%v)", s.table, n, err)
+	}
+	return []bool{n == 1}, nil
 }
 
 type returnedKey struct {
@@ -145,32 +187,39 @@ type returnedKey struct {
 	Day      string
 }
 
-func (s *Store) claimChunk(ctx context.Context, tx *gorm.DB, rows []inbox.Row, inserted []bool) error {
+func (s *Store) claimChunk(ctx context.Context, conn gorm.ConnPool, rows []inbox.Row, inserted []bool) error {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO ` + s.table + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no) VALUES `)
 	args := make([]any, 0, 7*len(rows))
+	index := make(map[returnedKey]int, len(rows))
 	for i, r := range rows {
 		if i > 0 {
 			b.WriteString(", ")
 		}
 		b.WriteString("(?, ?, ?, ?, ?, ?, ?)")
-		args = append(args, r.Consumer, r.EventID, dayText(r.Day), r.EventTime.UTC().Format(time.RFC3339Nano), r.Topic, r.Partition, r.Offset)
+		day := dayText(r.Day)
+		args = append(args, r.Consumer, r.EventID, day, r.EventTime.UTC().Format(time.RFC3339Nano), r.Topic, r.Partition, r.Offset)
+		index[returnedKey{r.Consumer, r.EventID, day}] = i
 	}
 	b.WriteString(` ON CONFLICT (consumer, event_id, day) DO NOTHING RETURNING consumer, event_id, day`)
-	var got []returnedKey
-	if err := tx.WithContext(ctx).Raw(b.String(), args...).Scan(&got).Error; err != nil {
+	got, err := conn.QueryContext(ctx, b.String(), args...)
+	if err != nil {
 		return fmt.Errorf("sqlite: claim in %s: %w", s.table, err)
 	}
-	index := make(map[returnedKey]int, len(rows))
-	for i, r := range rows {
-		index[returnedKey{r.Consumer, r.EventID, dayText(r.Day)}] = i
-	}
-	for _, k := range got {
+	defer got.Close()
+	for got.Next() {
+		var k returnedKey
+		if err := got.Scan(&k.Consumer, &k.EventID, &k.Day); err != nil {
+			return fmt.Errorf("sqlite: claim in %s: %w", s.table, err)
+		}
 		i, ok := index[k]
-		if !ok {
+		if !ok || inserted[i] {
 			return fmt.Errorf("sqlite: claim returned a key that was not inserted: %q/%q/%s", k.Consumer, k.EventID, k.Day)
 		}
 		inserted[i] = true
+	}
+	if err := got.Err(); err != nil {
+		return fmt.Errorf("sqlite: claim in %s: %w", s.table, err)
 	}
 	return nil
 }

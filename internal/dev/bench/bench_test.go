@@ -59,7 +59,7 @@ func TestVariantsApplyEachEffectOnce(t *testing.T) {
 			}
 			be := backend(t, name, workers)
 			evs := bench.Events(n, skus)
-			for _, v := range bench.Variants {
+			for _, v := range slices.Concat(bench.Variants, bench.Floor) {
 				t.Run(v.Key, func(t *testing.T) {
 					ctx := t.Context()
 					f, err := bench.NewFixture(ctx, be, skus, inbox.Config{}, 0)
@@ -96,7 +96,7 @@ func TestVariantsApplyEachEffectOnce(t *testing.T) {
 					if want := int64(n) + wantReplay; reserved != want {
 						t.Errorf("SUM(reserved) = %d, want %d", reserved, want)
 					}
-					if v.Key == "b" || v.Key == "c" {
+					if v.Key == "b" || v.Key == "c" || v.Key == "b0" || v.Key == "c20" {
 						rows, err := f.InboxRows(ctx)
 						if err != nil {
 							t.Fatal(err)
@@ -264,7 +264,10 @@ func BenchmarkTrackingCost(b *testing.B) {
 // a,b,c2), the first being the reference, side by side in every round
 // (INBOX_BENCH_ROUNDS, default 5), alternating their order, and reports
 // each variant's per-round throughput ratio to the reference: the median
-// and the spread.
+// and the spread. Each round's log line also gives every variant's CPU time
+// per event, of this process and, when INBOX_BENCH_SERVER_PID names the
+// server's process, of the server. The floors of bench.Floor (a0, b0, a20,
+// c20) are selected by key like the others.
 func BenchmarkPaired(b *testing.B) {
 	if os.Getenv("INBOX_BENCH_VARIANTS") == "" {
 		b.Setenv("INBOX_BENCH_VARIANTS", "a,b,c2")
@@ -310,7 +313,9 @@ func paired(b *testing.B, be *bench.Backend, vs []bench.Variant, rounds int, o b
 		for i, res := range byVariant {
 			ratio := res.EventsPerSec() / byVariant[0].EventsPerSec()
 			ratios[i] = append(ratios[i], ratio)
-			line += fmt.Sprintf(" %s %.0f events/s (%.3fx)", vs[i].Key, res.EventsPerSec(), ratio)
+			client, server := res.CPUPerEvent()
+			line += fmt.Sprintf(" %s %.0f events/s (%.3fx) cpu %.1f+%.1f µs/event", vs[i].Key, res.EventsPerSec(), ratio,
+				float64(client.Nanoseconds())/1e3, float64(server.Nanoseconds())/1e3)
 		}
 		b.Log(line)
 	}
@@ -403,6 +408,52 @@ func BenchmarkKafka(b *testing.B) {
 				for _, r := range rs {
 					b.ReportMetric(r.EventsPerSec(), r.Mode+"-events/s")
 					b.ReportMetric(r.Ratio, r.Mode+"/plain")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkKafkaPaired consumes one produced topic with the end-to-end
+// modes INBOX_BENCH_KAFKA_MODES names (comma-separated, the first the
+// reference; default the batched pipeline without the inbox and with it)
+// in every round (INBOX_BENCH_ROUNDS, default 5), alternating their order,
+// on the databases INBOX_BENCH_BACKENDS names (default postgres), and
+// reports each mode's per-round throughput ratio to the reference: median
+// and spread.
+func BenchmarkKafkaPaired(b *testing.B) {
+	brokers := testenv.KafkaBrokers(b)
+	n := envInt("INBOX_BENCH_KAFKA_EVENTS", bench.DefaultKafkaEvents)
+	modes := []string{bench.KafkaPlainBatched, bench.KafkaBatchHandler}
+	if s := os.Getenv("INBOX_BENCH_KAFKA_MODES"); s != "" {
+		modes = strings.Split(s, ",")
+	}
+	names := []string{"postgres"}
+	if s := os.Getenv("INBOX_BENCH_BACKENDS"); s != "" {
+		names = strings.Split(s, ",")
+	}
+	for _, name := range names {
+		b.Run(name, func(b *testing.B) {
+			o := options()
+			be := backend(b, name, o.Workers)
+			for range b.N {
+				results, ratios, err := bench.KafkaPaired(b.Context(), be, brokers, n, o, modes, envInt("INBOX_BENCH_ROUNDS", 5))
+				if err != nil {
+					b.Fatal(err)
+				}
+				for r := range ratios[0] {
+					line := fmt.Sprintf("round %d:", r+1)
+					for i, m := range modes {
+						line += fmt.Sprintf(" %s %.0f events/s (%.3fx)", m, results[i][r].EventsPerSec(), ratios[i][r])
+					}
+					b.Log(line)
+				}
+				for i := 1; i < len(modes); i++ {
+					rs := slices.Sorted(slices.Values(ratios[i]))
+					name := modes[i] + "/" + modes[0]
+					b.ReportMetric(rs[len(rs)/2], name+"-median")
+					b.ReportMetric(rs[0], name+"-min")
+					b.ReportMetric(rs[len(rs)-1], name+"-max")
 				}
 			}
 		})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/backoff"
 )
 
 // DefaultKafkaEvents is how many events the end-to-end benchmark produces.
@@ -73,7 +74,7 @@ func Kafka(ctx context.Context, b *Backend, brokers []string, n int, o Options) 
 	}
 	var out []KafkaResult
 	for _, mode := range KafkaModes {
-		r, err := consumeAll(ctx, b, brokers, topic, mode, n, o)
+		r, err := consumeAll(ctx, b, brokers, topic, mode, n, o, "")
 		if err != nil {
 			return out, err
 		}
@@ -88,6 +89,46 @@ func Kafka(ctx context.Context, b *Backend, brokers []string, n int, o Options) 
 		out[i].Ratio = out[i].EventsPerSec() / ref.EventsPerSec()
 	}
 	return out, nil
+}
+
+// KafkaPaired produces n events to a fresh topic once, then consumes it
+// with each of modes (the first the reference) in every round, alternating
+// their order from round to round, each time as a new consumer group into
+// fresh tables. ratios[i][r] is modes[i]'s throughput over the reference's
+// in round r.
+func KafkaPaired(ctx context.Context, b *Backend, brokers []string, n int, o Options, modes []string, rounds int) (results [][]KafkaResult, ratios [][]float64, err error) {
+	o = o.withDefaults()
+	topic := "inbox-bench-" + randomSuffix()
+	if err := createTopic(ctx, brokers, topic, o.Workers); err != nil {
+		return nil, nil, err
+	}
+	produce, err := produceEvents(ctx, brokers, topic, Events(n, o.SKUs))
+	if err != nil {
+		return nil, nil, err
+	}
+	results = make([][]KafkaResult, len(modes))
+	ratios = make([][]float64, len(modes))
+	for r := range rounds {
+		round := make([]KafkaResult, len(modes))
+		for k := range modes {
+			i := k
+			if r%2 == 1 {
+				i = len(modes) - 1 - k
+			}
+			res, err := consumeAll(ctx, b, brokers, topic, modes[i], n, o, fmt.Sprintf("-r%d", r))
+			if err != nil {
+				return results, ratios, err
+			}
+			res.Produce = produce
+			round[i] = res
+		}
+		for i := range modes {
+			round[i].Ratio = round[i].EventsPerSec() / round[0].EventsPerSec()
+			results[i] = append(results[i], round[i])
+			ratios[i] = append(ratios[i], round[i].Ratio)
+		}
+	}
+	return results, ratios, nil
 }
 
 func createTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
@@ -122,20 +163,9 @@ func createTopic(ctx context.Context, brokers []string, topic string, partitions
 		if time.Now().After(deadline) {
 			return fmt.Errorf("bench: topic %s has no leaders after a minute (%d partitions seen): %v", topic, len(ps), err)
 		}
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+		if err := backoff.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return err
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 
@@ -175,7 +205,7 @@ func produceEvents(ctx context.Context, brokers []string, topic string, evs []Ev
 			if attempt == 120 || ctx.Err() != nil {
 				return 0, fmt.Errorf("bench: produce to %s: %w", topic, err)
 			}
-			if err := sleepCtx(ctx, 250*time.Millisecond); err != nil {
+			if err := backoff.Sleep(ctx, 250*time.Millisecond); err != nil {
 				return 0, err
 			}
 		}
@@ -183,7 +213,9 @@ func produceEvents(ctx context.Context, brokers []string, topic string, evs []Ev
 	return time.Since(start), nil
 }
 
-func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode string, n int, o Options) (KafkaResult, error) {
+// consumeAll consumes the topic's n events with mode, as the consumer group
+// named after the topic, the mode and groupSuffix.
+func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode string, n int, o Options, groupSuffix string) (KafkaResult, error) {
 	res := KafkaResult{Mode: mode, Events: n}
 	f, err := NewFixture(ctx, b, o.SKUs, inbox.Config{}, 0)
 	if err != nil {
@@ -199,7 +231,7 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 	)
 	cfg := consumer.Config{
 		Brokers: brokers,
-		GroupID: topic + "-" + mode,
+		GroupID: topic + "-" + mode + groupSuffix,
 		Topics:  []string{topic},
 		Handler: func(ctx context.Context, tx *gorm.DB, m consumer.Message) error {
 			sku, err := strconv.ParseInt(string(m.Key), 10, 64)

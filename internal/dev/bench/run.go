@@ -64,6 +64,18 @@ type Result struct {
 	// second time, all of them duplicates (zero for the others): a fast
 	// path that makes duplicates slow shows here.
 	Replay time.Duration
+	// ClientCPU and ServerCPU are the CPU time this process and the
+	// database server used during the run (see cpuMeter; zero when not
+	// measured).
+	ClientCPU, ServerCPU time.Duration
+}
+
+// CPUPerEvent is the client's and the server's CPU time per event.
+func (r Result) CPUPerEvent() (client, server time.Duration) {
+	if r.Events == 0 {
+		return 0, 0
+	}
+	return r.ClientCPU / time.Duration(r.Events), r.ServerCPU / time.Duration(r.Events)
 }
 
 // ReplayPerSec is the throughput of the replay (duplicates per second), or
@@ -123,6 +135,7 @@ func Apply(ctx context.Context, f *Fixture, v Variant, evs []Event, workers, bat
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
+	cpu0 := readCPU()
 	start := time.Now()
 	for w, part := range parts {
 		wg.Go(func() {
@@ -141,6 +154,8 @@ func Apply(ctx context.Context, f *Fixture, v Variant, evs []Event, workers, bat
 	}
 	wg.Wait()
 	res.Elapsed = time.Since(start)
+	cpu1 := readCPU()
+	res.ClientCPU, res.ServerCPU = cpu1.client-cpu0.client, cpu1.server-cpu0.server
 	res.Applied = applied.Load()
 	res.Ops = slices.Concat(ops...)
 	for _, err := range errs {

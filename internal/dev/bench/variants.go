@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
@@ -106,9 +110,9 @@ var TrackingCost = []Variant{
 	{Key: "b-untracked", Name: "inbox, Process, statement tracking removed", Dedup: true, Untracked: true, apply: applyProcess},
 }
 
-// VariantByKey returns the variant with key k.
+// VariantByKey returns the variant with key k, of Variants or Floor.
 func VariantByKey(k string) (Variant, bool) {
-	for _, v := range Variants {
+	for _, v := range slices.Concat(Variants, Floor) {
 		if v.Key == k {
 			return v, true
 		}
@@ -132,6 +136,20 @@ func (f *Fixture) effect(tx *gorm.DB, sku int64) error {
 // set-based UPDATE: the units are summed per sku, and the skus are listed
 // in ascending order (a fixed lock order for concurrent batches).
 func (f *Fixture) setEffect(tx *gorm.DB, skus []int64) error {
+	q, args, want := f.setEffectSQL(skus)
+	res := tx.Exec(q, args...)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected != want {
+		return fmt.Errorf("bench: set-based update of %d skus updated %d rows", want, res.RowsAffected)
+	}
+	return nil
+}
+
+// setEffectSQL is setEffect's statement with ? placeholders, its
+// arguments, and the rows it must update.
+func (f *Fixture) setEffectSQL(skus []int64) (string, []any, int64) {
 	units := make(map[int64]int64, len(skus))
 	for _, sku := range skus {
 		units[sku]++
@@ -165,14 +183,7 @@ func (f *Fixture) setEffect(tx *gorm.DB, skus []int64) error {
 			strings.TrimSuffix(strings.Repeat("(?, ?),", len(distinct)), ",") +
 			`) AS v WHERE ` + f.Stock + `.sku = v.column1`
 	}
-	res := tx.Exec(q, args...)
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected != int64(len(distinct)) {
-		return fmt.Errorf("bench: set-based update of %d skus updated %d rows", len(distinct), res.RowsAffected)
-	}
-	return nil
+	return q, args, int64(len(distinct))
 }
 
 func (f *Fixture) batchHandler(ctx context.Context, tx *gorm.DB, msgs []inbox.Message) error {
@@ -358,6 +369,275 @@ func applyUpsert(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 			applied = 1
 		}
 		return nil
+	})
+	return applied, err
+}
+
+// Floor pairs the bare effect and the inbox's claim plus the effect, both
+// written as raw SQL on database/sql (pgx itself on PostgreSQL), without
+// GORM or the inbox, with the round trips Process makes on each database:
+// what the database and the driver cost, the floor of (b)/(a).
+var Floor = []Variant{
+	{Key: "a0", Name: "effect only, raw SQL (BEGIN, UPDATE, COMMIT)", apply: applyRawEffect},
+	{Key: "b0", Name: "inbox row and effect, raw SQL with Process's round trips", Dedup: true, apply: applyRawClaim},
+	{Key: "a20", Name: "set-based effect per batch, raw SQL (BEGIN, UPDATE, COMMIT)", Batched: true, apply: applyRawSetEffect},
+	{Key: "c20", Name: "inbox rows of a batch and set-based effect, raw SQL with ProcessBatchFunc's round trips", Batched: true, Dedup: true, apply: applyRawBatchClaim},
+}
+
+// rawTx runs fn in a transaction on one connection of f's pool without
+// GORM: on PostgreSQL through pgx, with BEGIN and first (if any) in one
+// pipeline; elsewhere through database/sql, one round trip per statement.
+// Transient failures are retried as the other variants retry them.
+func (f *Fixture) rawTx(ctx context.Context, first *rawStmt, fn func(firstN int64, exec rawExec) error) error {
+	sqlDB, err := f.Backend.DB.DB()
+	if err != nil {
+		return err
+	}
+	return f.withRetry(ctx, func() error {
+		if f.Backend.Dialect == Postgres {
+			return f.rawPgxTx(ctx, sqlDB, first, fn)
+		}
+		tx, err := sqlDB.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		var firstN int64
+		if first != nil {
+			res, err := tx.ExecContext(ctx, first.sql, first.args...)
+			if err != nil {
+				return err
+			}
+			if firstN, err = res.RowsAffected(); err != nil {
+				return err
+			}
+		}
+		if err := fn(firstN, func(q string, args ...any) (int64, error) {
+			res, err := tx.ExecContext(ctx, q, args...)
+			if err != nil {
+				return 0, err
+			}
+			return res.RowsAffected()
+		}); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+type rawStmt struct {
+	sql  string
+	args []any
+}
+
+// rawExec runs one statement and returns its affected-row count.
+type rawExec func(q string, args ...any) (int64, error)
+
+func (f *Fixture) rawPgxTx(ctx context.Context, sqlDB *sql.DB, first *rawStmt, fn func(firstN int64, exec rawExec) error) error {
+	conn, err := sqlDB.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	return conn.Raw(func(dc any) error {
+		pc := dc.(*stdlib.Conn).Conn()
+		committed := false
+		defer func() {
+			if !committed {
+				_, _ = pc.Exec(context.Background(), "ROLLBACK")
+			}
+		}()
+		var firstN int64
+		if first == nil {
+			if _, err := pc.Exec(ctx, "BEGIN"); err != nil {
+				return err
+			}
+		} else {
+			var b pgx.Batch
+			b.Queue("BEGIN")
+			b.Queue(first.sql, first.args...)
+			br := pc.SendBatch(ctx, &b)
+			_, err := br.Exec()
+			if err == nil {
+				var ct pgconn.CommandTag
+				ct, err = br.Exec()
+				firstN = ct.RowsAffected()
+			}
+			if cerr := br.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if err := fn(firstN, func(q string, args ...any) (int64, error) {
+			ct, err := pc.Exec(ctx, q, args...)
+			return ct.RowsAffected(), err
+		}); err != nil {
+			return err
+		}
+		if _, err := pc.Exec(ctx, "COMMIT"); err != nil {
+			return err
+		}
+		committed = true
+		return nil
+	})
+}
+
+// rawEffect is the effect's UPDATE in the dialect's placeholders.
+func (f *Fixture) rawEffect(exec rawExec, sku int64) error {
+	q := `UPDATE ` + f.Stock + ` SET reserved = reserved + 1 WHERE sku = ?`
+	if f.Backend.Dialect == Postgres {
+		q = `UPDATE ` + f.Stock + ` SET reserved = reserved + 1 WHERE sku = $1`
+	}
+	n, err := exec(q, sku)
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return fmt.Errorf("bench: sku %d: %d rows updated", sku, n)
+	}
+	return nil
+}
+
+func applyRawEffect(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	return 1, f.rawTx(ctx, nil, func(_ int64, exec rawExec) error { return f.rawEffect(exec, evs[0].SKU) })
+}
+
+// rawClaim is the single-row claim each adapter sends, on f's inbox table.
+func (f *Fixture) rawClaim(e Event) *rawStmt {
+	m := e.Message()
+	day := inbox.DayOf(m.Time)
+	switch f.Backend.Dialect {
+	case Postgres:
+		return &rawStmt{`INSERT INTO ` + f.InboxTable + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no) ` +
+			`VALUES ($1, $2, $3::date, $4, $5, $6, $7) ON CONFLICT (consumer, event_id, day) DO NOTHING`,
+			[]any{m.Consumer, m.ID, day.Format(time.DateOnly), m.Time.UTC(), m.Topic, m.Partition, m.Offset}}
+	case MySQL:
+		return &rawStmt{`INSERT INTO ` + f.InboxTable + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no, claim_token, processed_at) ` +
+			`VALUES (?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE deliveries = deliveries + 1`,
+			[]any{[]byte(m.Consumer), []byte(m.ID), day.Format(time.DateOnly), m.Time.UTC().Format("2006-01-02 15:04:05.999999"),
+				[]byte(m.Topic), m.Partition, m.Offset, int64(e.Seq)}}
+	}
+	return &rawStmt{`INSERT INTO ` + f.InboxTable + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no) ` +
+		`VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (consumer, event_id, day) DO NOTHING`,
+		[]any{m.Consumer, m.ID, day.Format(time.DateOnly), m.Time.UTC().Format(time.RFC3339Nano), m.Topic, m.Partition, m.Offset}}
+}
+
+func applyRawClaim(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	e := evs[0]
+	applied := 0
+	err := f.rawTx(ctx, f.rawClaim(e), func(claimed int64, exec rawExec) error {
+		applied = 0
+		// 1 row affected: inserted; a duplicate affects 0 rows (2 with
+		// MariaDB's ON DUPLICATE KEY UPDATE).
+		if claimed != 1 {
+			return nil
+		}
+		applied = 1
+		return f.rawEffect(exec, e.SKU)
+	})
+	return applied, err
+}
+
+// placeholders numbers q's ? placeholders for PostgreSQL ($1, $2, ...).
+func (f *Fixture) placeholders(q string) string {
+	if f.Backend.Dialect != Postgres {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for _, c := range q {
+		if c == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func (f *Fixture) rawSetEffect(exec rawExec, evs []Event) error {
+	skus := make([]int64, len(evs))
+	for i, e := range evs {
+		skus[i] = e.SKU
+	}
+	q, args, want := f.setEffectSQL(skus)
+	n, err := exec(f.placeholders(q), args...)
+	if err != nil {
+		return err
+	}
+	if n != want {
+		return fmt.Errorf("bench: set-based update of %d skus updated %d rows", want, n)
+	}
+	return nil
+}
+
+func applyRawSetEffect(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	return len(evs), f.rawTx(ctx, nil, func(_ int64, exec rawExec) error { return f.rawSetEffect(exec, evs) })
+}
+
+// rawBatchClaim is the multi-row claim each adapter sends for evs (in key
+// order, as the adapters sort them), with PostgreSQL's RETURNING; the
+// affected-row count is read, the returned keys are not.
+func (f *Fixture) rawBatchClaim(evs []Event) *rawStmt {
+	sorted := slices.Clone(evs)
+	slices.SortFunc(sorted, func(a, b Event) int { return strings.Compare(a.ID, b.ID) })
+	cols := ` (consumer, event_id, day, event_time, topic, partition_no, offset_no) `
+	if f.Backend.Dialect == Postgres {
+		n := len(sorted)
+		consumers, ids, days, topics := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		times, partitions, offsets := make([]time.Time, n), make([]int32, n), make([]int64, n)
+		for i, e := range sorted {
+			m := e.Message()
+			consumers[i], ids[i], days[i], topics[i] = m.Consumer, m.ID, inbox.DayOf(m.Time).Format(time.DateOnly), m.Topic
+			times[i], partitions[i], offsets[i] = m.Time.UTC(), m.Partition, m.Offset
+		}
+		return &rawStmt{`INSERT INTO ` + f.InboxTable + cols +
+			`SELECT * FROM unnest($1::text[], $2::text[], $3::date[], $4::timestamptz[], $5::text[], $6::integer[], $7::bigint[])` +
+			` ON CONFLICT (consumer, event_id, day) DO NOTHING RETURNING consumer, event_id, to_char(day, 'YYYY-MM-DD')`,
+			[]any{consumers, ids, days, times, topics, partitions, offsets}}
+	}
+	var b strings.Builder
+	var args []any
+	for i, e := range sorted {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		one := f.rawClaim(e)
+		args = append(args, one.args...)
+		if f.Backend.Dialect == MySQL {
+			b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))")
+		} else {
+			b.WriteString("(?, ?, ?, ?, ?, ?, ?)")
+		}
+	}
+	if f.Backend.Dialect == MySQL {
+		return &rawStmt{`INSERT INTO ` + f.InboxTable + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no, claim_token, processed_at) VALUES ` +
+			b.String() + ` ON DUPLICATE KEY UPDATE deliveries = deliveries + 1`, args}
+	}
+	// Without the adapter's RETURNING: go-sqlite3's Exec steps a statement
+	// once, so the count would stop at the first returned row. The floor is
+	// then a little lower than the adapter's work.
+	return &rawStmt{`INSERT INTO ` + f.InboxTable + cols + `VALUES ` + b.String() +
+		` ON CONFLICT (consumer, event_id, day) DO NOTHING`, args}
+}
+
+func applyRawBatchClaim(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	applied := 0
+	err := f.rawTx(ctx, f.rawBatchClaim(evs), func(claimed int64, exec rawExec) error {
+		applied = 0
+		n := int64(len(evs))
+		switch {
+		case claimed == n:
+		case claimed == 0 || (f.Backend.Dialect == MySQL && claimed == 2*n):
+			return nil // a replay: every row was there
+		default:
+			return fmt.Errorf("bench: %d of %d rows claimed: the floor variant handles all-new and all-duplicate batches only", claimed, n)
+		}
+		applied = len(evs)
+		return f.rawSetEffect(exec, evs)
 	})
 	return applied, err
 }

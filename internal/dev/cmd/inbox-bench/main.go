@@ -1,7 +1,7 @@
 // Command inbox-bench measures what the inbox costs on the chosen backends,
 // side by side, and writes the results as markdown tables (see
 // docs/BENCHMARKS.md). It runs the same code as the Go benchmarks in
-// internal/bench.
+// internal/dev/bench.
 //
 //	scripts/with-services.sh --postgres --mariadb --kafka -- \
 //	    go run ./cmd/inbox-bench -update docs/BENCHMARKS.md -plot docs/inbox-growth.png

@@ -1,0 +1,121 @@
+package consumer
+
+// Failure policy: what a message that failed gets, after how many attempts,
+// and which failures are the database's own (retried without limit).
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/kafkaerr"
+)
+
+// retryInbox tries a failed message again, alone, until it commits, its
+// attempts are used up (then the policy applies) or the worker stops.
+// Invalid and expired messages go to the policy at once.
+func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) resolution {
+	for {
+		switch {
+		case errors.Is(err, inbox.ErrExpired):
+			return w.applyPolicy(ctx, dbCtx, it, ReasonExpired, err)
+		case errors.Is(err, inbox.ErrInvalidMessage):
+			return w.applyPolicy(ctx, dbCtx, it, ReasonInvalid, err)
+		case w.infrastructure(err):
+			// The database, not the message: retry without using up attempts.
+			it.attempts = min(it.attempts, w.c.cfg.MaxAttempts-1)
+		case it.attempts >= w.c.cfg.MaxAttempts:
+			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
+		}
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
+		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "event_id", it.msg.EventID,
+			"attempt", it.attempts, "error", err, "retry_in", wait)
+		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
+		if backoff.Sleep(ctx, wait) != nil {
+			return abandoned
+		}
+		rs, ok := w.processInbox(ctx, dbCtx, []*item{it})
+		if !ok {
+			return abandoned
+		}
+		if o := rs[0].Outcome; o == inbox.Processed || o == inbox.Duplicate {
+			w.finish(it, o)
+			return resolved
+		}
+		err = rs[0].Err
+	}
+}
+
+// infrastructure reports whether err says the database failed rather than
+// the message (inbox.IsDatabaseFailure: BEGIN, the claim or COMMIT failed,
+// or a statement failed with an error the Store classifies as transient).
+// Such errors never send a message to the failure policy and are retried
+// without limit. Nothing a handler returns by itself is one: its own network
+// errors, EOFs and deadlines count as attempts, marked with inbox.Retryable
+// or not.
+func (w *worker) infrastructure(err error) bool { return inbox.IsDatabaseFailure(err) }
+
+// applyPolicy dead-letters the message or stops the partition at it.
+func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string, cause error) resolution {
+	if w.c.cfg.OnFailure == StopPartition {
+		e := &PartitionStoppedError{Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset,
+			EventID: it.msg.EventID, Reason: reason, Attempts: it.attempts, Err: cause}
+		w.c.setStopped(e)
+		w.log.Error("PARTITION STOPPED: a message cannot be processed; nothing at or after it is committed until it is fixed and the partition reassigned",
+			append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID, "reason", reason, "attempts", it.attempts}, failureAttrs(cause)...)...)
+		w.c.emit(Event{Kind: EventPartitionStopped, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: e})
+		return stopped
+	}
+	dl := deadLetter(w.c.cfg.DeadLetterTopic, &it.msg, reason, it.attempts, cause, w.c.cfg.GroupID, w.c.cfg.Consumer, time.Now())
+	unknownTopic := 0 // publish attempts in a row that found the topic unknown
+	for attempt := 1; ; attempt++ {
+		err := w.c.dlq.WriteMessages(ctx, dl)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return abandoned
+		}
+		permanent, unknown, perr := kafkaerr.Classify(err)
+		if unknown {
+			unknownTopic++
+			permanent = unknownTopic >= deadLetterUnknownTopicAttempts
+		} else {
+			unknownTopic = 0
+		}
+		if permanent {
+			return w.deadLetterRefused(it, reason, cause, attempt, perr)
+		}
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // still retried: the producer, not the message, is failing
+		}
+		w.log.Log(ctx, level, "publishing a dead letter failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
+		if backoff.Sleep(ctx, wait) != nil {
+			return abandoned
+		}
+	}
+	w.log.Error("message dead-lettered", append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID,
+		"reason", reason, "attempts", it.attempts, "dead_letter_topic", w.c.cfg.DeadLetterTopic}, failureAttrs(cause)...)...)
+	if err := w.tracker.markDone(it.msg.Offset); err != nil {
+		w.log.Error("offset bookkeeping broken", "error", err)
+	}
+	w.c.emit(Event{Kind: EventDeadLettered, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: cause})
+	if w.c.cfg.StoreOffsets {
+		// The database's position is where the next start resumes, even
+		// behind the group's: a stored offset left before the dead letter
+		// would dead-letter the message again. Retried while the database
+		// fails, like every database failure; if the worker stops first,
+		// the message is dead-lettered again by the next owner (dead
+		// letters are at least once).
+		next, _ := w.tracker.committable()
+		if !w.storeNext(ctx, dbCtx, w.floor, next) {
+			return abandoned
+		}
+	}
+	return resolved
+}

@@ -1,0 +1,403 @@
+package consumer
+
+// Processing: a fetched batch through the inbox (or, for a naturally
+// idempotent consumer, without it), the user's handlers and their timeout.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/backoff"
+)
+
+// process handles a batch in order and reports whether the partition must
+// stop. Messages left unfinished (the worker is stopping) are not marked
+// done, so their offsets are not committed.
+func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (halt bool) {
+	items := make([]*item, len(batch))
+	for i, m := range batch {
+		if err := w.tracker.fetched(m.Offset); err != nil {
+			w.log.Error("offset bookkeeping broken", "error", err)
+		}
+		id, at, err := extract(w.c.cfg.Extract, &batch[i])
+		items[i] = &item{msg: Message{Message: m, EventID: id, EventTime: at}, extractErr: err}
+	}
+	defer func() {
+		last := batch[len(batch)-1]
+		if last.HighWaterMark > 0 {
+			next, _ := w.tracker.committable()
+			w.c.emit(Event{Kind: EventLag, Topic: w.topic, Partition: w.partition, Offset: next, Lag: max(last.HighWaterMark-next, 0)})
+		}
+	}()
+	if w.c.cfg.NaturallyIdempotent {
+		if w.c.cfg.BatchHandler != nil && len(items) > 1 {
+			switch w.processIdempotentBatch(ctx, dbCtx, items) {
+			case resolved:
+				return false
+			case abandoned:
+				return false
+			}
+			// A message of the batch failed: each is tried alone below.
+		}
+		for _, it := range items {
+			switch w.processIdempotent(ctx, dbCtx, it) {
+			case stopped:
+				return true
+			case abandoned:
+				return false
+			}
+		}
+		return false
+	}
+
+	results, ok := w.processInbox(ctx, dbCtx, items)
+	if !ok {
+		return false
+	}
+	// Every message whose effect committed is finished, also those after a
+	// failure: the tracker still holds the commit back at the failure.
+	for i, it := range items {
+		if o := results[i].Outcome; o == inbox.Processed || o == inbox.Duplicate {
+			w.finish(it, o)
+		}
+	}
+	for i, it := range items {
+		r := results[i]
+		if r.Outcome == inbox.Processed || r.Outcome == inbox.Duplicate {
+			continue
+		}
+		var res resolution
+		if it.extractErr != nil {
+			res = w.applyPolicy(ctx, dbCtx, it, ReasonNoEventID, it.extractErr)
+		} else {
+			res = w.retryInbox(ctx, dbCtx, it, r.Err)
+		}
+		switch res {
+		case stopped:
+			return true
+		case abandoned:
+			return false
+		}
+	}
+	return false
+}
+
+// processInbox runs the messages with an id through inbox.ProcessBatch, in
+// one transaction, retrying without limit while the batch as a whole cannot
+// commit because the database failed. results[i] belongs to items[i]; items
+// without id are Failed. ok is false when the worker is stopping and the
+// batch did not commit.
+//
+// With StoreOffsets the partition's next offset is written in the batch's
+// transaction, after the longest run of items from the start of the batch
+// that this transaction finishes, as ProcessBatch decided them (one
+// admission per message and attempt): the stored offset never passes a
+// message that failed, was rejected or is still to be retried. Everything
+// before the batch is finished: a worker resolves each batch before the next.
+func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (results []inbox.Result, ok bool) {
+	results = make([]inbox.Result, len(items))
+	var msgs []inbox.Message
+	msgIndex := make([]int, len(items)) // items[i] is msgs[msgIndex[i]], or -1
+	var idx []int
+	for i, it := range items {
+		msgIndex[i] = -1
+		if it.extractErr != nil {
+			results[i] = inbox.Result{Outcome: inbox.Failed, Err: it.extractErr}
+			continue
+		}
+		it.attempts++
+		msgIndex[i] = len(msgs)
+		msgs = append(msgs, w.inboxMessage(it))
+		idx = append(idx, i)
+	}
+	if len(msgs) == 0 {
+		return results, true
+	}
+	var opts []inbox.BatchOption
+	if w.c.cfg.MessageContext != nil {
+		opts = append(opts, inbox.MessageContext(func(ctx context.Context, j int) context.Context {
+			return w.messageContext(ctx, items[idx[j]])
+		}))
+	}
+	written := int64(-1) // the highest stored offset this call wrote
+	if w.c.cfg.StoreOffsets {
+		opts = append(opts, inbox.BeforeCommit(func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
+			next := int64(-1)
+			for i, it := range items {
+				j := msgIndex[i]
+				if j < 0 || (outcomes[j] != inbox.Processed && outcomes[j] != inbox.Duplicate) {
+					break
+				}
+				next = it.msg.Offset + 1
+			}
+			if next < 0 {
+				return nil
+			}
+			if err := w.c.offsets.advance(ctx, tx, w.topic, w.partition, w.floor, next); err != nil {
+				return err
+			}
+			written = max(written, next)
+			return nil
+		}))
+	}
+	for attempt := 1; ; attempt++ {
+		var rs []inbox.Result
+		var err error
+		if w.c.cfg.BatchHandler != nil {
+			rs, err = w.c.cfg.Inbox.ProcessBatchFunc(dbCtx, msgs, w.wrapBatch(items), opts...)
+		} else {
+			rs, err = w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items), opts...)
+		}
+		if err == nil {
+			// Every transaction of a call that succeeded committed, but for
+			// one whose COMMIT a split refused after its write: then the
+			// floor is too high, and the next write finds the position
+			// "moved" and resumes from the database's: redeliveries only.
+			w.floor = max(w.floor, written)
+			processed := 0
+			for j, i := range idx {
+				results[i] = rs[j]
+				if rs[j].Outcome == inbox.Processed {
+					processed++
+				}
+			}
+			if w.afterCommit(ctx, processed) {
+				return results, false
+			}
+			return results, true
+		}
+		if dbCtx.Err() != nil || ctx.Err() != nil {
+			return nil, false // stopping: the batch was rolled back and will be redelivered
+		}
+		if errors.Is(err, errPositionMoved) {
+			w.lost = err // rolled back; run resumes from the database's position
+			return nil, false
+		}
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // still retried: the database, not the messages, is failing
+		}
+		w.log.Log(ctx, level, "the batch could not commit; retrying it", "messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait)
+		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
+		if backoff.Sleep(ctx, wait) != nil {
+			return nil, false
+		}
+	}
+}
+
+// wrap adapts the user's Handler to the inbox.
+func (w *worker) wrap(items []*item) inbox.Handler {
+	byOffset := make(map[int64]*item, len(items))
+	for _, it := range items {
+		byOffset[it.msg.Offset] = it
+	}
+	return func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
+		it, ok := byOffset[m.Offset]
+		if !ok {
+			return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
+		}
+		return w.callHandler(ctx, tx, it.msg)
+	}
+}
+
+// wrapBatch adapts the user's BatchHandler to the inbox.
+func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
+	byOffset := make(map[int64]*item, len(items))
+	for _, it := range items {
+		byOffset[it.msg.Offset] = it
+	}
+	return func(ctx context.Context, tx *gorm.DB, ms []inbox.Message) error {
+		batch := make([]Message, len(ms))
+		for i, m := range ms {
+			it, ok := byOffset[m.Offset]
+			if !ok {
+				return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
+			}
+			batch[i] = it.msg
+		}
+		return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+			return w.c.cfg.BatchHandler(ctx, tx, batch)
+		})
+	}
+}
+
+// processIdempotent runs the handler for one message in its own
+// transaction, without an inbox row, with the consumer's retries.
+func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolution {
+	for {
+		it.attempts++
+		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
+			if err := w.callAny(w.messageContext(dbCtx, it), tx, it.msg); err != nil {
+				return err
+			}
+			if w.c.cfg.StoreOffsets {
+				return w.c.offsets.advance(dbCtx, tx, w.topic, w.partition, w.floor, it.msg.Offset+1)
+			}
+			return nil
+		})
+		if errors.Is(err, errPositionMoved) {
+			w.lost = err
+			return abandoned
+		}
+		if err == nil {
+			if w.c.cfg.StoreOffsets {
+				w.floor = max(w.floor, it.msg.Offset+1)
+			}
+			if w.afterCommit(ctx, 1) {
+				return abandoned
+			}
+			w.finish(it, inbox.Processed)
+			return resolved
+		}
+		if ctx.Err() != nil {
+			return abandoned
+		}
+		if w.infrastructure(err) {
+			it.attempts = min(it.attempts, w.c.cfg.MaxAttempts-1)
+		} else if it.attempts >= w.c.cfg.MaxAttempts {
+			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
+		}
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
+		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait)
+		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
+		if backoff.Sleep(ctx, wait) != nil {
+			return abandoned
+		}
+	}
+}
+
+// processIdempotentBatch runs the BatchHandler for all items in one
+// transaction without inbox rows, retrying it while the database fails.
+// stopped means a message of the batch failed and nothing of it committed:
+// the caller then runs the messages one by one, with their attempts.
+func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*item) resolution {
+	batch := make([]Message, len(items))
+	for i, it := range items {
+		batch[i] = it.msg
+	}
+	next := items[len(items)-1].msg.Offset + 1
+	for attempt := 1; ; attempt++ {
+		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
+			if err := w.withTimeout(w.messageContext(dbCtx, items[0]), tx, func(ctx context.Context, tx *gorm.DB) error {
+				return w.c.cfg.BatchHandler(ctx, tx, batch)
+			}); err != nil {
+				return err
+			}
+			if w.c.cfg.StoreOffsets {
+				return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, next)
+			}
+			return nil
+		})
+		if err == nil {
+			if w.afterCommit(ctx, len(items)) {
+				return abandoned
+			}
+			for _, it := range items {
+				w.finish(it, inbox.Processed)
+			}
+			return resolved
+		}
+		if ctx.Err() != nil {
+			return abandoned
+		}
+		if !w.infrastructure(err) {
+			w.log.Warn("a batch failed; trying its messages one by one", "messages", len(items), "error", err)
+			return stopped
+		}
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		w.log.Warn("the batch could not commit; retrying it", "messages", len(items), "attempt", attempt, "error", err, "retry_in", wait)
+		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
+		if backoff.Sleep(ctx, wait) != nil {
+			return abandoned
+		}
+	}
+}
+
+// messageContext is the context the processing of it runs under: ctx, or what
+// Config.MessageContext made of it.
+func (w *worker) messageContext(ctx context.Context, it *item) context.Context {
+	mc := w.c.cfg.MessageContext
+	if mc == nil {
+		return ctx
+	}
+	if mctx := mc(ctx, &it.msg); mctx != nil {
+		return mctx
+	}
+	return ctx
+}
+
+// callAny runs Handler, or BatchHandler with msg alone.
+func (w *worker) callAny(ctx context.Context, tx *gorm.DB, msg Message) error {
+	if w.c.cfg.Handler == nil {
+		return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+			return w.c.cfg.BatchHandler(ctx, tx, []Message{msg})
+		})
+	}
+	return w.callHandler(ctx, tx, msg)
+}
+
+// callHandler runs the user's handler, enforcing Config.HandlerTimeout. A
+// panic is left to the inbox (or inbox.Transact), which recovers it as an
+// *inbox.PanicError with its stack.
+func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) error {
+	return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+		return w.c.cfg.Handler(ctx, tx, msg)
+	})
+}
+
+// withTimeout runs fn under Config.HandlerTimeout: its context and
+// transaction handle carry the deadline, and an overrun is the handler's
+// failure (ErrHandlerTimeout), whatever fn returned.
+func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx context.Context, tx *gorm.DB) error) (err error) {
+	timeout := w.c.cfg.HandlerTimeout
+	if timeout <= 0 {
+		return fn(ctx, tx)
+	}
+	outer := ctx
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	defer func() {
+		if errors.Is(hctx.Err(), context.DeadlineExceeded) && outer.Err() == nil {
+			if err == nil {
+				err = fmt.Errorf("%w: handler did not finish within %v", ErrHandlerTimeout, timeout)
+			} else {
+				err = fmt.Errorf("%w: handler did not finish within %v: %w", ErrHandlerTimeout, timeout, err)
+			}
+		}
+	}()
+	return fn(hctx, tx.WithContext(hctx))
+}
+
+// finish marks a message done.
+func (w *worker) finish(it *item, o inbox.Outcome) {
+	if err := w.tracker.markDone(it.msg.Offset); err != nil {
+		w.log.Error("offset bookkeeping broken", "error", err)
+	}
+	kind := EventProcessed
+	if o == inbox.Duplicate {
+		kind = EventDuplicate
+		w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
+	}
+	w.c.emit(Event{Kind: kind, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset})
+	next, _ := w.tracker.committable()
+	w.c.clearStopped(w.topic, w.partition, next)
+}
+
+// inboxMessage is the inbox's view of an item.
+func (w *worker) inboxMessage(it *item) inbox.Message {
+	return inbox.Message{
+		Consumer:  w.c.cfg.Consumer,
+		ID:        it.msg.EventID,
+		Time:      it.msg.EventTime,
+		Topic:     w.topic,
+		Partition: int32(w.partition),
+		Offset:    it.msg.Offset,
+	}
+}
