@@ -17,6 +17,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/backoff"
 )
 
 // ConsumerName is the inbox consumer (and dedup scope) of every benchmark
@@ -210,12 +211,9 @@ func (f *Fixture) withRetry(ctx context.Context, fn func() error) error {
 		if err = fn(); err == nil || !f.Store.IsRetryable(err) {
 			return err
 		}
-		t := time.NewTimer(min(5*time.Millisecond<<(attempt-1), time.Second))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return errors.Join(err, ctx.Err())
-		case <-t.C:
+		// The inbox's own wait between retries, with its default bounds.
+		if werr := backoff.Sleep(ctx, backoff.Wait(inbox.DefaultMinBackoff, inbox.DefaultMaxBackoff, attempt)); werr != nil {
+			return errors.Join(err, werr)
 		}
 	}
 	return err

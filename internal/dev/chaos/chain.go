@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/dev/inventory"
 	"github.com/inboxgo/inbox/outbox"
 )
@@ -354,7 +355,7 @@ func (c *chainRun) serviceA(ctx context.Context, driver inventory.Chain, ob *out
 			return fmt.Errorf("service A: %w", err)
 		}
 		c.say("chain: wave %d/%d placed (%d orders)", i+1, waves, hi-lo)
-		if i < waves-1 && sleep(ctx, c.jitter(every)) != nil {
+		if i < waves-1 && backoff.Sleep(ctx, c.jitter(every)) != nil {
 			return ctx.Err()
 		}
 	}
@@ -369,7 +370,7 @@ func (c *chainRun) killer(ctx context.Context) error {
 	}
 	every := c.cfg.Duration / time.Duration(c.cfg.Kills+1)
 	for range c.cfg.Kills {
-		if sleep(ctx, c.jitter(every)) != nil {
+		if backoff.Sleep(ctx, c.jitter(every)) != nil {
 			return ctx.Err()
 		}
 		if err := c.killRandom(ctx); err != nil {
@@ -456,7 +457,7 @@ func (c *chainRun) waitBusy(ctx context.Context, role chainRole, max time.Durati
 			}
 			prev = n
 		}
-		if sleep(ctx, 20*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 20*time.Millisecond) != nil {
 			return false
 		}
 	}
@@ -560,7 +561,7 @@ func (c *chainRun) supervise(ctx context.Context) {
 			}
 		}
 		c.pmu.Unlock()
-		if sleep(ctx, 200*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 200*time.Millisecond) != nil {
 			return
 		}
 	}
@@ -629,7 +630,7 @@ func (c *chainRun) waitDone(ctx context.Context, driver inventory.Chain) error {
 		if done {
 			wait = 2 * time.Second
 		}
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return fmt.Errorf("chaos: the chain did not catch up within %v (%s)", c.cfg.CatchUp, progress)
 		}
 	}
@@ -647,7 +648,7 @@ func (c *chainRun) verify(ctx context.Context, driver inventory.Chain) error {
 	var err error
 	for attempt := 1; ; attempt++ {
 		c.crep.Ledger, err = driver.Check(ctx, c.db, c.orders)
-		if err == nil || attempt == 5 || sleep(ctx, time.Second) != nil {
+		if err == nil || attempt == 5 || backoff.Sleep(ctx, time.Second) != nil {
 			break
 		}
 	}

@@ -37,6 +37,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/dev/inventory"
 )
 
@@ -523,7 +524,7 @@ func (r *run) produce(ctx context.Context, msgs []kafka.Message) error {
 			return err
 		}
 		r.say("wave %d/%d written (%d messages)", i+1, waves, hi-lo)
-		if i < waves-1 && sleep(ctx, r.jitter(every)) != nil {
+		if i < waves-1 && backoff.Sleep(ctx, r.jitter(every)) != nil {
 			return ctx.Err()
 		}
 	}
@@ -543,7 +544,7 @@ func (r *run) killer(ctx context.Context) error {
 		if left := time.Until(deadline) / time.Duration(r.cfg.Kills-i+1); wait > 2*left {
 			wait = left
 		}
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return ctx.Err()
 		}
 		busy := r.waitBusy(ctx, 3*time.Second)
@@ -570,7 +571,7 @@ func (r *run) waitBusy(ctx context.Context, max time.Duration) bool {
 			}
 			prev = n
 		}
-		if sleep(ctx, 100*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 100*time.Millisecond) != nil {
 			return false
 		}
 	}
@@ -616,7 +617,7 @@ func (r *run) disruptor(ctx context.Context) error {
 		if left := time.Until(deadline) / time.Duration(len(acts)-i+1); wait > left {
 			wait = max(left, 0)
 		}
-		if sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			return ctx.Err()
 		}
 		var err error
@@ -724,7 +725,7 @@ func (r *run) storm(ctx context.Context) error {
 		if n, err := r.admin.terminate(ctx); err == nil {
 			total += n
 		}
-		if sleep(ctx, 50*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 50*time.Millisecond) != nil {
 			return ctx.Err()
 		}
 	}
@@ -762,7 +763,7 @@ func (r *run) waitCaughtUp(ctx context.Context) error {
 			r.say("catching up: %s", p)
 			last = time.Now()
 		}
-		if sleep(ctx, 250*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 250*time.Millisecond) != nil {
 			return fmt.Errorf("chaos: the group did not catch up within %v (%s)", r.cfg.CatchUp, p)
 		}
 	}
@@ -781,7 +782,7 @@ func (r *run) verify(ctx context.Context, batch inventory.Batch) error {
 		if err == nil || attempt == 5 {
 			break
 		}
-		if sleep(ctx, time.Second) != nil {
+		if backoff.Sleep(ctx, time.Second) != nil {
 			break
 		}
 	}
@@ -804,15 +805,4 @@ func (r *run) verify(ctx context.Context, batch inventory.Batch) error {
 		r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%d effects applied for %d orders", ledger.Applied, len(batch.Orders)))
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

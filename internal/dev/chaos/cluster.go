@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/dev/inventory"
 )
 
@@ -33,7 +34,7 @@ func (r *run) killLeader(ctx context.Context) error {
 		return err
 	}
 	killed := time.Now()
-	if sleep(ctx, time.Second+r.jitter(2*time.Second)) != nil {
+	if backoff.Sleep(ctx, time.Second+r.jitter(2*time.Second)) != nil {
 		return ctx.Err()
 	}
 	if err := r.script(ctx, "kafka.sh", "restart", dir); err != nil {
@@ -122,7 +123,7 @@ func (r *run) waitFullISR(ctx context.Context, limit time.Duration) error {
 		} else {
 			last = err
 		}
-		if sleep(ctx, 250*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 250*time.Millisecond) != nil {
 			return errors.Join(fmt.Errorf("chaos: the cluster did not get every replica back in sync within %v", limit), last)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	gomysql "github.com/go-sql-driver/mysql"
 
+	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/dev/inventory"
 )
 
@@ -62,7 +63,7 @@ func (r *run) failover(ctx context.Context) error {
 			seen = n
 		}
 		cancel()
-		if sleep(ctx, 50*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 50*time.Millisecond) != nil {
 			return ctx.Err()
 		}
 	}
@@ -119,7 +120,7 @@ func (r *run) failover(ctx context.Context) error {
 			st.Recovery = time.Since(killed)
 			break
 		}
-		if sleep(ctx, 20*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 20*time.Millisecond) != nil {
 			break
 		}
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/dev/inventory"
 )
 
@@ -769,7 +770,7 @@ func (rr *faultRound) run(ctx context.Context) error {
 			rr.say("%d of %d events applied or dead-lettered", resolved, total)
 			last = time.Now()
 		}
-		if sleep(ctx, 300*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 300*time.Millisecond) != nil {
 			return ctx.Err()
 		}
 	}
@@ -780,7 +781,7 @@ func (rr *faultRound) run(ctx context.Context) error {
 	if a, err := rr.backend.Applications(ctx, rr.db); err == nil {
 		apps = a
 	}
-	_ = sleep(ctx, 500*time.Millisecond) // the DLQ reader's last fetch
+	_ = backoff.Sleep(ctx, 500*time.Millisecond) // the DLQ reader's last fetch
 	o := outcome{apps: apps, deadLetters: dlqs.byEvent(), sent: sent, done: done}
 	o.stockErr = rr.db.WithContext(ctx).Table(rr.backend.StockTable()).Select("COALESCE(SUM(reserved), 0)").Scan(&o.reserved).Error
 	rr.judge(o)
@@ -962,7 +963,7 @@ func (d *dlqReader) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		m, err := r.ReadMessage(ctx)
 		if err != nil {
-			_ = sleep(ctx, 100*time.Millisecond)
+			_ = backoff.Sleep(ctx, 100*time.Millisecond)
 			continue
 		}
 		var id string

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/dev/inventory"
 )
 
@@ -154,7 +155,7 @@ func (f *fleet) supervise(ctx context.Context) {
 			}
 		}
 		f.mu.Unlock()
-		if sleep(ctx, 200*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 200*time.Millisecond) != nil {
 			return
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/dev/inventory"
 )
 
@@ -75,7 +76,7 @@ func (rr *faultRound) recreate(ctx context.Context) error {
 		if len(stopped) == parts {
 			break
 		}
-		if sleep(ctx, 250*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 250*time.Millisecond) != nil {
 			break
 		}
 	}
@@ -191,7 +192,7 @@ func (rr *faultRound) recreateTopic(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if sleep(ctx, 500*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 500*time.Millisecond) != nil {
 			return fmt.Errorf("recreate topic %s: %w", rr.topic, err)
 		}
 	}
@@ -223,7 +224,7 @@ func (rr *faultRound) waitApplied(ctx context.Context, orders []inventory.Order,
 				return true, nil
 			}
 		}
-		if err := sleep(ctx, 300*time.Millisecond); err != nil {
+		if err := backoff.Sleep(ctx, 300*time.Millisecond); err != nil {
 			return false, err
 		}
 	}
