@@ -73,6 +73,7 @@ const (
 	DefaultSchema      = "public"
 	DefaultTable       = "inbox_messages"
 	DefaultLockTimeout = 5 * time.Second
+	DefaultInitialDays = 7
 )
 
 // MaxTableBytes is the longest table name New accepts: a day partition's
@@ -92,13 +93,20 @@ type Options struct {
 	// A step that times out fails with a retryable error. Default
 	// DefaultLockTimeout.
 	LockTimeout time.Duration
+	// InitialDays is how many days after today (UTC, by the wall clock)
+	// Migrate makes partitions for; the day before today gets one as well.
+	// Later days are made by Maintain, and any other day on demand.
+	// Default DefaultInitialDays.
+	InitialDays int
 }
 
 // Store is the PostgreSQL inbox Store. It is safe for concurrent use.
 type Store struct {
 	schema, table string
 	lockTimeout   time.Duration
-	lockKey       int64
+	initialDays   int
+	lockKey       int64 // transaction-level: Migrate, partition creation, drops
+	expiryKey     int64 // session-level: concurrent detaches
 
 	claimOneSQL, claimArraysSQL string
 }
@@ -127,9 +135,17 @@ func New(opts Options) (*Store, error) {
 	if opts.LockTimeout == 0 {
 		opts.LockTimeout = DefaultLockTimeout
 	}
+	if opts.InitialDays < 0 {
+		return nil, fmt.Errorf("%w: negative initial days %d", inbox.ErrInvalidConfig, opts.InitialDays)
+	}
+	if opts.InitialDays == 0 {
+		opts.InitialDays = DefaultInitialDays
+	}
 	h := fnv.New64a()
 	h.Write([]byte("github.com/inboxgo/inbox/adapters/postgres\x00" + opts.Schema + "\x00" + opts.Table))
-	s := &Store{schema: opts.Schema, table: opts.Table, lockTimeout: opts.LockTimeout, lockKey: int64(h.Sum64())}
+	s := &Store{schema: opts.Schema, table: opts.Table, lockTimeout: opts.LockTimeout, initialDays: opts.InitialDays, lockKey: int64(h.Sum64())}
+	h.Write([]byte("\x00expiry"))
+	s.expiryKey = int64(h.Sum64())
 	s.buildClaimSQL()
 	return s, nil
 }
@@ -155,6 +171,7 @@ func quoteIdent(name string) string { return `"` + name + `"` }
 
 // SQLSTATEs after which the whole transaction can run again.
 const (
+	sqlstateCheckViolation       = "23514" // also "no partition of relation found for row"
 	sqlstateSerializationFailure = "40001"
 	sqlstateDeadlockDetected     = "40P01"
 	sqlstateLockNotAvailable     = "55P03" // lock_timeout, NOWAIT
@@ -162,6 +179,11 @@ const (
 	sqlstateCrashShutdown        = "57P02"
 	sqlstateCannotConnectNow     = "57P03" // starting up, shutting down
 	sqlstateClassConnection      = "08"    // connection exceptions
+	sqlstateInternalError        = "XX000"
+	// routingRaceRoutine is the server function (the error's routine
+	// field) that raises XX000 when a row is routed into a partition whose
+	// concurrent detach has begun.
+	routingRaceRoutine = "ExecInitPartitionInfo"
 )
 
 // sqlStater is implemented by the errors of pgx (*pgconn.PgError, the
@@ -178,12 +200,24 @@ var _ sqlStater = (*pgconn.PgError)(nil)
 // made or broke (pgconn's connect errors, errors pgconn reports safe to
 // retry, a bad or closed connection, a network error). A retry after a lost
 // COMMIT is safe: if the COMMIT did land, the inbox row turns the retry into
-// a Duplicate. The caller's own context ending is never retryable.
+// a Duplicate. Also retryable: a *DayBusyError, and the internal error
+// (XX000, raised in the server's ExecInitPartitionInfo) of a row routed into
+// a partition whose concurrent detach has just begun. The caller's own
+// context ending is never retryable.
 func (s *Store) IsRetryable(err error) bool { return isRetryable(err) }
 
 func isRetryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == sqlstateInternalError && pe.Routine == routingRaceRoutine {
+		// A statement of a transaction whose snapshot predates a concurrent
+		// detach routed a row (of the expired day) into the partition being
+		// detached, whose index had already left the inbox table's key
+		// ("invalid arbiter index list"): raised before any row is written;
+		// run again, the statement sees the partition gone.
+		return true
 	}
 	var se sqlStater
 	if errors.As(err, &se) {
@@ -195,6 +229,10 @@ func isRetryable(err error) bool {
 			return true
 		}
 		return false
+	}
+	var busy *DayBusyError
+	if errors.As(err, &busy) {
+		return true
 	}
 	var ce *pgconn.ConnectError
 	var ne net.Error
@@ -223,4 +261,5 @@ var (
 	_ inbox.Verifier      = (*Store)(nil)
 	_ inbox.StatsReporter = (*Store)(nil)
 	_ inbox.SchemaPrinter = (*Store)(nil)
+	_ inbox.DayPreparer   = (*Store)(nil)
 )
