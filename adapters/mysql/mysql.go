@@ -72,6 +72,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -120,6 +122,11 @@ type Store struct {
 	lockWait    time.Duration
 	ddlLockWait time.Duration
 	initialDays int
+
+	// On a LIST table: whether the Store has read the table's days (list),
+	// and the days it knows have a partition (known, time.Time keys).
+	list  atomic.Bool
+	known sync.Map
 }
 
 // New returns a Store for the configured table.
@@ -295,4 +302,5 @@ var (
 	_ inbox.Verifier      = (*Store)(nil)
 	_ inbox.StatsReporter = (*Store)(nil)
 	_ inbox.SchemaPrinter = (*Store)(nil)
+	_ inbox.DayPreparer   = (*Store)(nil)
 )
