@@ -85,7 +85,6 @@ func newDayInbox(t *testing.T) (*inbox.Inbox, *dayStore, *gorm.DB) {
 	return ib, store, db
 }
 
-
 // A claim that finds no storage for its day makes the day and runs again,
 // in Process, ProcessBatch and ProcessTx alike, without counting an
 // attempt (MaxAttempts is 1 here); the made days are those of the claim.

@@ -340,10 +340,13 @@ func (d *dayRuns) run(ctx context.Context, fn func() error) error {
 		if err == nil || d.dp == nil || d.prepared >= MaxDayPreparations || !d.missingDay(err) || ctx.Err() != nil {
 			return err
 		}
-		d.prepared++
+		// Only a preparation that succeeded counts: one that failed (a
+		// retryable "being detached" goes back to the retry loop, which
+		// counts its attempts) made nothing.
 		if perr := d.prepare(ctx); perr != nil {
 			return perr
 		}
+		d.prepared++
 	}
 }
 

@@ -111,7 +111,9 @@ type ClaimBeginner interface {
 // When Claim fails and IsMissingDay reports that the failure is a row's day
 // without storage, Process and ProcessBatch roll the transaction back, call
 // PrepareDays with the days of the claimed rows and run the transaction
-// again, at most MaxDayPreparations times per call; ProcessTx does the same
+// again, at most MaxDayPreparations times per call (a PrepareDays that fails
+// ends the run with its error, which the retry loop may retry as any other
+// database failure); ProcessTx does the same
 // inside the caller's transaction (rolling back to its savepoint, and
 // calling PrepareDays on the inbox's own database handle while the caller's
 // transaction stays open). A claim that still finds no storage fails with

@@ -213,8 +213,6 @@ func (s *Store) dropGuards(db *gorm.DB, names []string) error {
 	}, readCommitted)
 }
 
-
-
 // closedName names the constraint, CHECK (false) NOT VALID, that closes the
 // DEFAULT partition to new rows while it is retired.
 func (s *Store) closedName() string { return s.table + "_closed" }
