@@ -230,6 +230,45 @@ var retentionChecks = []Check{
 			}
 			return nil
 		}},
+	{Area: "retention", Name: "future-dated-in-batch-and-tx",
+		Doc: "far-future events in one ProcessBatch (several unprepared days at once) and under ProcessTx are processed once and deduplicated, without maintenance",
+		Run: func(ctx context.Context, env *Env) error {
+			ib := env.Inbox()
+			batch := []inbox.Message{env.MsgOn("batch+0", 0), env.MsgOn("batch+500", 500), env.MsgOn("batch+900", 900), env.MsgOn("batch+501", 501)}
+			for round, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate} {
+				res, err := ib.ProcessBatch(ctx, batch, env.Apply)
+				if err != nil {
+					return fmt.Errorf("batch round %d: %w", round+1, err)
+				}
+				for i, r := range res {
+					if err := expectOutcome(fmt.Sprintf("batch round %d, %s", round+1, batch[i].ID), r.Outcome, r.Err, want); err != nil {
+						return err
+					}
+				}
+			}
+			msg := env.MsgOn("tx+700", 700)
+			for round, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate} {
+				var out inbox.Outcome
+				err := env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+					// The caller's transaction holds a row of today first.
+					if o, err := ib.ProcessTx(ctx, tx, env.MsgOn(fmt.Sprintf("tx-today-%d", round), 0), env.Apply); err != nil || o != inbox.Processed {
+						return fmt.Errorf("ProcessTx of today's event: %v %w", o, err)
+					}
+					var err error
+					out, err = ib.ProcessTx(ctx, tx, msg, env.Apply)
+					return err
+				}, env.H.TxOptions)
+				if err := expectOutcome(fmt.Sprintf("ProcessTx round %d", round+1), out, err, want); err != nil {
+					return err
+				}
+			}
+			for _, m := range append(batch, msg) {
+				if err := env.expectEffects(ctx, m, 1); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
 	{Area: "retention", Name: "maintain-while-inserting",
 		Doc: "Maintain runs repeatedly, with the days moving on, while live events and late expired events are inserted: no live delivery fails or is applied twice, and expired rows end removed",
 		Run: func(ctx context.Context, env *Env) error {

@@ -73,8 +73,8 @@ func BenchmarkPartitionCreateStall(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				if err := db.Exec("INSERT INTO `"+store.Table()+"` (consumer, event_id, day, event_time, claim_token, processed_at) "+
-					"SELECT 'far', CONCAT('far-', seq), '2100-01-01' + INTERVAL (seq % 365) DAY, '2100-01-01 00:00:00' + INTERVAL (seq % 365) DAY, 0, UTC_TIMESTAMP(6) FROM seq_1_to_"+fmt.Sprint(n)).Error; err != nil {
+				if err := db.Exec("INSERT INTO `" + store.Table() + "` (consumer, event_id, day, event_time, claim_token, processed_at) " +
+					"SELECT 'far', CONCAT('far-', seq), '2100-01-01' + INTERVAL (seq % 365) DAY, '2100-01-01 00:00:00' + INTERVAL (seq % 365) DAY, 0, UTC_TIMESTAMP(6) FROM seq_1_to_" + fmt.Sprint(n)).Error; err != nil {
 					b.Fatal(err)
 				}
 				ib, err := inbox.New(db, store, inbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
