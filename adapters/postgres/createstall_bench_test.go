@@ -165,4 +165,3 @@ func BenchmarkPartitionCreateStall(b *testing.B) {
 		})
 	}
 }
-
