@@ -178,9 +178,7 @@ func (s *Store) claimChunk(ctx context.Context, tx *gorm.DB, rows []inbox.Row, i
 func dayText(d time.Time) string { return d.UTC().Format(time.DateOnly) }
 
 // Maintain deletes rows of expired days in batches of Options.DeleteBatch,
-// each batch its own transaction, pausing between batches as long as the
-// last one took (at most 20 ms) so that concurrent writers get in. There is
-// nothing to prepare.
+// each batch its own transaction. There is nothing to prepare.
 func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
 	db = db.WithContext(ctx)
 	cutoff := dayText(plan.ExpireBefore)
@@ -189,7 +187,6 @@ func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Maintenanc
 		return inbox.MaintenanceReport{}, fmt.Errorf("sqlite: list expired days of %s: %w", s.table, err)
 	}
 	report := inbox.MaintenanceReport{}
-	var batchTook time.Duration
 	for _, d := range days {
 		t, err := time.Parse(time.DateOnly, d)
 		if err != nil {
@@ -202,19 +199,8 @@ func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Maintenanc
 		return report, err
 	}
 	del := `DELETE FROM ` + s.table + ` WHERE rowid IN (SELECT rowid FROM ` + s.table + ` WHERE day < ? LIMIT ?)`
-	for first := true; ; first = false {
-		if !first {
-			// SQLite has one writer at a time and its busy handler polls:
-			// writers that the batch held up get the lock during a pause as
-			// long as the batch took (at most 20 ms), instead of finding it
-			// taken again by the next batch.
-			if err := pause(ctx, batchTook); err != nil {
-				return report, err
-			}
-		}
-		start := time.Now()
+	for {
 		res := db.Exec(del, cutoff, s.deleteBatch)
-		batchTook = min(time.Since(start), 20*time.Millisecond)
 		if res.Error != nil {
 			return report, fmt.Errorf("sqlite: expire days before %s from %s: %w", cutoff, s.table, res.Error)
 		}
@@ -225,17 +211,6 @@ func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Maintenanc
 		if err := ctx.Err(); err != nil {
 			return report, err
 		}
-	}
-}
-
-func pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 
