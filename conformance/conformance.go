@@ -242,7 +242,9 @@ func (env *Env) TotalEffects(ctx context.Context) (int64, error) {
 }
 
 // Stored reports whether msg's inbox row is stored, by claiming it in a
-// transaction that is always rolled back.
+// transaction that is always rolled back. A Store that keeps days in
+// storage of their own ([inbox.DayPreparer]) may have none for msg's day:
+// then the row is not stored.
 func (env *Env) Stored(ctx context.Context, msg inbox.Message) (bool, error) {
 	var inserted []bool
 	errRollback := errors.New("probe rolls back")
@@ -254,6 +256,9 @@ func (env *Env) Stored(ctx context.Context, msg inbox.Message) (bool, error) {
 		}
 		return errRollback
 	}, env.H.TxOptions)
+	if dp, ok := env.H.Store.(inbox.DayPreparer); ok && err != nil && dp.IsMissingDay(err) {
+		return false, nil // no storage for the row's day (expired, or never made): not stored
+	}
 	if !errors.Is(err, errRollback) {
 		return false, fmt.Errorf("probing the inbox row of %q: %w", msg.ID, err)
 	}

@@ -251,64 +251,9 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 	for j, idx := range group {
 		rows[j] = b.msgs[idx].Row()
 	}
+	days := ib.newDays(rows)
 	err := ib.retry(ctx, func(int) error {
-		failedIdx = -1
-		outcomes = make(map[int]Outcome, len(group))
-		// The claim covers the whole group: it is traced under the first
-		// message's context, the transaction runs under the call's.
-		return ib.claimTxAt(ctx, b.ctxOf(ctx, group[0]), rows, func(tx *gorm.DB, inserted []bool) error {
-			if b.bh != nil {
-				var fresh []Message
-				first := -1
-				for j, idx := range group {
-					if inserted[j] {
-						if first < 0 {
-							first = idx
-						}
-						fresh = append(fresh, b.msgs[idx])
-						outcomes[idx] = Processed
-					} else {
-						outcomes[idx] = Duplicate
-					}
-				}
-				if len(fresh) > 0 {
-					if err := ib.handleBatch(b.ctxOf(ctx, first), tx, fresh, b.bh); err != nil {
-						return err
-					}
-				}
-			} else {
-				st := lookupState(tx)
-				firstFailure := -1 // the message during whose handler a statement failed first
-				for j, idx := range group {
-					if !inserted[j] {
-						outcomes[idx] = Duplicate
-						continue
-					}
-					_, before := st.state()
-					err := ib.handle(b.ctxOf(ctx, idx), tx, b.msgs[idx], b.h)
-					if _, after := st.state(); before == nil && after != nil {
-						firstFailure = idx
-					}
-					if err != nil {
-						if firstFailure >= 0 && firstFailure != idx {
-							// An earlier handler ignored a failed statement; on
-							// PostgreSQL that aborted the transaction, and this
-							// message may only suffer from it.
-							return &unclearBlame{err: err}
-						}
-						failedIdx = idx
-						return err
-					}
-					outcomes[idx] = Processed
-				}
-			}
-			if b.opts.beforeCommit != nil {
-				if err := b.opts.beforeCommit(ctx, tx, b.view(outcomes)); err != nil {
-					return &dbError{op: "before-commit", err: err}
-				}
-			}
-			return nil
-		})
+		return days.run(ctx, func() error { return b.run(ctx, group, rows, &outcomes, &failedIdx) })
 	})
 	if err != nil && (ctx.Err() != nil || IsDatabaseFailure(err)) {
 		// The database failed, or the context ended: nothing committed,
@@ -316,6 +261,69 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 		return nil, -1, err
 	}
 	return outcomes, failedIdx, err
+}
+
+// run is one transaction of attempt.
+func (b *batchRun) run(ctx context.Context, group []int, rows []Row, outcomesP *map[int]Outcome, failedIdxP *int) error {
+	ib := b.ib
+	*failedIdxP = -1
+	*outcomesP = make(map[int]Outcome, len(group))
+	outcomes := *outcomesP
+	// The claim covers the whole group: it is traced under the first
+	// message's context, the transaction runs under the call's.
+	return ib.claimTxAt(ctx, b.ctxOf(ctx, group[0]), rows, func(tx *gorm.DB, inserted []bool) error {
+		if b.bh != nil {
+			var fresh []Message
+			first := -1
+			for j, idx := range group {
+				if inserted[j] {
+					if first < 0 {
+						first = idx
+					}
+					fresh = append(fresh, b.msgs[idx])
+					outcomes[idx] = Processed
+				} else {
+					outcomes[idx] = Duplicate
+				}
+			}
+			if len(fresh) > 0 {
+				if err := ib.handleBatch(b.ctxOf(ctx, first), tx, fresh, b.bh); err != nil {
+					return err
+				}
+			}
+		} else {
+			st := lookupState(tx)
+			firstFailure := -1 // the message during whose handler a statement failed first
+			for j, idx := range group {
+				if !inserted[j] {
+					outcomes[idx] = Duplicate
+					continue
+				}
+				_, before := st.state()
+				err := ib.handle(b.ctxOf(ctx, idx), tx, b.msgs[idx], b.h)
+				if _, after := st.state(); before == nil && after != nil {
+					firstFailure = idx
+				}
+				if err != nil {
+					if firstFailure >= 0 && firstFailure != idx {
+						// An earlier handler ignored a failed statement; on
+						// PostgreSQL that aborted the transaction, and this
+						// message may only suffer from it.
+						return &unclearBlame{err: err}
+					}
+					*failedIdxP = idx
+					return err
+				}
+				outcomes[idx] = Processed
+			}
+		}
+		if b.opts.beforeCommit != nil {
+			if err := b.opts.beforeCommit(ctx, tx, b.view(outcomes)); err != nil {
+				return &dbError{op: "before-commit", err: err}
+			}
+		}
+		return nil
+	})
 }
 
 // view is what every message's outcome will be once the current

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"gorm.io/gorm"
@@ -206,11 +207,14 @@ func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, 
 	}
 	var out Outcome
 	rows := []Row{msg.Row()}
+	days := ib.newDays(rows)
 	err := ib.retry(ctx, func(attempt int) error {
-		return ib.claimTx(ctx, rows, func(tx *gorm.DB, inserted []bool) error {
-			var err error
-			out, err = ib.handleClaimed(ctx, tx, msg, h, inserted[0])
-			return err
+		return days.run(ctx, func() error {
+			return ib.claimTx(ctx, rows, func(tx *gorm.DB, inserted []bool) error {
+				var err error
+				out, err = ib.handleClaimed(ctx, tx, msg, h, inserted[0])
+				return err
+			})
 		})
 	})
 	if err != nil {
@@ -250,10 +254,14 @@ func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Hand
 		return Failed, err
 	}
 	var out Outcome
-	err := inSavepoint(ctx, tx, ib.store, func(sp *gorm.DB) error {
-		var err error
-		out, err = ib.claimAndHandle(ctx, sp, msg, h)
-		return err
+	// A day without storage is made on the inbox's own handle while tx
+	// stays open, and the claim runs again in a new savepoint.
+	err := ib.newDays([]Row{msg.Row()}).run(ctx, func() error {
+		return inSavepoint(ctx, tx, ib.store, func(sp *gorm.DB) error {
+			var err error
+			out, err = ib.claimAndHandle(ctx, sp, msg, h)
+			return err
+		})
 	})
 	if err != nil {
 		err = fmt.Errorf("inbox: consumer %q event %q: %w", msg.Consumer, msg.ID, err)
@@ -318,6 +326,69 @@ func (ib *Inbox) claimAndHandle(ctx context.Context, tx *gorm.DB, msg Message, h
 		return Failed, err
 	}
 	return ib.handleClaimed(ctx, tx, msg, h, inserted[0])
+}
+
+// dayRuns makes missing days' storage on demand for one call (see
+// DayPreparer): at most MaxDayPreparations times in all, however often the
+// call's transaction is retried.
+type dayRuns struct {
+	ib       *Inbox
+	dp       DayPreparer // nil: the Store has no such capability
+	rows     []Row
+	prepared int
+}
+
+func (ib *Inbox) newDays(rows []Row) *dayRuns {
+	dp, _ := ib.store.(DayPreparer)
+	return &dayRuns{ib: ib, dp: dp, rows: rows}
+}
+
+// run runs fn, and while fn's claim fails for a day without storage, makes
+// the days of the rows and runs fn again, within the call's bound.
+func (d *dayRuns) run(ctx context.Context, fn func() error) error {
+	for {
+		err := fn()
+		if err == nil || d.dp == nil || d.prepared >= MaxDayPreparations || !d.missingDay(err) || ctx.Err() != nil {
+			return err
+		}
+		// Only a preparation that succeeded counts: one that failed (a
+		// retryable "being detached" goes back to the retry loop, which
+		// counts its attempts) made nothing.
+		if perr := d.prepare(ctx); perr != nil {
+			return perr
+		}
+		d.prepared++
+	}
+}
+
+// missingDay reports whether err is the inbox's own claim failing because
+// a row's day has no storage (the Store decides, by error code), with
+// nothing of the caller's transaction left in doubt.
+func (d *dayRuns) missingDay(err error) bool {
+	var de *dbError
+	if errors.Is(err, errRollbackToFailed) || !errors.As(err, &de) || (de.op != "claim" && de.op != "begin and claim") {
+		return false
+	}
+	return d.dp.IsMissingDay(de.err)
+}
+
+func (d *dayRuns) prepare(ctx context.Context) error {
+	var days []time.Time
+	seen := make(map[time.Time]bool, 1)
+	for _, r := range d.rows {
+		if day := DayOf(r.Day); !seen[day] {
+			seen[day] = true
+			days = append(days, day)
+		}
+	}
+	slices.SortFunc(days, time.Time.Compare)
+	start := time.Now()
+	if err := d.dp.PrepareDays(ctx, d.ib.db.WithContext(ctx), days); err != nil {
+		return &dbError{op: "prepare days", err: err}
+	}
+	d.ib.log.Info("inbox: made storage for days a claim found none for", "days", len(days),
+		"first", days[0].Format(time.DateOnly), "last", days[len(days)-1].Format(time.DateOnly), "took", time.Since(start))
+	return nil
 }
 
 // handleClaimed runs h for msg if its claim inserted the row.

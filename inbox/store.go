@@ -101,6 +101,43 @@ type ClaimBeginner interface {
 	BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []Row) (tx *gorm.DB, inserted []bool, ok bool, err error)
 }
 
+// DayPreparer is an optional Store capability, for Stores that keep each
+// day's rows in storage of its own (a partition) and have none for a day
+// until it is made: Maintain makes the days of its plan, and the inbox makes
+// any other day (an event dated beyond PrepareThrough, or a late event of an
+// expired day under ProcessExpired) on demand, when a claim finds no storage
+// for it.
+//
+// When Claim fails and IsMissingDay reports that the failure is a row's day
+// without storage, Process and ProcessBatch roll the transaction back, call
+// PrepareDays with the days of the claimed rows and run the transaction
+// again, at most MaxDayPreparations times per call (a PrepareDays that fails
+// ends the run with its error, which the retry loop may retry as any other
+// database failure); ProcessTx does the same
+// inside the caller's transaction (rolling back to its savepoint, and
+// calling PrepareDays on the inbox's own database handle while the caller's
+// transaction stays open). A claim that still finds no storage fails with
+// the Store's error. These runs are not counted against Config.MaxAttempts.
+type DayPreparer interface {
+	// IsMissingDay reports whether err, returned by Claim, says that a row's
+	// day has no storage. The decision must rest on error codes (and the
+	// error's table), never on message text.
+	IsMissingDay(err error) bool
+	// PrepareDays makes storage for each of days (midnight UTC, distinct)
+	// that has none, and does nothing for the others. It must be idempotent
+	// and safe while other processes call it or Maintain, and must not wait
+	// for a transaction that holds rows of the inbox table other than for
+	// the short lock of a catalog change: it may be called while such a
+	// transaction of the caller is open.
+	PrepareDays(ctx context.Context, db *gorm.DB, days []time.Time) error
+}
+
+// MaxDayPreparations bounds how often one Process, ProcessBatch or ProcessTx
+// call makes missing days' storage (see [DayPreparer]) and runs its claim
+// again. More than one is needed only when a concurrent Maintain removes
+// the day again in between (a late event of an expired day).
+const MaxDayPreparations = 3
+
 // SchemaPrinter is an optional Store capability for teams that keep their
 // DDL in a migration tool (goose, Atlas, golang-migrate). MigrationSQL
 // returns the statements Migrate runs on a database without the inbox

@@ -370,6 +370,10 @@ func Transact(ctx context.Context, db *gorm.DB, classify ErrorClassifier, opts *
 // ProcessTx calls never reuse a name.
 var savepointSeq atomic.Uint64
 
+// errRollbackToFailed marks an error of inSavepoint after which the
+// caller's transaction may hold part of the savepoint's work.
+var errRollbackToFailed = errors.New("rolling back to the savepoint failed too, so the caller's transaction may hold part of it and must be rolled back")
+
 // inSavepoint runs fn inside a savepoint of the caller's transaction tx,
 // rolling back to it when fn fails and releasing it otherwise. It issues
 // the savepoint itself, so a *gorm.DB with DisableNestedTransaction still
@@ -393,7 +397,7 @@ func inSavepoint(ctx context.Context, tx *gorm.DB, classify ErrorClassifier, fn 
 	}
 	if err != nil {
 		if rerr := tx.RollbackTo(name).Error; rerr != nil {
-			return fmt.Errorf("%w; rolling back to the savepoint failed too, so the caller's transaction may hold part of it and must be rolled back: %w", err, rerr)
+			return fmt.Errorf("%w; %w: %w", err, errRollbackToFailed, rerr)
 		}
 		return err
 	}

@@ -13,6 +13,21 @@ for mod in go.mod adapters/postgres/go.mod adapters/mysql/go.mod adapters/sqlite
 	[ "$line" = "go 1.25.0" ] || fail "$mod says '$line', want 'go 1.25.0' (the oldest supported Go)"
 done
 
+# What each library module's packages and their tests import: a user's
+# go mod tidy downloads the test imports of every package it builds.
+forbid() { # module dir, pattern of module paths it must not reach
+	local mods found
+	mods="$(cd "$root/$1" && GOWORK=off go list -deps -test -f '{{with .Module}}{{.Path}}{{end}}' ./... 2>&1)" ||
+		fail "$1: its packages and tests do not load on their own (an import its go.mod does not require?): $(echo "$mods" | tail -3)"
+	found="$(echo "$mods" | sort -u | grep -E "$2" || true)"
+	[ -z "$found" ] || fail "$1 (or its tests) imports $(echo "$found" | tr '\n' ' ')"
+}
+forbid . 'mattn/go-sqlite3|go-sql-driver|jackc/pgx|franz-go|gorm.io/driver'
+forbid otel 'mattn/go-sqlite3|go-sql-driver|jackc/pgx|franz-go|gorm.io/driver'
+forbid adapters/postgres 'mattn/go-sqlite3|go-sql-driver|franz-go|driver/sqlite|driver/mysql'
+forbid adapters/mysql 'mattn/go-sqlite3|jackc/pgx|franz-go|driver/sqlite|driver/postgres'
+forbid adapters/sqlite 'go-sql-driver|jackc/pgx|franz-go|driver/mysql|driver/postgres'
+
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 cat > "$dir/go.mod" <<MOD

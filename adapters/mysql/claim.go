@@ -29,6 +29,9 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]boo
 			return nil, fmt.Errorf("mysql: claim in %s, row %d: %w", s.name, i, err)
 		}
 	}
+	if err := s.missingDay(rows); err != nil {
+		return nil, err
+	}
 	// The statements go straight to the transaction's connection: GORM
 	// would rewrite the SQL (a []byte bound right after "(" becomes one
 	// placeholder per byte; "@" starts a named parameter).
@@ -112,6 +115,9 @@ func (s *Store) claimChunk(ctx context.Context, conn gorm.ConnPool, rows []inbox
 	b.WriteString(" ON DUPLICATE KEY UPDATE deliveries = deliveries + 1")
 	res, err := conn.ExecContext(ctx, b.String(), args...)
 	if err != nil {
+		if s.IsMissingDay(err) {
+			s.forgetDays(rows)
+		}
 		return fmt.Errorf("mysql: claim in %s: %w", s.name, err)
 	}
 	affected, err := res.RowsAffected()

@@ -13,9 +13,15 @@ import (
 )
 
 // Maintain prepares one partition per day from plan.Today through
-// plan.PrepareThrough by splitting them out of the catch-all partition (days
-// at or below the highest existing bound are left as they are), then removes
-// the rows of days before plan.ExpireBefore:
+// plan.PrepareThrough and removes the days before plan.ExpireBefore. On a
+// table of the current layout, LIST COLUMNS(day), that is one ADD PARTITION
+// for the missing days and, per expired day, CONVERT PARTITION ... TO TABLE
+// and DROP TABLE (see maintainList): each holds the table's metadata lock
+// for a fixed time, whatever the days hold. On a table made by an earlier
+// version (RANGE COLUMNS(day) with a catch-all pmax), it splits the days out
+// of the catch-all (days at or below the highest existing bound are left as
+// they are; the REORGANIZE copies what pmax holds while writes wait), then
+// removes the rows of days before plan.ExpireBefore:
 //
 //   - every partition above the lowest whose bound is at or before
 //     ExpireBefore holds expired days only: the newest of them is
@@ -43,6 +49,13 @@ func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Maintenanc
 
 func (s *Store) maintain(db *gorm.DB, plan inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
 	report := inbox.MaintenanceReport{DryRun: plan.DryRun}
+	list, have, err := s.listLayout(db)
+	if err != nil {
+		return report, err
+	}
+	if list {
+		return s.maintainList(db, plan, have)
+	}
 	parts, err := s.readPartitions(db)
 	if err != nil {
 		return report, err

@@ -17,9 +17,9 @@ func (s *Store) createTable(today time.Time) string {
 	return s.createTableFor(today.AddDate(0, 0, -1), today.AddDate(0, 0, s.initialDays))
 }
 
-// MigrationSQL returns Migrate's CREATE TABLE with partitions from the day
-// before plan.Today through plan.PrepareThrough (at least
-// Options.InitialDays ahead, as Migrate makes them) and the catch-all.
+// MigrationSQL returns Migrate's CREATE TABLE with a partition for each day
+// from the day before plan.Today through plan.PrepareThrough (at least
+// Options.InitialDays ahead, as Migrate makes them).
 func (s *Store) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
 	today := inbox.DayOf(plan.Today)
 	if plan.PrepareThrough.Before(today) {
@@ -32,11 +32,14 @@ func (s *Store) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
 	return []string{s.createTableFor(today.AddDate(0, 0, -1), last)}, nil
 }
 
-// createTableFor is the inbox table with a partition for each day from
-// first through last and the catch-all.
+// createTableFor is the inbox table, partitioned by LIST COLUMNS(day), with
+// a partition for each day from first through last.
 func (s *Store) createTableFor(first, last time.Time) string {
-	var b strings.Builder
-	b.WriteString(`CREATE TABLE IF NOT EXISTS ` + s.table + ` (
+	var days []time.Time
+	for d := first; !d.After(last); d = d.AddDate(0, 0, 1) {
+		days = append(days, d)
+	}
+	return `CREATE TABLE IF NOT EXISTS ` + s.table + ` (
 		consumer     VARBINARY(128)  NOT NULL,
 		event_id     VARBINARY(255)  NOT NULL,
 		day          DATE            NOT NULL,
@@ -49,21 +52,20 @@ func (s *Store) createTableFor(first, last time.Time) string {
 		processed_at DATETIME(6)     NOT NULL,
 		PRIMARY KEY (consumer, event_id, day)
 	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
-	PARTITION BY RANGE COLUMNS(day) (`)
-	for d := first; !d.After(last); d = d.AddDate(0, 0, 1) {
-		fmt.Fprintf(&b, "PARTITION %s VALUES LESS THAN ('%s'), ", partitionName(d), dayText(d.AddDate(0, 0, 1)))
-	}
-	b.WriteString("PARTITION pmax VALUES LESS THAN (MAXVALUE))")
-	return b.String()
+	PARTITION BY LIST COLUMNS(day) (` + listPartitionsSQL(days) + `)`
 }
 
-// Migrate creates the inbox table with partitions for yesterday through
-// Options.InitialDays ahead (UTC, by the wall clock) and a catch-all, under
-// the table's maintenance lock; on an existing table it only checks its
-// engine and partitioning.
+// Migrate creates the inbox table, partitioned by LIST COLUMNS(day), with
+// partitions for yesterday through Options.InitialDays ahead (UTC, by the
+// wall clock), under the table's maintenance lock; on an existing table it
+// only checks its engine and partitioning. A table made by an earlier
+// version of this package (RANGE COLUMNS(day) with a catch-all pmax) is
+// kept as it is and keeps working as before: converting it would rebuild
+// the whole table with writes blocked (see the package documentation for
+// doing it in a maintenance window).
 func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 	return s.withLock(ctx, db, func(conn *gorm.DB) error {
-		if _, err := s.readPartitions(conn); err == nil {
+		if _, _, err := s.listLayout(conn); err == nil {
 			return s.checkEngine(conn)
 		} else if !errors.Is(err, errNoTable) {
 			return err
@@ -71,7 +73,7 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 		if err := conn.Exec(s.createTable(inbox.DayOf(time.Now()))).Error; err != nil {
 			return fmt.Errorf("mysql: create %s: %w", s.name, err)
 		}
-		if _, err := s.readPartitions(conn); err != nil {
+		if _, _, err := s.listLayout(conn); err != nil {
 			return err
 		}
 		return s.checkEngine(conn)

@@ -7,9 +7,14 @@
 // # Table
 //
 // The inbox table is InnoDB, keyed by (consumer, event_id, day) and
-// partitioned by RANGE COLUMNS(day): one partition per prepared day, and a
-// catch-all pmax partition (VALUES LESS THAN MAXVALUE), so no row is ever
-// without a partition. Consumer and event id are VARBINARY, compared byte
+// partitioned by LIST COLUMNS(day): one partition per day that has rows,
+// named pYYYYMMDD, and no catch-all. A day without a partition makes a
+// claim fail with error 1526 (ER_NO_PARTITION_FOR_GIVEN_VALUE), or, for a
+// day the Store already knows has none, with a *DayMissingError before the
+// claim touches the table; [Store.IsMissingDay] recognises both by number
+// and type, and the inbox then adds the day's partition
+// ([Store.PrepareDays]) and claims again, a bounded number of times.
+// Consumer and event id are VARBINARY, compared byte
 // for byte: the usual utf8mb4 collations are case-insensitive and PAD SPACE,
 // and would make "Order-1", "order-1" and "order-1 " one key.
 //
@@ -42,18 +47,35 @@
 //
 // # Maintenance
 //
-// Maintain splits new days out of pmax with REORGANIZE PARTITION (cheap:
-// pmax only holds far-future rows) and expires old days with DROP PARTITION
-// and TRUNCATE PARTITION, neither of which touches rows one by one. Rows of
-// expired days that arrive late land in the lowest partition; to keep that
-// partition small and the expiry of late rows cheap, the newest expired
-// partition is truncated rather than dropped and becomes the new lowest
-// partition, and rows of expired days still in a kept partition are removed
-// with a short batched DELETE. Migrate and Maintain take a named lock
-// (GET_LOCK) so that concurrent processes serialise, and DDL waits at most
-// Options.DDLLockWait for the table's metadata lock, so that maintenance
-// never stalls live traffic for long: on timeout it fails with a retryable
-// error.
+// Migrate makes the partitions of the day before today through
+// Options.InitialDays after it; Maintain adds the plan's days with one ADD
+// PARTITION (a LIST partition is added without copying a row), and any
+// other day (an event dated far ahead, a late event of an expired day) is
+// added on demand. An expired day leaves with CONVERT PARTITION ... TO TABLE
+// (a rename: its time does not grow with the day's rows) and the table is
+// dropped afterwards, when the inbox table is no longer locked. Each
+// partition change holds the table's metadata lock for a fixed time (on the
+// order of 10-20 ms here: the server's own DDL log and fsyncs) after
+// waiting for the transactions that use the table; meanwhile new
+// transactions on it queue. MariaDB allows 8192 partitions per table:
+// far-future events spread over thousands of distinct days would exhaust
+// them.
+//
+// Tables made by earlier versions of this package are partitioned by RANGE
+// COLUMNS(day) with a catch-all pmax (VALUES LESS THAN MAXVALUE). They keep
+// working exactly as before: new days are split out of pmax with REORGANIZE
+// PARTITION, which copies what pmax holds (the far-future rows) while
+// writes wait; expired days are dropped or truncated, late rows of expired
+// days land in the lowest partition and are deleted in batches of
+// Options.DeleteBatch. Converting such a table to LIST rebuilds it with
+// writes blocked, so Migrate does not do it; in a maintenance window,
+// ALTER TABLE ... PARTITION BY LIST COLUMNS(day) with one partition per day
+// it holds converts it, and the Store then takes the LIST path.
+//
+// Migrate and Maintain take a named lock (GET_LOCK) so that concurrent
+// processes serialise, and DDL waits at most Options.DDLLockWait for the
+// table's metadata lock, so that maintenance never stalls live traffic for
+// long: on timeout it fails with a retryable error.
 //
 // # Settings
 //
@@ -72,6 +94,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -120,6 +144,11 @@ type Store struct {
 	lockWait    time.Duration
 	ddlLockWait time.Duration
 	initialDays int
+
+	// On a LIST table: whether the Store has read the table's days (list),
+	// and the days it knows have a partition (known, time.Time keys).
+	list  atomic.Bool
+	known sync.Map
 }
 
 // New returns a Store for the configured table.
@@ -295,4 +324,5 @@ var (
 	_ inbox.Verifier      = (*Store)(nil)
 	_ inbox.StatsReporter = (*Store)(nil)
 	_ inbox.SchemaPrinter = (*Store)(nil)
+	_ inbox.DayPreparer   = (*Store)(nil)
 )

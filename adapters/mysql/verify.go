@@ -69,7 +69,7 @@ func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	if err := s.checkEngine(db); err != nil {
 		problems = append(problems, err)
 	}
-	if _, err := s.readPartitions(db); err != nil {
+	if _, _, err := s.listLayout(db); err != nil {
 		problems = append(problems, err)
 	}
 	rows, err := db.Raw(`SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS

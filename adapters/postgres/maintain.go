@@ -3,11 +3,12 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
@@ -16,53 +17,59 @@ import (
 var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 
 // Maintain creates the day partitions from plan.Today through
-// plan.PrepareThrough, drops the day partitions before plan.ExpireBefore and
-// deletes the rows of those days from the DEFAULT partition. A partition is
-// created in three short transactions (see createPartition) that lock the
-// inbox table (ACCESS EXCLUSIVE) only for a catalog change of a few
-// milliseconds, whatever the DEFAULT partition holds; one is detached in a
-// transaction that holds that lock as briefly, and dropped without it.
-// Partition creations that an earlier Maintain left half done are finished
-// first, whatever the plan.
+// plan.PrepareThrough that are missing, and expires the days before
+// plan.ExpireBefore by detaching their partitions with DETACH PARTITION ...
+// CONCURRENTLY and dropping the detached tables. No step takes a lock that
+// an insert of a live day waits for:
+//
+//   - a partition is created as a table of its own and attached, which
+//     takes SHARE UPDATE EXCLUSIVE on the inbox table (inserts take ROW
+//     EXCLUSIVE, which it does not conflict with) and nothing on its other
+//     partitions;
+//   - a concurrent detach takes SHARE UPDATE EXCLUSIVE on the inbox table,
+//     waits for the transactions that started before it and use the table
+//     (without holding a lock while it waits), and then takes ACCESS
+//     EXCLUSIVE on the expired partition only;
+//   - the detached table is dropped without any lock on the inbox table.
+//
+// A detach that was interrupted (a lock timeout while it waited, a crash)
+// leaves the partition "detach pending"; the next Maintain finishes it with
+// DETACH PARTITION ... FINALIZE before anything else, and drops detached
+// tables that an interrupted run left behind. A table made by an earlier
+// version of this package, with a DEFAULT partition, has it retired first
+// (see Migrate). On PostgreSQL before 14, which has no concurrent detach,
+// a partition is detached in a short transaction that holds ACCESS
+// EXCLUSIVE on the inbox table.
 //
 // RowsRemoved is -1 when a partition was dropped (its rows are not counted:
-// that would cost a scan); otherwise it is the exact number of rows deleted
-// from the DEFAULT partition.
+// that would cost a scan), 0 otherwise.
 func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
 	db = db.WithContext(ctx)
+	if !plan.DryRun {
+		if err := s.retireDefault(db); err != nil {
+			return inbox.MaintenanceReport{}, err
+		}
+	}
 	existing, err := s.dayPartitions(db)
 	if err != nil {
 		return inbox.MaintenanceReport{}, err
 	}
-	var defaultExpired []string
-	if err := db.Raw(`SELECT DISTINCT to_char(day, 'YYYY-MM-DD') FROM `+s.qualified(s.defaultPartition())+` WHERE day < ?::date`,
-		dayText(plan.ExpireBefore)).Scan(&defaultExpired).Error; err != nil {
-		return inbox.MaintenanceReport{}, fmt.Errorf("postgres: list expired days in %s: %w", s.defaultPartition(), err)
-	}
-	purgeDays, err := parseDays(defaultExpired)
+	leftovers, err := s.detachedDays(db)
 	if err != nil {
 		return inbox.MaintenanceReport{}, err
 	}
-	ops := planOps(plan, existing, purgeDays)
-
+	ops := planOps(plan, existing, leftovers)
 	if plan.DryRun {
 		report := inbox.MaintenanceReport{Prepared: ops.create, Expired: ops.expiredDays(), DryRun: true}
-		if len(ops.drop) > 0 {
+		if len(report.Expired) > 0 {
 			report.RowsRemoved = -1
-		} else if err := db.Raw(`SELECT count(*) FROM `+s.qualified(s.defaultPartition())+` WHERE day < ?::date`,
-			dayText(plan.ExpireBefore)).Scan(&report.RowsRemoved).Error; err != nil {
-			return report, fmt.Errorf("postgres: count expired rows in %s: %w", s.defaultPartition(), err)
 		}
 		return report, nil
 	}
 
 	var report inbox.MaintenanceReport
-	create, err := s.leftoverGuards(db, ops.create, plan.ExpireBefore)
-	if err != nil {
-		return report, err
-	}
-	for _, d := range create {
-		created, err := s.createPartition(db, d)
+	for _, d := range ops.create {
+		created, err := s.makeDay(db, d)
 		if err != nil {
 			return report, err
 		}
@@ -70,38 +77,286 @@ func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Maintenanc
 			report.Prepared = append(report.Prepared, d)
 		}
 	}
-	var dropped []time.Time
-	leftovers, err := s.detachedDays(db)
-	if err != nil {
-		return report, err
-	}
-	for _, d := range leftovers {
-		if d.Before(inbox.DayOf(plan.ExpireBefore)) {
-			if err := s.dropDetached(db, partitionName(s.table, d)); err != nil {
-				return report, err
-			}
-			dropped = append(dropped, d)
-		}
-	}
-	for _, d := range ops.drop {
-		ok, err := s.dropPartition(db, d)
-		if err != nil {
+	for _, d := range ops.leftover {
+		if err := s.dropDetached(db, partitionName(s.table, d)); err != nil {
 			return report, err
 		}
-		if ok {
-			dropped = append(dropped, d)
-		}
 	}
-	purged, n, err := s.purgeDefault(db, plan.ExpireBefore)
-	if err != nil {
-		return report, err
-	}
-	report.Expired = maintenanceOps{drop: dropped, purge: purged}.expiredDays()
-	report.RowsRemoved = n
-	if len(dropped) > 0 {
+	dropped, err := s.expire(db, ops.drop)
+	report.Expired = maintenanceOps{drop: dropped, leftover: ops.leftover}.expiredDays()
+	if len(report.Expired) > 0 {
 		report.RowsRemoved = -1
 	}
-	return report, nil
+	return report, err
+}
+
+// expire detaches the partitions of days and drops them, and returns the
+// days whose partition it dropped.
+func (s *Store) expire(db *gorm.DB, days []time.Time) ([]time.Time, error) {
+	if len(days) == 0 {
+		return nil, nil
+	}
+	concurrent, err := s.concurrentDetach(db)
+	if err != nil {
+		return nil, err
+	}
+	var dropped []time.Time
+	if !concurrent {
+		for _, d := range days {
+			ok, err := s.dropPartition(db, d)
+			if err != nil {
+				return dropped, err
+			}
+			if ok {
+				dropped = append(dropped, d)
+			}
+		}
+		return dropped, nil
+	}
+	var detached []time.Time
+	err = s.detachConcurrently(db, days, func(d time.Time) { detached = append(detached, d) })
+	for _, d := range detached {
+		if derr := s.dropDetached(db, partitionName(s.table, d)); derr != nil {
+			return dropped, errors.Join(err, derr)
+		}
+		dropped = append(dropped, d)
+	}
+	return dropped, err
+}
+
+// concurrentDetach reports whether the server has DETACH PARTITION ...
+// CONCURRENTLY (PostgreSQL 14 and later).
+func (s *Store) concurrentDetach(db *gorm.DB) (bool, error) {
+	var v int
+	if err := db.Raw(`SELECT current_setting('server_version_num')::int`).Scan(&v).Error; err != nil {
+		return false, fmt.Errorf("postgres: read the server version: %w", err)
+	}
+	return v >= 140000, nil
+}
+
+// detachConcurrently detaches the partitions of days that are attached, on
+// one connection outside any transaction (DETACH ... CONCURRENTLY cannot
+// run in one), holding a session-level advisory lock that serialises the
+// expiries of the inbox table across processes. A partition left "detach
+// pending" by an interrupted detach is finished with FINALIZE (PostgreSQL
+// allows one pending detach per table, so it comes first). Each detach
+// waits at most the lock timeout for its locks and for the transactions
+// that use the inbox table; on a timeout it fails with SQLSTATE 55P03
+// (retryable) and the partition stays pending for the next call. done is
+// called for every day whose partition is detached.
+func (s *Store) detachConcurrently(db *gorm.DB, days []time.Time, done func(time.Time)) error {
+	ctx := db.Statement.Context
+	return db.Connection(func(conn *gorm.DB) (err error) {
+		if err := conn.Exec(`SELECT pg_advisory_lock(?)`, s.expiryKey).Error; err != nil {
+			return fmt.Errorf("postgres: expiry lock for %s: %w", s.parent(), err)
+		}
+		defer func() {
+			cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			c := conn.WithContext(cleanup)
+			if c.Exec(`RESET lock_timeout`).Error != nil || c.Exec(`SELECT pg_advisory_unlock(?)`, s.expiryKey).Error != nil {
+				// A pooled connection must not keep the session lock.
+				if pinned, ok := conn.Statement.ConnPool.(*sql.Conn); ok {
+					_ = pinned.Raw(func(any) error { return driver.ErrBadConn })
+				}
+			}
+		}()
+		if err := conn.Exec(fmt.Sprintf(`SET lock_timeout = %d`, max(s.lockTimeout.Milliseconds(), 1))).Error; err != nil {
+			return fmt.Errorf("postgres: set lock_timeout: %w", err)
+		}
+		pending, err := s.pendingDetach(conn)
+		if err != nil {
+			return err
+		}
+		if pending != "" {
+			if err := conn.Exec(`ALTER TABLE ` + s.parent() + ` DETACH PARTITION ` + s.qualified(pending) + ` FINALIZE`).Error; err != nil {
+				return fmt.Errorf("postgres: finish the detach of %s: %w", pending, err)
+			}
+			if d, ok := parsePartitionName(s.table, pending); ok {
+				done(d)
+			}
+		}
+		for _, d := range days {
+			name := partitionName(s.table, d)
+			if name == pending {
+				continue
+			}
+			attached, err := s.isPartition(conn, name)
+			if err != nil {
+				return err
+			}
+			if !attached {
+				continue
+			}
+			if err := conn.Exec(`ALTER TABLE ` + s.parent() + ` DETACH PARTITION ` + s.qualified(name) + ` CONCURRENTLY`).Error; err != nil {
+				return fmt.Errorf("postgres: detach partition %s concurrently: %w", name, err)
+			}
+			done(d)
+		}
+		return nil
+	})
+}
+
+// pendingDetach names the partition of the inbox table whose concurrent
+// detach was interrupted, or returns "".
+func (s *Store) pendingDetach(db *gorm.DB) (string, error) {
+	var names []string
+	err := db.Raw(`SELECT c.relname FROM pg_inherits i
+		  JOIN pg_class c ON c.oid = i.inhrelid
+		  JOIN pg_class p ON p.oid = i.inhparent
+		  JOIN pg_namespace n ON n.oid = p.relnamespace
+		 WHERE n.nspname = ? AND p.relname = ? AND i.inhdetachpending`, s.schema, s.table).Scan(&names).Error
+	if err != nil {
+		return "", fmt.Errorf("postgres: look up a pending detach of %s: %w", s.parent(), err)
+	}
+	if len(names) == 0 {
+		return "", nil
+	}
+	return names[0], nil
+}
+
+// PrepareDays creates the partitions of days that have none (see
+// [inbox.DayPreparer]): the inbox calls it when a claim fails because a
+// row's day has no partition (an event dated beyond the days Maintain
+// prepares, or a late event of an expired day under inbox.ProcessExpired).
+// Each day is one short transaction that creates the table and attaches it
+// under SHARE UPDATE EXCLUSIVE on the inbox table, which inserts and open
+// transactions holding rows of the table do not conflict with.
+func (s *Store) PrepareDays(ctx context.Context, db *gorm.DB, days []time.Time) error {
+	db = db.WithContext(ctx)
+	for _, d := range days {
+		if _, err := s.makeDay(db, inbox.DayOf(d)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// IsMissingDay reports whether err is PostgreSQL's "no partition of relation
+// found for row" for the inbox table: SQLSTATE 23514 (check_violation)
+// naming the inbox table and no constraint, or the check violation of the
+// constraint that closes the DEFAULT partition of a table being converted
+// (see retireDefault). It reads the error's code and fields, never its
+// message.
+func (s *Store) IsMissingDay(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != sqlstateCheckViolation || pe.SchemaName != s.schema {
+		return false
+	}
+	return (pe.TableName == s.table && pe.ConstraintName == "") ||
+		(pe.TableName == s.defaultPartition() && pe.ConstraintName == s.closedName())
+}
+
+// DayBusyError says that a day's partition cannot be made now because its
+// concurrent detach (the day expired) is under way. It is retryable.
+type DayBusyError struct {
+	Table string
+	Day   time.Time
+}
+
+func (e *DayBusyError) Error() string {
+	return fmt.Sprintf("postgres: the partition of day %s of %s is being detached (expired); run the transaction again", dayText(e.Day), e.Table)
+}
+
+// makeDay creates day's partition unless it exists, and reports whether it
+// did. On a table that still has a DEFAULT partition it takes the steps of
+// createPartition. A table of the day's name that is not a partition (a
+// partition whose drop an interrupted Maintain did not finish) is attached
+// again: its rows are inbox rows. A partition whose concurrent detach is
+// under way fails with a *DayBusyError.
+func (s *Store) makeDay(db *gorm.DB, day time.Time) (created bool, err error) {
+	name := partitionName(s.table, day)
+	legacy := false
+	err = db.Transaction(func(tx *gorm.DB) error {
+		if err := s.lock(tx); err != nil {
+			return err
+		}
+		state, err := s.partitionState(tx, name)
+		switch {
+		case err != nil:
+			return err
+		case state == partAttached:
+			return nil
+		case state == partPending:
+			return &DayBusyError{Table: s.parent(), Day: day}
+		}
+		if legacy, err = s.hasDefault(tx); err != nil || legacy {
+			return err
+		}
+		created = true
+		return s.attachDay(tx, day, state == partAbsent)
+	}, readCommitted)
+	if err != nil {
+		return false, err
+	}
+	if legacy {
+		return s.createPartition(db, day)
+	}
+	return created, nil
+}
+
+// attachDay creates day's table (unless create is false: it exists, not
+// attached) with the key and a CHECK of its bounds, and attaches it. The
+// CHECK spares PostgreSQL a scan of the table to prove the bounds; neither
+// statement locks the inbox table beyond SHARE UPDATE EXCLUSIVE.
+func (s *Store) attachDay(tx *gorm.DB, day time.Time, create bool) error {
+	name := partitionName(s.table, day)
+	lit := `'` + dayText(day) + `'::date`
+	var stmts []string
+	if create {
+		stmts = append(stmts, `CREATE TABLE `+s.qualified(name)+` (LIKE `+s.parent()+` INCLUDING DEFAULTS, PRIMARY KEY (consumer, event_id, day), CHECK (day >= `+lit+` AND day < `+lit+` + 1))`)
+	}
+	stmts = append(stmts, `ALTER TABLE `+s.parent()+` ATTACH PARTITION `+s.qualified(name)+` `+bounds(day))
+	for _, q := range stmts {
+		if err := tx.Exec(q).Error; err != nil {
+			return fmt.Errorf("postgres: create partition %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Partition states of a day's table.
+const (
+	partAbsent   = iota // no relation of that name
+	partAttached        // a partition of the inbox table
+	partPending         // a partition whose concurrent detach is under way or was interrupted
+	partDetached        // a table that is not a partition
+)
+
+// partitionState tells what the store's schema holds under name.
+func (s *Store) partitionState(tx *gorm.DB, name string) (int, error) {
+	var st struct {
+		Found, Partition, Pending bool
+	}
+	err := tx.Raw(`SELECT true AS found, c.relispartition AS partition,
+		       COALESCE((SELECT i.inhdetachpending FROM pg_inherits i WHERE i.inhrelid = c.oid), false) AS pending
+		  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		 WHERE n.nspname = ? AND c.relname = ?`, s.schema, name).Scan(&st).Error
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("postgres: look up %s: %w", name, err)
+	case !st.Found:
+		return partAbsent, nil
+	case st.Pending:
+		return partPending, nil
+	case st.Partition:
+		return partAttached, nil
+	}
+	return partDetached, nil
+}
+
+// hasDefault reports whether the inbox table still has a DEFAULT partition
+// (a table made by an earlier version of this package).
+func (s *Store) hasDefault(tx *gorm.DB) (bool, error) {
+	var ok bool
+	err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM pg_partitioned_table pt
+		  JOIN pg_class c ON c.oid = pt.partrelid
+		  JOIN pg_namespace n ON n.oid = c.relnamespace
+		 WHERE n.nspname = ? AND c.relname = ? AND pt.partdefid <> 0)`, s.schema, s.table).Scan(&ok).Error
+	if err != nil {
+		return false, fmt.Errorf("postgres: look up the DEFAULT partition of %s: %w", s.parent(), err)
+	}
+	return ok, nil
 }
 
 // dayPartitions lists the days of the inbox table's partitions named
@@ -192,214 +447,6 @@ func (s *Store) relationExists(tx *gorm.DB, name string) (bool, error) {
 	return ok, nil
 }
 
-// createPartition creates day's partition unless it exists, without
-// scanning the DEFAULT partition while inserts wait. PostgreSQL must know
-// that the DEFAULT partition holds no row of a new partition's range;
-// CREATE TABLE ... PARTITION OF (and ATTACH PARTITION) scan it for that
-// under a lock that holds up inserts, for a time in proportion to what it
-// holds (far-future and late rows). A valid CHECK constraint that excludes
-// the range proves it instead, so the steps are:
-//
-//  1. In a short transaction, add a NOT VALID guard constraint to the
-//     DEFAULT partition (guardName): from its commit on, a row of day can
-//     no longer enter it; such an insert fails with SQLSTATE 55P03
-//     (lock_not_available, retryable) saying the day's partition is being
-//     made.
-//  2. Create the day's table (with the key and a CHECK of its bounds), move
-//     the day's rows from the DEFAULT partition into it, and validate the
-//     guard: a scan under SHARE UPDATE EXCLUSIVE on the DEFAULT partition,
-//     which inserts do not wait for. The moved rows are invisible until
-//     step 3, but no row of day can be inserted anywhere meanwhile, so
-//     none is claimed twice.
-//  3. Under the ACCESS EXCLUSIVE lock on the inbox table, attach the table
-//     (the guard and the table's CHECK spare PostgreSQL both scans) and
-//     drop the guard: a catalog change of a few milliseconds. The lock
-//     makes any statement that routes a row of day wait and route it again
-//     afterwards, to the new partition.
-//
-// So inserts wait only for the short locks of steps 1 and 3, whatever the
-// DEFAULT partition holds; claims of day's rows are retried from step 1 to
-// step 3. Each step can be run again: a guard or a table left by a failed
-// or interrupted run is picked up by the next one (see Maintain).
-func (s *Store) createPartition(db *gorm.DB, day time.Time) (created bool, err error) {
-	name := partitionName(s.table, day)
-	guard := guardName(day)
-	def := s.qualified(s.defaultPartition())
-	lit := `'` + dayText(day) + `'::date`
-	// Step 1.
-	done, err := s.partitionStep(db, name, func(tx *gorm.DB) error {
-		has, err := s.hasGuard(tx, guard)
-		if err != nil || has {
-			return err // with the guard, a table of day is this step's own
-		}
-		if exists, err := s.relationExists(tx, name); err != nil || exists {
-			if err != nil {
-				return err
-			}
-			// Only expired days are detached, so this table holds rows of
-			// a live day (detached by hand, or by a Maintain whose plan
-			// expired more days than this one's): they must not be ignored.
-			return fmt.Errorf("postgres: %s exists but is not a partition of %s: attach it (after moving its day's rows out of %s) or drop it",
-				name, s.parent(), s.defaultPartition())
-		}
-		for _, q := range []string{s.busyFunction(), `ALTER TABLE ` + def + ` ADD CONSTRAINT ` + quoteIdent(guard) + ` CHECK ` + s.guardCheck(day) + ` NOT VALID`} {
-			if err := tx.Exec(q).Error; err != nil {
-				return fmt.Errorf("postgres: guard %s against rows of %s: %w", s.defaultPartition(), dayText(day), err)
-			}
-		}
-		return nil
-	})
-	if err != nil || done {
-		return false, err
-	}
-	// Step 2.
-	var hadTable bool
-	done, err = s.partitionStep(db, name, func(tx *gorm.DB) error {
-		var err error
-		if hadTable, err = s.relationExists(tx, name); err != nil {
-			return err
-		}
-		var stmts []string
-		if !hadTable {
-			// The key and a CHECK of the bounds, so that attaching neither
-			// builds an index nor scans the moved rows.
-			stmts = append(stmts, `CREATE TABLE `+s.qualified(name)+` (LIKE `+s.parent()+` INCLUDING DEFAULTS, PRIMARY KEY (consumer, event_id, day), CHECK (day >= `+lit+` AND day < `+lit+` + 1))`)
-		}
-		stmts = append(stmts,
-			`INSERT INTO `+s.qualified(name)+` (`+columns+`) SELECT `+columns+` FROM `+def+` WHERE day = `+lit,
-			`DELETE FROM `+def+` WHERE day = `+lit,
-			`ALTER TABLE `+def+` VALIDATE CONSTRAINT `+quoteIdent(guard))
-		for _, q := range stmts {
-			if err := tx.Exec(q).Error; err != nil {
-				return fmt.Errorf("postgres: create partition %s: %w", name, err)
-			}
-		}
-		return nil
-	})
-	if err != nil && !hadTable {
-		// Nothing was moved: let rows of day into the DEFAULT partition
-		// again rather than turn them away until the next Maintain.
-		if dropErr := s.dropGuards(db, []string{guard}); dropErr != nil {
-			err = errors.Join(err, dropErr)
-		}
-	}
-	if err != nil || done {
-		return false, err
-	}
-	// Step 3. On failure the guard stays: the table holds moved rows that
-	// must not be claimed again, and the next Maintain finishes the step.
-	done, err = s.partitionStep(db, name, func(tx *gorm.DB) error {
-		if err := s.lockTable(tx); err != nil {
-			return err
-		}
-		for _, q := range []string{
-			`ALTER TABLE ` + s.parent() + ` ATTACH PARTITION ` + s.qualified(name) + ` ` + bounds(day),
-			`ALTER TABLE ` + def + ` DROP CONSTRAINT ` + quoteIdent(guard),
-		} {
-			if err := tx.Exec(q).Error; err != nil {
-				return fmt.Errorf("postgres: attach partition %s: %w", name, err)
-			}
-		}
-		return nil
-	})
-	return err == nil && !done, err
-}
-
-// guardName names the constraint on the DEFAULT partition that excludes
-// day's rows while day's partition is made.
-// It is named like a partition of a table "inbox_not" (parsePartitionName
-// reads it back), and is unique on the DEFAULT partition, whose name is the
-// store's own.
-func guardName(day time.Time) string { return partitionName(guardPrefix, day) }
-
-const guardPrefix = "inbox_not"
-
-// guardCheck is the CHECK expression of day's guard. Its second half is
-// the one PostgreSQL proves the new partition's range empty with; the first
-// turns the check violation a row of day would meet into a retryable
-// error, raised by busyFunction.
-func (s *Store) guardCheck(day time.Time) string {
-	d, next := dayText(day), dayText(day.AddDate(0, 0, 1))
-	return fmt.Sprintf(`((CASE WHEN day >= '%s'::date AND day < '%s'::date THEN %s(day) ELSE true END) AND (day < '%s'::date OR day >= '%s'::date))`,
-		d, next, s.qualified(s.busyName()), d, next)
-}
-
-// busyName is the function that guards call; one per inbox table.
-func (s *Store) busyName() string { return s.table + "_busy" }
-
-// busyFunction (re)creates busyName: it fails with SQLSTATE 55P03
-// (lock_not_available), which IsRetryable accepts, naming the day whose
-// partition is being made.
-func (s *Store) busyFunction() string {
-	return `CREATE OR REPLACE FUNCTION ` + s.qualified(s.busyName()) + `(d date) RETURNS boolean LANGUAGE plpgsql AS $f$
-BEGIN
-	RAISE EXCEPTION 'the partition of day % of inbox table %.% is being created; run the transaction again', d, ` +
-		`'` + s.schema + `', '` + s.table + `' USING ERRCODE = 'lock_not_available';
-END
-$f$`
-}
-
-// guards lists the guard constraints on the DEFAULT partition.
-func (s *Store) guards(db *gorm.DB) ([]string, error) {
-	var names []string
-	err := db.Raw(`SELECT con.conname FROM pg_constraint con
-		  JOIN pg_class c ON c.oid = con.conrelid
-		  JOIN pg_namespace n ON n.oid = c.relnamespace
-		 WHERE n.nspname = ? AND c.relname = ? AND con.contype = 'c' AND starts_with(con.conname, ?)`,
-		s.schema, s.defaultPartition(), guardPrefix+"_p").Scan(&names).Error
-	if err != nil {
-		return nil, fmt.Errorf("postgres: list constraints of %s: %w", s.defaultPartition(), err)
-	}
-	return names, nil
-}
-
-func (s *Store) hasGuard(tx *gorm.DB, guard string) (bool, error) {
-	names, err := s.guards(tx)
-	return slices.Contains(names, guard), err
-}
-
-// dropGuards drops the named guard constraints from the DEFAULT partition,
-// those that exist, in one short transaction.
-func (s *Store) dropGuards(db *gorm.DB, names []string) error {
-	if len(names) == 0 {
-		return nil
-	}
-	return db.Transaction(func(tx *gorm.DB) error {
-		if err := s.lock(tx); err != nil {
-			return err
-		}
-		for _, g := range names {
-			if err := tx.Exec(`ALTER TABLE ` + s.qualified(s.defaultPartition()) + ` DROP CONSTRAINT IF EXISTS ` + quoteIdent(g)).Error; err != nil {
-				return fmt.Errorf("postgres: drop constraint %s of %s: %w", g, s.defaultPartition(), err)
-			}
-		}
-		return nil
-	}, readCommitted)
-}
-
-// leftoverGuards handles the guards that an interrupted Maintain left on the
-// DEFAULT partition: those of expired days are dropped, the days of the
-// others are added to create, whose creation resumes where it stopped.
-func (s *Store) leftoverGuards(db *gorm.DB, create []time.Time, expireBefore time.Time) ([]time.Time, error) {
-	names, err := s.guards(db)
-	if err != nil {
-		return nil, err
-	}
-	var expired []string
-	for _, g := range names {
-		d, ok := parsePartitionName(guardPrefix, g)
-		switch {
-		case !ok:
-		case d.Before(inbox.DayOf(expireBefore)):
-			expired = append(expired, g)
-		case !slices.ContainsFunc(create, d.Equal):
-			create = append(create, d)
-		}
-	}
-	slices.SortFunc(create, time.Time.Compare)
-	return create, s.dropGuards(db, expired)
-}
-
 // dropPartition removes day's partition if it exists, in two steps. It
 // detaches the partition while holding the lock on the inbox table (a catalog
 // change that takes no time whatever the partition holds), then drops the
@@ -478,35 +525,4 @@ func (s *Store) detachedDays(db *gorm.DB) ([]time.Time, error) {
 		}
 	}
 	return days, nil
-}
-
-// purgeDefault deletes the rows of days before expireBefore from the DEFAULT
-// partition and returns their days and number. Inserts go on meanwhile: the
-// DELETE only locks the rows it removes.
-func (s *Store) purgeDefault(db *gorm.DB, expireBefore time.Time) ([]time.Time, int64, error) {
-	var got []struct {
-		Day string
-		N   int64
-	}
-	err := db.Transaction(func(tx *gorm.DB) error {
-		if err := s.lock(tx); err != nil {
-			return err
-		}
-		return tx.Raw(`WITH gone AS (DELETE FROM `+s.qualified(s.defaultPartition())+` WHERE day < ?::date RETURNING day)
-			SELECT to_char(day, 'YYYY-MM-DD') AS day, count(*) AS n FROM gone GROUP BY day`, dayText(expireBefore)).Scan(&got).Error
-	}, readCommitted)
-	if err != nil {
-		return nil, 0, fmt.Errorf("postgres: delete expired rows from %s: %w", s.defaultPartition(), err)
-	}
-	var days []time.Time
-	var n int64
-	for _, g := range got {
-		d, err := time.Parse(time.DateOnly, g.Day)
-		if err != nil {
-			return nil, 0, fmt.Errorf("postgres: malformed day %q: %w", g.Day, err)
-		}
-		days = append(days, d)
-		n += g.N
-	}
-	return days, n, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"gorm.io/gorm"
 
@@ -29,17 +30,13 @@ func (s *Store) createStatements() []string {
 			processed_at timestamptz NOT NULL DEFAULT now(),
 			CONSTRAINT ` + quoteIdent(s.table+"_pkey") + ` PRIMARY KEY (consumer, event_id, day)
 		) PARTITION BY RANGE (day)`,
-		`CREATE TABLE IF NOT EXISTS ` + s.qualified(s.defaultPartition()) + ` PARTITION OF ` + s.parent() + ` DEFAULT`,
-		// Maintenance finds the rows of one day in the DEFAULT partition
-		// through this index; day partitions need none.
-		`CREATE INDEX IF NOT EXISTS ` + quoteIdent(s.table+"_dday") + ` ON ` + s.qualified(s.defaultPartition()) + ` (day)`,
 	}
 }
 
-// MigrationSQL returns the schema, table, DEFAULT partition and index
-// statements of Migrate, and a partition for each day from plan.Today
-// through plan.PrepareThrough, created directly: on an empty table that is
-// what Maintain's steps for a new partition come to.
+// MigrationSQL returns the schema and table statements of Migrate, and a
+// partition for each day from plan.Today through plan.PrepareThrough,
+// created directly: on an empty table that is what Maintain's steps for a
+// new partition come to.
 func (s *Store) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
 	if plan.PrepareThrough.Before(plan.Today) {
 		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", inbox.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(plan.Today))
@@ -51,11 +48,21 @@ func (s *Store) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
 	return stmts, nil
 }
 
-// Migrate creates the schema if it is missing, the partitioned inbox table and
-// its DEFAULT partition, in one transaction under the store's advisory lock,
-// and then checks that an existing table has the expected layout. Day
-// partitions are made by Maintain; until then rows go to the DEFAULT
-// partition.
+// Migrate creates the schema if it is missing and the partitioned inbox
+// table, in one transaction under the store's advisory lock, checks that an
+// existing table has the expected layout, and makes the partitions of the
+// day before today through Options.InitialDays after it (UTC, by the wall
+// clock). Maintain makes later days' partitions, and the inbox any other
+// day's on demand ([Store.PrepareDays]).
+//
+// A table made by an earlier version of this package has a DEFAULT
+// partition, which caught the rows of days without a partition: Migrate
+// converts it, moving those rows into day partitions and removing the
+// DEFAULT partition (see retireDefault; the inbox table is locked once, for
+// a few milliseconds, to detach it). Until that is done a table keeps
+// working as before; an interrupted conversion is finished by the next
+// Migrate or Maintain. A process of an earlier version started afterwards
+// makes an empty DEFAULT partition again; the next Maintain removes it.
 func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := s.lock(tx); err != nil {
@@ -80,13 +87,27 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 	if err != nil {
 		return err
 	}
-	return s.checkLayout(ctx, db.WithContext(ctx))
+	db = db.WithContext(ctx)
+	if err := s.checkLayout(ctx, db); err != nil {
+		return err
+	}
+	if err := s.retireDefault(db); err != nil {
+		return err
+	}
+	today := inbox.DayOf(time.Now())
+	for d := today.AddDate(0, 0, -1); !d.After(today.AddDate(0, 0, s.initialDays)); d = d.AddDate(0, 0, 1) {
+		if _, err := s.makeDay(db, d); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkLayout reports how the existing inbox table differs from what the
 // store relies on: a table partitioned by RANGE on a date column day, with
-// a DEFAULT partition and the key (consumer, event_id, day), whose id
-// columns compare byte for byte.
+// the key (consumer, event_id, day), whose id columns compare byte for
+// byte. A DEFAULT partition (an earlier version's layout) is allowed:
+// Migrate and Maintain retire it.
 func (s *Store) checkLayout(ctx context.Context, db *gorm.DB) error {
 	var layout struct {
 		Found         bool
@@ -131,8 +152,8 @@ func (s *Store) checkLayout(ctx context.Context, db *gorm.DB) error {
 	if layout.DayType != "date" {
 		problems = append(problems, fmt.Sprintf("column day has type %q, want date", layout.DayType))
 	}
-	if layout.DefaultName != s.defaultPartition() {
-		problems = append(problems, fmt.Sprintf("DEFAULT partition is %q, want %q (rows of days without a partition would fail)", layout.DefaultName, s.defaultPartition()))
+	if layout.DefaultName != "" && layout.DefaultName != s.defaultPartition() {
+		problems = append(problems, fmt.Sprintf("DEFAULT partition is %q; the only one Migrate can retire is %q", layout.DefaultName, s.defaultPartition()))
 	}
 	if layout.PrimaryKey != "consumer,event_id,day" {
 		problems = append(problems, fmt.Sprintf("primary key is (%s), want (consumer,event_id,day)", layout.PrimaryKey))

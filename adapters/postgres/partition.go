@@ -37,35 +37,39 @@ func bounds(day time.Time) string {
 // maintenanceOps is what one Maintain call has to do, derived from the plan
 // and the partitions that exist.
 type maintenanceOps struct {
-	create []time.Time // days to give a partition, ascending
-	drop   []time.Time // day partitions to drop, ascending
-	purge  []time.Time // expired days with rows in the DEFAULT partition, ascending
+	create   []time.Time // days to give a partition, ascending
+	drop     []time.Time // day partitions to detach and drop, ascending
+	leftover []time.Time // expired days whose detached table is left to drop, ascending
 }
 
 // planOps decides which day partitions to create (the plan's days from Today
 // through PrepareThrough that have none and are not expired) and which to
-// drop (those of days before ExpireBefore). defaultExpired are the expired
-// days that have rows in the DEFAULT partition.
-func planOps(plan inbox.MaintenancePlan, existing, defaultExpired []time.Time) maintenanceOps {
+// drop (those of days before ExpireBefore). detached are the days of tables
+// named like day partitions that are not attached (an interrupted expiry
+// left them); those of expired days are dropped too.
+func planOps(plan inbox.MaintenancePlan, existing, detached []time.Time) maintenanceOps {
 	var ops maintenanceOps
+	expireBefore := inbox.DayOf(plan.ExpireBefore)
 	have := make(map[time.Time]bool, len(existing))
 	for _, d := range existing {
 		d = inbox.DayOf(d)
 		have[d] = true
-		if d.Before(inbox.DayOf(plan.ExpireBefore)) {
+		if d.Before(expireBefore) {
 			ops.drop = append(ops.drop, d)
 		}
 	}
 	last := inbox.DayOf(plan.PrepareThrough)
 	for d := inbox.DayOf(plan.Today); !d.After(last); d = d.AddDate(0, 0, 1) {
-		if !have[d] && !d.Before(inbox.DayOf(plan.ExpireBefore)) {
+		if !have[d] && !d.Before(expireBefore) {
 			ops.create = append(ops.create, d)
 		}
 	}
-	for _, d := range defaultExpired {
-		ops.purge = append(ops.purge, inbox.DayOf(d))
+	for _, d := range detached {
+		if d = inbox.DayOf(d); d.Before(expireBefore) && !have[d] {
+			ops.leftover = append(ops.leftover, d)
+		}
 	}
-	for _, s := range [][]time.Time{ops.create, ops.drop, ops.purge} {
+	for _, s := range [][]time.Time{ops.create, ops.drop, ops.leftover} {
 		slices.SortFunc(s, time.Time.Compare)
 	}
 	return ops
@@ -73,7 +77,7 @@ func planOps(plan inbox.MaintenancePlan, existing, defaultExpired []time.Time) m
 
 // expiredDays is the sorted union of the days whose rows ops removes.
 func (ops maintenanceOps) expiredDays() []time.Time {
-	days := slices.Concat(ops.drop, ops.purge)
+	days := slices.Concat(ops.drop, ops.leftover)
 	slices.SortFunc(days, time.Time.Compare)
 	return slices.CompactFunc(days, time.Time.Equal)
 }

@@ -98,7 +98,7 @@ func TestPlanOps(t *testing.T) {
 	plan := inbox.MaintenancePlan{Today: day("2026-05-10"), PrepareThrough: day("2026-05-12"), ExpireBefore: day("2026-05-06")}
 	ops := planOps(plan,
 		days("2026-05-04", "2026-05-05", "2026-05-06", "2026-05-10", "2026-05-20"),
-		days("2026-05-05", "2026-04-01"))
+		days("2026-04-01", "2026-05-07"))
 	check := func(what string, got, want []time.Time) {
 		t.Helper()
 		if !slices.EqualFunc(got, want, time.Time.Equal) {
@@ -107,12 +107,12 @@ func TestPlanOps(t *testing.T) {
 	}
 	check("create", ops.create, days("2026-05-11", "2026-05-12"))
 	check("drop", ops.drop, days("2026-05-04", "2026-05-05"))
-	check("purge", ops.purge, days("2026-04-01", "2026-05-05"))
+	check("leftover", ops.leftover, days("2026-04-01"))
 	check("expired", ops.expiredDays(), days("2026-04-01", "2026-05-04", "2026-05-05"))
 
 	// Nothing to do once done.
 	ops = planOps(plan, days("2026-05-06", "2026-05-10", "2026-05-11", "2026-05-12"), nil)
-	if len(ops.create)+len(ops.drop)+len(ops.purge) != 0 {
+	if len(ops.create)+len(ops.drop)+len(ops.leftover) != 0 {
 		t.Errorf("second run plans %+v", ops)
 	}
 
@@ -121,6 +121,32 @@ func TestPlanOps(t *testing.T) {
 	ops = planOps(odd, days("2026-05-10"), nil)
 	check("odd create", ops.create, days("2026-05-11"))
 	check("odd drop", ops.drop, days("2026-05-10"))
+}
+
+func TestIsMissingDay(t *testing.T) {
+	s, _ := New(Options{Schema: "sch", Table: "inbox"})
+	for _, c := range []struct {
+		err  *pgconn.PgError
+		want bool
+	}{
+		{&pgconn.PgError{Code: "23514", SchemaName: "sch", TableName: "inbox"}, true},
+		{&pgconn.PgError{Code: "23514", SchemaName: "sch", TableName: "inbox_default", ConstraintName: "inbox_closed"}, true},
+		{&pgconn.PgError{Code: "23514", SchemaName: "sch", TableName: "inbox_default", ConstraintName: "other"}, false},
+		{&pgconn.PgError{Code: "23514", SchemaName: "sch", TableName: "inbox", ConstraintName: "a_check"}, false},
+		{&pgconn.PgError{Code: "23514", SchemaName: "other", TableName: "inbox"}, false},
+		{&pgconn.PgError{Code: "23514", SchemaName: "sch", TableName: "effects"}, false},
+		{&pgconn.PgError{Code: "23505", SchemaName: "sch", TableName: "inbox"}, false},
+	} {
+		if got := s.IsMissingDay(fmt.Errorf("claim: %w", c.err)); got != c.want {
+			t.Errorf("IsMissingDay(%+v) = %v, want %v", *c.err, got, c.want)
+		}
+	}
+	if s.IsMissingDay(errors.New(`ERROR: no partition of relation "inbox" found for row (SQLSTATE 23514)`)) {
+		t.Error("IsMissingDay trusted message text")
+	}
+	if !s.IsRetryable(&DayBusyError{Table: "inbox", Day: day("2026-01-01")}) {
+		t.Error("a day whose partition is being detached is not retryable")
+	}
 }
 
 func TestIsRetryable(t *testing.T) {
@@ -137,6 +163,12 @@ func TestIsRetryable(t *testing.T) {
 	}
 	if s.IsRetryable(errors.New("ERROR: could not serialize access due to concurrent update (SQLSTATE 40001)")) {
 		t.Error("IsRetryable trusted message text")
+	}
+	if !s.IsRetryable(&pgconn.PgError{Code: "XX000", Routine: "ExecInitPartitionInfo"}) {
+		t.Error("the routing race with a concurrent detach is not retryable")
+	}
+	if s.IsRetryable(&pgconn.PgError{Code: "XX000", Routine: "heap_insert"}) {
+		t.Error("any internal error is retryable")
 	}
 	if s.IsRetryable(nil) {
 		t.Error("IsRetryable(nil)")

@@ -1,38 +1,48 @@
-// Package postgres is the inbox Store for PostgreSQL (11 or later; tested on
-// 15) through gorm.io/driver/postgres and pgx.
+// Package postgres is the inbox Store for PostgreSQL (14 or later for
+// expiry without any lock that inserts wait for; 11 or later otherwise;
+// tested on 15) through gorm.io/driver/postgres and pgx.
 //
-// The inbox table is partitioned by RANGE on its day column, one partition per
-// UTC day, named <table>_pYYYYMMDD, plus a DEFAULT partition <table>_default
-// that catches rows of days that have no partition yet (events dated far
-// ahead, late events of past days). Its key is (consumer, event_id, day);
-// consumer and event_id are text with the "C" collation, so ids are compared
-// byte for byte.
+// The inbox table is partitioned by RANGE on its day column, one partition
+// per UTC day, named <table>_pYYYYMMDD, and nothing else: no DEFAULT
+// partition. Its key is (consumer, event_id, day); consumer and event_id are
+// text with the "C" collation, so ids are compared byte for byte.
 //
-// [Store.Maintain] creates the partitions of the days from plan.Today through
-// plan.PrepareThrough, and expires the days before plan.ExpireBefore by
-// detaching and dropping their partitions: the inbox table is locked for
-// about a millisecond whatever the partition holds, no row is deleted one by
-// one and no WAL is written per row; what remains in proportion to size is
-// the file system freeing the dropped files, outside that lock. Rows of
-// expired days that sit in the DEFAULT partition are deleted. When a day gets
-// its partition while the DEFAULT partition holds rows of that day, those rows
-// are moved into it. Creating a partition never scans the DEFAULT partition
-// while inserts wait: a guard constraint on the DEFAULT partition, validated
-// while inserts go on, proves that it holds no row of the new day, and the
-// partition is then attached in a few milliseconds. While that runs, a row
-// of that day is turned away with SQLSTATE 55P03 (retryable), never stored
-// twice. Each step runs in its own short transaction; those that lock the
-// inbox table (ACCESS EXCLUSIVE, for catalog changes only) or the DEFAULT
-// partition wait at most Options.LockTimeout for it (a timeout is retryable
-// and the inbox retries). Migrate and Maintain are serialised across
-// processes with a transaction-level advisory lock.
+// A day gets its partition from Migrate (the day before today through
+// Options.InitialDays after it), from [Store.Maintain] (the plan's days from
+// Today through PrepareThrough), or on demand: a row of any other day (an
+// event dated far ahead, a late event of an expired day under
+// inbox.ProcessExpired) fails its claim with SQLSTATE 23514 "no partition
+// ... found for row", which [Store.IsMissingDay] recognises by its code and
+// table (never its message); the inbox then rolls the transaction back,
+// calls [Store.PrepareDays] and runs the transaction again, a bounded number
+// of times (inbox.MaxDayPreparations). A partition is made as a table of its
+// own (with the key and a CHECK of its bounds) and attached, in one short
+// transaction that takes SHARE UPDATE EXCLUSIVE on the inbox table: inserts
+// (ROW EXCLUSIVE) and open transactions that hold rows of the table do not
+// wait for it, nor it for them, whatever the table holds.
 //
-// Run Maintain at start-up and then regularly ([inbox.Inbox.RunMaintenance]).
-// Rows of days that have no partition (written before the first Maintain, or
-// dated beyond PrepareThrough, or late and already expired) are kept, and
-// deduplicated, in the DEFAULT partition; a day's rows move to its partition
-// when Maintain creates it, and rows of days that expired there are deleted
-// row by row.
+// Maintain expires the days before plan.ExpireBefore with ALTER TABLE ...
+// DETACH PARTITION ... CONCURRENTLY (PostgreSQL 14+), which takes SHARE
+// UPDATE EXCLUSIVE on the inbox table, waits for the transactions that
+// started before it without holding a lock, and locks only the expired
+// partition itself; the detached table is then dropped without any lock on
+// the inbox table. No row is deleted one by one and no WAL is written per
+// row. A detach interrupted by Options.LockTimeout (a long transaction that
+// uses the table) fails with a retryable error and leaves the partition
+// "detach pending": its rows are already out of the inbox's sight, and the
+// next Maintain finishes it (DETACH ... FINALIZE) and drops it. On servers
+// before 14 a partition is detached in a short transaction that holds ACCESS
+// EXCLUSIVE on the inbox table instead. Migrate and Maintain are serialised
+// across processes with advisory locks; every step waits at most
+// Options.LockTimeout for its locks (a timeout is retryable).
+//
+// Tables made by earlier versions of this package have a DEFAULT partition
+// that caught the rows of days without a partition. Migrate (and Maintain)
+// convert them: the DEFAULT partition is closed to new rows (whose days are
+// then made on demand), its rows move into day partitions without scanning
+// it while inserts wait, and it is detached, once, in a transaction that
+// holds ACCESS EXCLUSIVE on the inbox table for a catalog change of a few
+// milliseconds, and dropped.
 //
 // [Store.Claim] never raises a unique violation: it inserts with ON CONFLICT
 // DO NOTHING RETURNING and matches the returned keys. At REPEATABLE READ and
@@ -73,6 +83,7 @@ const (
 	DefaultSchema      = "public"
 	DefaultTable       = "inbox_messages"
 	DefaultLockTimeout = 5 * time.Second
+	DefaultInitialDays = 7
 )
 
 // MaxTableBytes is the longest table name New accepts: a day partition's
@@ -92,13 +103,20 @@ type Options struct {
 	// A step that times out fails with a retryable error. Default
 	// DefaultLockTimeout.
 	LockTimeout time.Duration
+	// InitialDays is how many days after today (UTC, by the wall clock)
+	// Migrate makes partitions for; the day before today gets one as well.
+	// Later days are made by Maintain, and any other day on demand.
+	// Default DefaultInitialDays.
+	InitialDays int
 }
 
 // Store is the PostgreSQL inbox Store. It is safe for concurrent use.
 type Store struct {
 	schema, table string
 	lockTimeout   time.Duration
-	lockKey       int64
+	initialDays   int
+	lockKey       int64 // transaction-level: Migrate, partition creation, drops
+	expiryKey     int64 // session-level: concurrent detaches
 
 	claimOneSQL, claimArraysSQL string
 }
@@ -127,9 +145,17 @@ func New(opts Options) (*Store, error) {
 	if opts.LockTimeout == 0 {
 		opts.LockTimeout = DefaultLockTimeout
 	}
+	if opts.InitialDays < 0 {
+		return nil, fmt.Errorf("%w: negative initial days %d", inbox.ErrInvalidConfig, opts.InitialDays)
+	}
+	if opts.InitialDays == 0 {
+		opts.InitialDays = DefaultInitialDays
+	}
 	h := fnv.New64a()
 	h.Write([]byte("github.com/inboxgo/inbox/adapters/postgres\x00" + opts.Schema + "\x00" + opts.Table))
-	s := &Store{schema: opts.Schema, table: opts.Table, lockTimeout: opts.LockTimeout, lockKey: int64(h.Sum64())}
+	s := &Store{schema: opts.Schema, table: opts.Table, lockTimeout: opts.LockTimeout, initialDays: opts.InitialDays, lockKey: int64(h.Sum64())}
+	h.Write([]byte("\x00expiry"))
+	s.expiryKey = int64(h.Sum64())
 	s.buildClaimSQL()
 	return s, nil
 }
@@ -155,6 +181,7 @@ func quoteIdent(name string) string { return `"` + name + `"` }
 
 // SQLSTATEs after which the whole transaction can run again.
 const (
+	sqlstateCheckViolation       = "23514" // also "no partition of relation found for row"
 	sqlstateSerializationFailure = "40001"
 	sqlstateDeadlockDetected     = "40P01"
 	sqlstateLockNotAvailable     = "55P03" // lock_timeout, NOWAIT
@@ -162,6 +189,11 @@ const (
 	sqlstateCrashShutdown        = "57P02"
 	sqlstateCannotConnectNow     = "57P03" // starting up, shutting down
 	sqlstateClassConnection      = "08"    // connection exceptions
+	sqlstateInternalError        = "XX000"
+	// routingRaceRoutine is the server function (the error's routine
+	// field) that raises XX000 when a row is routed into a partition whose
+	// concurrent detach has begun.
+	routingRaceRoutine = "ExecInitPartitionInfo"
 )
 
 // sqlStater is implemented by the errors of pgx (*pgconn.PgError, the
@@ -178,12 +210,24 @@ var _ sqlStater = (*pgconn.PgError)(nil)
 // made or broke (pgconn's connect errors, errors pgconn reports safe to
 // retry, a bad or closed connection, a network error). A retry after a lost
 // COMMIT is safe: if the COMMIT did land, the inbox row turns the retry into
-// a Duplicate. The caller's own context ending is never retryable.
+// a Duplicate. Also retryable: a *DayBusyError, and the internal error
+// (XX000, raised in the server's ExecInitPartitionInfo) of a row routed into
+// a partition whose concurrent detach has just begun. The caller's own
+// context ending is never retryable.
 func (s *Store) IsRetryable(err error) bool { return isRetryable(err) }
 
 func isRetryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == sqlstateInternalError && pe.Routine == routingRaceRoutine {
+		// A statement of a transaction whose snapshot predates a concurrent
+		// detach routed a row (of the expired day) into the partition being
+		// detached, whose index had already left the inbox table's key
+		// ("invalid arbiter index list"): raised before any row is written;
+		// run again, the statement sees the partition gone.
+		return true
 	}
 	var se sqlStater
 	if errors.As(err, &se) {
@@ -195,6 +239,10 @@ func isRetryable(err error) bool {
 			return true
 		}
 		return false
+	}
+	var busy *DayBusyError
+	if errors.As(err, &busy) {
+		return true
 	}
 	var ce *pgconn.ConnectError
 	var ne net.Error
@@ -223,4 +271,5 @@ var (
 	_ inbox.Verifier      = (*Store)(nil)
 	_ inbox.StatsReporter = (*Store)(nil)
 	_ inbox.SchemaPrinter = (*Store)(nil)
+	_ inbox.DayPreparer   = (*Store)(nil)
 )

@@ -166,9 +166,9 @@ func ExpiryTable(byBackend map[string][]ExpiryResult, order []string) string {
 func expiryMethod(backend string) string {
 	switch backend {
 	case "postgres":
-		return "drops the day's partition"
+		return "detaches the day's partition concurrently, drops it"
 	case "mariadb":
-		return "drops/truncates the day's partition"
+		return "converts the day's partition to a table, drops it"
 	}
 	return "batched DELETE, 1000 rows per tx"
 }
