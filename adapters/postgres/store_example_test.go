@@ -52,8 +52,6 @@ func ExampleStore_MigrationSQL() {
 	// Output:
 	// CREATE SCHEMA IF NOT EXISTS "billing"
 	// CREATE TABLE IF NOT EXISTS "billing"."inbox_messages" (
-	// CREATE TABLE IF NOT EXISTS "billing"."inbox_messages_default" PARTITION OF "billing"."inbox_messages" DEFAULT
-	// CREATE INDEX IF NOT EXISTS "inbox_messages_dday" ON "billing"."inbox_messages_default" (day)
 	// CREATE TABLE IF NOT EXISTS "billing"."inbox_messages_p20261201" PARTITION OF "billing"."inbox_messages" FOR VALUES FROM ('2026-12-01') TO ('2026-12-02')
 	// CREATE TABLE IF NOT EXISTS "billing"."inbox_messages_p20261202" PARTITION OF "billing"."inbox_messages" FOR VALUES FROM ('2026-12-02') TO ('2026-12-03')
 }
