@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,15 +24,51 @@ const (
 // ExpiryResult is the insert latency of Process workers while a day of rows
 // expires.
 type ExpiryResult struct {
-	Mode         string
-	Rows         int           // rows of the expired day
-	ExpiryTime   time.Duration // how long the expiry took (0 for none)
-	Removed      int64         // rows removed as the Store reports them (-1: dropped partition)
-	Ops          int           // Process calls overlapping the expiry (the whole run for none)
-	P50, P99     time.Duration // of those calls
-	Max          time.Duration
-	P99Ratio     float64 // P99 / the none run's P99
-	EventsPerSec float64 // Process throughput over the whole run
+	Mode       string
+	Rows       int           // rows of the expired day
+	ExpiryTime time.Duration // how long the expiry took (0 for none)
+	Removed    int64         // rows removed as the Store reports them (-1: dropped partition)
+	Ops        int           // Process calls overlapping the expiry (the whole run for none)
+	P50, P99   time.Duration // of those calls
+	Max        time.Duration
+	P99Ratio   float64 // P99 / the none run's P99
+	// WindowP99 is the median p99 of the none run's disjoint windows as
+	// long as this expiry (at least windowMinOps calls each), and
+	// WindowP99Max the highest of them: the p99 of a window of a few
+	// hundred calls is close to its maximum, so a short expiry is compared
+	// with windows of its own length, not with the p99 of a whole run.
+	WindowP99, WindowP99Max time.Duration
+	WindowRatio             float64 // P99 / WindowP99
+	WindowCount             int     // windows behind WindowP99
+	EventsPerSec            float64 // Process throughput over the whole run
+
+	ops     []Op // the run's calls
+	elapsed time.Duration
+}
+
+// windowMinOps is the fewest calls a window of the none run needs to count.
+const windowMinOps = 50
+
+// windowP99s returns the p99 of each disjoint window of length w over ops,
+// sorted, skipping windows with fewer than windowMinOps calls.
+func windowP99s(ops []Op, elapsed, w time.Duration) []time.Duration {
+	if w <= 0 {
+		return nil
+	}
+	var p99s []time.Duration
+	for from := time.Duration(0); from+w <= elapsed; from += w {
+		n := 0
+		for _, op := range ops {
+			if op.Start+op.Dur >= from && op.Start < from+w {
+				n++
+			}
+		}
+		if n >= windowMinOps {
+			p99s = append(p99s, quantile(ops, 0.99, from, from+w))
+		}
+	}
+	slices.Sort(p99s)
+	return p99s
 }
 
 // ExpiryLoad pre-fills one day (today) with rows rows, then runs o.Workers
@@ -52,6 +89,12 @@ func ExpiryLoad(ctx context.Context, b *Backend, rows int, o Options) ([]ExpiryR
 	for i := range out {
 		if out[0].P99 > 0 {
 			out[i].P99Ratio = float64(out[i].P99) / float64(out[0].P99)
+		}
+		if i > 0 {
+			if ws := windowP99s(out[0].ops, out[0].elapsed, out[i].ExpiryTime); len(ws) > 0 {
+				out[i].WindowP99, out[i].WindowP99Max, out[i].WindowCount = ws[len(ws)/2], ws[len(ws)-1], len(ws)
+				out[i].WindowRatio = float64(out[i].P99) / float64(out[i].WindowP99)
+			}
 		}
 	}
 	return out, nil
@@ -156,6 +199,7 @@ func expiryRun(ctx context.Context, b *Backend, rows int, mode string, o Options
 		all = append(all, o...)
 	}
 	res.EventsPerSec = float64(len(all)) / elapsed.Seconds()
+	res.ops, res.elapsed = all, elapsed
 	from, to := time.Duration(0), elapsed
 	if mode != ExpiryNone {
 		from, to = expStart, expEnd

@@ -149,7 +149,7 @@ func count(n int) string {
 // ExpiryTable renders the expiry-under-load runs of several backends.
 func ExpiryTable(byBackend map[string][]ExpiryResult, order []string) string {
 	var b strings.Builder
-	b.WriteString("| backend | expiry of one day | rows | expiry time s | Process calls during it | p50 ms | p99 ms | max ms | p99 / p99 without expiry |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| backend | expiry of one day | rows | expiry time s | Process calls during it | p50 ms | p99 ms | max ms | p99 / p99 without expiry | p99 of windows as long, without expiry: median (max), ms | p99 / that median |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, name := range order {
 		for _, r := range byBackend[name] {
 			mode := map[string]string{ExpiryNone: "none (reference, whole run)", ExpiryMaintain: "Inbox.Maintain (" + expiryMethod(name) + ")", ExpiryDelete: "one DELETE ... WHERE day < cutoff"}[r.Mode]
@@ -157,7 +157,12 @@ func ExpiryTable(byBackend map[string][]ExpiryResult, order []string) string {
 			if r.Mode != ExpiryNone {
 				t = fmt.Sprintf("%.3f", r.ExpiryTime.Seconds())
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %s | %s | %s | %.2fx |\n", name, mode, count(r.Rows), t, r.Ops, ms(r.P50), ms(r.P99), ms(r.Max), r.P99Ratio)
+			win, winRatio := "-", "-"
+			if r.WindowCount > 0 {
+				win = fmt.Sprintf("%s (%s), %d windows", ms(r.WindowP99), ms(r.WindowP99Max), r.WindowCount)
+				winRatio = fmt.Sprintf("%.2fx", r.WindowRatio)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %s | %s | %s | %.2fx | %s | %s |\n", name, mode, count(r.Rows), t, r.Ops, ms(r.P50), ms(r.P99), ms(r.Max), r.P99Ratio, win, winRatio)
 		}
 	}
 	return b.String()

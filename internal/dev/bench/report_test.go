@@ -53,3 +53,25 @@ func TestBenchOutputTable(t *testing.T) {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
+
+func TestWindowP99s(t *testing.T) {
+	// 60 calls of 1 ms in each 10 ms window; in the second, two of them
+	// take 9 ms (the p99 of 60 calls is the second highest) and end inside it.
+	var ops []Op
+	for w := range 3 {
+		for i := range 60 {
+			d := time.Millisecond
+			if w == 1 && i < 2 {
+				d = 9 * time.Millisecond
+			}
+			ops = append(ops, Op{Start: time.Duration(w)*10*time.Millisecond + time.Duration(i)*100*time.Microsecond, Dur: d})
+		}
+	}
+	got := windowP99s(ops, 30*time.Millisecond, 10*time.Millisecond)
+	if len(got) != 3 || got[0] != time.Millisecond || got[2] != 9*time.Millisecond {
+		t.Fatalf("window p99s = %v, want [1ms 1ms 9ms]", got)
+	}
+	if got := windowP99s(ops[:20], 30*time.Millisecond, 10*time.Millisecond); len(got) != 0 {
+		t.Fatalf("windows with too few calls counted: %v", got)
+	}
+}

@@ -76,6 +76,9 @@ func (t *targets) expiry(name string, rs []bench.ExpiryResult) {
 	if maintain != nil && maintain.P99Ratio > 0 {
 		t.add("Process p99 during expiry (Maintain) <= 2x p99 without", name, maintain.P99Ratio, 2, false, "%.2fx")
 	}
+	if maintain != nil && maintain.WindowRatio > 0 {
+		t.add("Process p99 during expiry (Maintain) <= 2x p99 of windows as long without", name, maintain.WindowRatio, 2, false, "%.2fx")
+	}
 	if maintain != nil && del != nil && maintain.ExpiryTime > 0 && name != "sqlite" {
 		t.add(fmt.Sprintf("partition drop >= 100x faster than DELETE (%d rows, under load)", maintain.Rows), name,
 			float64(del.ExpiryTime)/float64(maintain.ExpiryTime), 100, true, "%.0fx")
