@@ -67,6 +67,7 @@ const (
 const (
 	DefaultRetentionDays = 30
 	DefaultPrepareDays   = 7
+	DefaultMaxFutureDays = 3660
 	DefaultMaxAttempts   = 10
 	DefaultMinBackoff    = 5 * time.Millisecond
 	DefaultMaxBackoff    = time.Second
@@ -81,6 +82,14 @@ type Config struct {
 	// PrepareDays is how many days after today Maintain prepares storage
 	// for. Default 7.
 	PrepareDays int
+	// MaxFutureDays is how many days after today (UTC) an event's day may
+	// lie: a later one is invalid (ErrInvalidMessage), never stored. Each
+	// distinct day gets storage of its own on a Store that partitions by
+	// day (DayPreparer), so without a bound a producer's clock error or a
+	// hostile payload could make a table of thousands of partitions, or,
+	// past the database's limit (MariaDB: 8192), a claim that can never
+	// succeed and would be retried as a database failure. Default 3660.
+	MaxFutureDays int
 	// Expired is the policy for events older than RetentionDays.
 	Expired ExpiredPolicy
 	// MaxAttempts bounds how often one transaction is run in all, when it
@@ -124,7 +133,7 @@ func New(db *gorm.DB, store Store, cfg Config) (*Inbox, error) {
 	if db == nil || store == nil {
 		return nil, fmt.Errorf("%w: nil db or store", ErrInvalidConfig)
 	}
-	if cfg.RetentionDays < 0 || cfg.PrepareDays < 0 || cfg.MaxAttempts < 0 || cfg.MinBackoff < 0 || cfg.MaxBackoff < 0 {
+	if cfg.RetentionDays < 0 || cfg.PrepareDays < 0 || cfg.MaxFutureDays < 0 || cfg.MaxAttempts < 0 || cfg.MinBackoff < 0 || cfg.MaxBackoff < 0 {
 		return nil, fmt.Errorf("%w: negative value in %+v", ErrInvalidConfig, cfg)
 	}
 	if cfg.Expired != RejectExpired && cfg.Expired != ProcessExpired {
@@ -138,6 +147,9 @@ func New(db *gorm.DB, store Store, cfg Config) (*Inbox, error) {
 	}
 	if cfg.PrepareDays == 0 {
 		cfg.PrepareDays = DefaultPrepareDays
+	}
+	if cfg.MaxFutureDays == 0 {
+		cfg.MaxFutureDays = DefaultMaxFutureDays
 	}
 	if cfg.MaxAttempts == 0 {
 		cfg.MaxAttempts = DefaultMaxAttempts
@@ -297,6 +309,10 @@ func (ib *Inbox) Admit(msg Message) error { return ib.admit(msg, ib.cfg.Now()) }
 func (ib *Inbox) admit(msg Message, now time.Time) error {
 	if err := msg.Validate(); err != nil {
 		return err
+	}
+	if latest := DayOf(now).AddDate(0, 0, ib.cfg.MaxFutureDays); msg.Day().After(latest) {
+		return &ValidationError{Field: "event time", Value: msg.Time.UTC().Format(time.RFC3339),
+			Reason: fmt.Sprintf("its day is more than %d days after today (Config.MaxFutureDays)", ib.cfg.MaxFutureDays)}
 	}
 	oldest := ib.oldestCheckedDay(now)
 	if day := msg.Day(); day.Before(oldest) {

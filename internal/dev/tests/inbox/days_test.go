@@ -161,3 +161,27 @@ func TestHandlerErrorIsNotAMissingDay(t *testing.T) {
 		t.Errorf("handler returning the store's missing-day error: %v %v, %d PrepareDays calls; want Failed and none", out, err, len(store.prepares))
 	}
 }
+
+// An event further ahead than MaxFutureDays is invalid before any storage
+// is made for its day: a payload cannot make partitions without bound, nor
+// a claim that fails for ever.
+func TestEventsBeyondMaxFutureDaysAreInvalid(t *testing.T) {
+	ctx := t.Context()
+	ib, store, _ := newDayInbox(t)
+	today := inbox.DayOf(time.Now())
+	last := today.AddDate(0, 0, inbox.DefaultMaxFutureDays).Add(23 * time.Hour)
+	if err := ib.Admit(inbox.Message{Consumer: "c", ID: "last", Time: last}); err != nil {
+		t.Fatalf("an event on the last allowed day: %v", err)
+	}
+	beyond := inbox.Message{Consumer: "c", ID: "beyond", Time: last.Add(time.Hour)}
+	if _, err := ib.Process(ctx, beyond, noop); !errors.Is(err, inbox.ErrInvalidMessage) {
+		t.Fatalf("Process of an event a day past MaxFutureDays: %v, want ErrInvalidMessage", err)
+	}
+	res, err := ib.ProcessBatch(ctx, []inbox.Message{beyond}, noop)
+	if err != nil || len(res) != 1 || !errors.Is(res[0].Err, inbox.ErrInvalidMessage) {
+		t.Fatalf("ProcessBatch: %v %+v, want the message invalid", err, res)
+	}
+	if len(store.prepares) != 0 {
+		t.Fatalf("storage made for invalid events' days: %v", store.prepares)
+	}
+}
