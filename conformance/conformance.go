@@ -117,25 +117,34 @@ func RunCheck(ctx context.Context, newHarness HarnessMaker, c Check) (err error)
 	if err != nil {
 		return fmt.Errorf("%s: harness: %w", c.ID(), err)
 	}
-	defer func() {
-		if h.Close != nil {
-			if cerr := h.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("%s: closing harness: %w", c.ID(), cerr)
-			}
-		}
-	}()
+	defer closeHarness(c.ID(), h.Close, &err)
 	env, err := newEnv(ctx, h, !c.Unmigrated)
 	if err != nil {
 		return fmt.Errorf("%s: setup: %w", c.ID(), err)
 	}
 	defer env.dropEffects()
+	return runRecovered(c.ID(), func() error { return c.Run(ctx, env) })
+}
+
+// closeHarness closes a check's harness; the check's own error comes first.
+func closeHarness(id string, closeFn func() error, err *error) {
+	if closeFn == nil {
+		return
+	}
+	if cerr := closeFn(); cerr != nil && *err == nil {
+		*err = fmt.Errorf("%s: closing harness: %w", id, cerr)
+	}
+}
+
+// runRecovered runs a check, turning its panic into its error.
+func runRecovered(id string, run func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%s: panicked: %v", c.ID(), r)
+			err = fmt.Errorf("%s: panicked: %v", id, r)
 		}
 	}()
-	if err := c.Run(ctx, env); err != nil {
-		return fmt.Errorf("%s: %w", c.ID(), err)
+	if err := run(); err != nil {
+		return fmt.Errorf("%s: %w", id, err)
 	}
 	return nil
 }

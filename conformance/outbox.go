@@ -77,13 +77,7 @@ func RunOutboxCheck(ctx context.Context, newHarness OutboxHarnessMaker, c Outbox
 	if err != nil {
 		return fmt.Errorf("%s: harness: %w", c.ID(), err)
 	}
-	defer func() {
-		if h.Close != nil {
-			if cerr := h.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("%s: closing harness: %w", c.ID(), cerr)
-			}
-		}
-	}()
+	defer closeHarness(c.ID(), h.Close, &err)
 	if h.DB == nil || h.Store == nil {
 		return fmt.Errorf("%s: harness without DB or Store", c.ID())
 	}
@@ -96,15 +90,7 @@ func RunOutboxCheck(ctx context.Context, newHarness OutboxHarnessMaker, c Outbox
 	if err := env.Outbox().Migrate(ctx); err != nil {
 		return fmt.Errorf("%s: migrate: %w", c.ID(), err)
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%s: panicked: %v", c.ID(), r)
-		}
-	}()
-	if err := c.Run(ctx, env); err != nil {
-		return fmt.Errorf("%s: %w", c.ID(), err)
-	}
-	return nil
+	return runRecovered(c.ID(), func() error { return c.Run(ctx, env) })
 }
 
 // OutboxEnv is what an outbox check works with.

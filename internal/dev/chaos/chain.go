@@ -431,37 +431,18 @@ func (c *chainRun) startLocked(ctx context.Context, role chainRole, relayID stri
 // publish and its acknowledgement, or between a commit and its offset
 // commit: the moments that make duplicates.
 func (c *chainRun) waitBusy(ctx context.Context, role chainRole, max time.Duration) bool {
-	deadline := time.Now().Add(max)
-	prev := int64(-1)
-	for time.Now().Before(deadline) {
-		qctx, cancel := context.WithTimeout(ctx, time.Second)
-		var n int64
-		var err error
-		switch {
-		case role.role == inventory.RoleRelay:
-			n, err = c.chain.Unpublished(qctx, c.db, role.stage)
-			if err == nil && n >= 3 {
-				cancel()
-				return true
-			}
-			n = -1
-		case role.stage == inventory.StageReserve:
-			n, err = c.chain.Reserved(qctx, c.db)
-		default:
-			n, err = c.chain.Booked(qctx, c.db)
-		}
-		cancel()
-		if err == nil && n >= 0 {
-			if prev >= 0 && n > prev {
-				return true
-			}
-			prev = n
-		}
-		if backoff.Sleep(ctx, 20*time.Millisecond) != nil {
-			return false
-		}
+	if role.role == inventory.RoleRelay {
+		return pollUntil(ctx, max, 20*time.Millisecond, func(ctx context.Context) bool {
+			n, err := c.chain.Unpublished(ctx, c.db, role.stage)
+			return err == nil && n >= 3
+		})
 	}
-	return false
+	return pollUntil(ctx, max, 20*time.Millisecond, rises(func(ctx context.Context) (int64, error) {
+		if role.stage == inventory.StageReserve {
+			return c.chain.Reserved(ctx, c.db)
+		}
+		return c.chain.Booked(ctx, c.db)
+	}))
 }
 
 // killRandom kills a random process of a random role with SIGKILL, at a

@@ -559,23 +559,42 @@ func (r *run) killer(ctx context.Context) error {
 // effects (the ledger grows), so that a kill is likely to land in the middle
 // of a transaction or between a commit and its offset commit.
 func (r *run) waitBusy(ctx context.Context, max time.Duration) bool {
+	return pollUntil(ctx, max, 100*time.Millisecond, rises(func(ctx context.Context) (int64, error) {
+		return r.backend.Reservations(ctx, r.db)
+	}))
+}
+
+// pollUntil calls cond every `every`, each call under a timeout of 1 s,
+// until it holds (true), or max passed or ctx ended (false).
+func pollUntil(ctx context.Context, max, every time.Duration, cond func(context.Context) bool) bool {
 	deadline := time.Now().Add(max)
-	prev := int64(-1)
 	for time.Now().Before(deadline) {
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
-		n, err := r.backend.Reservations(qctx, r.db)
+		ok := cond(qctx)
 		cancel()
-		if err == nil {
-			if prev >= 0 && n > prev {
-				return true
-			}
-			prev = n
+		if ok {
+			return true
 		}
-		if backoff.Sleep(ctx, 100*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, every) != nil {
 			return false
 		}
 	}
 	return false
+}
+
+// rises is the condition that count read higher than at its previous
+// successful reading; a failed reading changes nothing.
+func rises(count func(context.Context) (int64, error)) func(context.Context) bool {
+	prev := int64(-1)
+	return func(ctx context.Context) bool {
+		n, err := count(ctx)
+		if err != nil {
+			return false
+		}
+		up := prev >= 0 && n > prev
+		prev = n
+		return up
+	}
 }
 
 // disruptor restarts the broker and the database and terminates database
