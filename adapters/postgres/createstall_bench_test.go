@@ -86,7 +86,13 @@ func partitionStall(tb testing.TB, n int) (normal, live, far stallStats, maintai
 	if err := db.Exec(`VACUUM ANALYZE "` + store.Schema() + `".stall`).Error; err != nil {
 		tb.Fatal(err)
 	}
-	ib, err := inbox.New(db, store, inbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Expired: inbox.ProcessExpired})
+	ib, err := inbox.New(db, store, inbox.Config{
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Expired: inbox.ProcessExpired,
+		// The far-future days (2100, 2200) are past the default limit on
+		// purpose: they stand for any day that has no partition yet.
+		MaxFutureDays: 100_000,
+	})
 	if err != nil {
 		tb.Fatal(err)
 	}

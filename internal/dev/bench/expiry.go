@@ -19,7 +19,15 @@ const (
 	ExpiryNone     = "none"     // no expiry: the reference
 	ExpiryMaintain = "maintain" // the Store's own expiry (Inbox.MaintainPlan)
 	ExpiryDelete   = "delete"   // one DELETE ... WHERE day < cutoff, as row-based inboxes do
+	// ExpiryBatches deletes the expired rows 1000 at a time, each batch its
+	// own transaction (the SQLite Store's expiry): no DDL on the inbox
+	// table at all, the reference for what expiry costs without a
+	// partition change.
+	ExpiryBatches = "batches"
 )
+
+// expiryBatch is the rows per transaction of ExpiryBatches.
+const expiryBatch = 1000
 
 // ExpiryResult is the insert latency of Process workers while a day of rows
 // expires.
@@ -79,7 +87,7 @@ func windowP99s(ops []Op, elapsed, w time.Duration) []time.Duration {
 func ExpiryLoad(ctx context.Context, b *Backend, rows int, o Options) ([]ExpiryResult, error) {
 	o = o.withDefaults()
 	var out []ExpiryResult
-	for _, mode := range []string{ExpiryNone, ExpiryMaintain, ExpiryDelete} {
+	for _, mode := range []string{ExpiryNone, ExpiryMaintain, ExpiryDelete, ExpiryBatches} {
 		r, err := expiryRun(ctx, b, rows, mode, o)
 		if err != nil {
 			return out, err
@@ -177,6 +185,8 @@ func expiryRun(ctx context.Context, b *Backend, rows int, mode string, o Options
 			case ExpiryDelete:
 				r := b.DB.WithContext(runCtx).Exec(`DELETE FROM `+f.InboxTable+` WHERE day < ?`, cutoffArg(b.Dialect, cutoff))
 				expErr, res.Removed = r.Error, r.RowsAffected
+			case ExpiryBatches:
+				res.Removed, expErr = deleteInBatches(runCtx, b, f.InboxTable, cutoff)
 			}
 			expEnd = time.Since(start)
 			if expErr != nil {
@@ -223,6 +233,36 @@ func expiryRun(ctx context.Context, b *Backend, rows int, mode string, o Options
 		}
 	}
 	return res, nil
+}
+
+// deleteInBatches deletes the rows of days before cutoff, expiryBatch rows
+// per statement, each statement its own transaction.
+func deleteInBatches(ctx context.Context, b *Backend, table string, cutoff time.Time) (int64, error) {
+	q := `DELETE FROM ` + table + ` WHERE day < ? LIMIT ` + fmt.Sprint(expiryBatch)
+	switch b.Dialect {
+	case Postgres:
+		// A ctid names a row within one partition only: the day bound
+		// keeps the other partitions' rows out.
+		q = `DELETE FROM ` + table + ` WHERE day < ?::date AND ctid = ANY(ARRAY(SELECT ctid FROM ` + table + ` WHERE day < ?::date LIMIT ` + fmt.Sprint(expiryBatch) + `))`
+	case SQLite:
+		q = `DELETE FROM ` + table + ` WHERE rowid IN (SELECT rowid FROM ` + table + ` WHERE day < ? LIMIT ` + fmt.Sprint(expiryBatch) + `)`
+	}
+	var removed int64
+	for {
+		arg := cutoffArg(b.Dialect, cutoff)
+		args := []any{arg}
+		if b.Dialect == Postgres {
+			args = append(args, arg)
+		}
+		r := b.DB.WithContext(ctx).Exec(q, args...)
+		if r.Error != nil {
+			return removed, r.Error
+		}
+		removed += r.RowsAffected
+		if r.RowsAffected < expiryBatch {
+			return removed, nil
+		}
+	}
 }
 
 // cutoffArg is a day as the dialect's day column compares it.

@@ -19,6 +19,11 @@ type Machine struct {
 	MemTotal string
 	Go       string
 	Kernel   string
+	// DataFS is the file system under os.TempDir(), where
+	// scripts/with-services.sh keeps the servers' data: its type and mount
+	// options. Online discard ("discard") matters here: freeing a dropped
+	// partition's blocks then stalls every fsync on the file system.
+	DataFS string
 }
 
 // ThisMachine reads /proc for the CPU model, memory and kernel.
@@ -31,7 +36,29 @@ func ThisMachine() Machine {
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(b))
 	}
+	m.DataFS = mountOf(os.TempDir())
 	return m
+}
+
+// mountOf describes the mount holding dir, from /proc/self/mounts: the
+// longest mount point that is a prefix of dir.
+func mountOf(dir string) string {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return ""
+	}
+	var best, desc string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			continue
+		}
+		mp := f[1]
+		if (dir == mp || strings.HasPrefix(dir, strings.TrimSuffix(mp, "/")+"/")) && len(mp) >= len(best) {
+			best, desc = mp, fmt.Sprintf("%s on %s (%s)", f[2], mp, f[3])
+		}
+	}
+	return desc
 }
 
 func procField(path, key string) string {
@@ -52,8 +79,8 @@ func procField(path, key string) string {
 
 // Markdown renders the machine.
 func (m Machine) Markdown() string {
-	return fmt.Sprintf("| CPUs (nproc) | %d |\n| CPU model | %s |\n| memory | %s |\n| kernel | %s |\n| Go | %s |\n",
-		m.CPUs, m.CPUModel, m.MemTotal, m.Kernel, m.Go)
+	return fmt.Sprintf("| CPUs (nproc) | %d |\n| CPU model | %s |\n| memory | %s |\n| kernel | %s |\n| Go | %s |\n| servers' data | %s |\n",
+		m.CPUs, m.CPUModel, m.MemTotal, m.Kernel, m.Go, m.DataFS)
 }
 
 // Settings returns the server settings that shape the numbers.
@@ -152,7 +179,7 @@ func ExpiryTable(byBackend map[string][]ExpiryResult, order []string) string {
 	b.WriteString("| backend | expiry of one day | rows | expiry time s | Process calls during it | p50 ms | p99 ms | max ms | p99 / p99 without expiry | p99 of windows as long, without expiry: median (max), ms | p99 / that median |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, name := range order {
 		for _, r := range byBackend[name] {
-			mode := map[string]string{ExpiryNone: "none (reference, whole run)", ExpiryMaintain: "Inbox.Maintain (" + expiryMethod(name) + ")", ExpiryDelete: "one DELETE ... WHERE day < cutoff"}[r.Mode]
+			mode := map[string]string{ExpiryNone: "none (reference, whole run)", ExpiryMaintain: "Inbox.Maintain (" + expiryMethod(name) + ")", ExpiryDelete: "one DELETE ... WHERE day < cutoff", ExpiryBatches: "DELETE of 1000 rows per transaction, no DDL"}[r.Mode]
 			t := "-"
 			if r.Mode != ExpiryNone {
 				t = fmt.Sprintf("%.3f", r.ExpiryTime.Seconds())
