@@ -440,31 +440,31 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []Row, fn func(tx
 		// BEGIN can fail before the claim runs.
 		defer ct.done(nil, errClaimNotRun)
 	}
-	open := func() (*gorm.DB, error) {
+	open := func() (*gorm.DB, func(), error) {
 		if cb, ok := ib.store.(ClaimBeginner); ok {
 			tx, ins, ok, err := cb.BeginClaim(cctx, ib.db.WithContext(ctx), ib.cfg.TxOptions, rows)
 			if err != nil {
 				err = &dbError{op: "begin and claim", err: err}
 				ct.done(nil, err)
-				return nil, err
+				return nil, nil, err
 			}
 			if ok {
 				if len(ins) != len(rows) {
 					_ = tx.Rollback().Error
 					err := &dbError{op: "claim", err: fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(ins), len(rows))}
 					ct.done(nil, err)
-					return nil, err
+					return nil, nil, err
 				}
 				inserted = ins
 				ct.done(ins, nil)
-				return tx, nil
+				return tx, nil, nil
 			}
 		}
-		tx, err := begin(ctx, ib.db, ib.cfg.TxOptions)
+		tx, release, err := begin(ctx, ib.db, ib.cfg.TxOptions)
 		if err != nil {
 			ct.done(nil, err)
 		}
-		return tx, err
+		return tx, release, err
 	}
 	return runTxFrom(ctx, open, ib.store, func(tx *gorm.DB) error {
 		if inserted == nil {

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"gorm.io/gorm"
 )
@@ -287,29 +288,74 @@ func afterStatement(db *gorm.DB) {
 // runTx runs fn in a new transaction on db and commits it, telling the
 // database's failures (a *dbError) apart from fn's own errors and from a
 // COMMIT the database refused (a *CommitError). The transaction is rolled
-// back whenever it does not commit, also when fn panics.
+// back whenever it does not commit, also when fn panics, and it has ended
+// when runTx returns.
 func runTx(ctx context.Context, db *gorm.DB, classify ErrorClassifier, opts *sql.TxOptions, fn func(tx *gorm.DB) error) error {
-	return runTxFrom(ctx, func() (*gorm.DB, error) { return begin(ctx, db, opts) }, classify, fn)
+	return runTxFrom(ctx, func() (*gorm.DB, func(), error) { return begin(ctx, db, opts) }, classify, fn)
 }
 
-func begin(ctx context.Context, db *gorm.DB, opts *sql.TxOptions) (*gorm.DB, error) {
+// begin opens a transaction on db whose statements run under ctx. The
+// returned function must be called once the transaction has ended.
+//
+// database/sql rolls back a transaction whose BeginTx context is done from a
+// goroutine of its own, and Tx.Commit then answers ctx.Err() at once: the
+// caller would return while its transaction still holds its locks (on
+// SQLite, the database's write lock, so that the redelivery, or the next
+// writer without a busy timeout, fails with SQLITE_BUSY). So the transaction
+// is begun under a context that ctx's end does not cancel, and runTxFrom
+// ends it itself, before it returns. The transaction's context is still
+// cancelled rollbackGrace after ctx ends, so that a driver whose COMMIT or
+// ROLLBACK waits on it (pgx's) cannot hang an ended caller for ever.
+func begin(ctx context.Context, db *gorm.DB, opts *sql.TxOptions) (*gorm.DB, func(), error) {
 	var txOpts []*sql.TxOptions
 	if opts != nil {
 		txOpts = append(txOpts, opts)
 	}
-	tx := db.WithContext(ctx).Begin(txOpts...)
+	txCtx, release := detach(ctx, rollbackGrace)
+	tx := db.WithContext(txCtx).Begin(txOpts...)
 	if tx.Error != nil {
-		return nil, &dbError{op: "begin", err: tx.Error}
+		release()
+		return nil, nil, &dbError{op: "begin", err: tx.Error}
 	}
-	return tx, nil
+	return tx.WithContext(ctx), release, nil
+}
+
+// rollbackGrace bounds how long a transaction may take to end once its
+// caller's context is done (as the PostgreSQL adapter bounds its own
+// ROLLBACK).
+var rollbackGrace = 10 * time.Second
+
+// detach returns a context with ctx's values that is cancelled grace after
+// ctx is done, or by release, which must be called once.
+func detach(ctx context.Context, grace time.Duration) (context.Context, func()) {
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	released := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-released:
+		}
+	})
+	return dctx, func() {
+		stop()
+		close(released)
+		cancel()
+	}
 }
 
 // runTxFrom is runTx with the transaction opened by begin, whose errors
-// must be database failures already.
-func runTxFrom(ctx context.Context, begin func() (*gorm.DB, error), classify ErrorClassifier, fn func(tx *gorm.DB) error) error {
-	tx, err := begin()
+// must be database failures already; begin's function, if not nil, is
+// called once the transaction has ended.
+func runTxFrom(ctx context.Context, begin func() (*gorm.DB, func(), error), classify ErrorClassifier, fn func(tx *gorm.DB) error) error {
+	tx, release, err := begin()
 	if err != nil {
 		return err
+	}
+	if release != nil {
+		defer release()
 	}
 	tx, st, untrack := track(tx, &txState{classify: classify})
 	defer untrack()
@@ -331,14 +377,26 @@ func runTxFrom(ctx context.Context, begin func() (*gorm.DB, error), classify Err
 		return doomed
 	}
 	_, failed := st.state()
+	// A done context refuses COMMIT, as database/sql's Tx.Commit does; the
+	// deferred rollback ends the transaction before the caller goes on.
+	if err := ctx.Err(); err != nil {
+		return commitError(classify, failed, err)
+	}
 	ended = true
 	if err := tx.Commit().Error; err != nil {
-		if failed == nil && classify.IsRetryable(err) {
-			return &dbError{op: "commit", err: err}
-		}
-		return &CommitError{Err: err}
+		return commitError(classify, failed, err)
 	}
 	return nil
+}
+
+// commitError is the error of a transaction that did not commit at COMMIT:
+// a database failure if the database refused it for a transient reason and
+// no statement had failed before, else a *CommitError.
+func commitError(classify ErrorClassifier, failed, err error) error {
+	if failed == nil && classify.IsRetryable(err) {
+		return &dbError{op: "commit", err: err}
+	}
+	return &CommitError{Err: err}
 }
 
 // Transact runs fn in one transaction on db and commits it, with the fault

@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	gormsqlite "gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
@@ -301,5 +303,68 @@ func TestMaintainPlanRefusesExpiringCheckedDays(t *testing.T) {
 	plan.ExpireBefore = ib.OldestCheckedDay()
 	if _, err := ib.MaintainPlan(t.Context(), plan); err != nil {
 		t.Fatalf("plan expiring up to the oldest checked day: %v", err)
+	}
+}
+
+// TestCancelledProcessEndsItsTransaction: a delivery whose context is
+// cancelled before COMMIT has rolled its transaction back by the time
+// Process returns. database/sql would otherwise roll it back from a
+// goroutine of its own, and the next writer without a busy timeout (here a
+// BEGIN IMMEDIATE on another pool) would find the database still locked.
+func TestCancelledProcessEndsItsTransaction(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.db")
+	db, err := gorm.Open(inboxsqlite.Open(path), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeGorm(db)
+	store, err := inboxsqlite.New(inboxsqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.New(db, store, inbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	other, err := gorm.Open(gormsqlite.Open("file:"+path+"?_busy_timeout=0"), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeGorm(other)
+	sqlOther, err := other.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		ctx, cancel := context.WithCancel(t.Context())
+		out, err := ib.Process(ctx, msg(fmt.Sprintf("cancel-%d", i)), func(context.Context, *gorm.DB, inbox.Message) error {
+			cancel()
+			return nil
+		})
+		cancel()
+		if out != inbox.Failed || !errors.Is(err, context.Canceled) {
+			t.Fatalf("delivery %d cancelled before COMMIT: %v %v", i, out, err)
+		}
+		conn, err := sqlOther.Conn(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = conn.ExecContext(t.Context(), "BEGIN IMMEDIATE")
+		if err == nil {
+			_, err = conn.ExecContext(t.Context(), "ROLLBACK")
+		}
+		_ = conn.Close()
+		if err != nil {
+			t.Fatalf("delivery %d: Process returned, but its transaction still holds the database: %v", i, err)
+		}
+	}
+}
+
+func closeGorm(db *gorm.DB) {
+	if s, err := db.DB(); err == nil {
+		_ = s.Close()
 	}
 }
