@@ -70,6 +70,9 @@ var concurrencyChecks = []Check{
 			var firstOut inbox.Outcome
 			var firstDone sync.WaitGroup
 			firstFinished := make(chan struct{})
+			// Also on an early return: the first delivery must have ended
+			// (and rolled back) before the harness drops its table.
+			defer firstDone.Wait()
 			firstDone.Go(func() {
 				defer close(firstFinished)
 				firstOut, firstErr = ib.Process(ctx, msg, func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {

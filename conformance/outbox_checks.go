@@ -183,7 +183,15 @@ func checkPerKeyOrder(ctx context.Context, env *OutboxEnv) error {
 	ob := env.Outbox()
 	const writers, keysPerWriter, perKey = 4, 3, 8
 	want := map[string][]string{}
-	var wg sync.WaitGroup
+	// Whichever way the check returns, its writers are stopped and gone
+	// before the harness drops the tables (see checkSeveralRelays).
+	writeCtx, stop := context.WithCancel(ctx)
+	var wg, watcher sync.WaitGroup
+	defer func() {
+		stop()
+		wg.Wait()
+		watcher.Wait()
+	}()
 	errs := make(chan error, writers)
 	for w := range writers {
 		for k := range keysPerWriter {
@@ -198,7 +206,7 @@ func checkPerKeyOrder(ctx context.Context, env *OutboxEnv) error {
 			for i := range perKey {
 				for k := range keysPerWriter {
 					key := fmt.Sprintf("w%d-k%d", w, k)
-					if err := env.enqueueTx(ctx, ob, key, msgOf("orders", key, strconv.Itoa(i))); err != nil {
+					if err := env.enqueueTx(writeCtx, ob, key, msgOf("orders", key, strconv.Itoa(i))); err != nil {
 						errs <- fmt.Errorf("writer %d: %w", w, err)
 						return
 					}
@@ -207,7 +215,7 @@ func checkPerKeyOrder(ctx context.Context, env *OutboxEnv) error {
 		})
 	}
 	writing := make(chan struct{})
-	go func() { wg.Wait(); close(writing) }()
+	watcher.Go(func() { wg.Wait(); close(writing) })
 	rec := &Recorder{}
 	relay := env.Relay(ob, rec, "r1", func(c *outbox.RelayConfig) { c.MaxMessages = 7 })
 	// Publish while the writers write, so that the relay meets shards whose
@@ -241,11 +249,27 @@ func checkPerKeyOrder(ctx context.Context, env *OutboxEnv) error {
 // publish T1's after it.
 func checkCommitGap(ctx context.Context, env *OutboxEnv) error {
 	ob := env.Outbox()
+	// Whichever way the check returns, T2 and the early relay cycle are
+	// stopped and gone, T1 rolled back (which T2 may be waiting for), and
+	// db2 closed, in that order, before the harness drops the tables. T1
+	// stays under ctx, so that its rollback is its own and not database/sql's,
+	// run from a goroutine of its own once runCtx ends.
+	runCtx, stop := context.WithCancel(ctx)
+	var running sync.WaitGroup
+	var closeDB2 func()
 	t1 := env.H.DB.WithContext(ctx).Begin()
 	if t1.Error != nil {
+		stop()
 		return t1.Error
 	}
-	defer t1.Rollback()
+	defer func() {
+		stop()
+		t1.Rollback()
+		running.Wait()
+		if closeDB2 != nil {
+			closeDB2()
+		}
+	}()
 	if err := ob.Enqueue(ctx, t1, msgOf("orders", "gap", "first")); err != nil {
 		return fmt.Errorf("T1 enqueue: %w", err)
 	}
@@ -257,16 +281,16 @@ func checkCommitGap(ctx context.Context, env *OutboxEnv) error {
 		if db2, err = env.H.Open(ctx); err != nil {
 			return err
 		}
-		defer closeDB(db2)
+		closeDB2 = func() { closeDB(db2) }
 	}
 	ob2 := env.OutboxOn(db2)
-	go func() {
-		err := db2.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			return ob2.Enqueue(ctx, tx, msgOf("orders", "gap", "second"))
+	running.Go(func() {
+		err := db2.WithContext(runCtx).Transaction(func(tx *gorm.DB) error {
+			return ob2.Enqueue(runCtx, tx, msgOf("orders", "gap", "second"))
 		})
 		t2Committed = time.Now()
 		t2done <- err
-	}()
+	})
 	select {
 	case err := <-t2done:
 		return fmt.Errorf("T2 committed its message for key gap (err %v) while T1, which enqueued for it first, was still open: a relay could publish T2's message before T1's", err)
@@ -276,13 +300,13 @@ func checkCommitGap(ctx context.Context, env *OutboxEnv) error {
 	// single-writer database the cycle waits for the write lock instead:
 	// what it publishes after T1 committed is not looked at.
 	rec := &Recorder{}
-	cycleCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cycleCtx, cancel := context.WithTimeout(runCtx, 5*time.Second)
 	defer cancel()
 	cycled := make(chan struct{})
-	go func() {
+	running.Go(func() {
 		defer close(cycled)
 		_, _ = env.Relay(env.OutboxOn(db2), rec, "early", func(c *outbox.RelayConfig) { c.Lease = 10 * time.Millisecond }).PublishOnce(cycleCtx)
-	}()
+	})
 	select {
 	case <-cycled:
 	case <-time.After(500 * time.Millisecond):
