@@ -24,6 +24,11 @@ const claimChunk = 1000
 // particular order and are matched to rows by key. It never raises a unique
 // violation, so the caller's transaction stays usable.
 func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+	inserted, err := s.claim(ctx, tx, rows)
+	return inserted, claimError(err)
+}
+
+func (s *Store) claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
 	if len(rows) == 1 {
 		return s.claimOne(ctx, tx, rows[0])
 	}

@@ -164,11 +164,23 @@ func TestIsRetryable(t *testing.T) {
 	if s.IsRetryable(errors.New("ERROR: could not serialize access due to concurrent update (SQLSTATE 40001)")) {
 		t.Error("IsRetryable trusted message text")
 	}
-	if !s.IsRetryable(&pgconn.PgError{Code: "XX000", Routine: "ExecInitPartitionInfo"}) {
-		t.Error("the routing race with a concurrent detach is not retryable")
+	// The routing race with a concurrent detach (TestDetachRaceIsRetryable
+	// reproduces it) is retryable when the claim raised it, and only then.
+	race := &pgconn.PgError{Code: "XX000", Message: "invalid arbiter index list", Routine: "ExecInitPartitionInfo"}
+	if !s.IsRetryable(fmt.Errorf("begin and claim: %w", claimError(fmt.Errorf("postgres: claim: %w", race)))) {
+		t.Error("the claim's routing race with a concurrent detach is not retryable")
 	}
-	if s.IsRetryable(&pgconn.PgError{Code: "XX000", Routine: "heap_insert"}) {
-		t.Error("any internal error is retryable")
+	if s.IsRetryable(fmt.Errorf("statement: %w", race)) {
+		t.Error("XX000 of ExecInitPartitionInfo raised by a statement other than the claim (a handler's own table) is retryable")
+	}
+	for _, pe := range []*pgconn.PgError{
+		{Code: "XX000", Message: "invalid arbiter index list", Routine: "heap_insert"},
+		{Code: "XX000", Message: "invalid arbiter index list"},
+		{Code: "XX001", Routine: "ExecInitPartitionInfo"},
+	} {
+		if s.IsRetryable(claimError(pe)) {
+			t.Errorf("claim error %+v is retryable: only XX000 raised in ExecInitPartitionInfo is", pe)
+		}
 	}
 	if s.IsRetryable(nil) {
 		t.Error("IsRetryable(nil)")

@@ -69,7 +69,7 @@ func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 			err = cerr
 		}
 		if err != nil {
-			return fmt.Errorf("postgres: claim in %s: %w", s.parent(), err)
+			return claimError(fmt.Errorf("postgres: claim in %s: %w", s.parent(), err))
 		}
 		return nil
 	})

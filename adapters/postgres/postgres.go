@@ -51,6 +51,27 @@
 // transient, so the inbox runs the transaction again and then sees a
 // duplicate.
 //
+// One internal error (SQLSTATE XX000) is transient too, and only when the
+// claim itself raises it: "invalid arbiter index list", raised by the
+// server's ExecInitPartitionInfo (PostgreSQL 14 and later; reproduced on 15
+// by TestDetachRaceIsRetryable). Why it is safe to run again: an INSERT at
+// REPEATABLE READ or SERIALIZABLE routes its rows by a view of the
+// partitions, taken once per statement, that still holds a partition whose
+// DETACH ... CONCURRENTLY has begun (READ COMMITTED leaves it out). If the
+// detach finalizes after the claim took that view but before the claim
+// opens that partition (between its rows, e.g. while it waits for a lock of
+// another partition), the partition's key index is no longer a child of the
+// inbox table's, the ON CONFLICT arbiter cannot be mapped onto it, and the
+// statement fails: none of its rows is written, and the transaction is
+// rolled back. Run again, the claim takes a new view without the partition:
+// the row's day has no partition (IsMissingDay) and the inbox makes it on
+// demand. The error is recognised by its code and its routine field (the
+// server function that raised it: an error field, not the message text).
+// ExecInitPartitionInfo raises no other error with this code for an INSERT
+// (its only other one is for MERGE). An internal error of any other
+// routine, or one raised by any statement but the claim's (a handler's own
+// insert into a partitioned table of its own), is not transient.
+//
 // The package name collides with gorm.io/driver/postgres; import it with an
 // alias:
 //
@@ -191,10 +212,35 @@ const (
 	sqlstateClassConnection      = "08"    // connection exceptions
 	sqlstateInternalError        = "XX000"
 	// routingRaceRoutine is the server function (the error's routine
-	// field) that raises XX000 when a row is routed into a partition whose
-	// concurrent detach has begun.
+	// field) that raises XX000 "invalid arbiter index list" when a claim
+	// routes a row into a partition whose concurrent detach finalized after
+	// the claim took its view of the partitions.
 	routingRaceRoutine = "ExecInitPartitionInfo"
 )
+
+// detachRaceError is the error of a claim that PostgreSQL refused with an
+// internal error (XX000) raised in ExecInitPartitionInfo: the claim routed a
+// row into a partition whose DETACH ... CONCURRENTLY finalized meanwhile
+// (see the package documentation). Nothing was written; it is retryable.
+type detachRaceError struct{ Err error }
+
+func (e *detachRaceError) Error() string {
+	return e.Err.Error() + " (a partition's concurrent detach finalized while the claim routed its rows; run the transaction again)"
+}
+
+func (e *detachRaceError) Unwrap() error { return e.Err }
+
+// claimError wraps err, an error of the claim statement itself, in a
+// *detachRaceError if it is the routing race with a concurrent detach. Only
+// the claim's errors are looked at: the same internal error raised by any
+// other statement says nothing this package knows about.
+func claimError(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == sqlstateInternalError && pe.Routine == routingRaceRoutine {
+		return &detachRaceError{Err: err}
+	}
+	return err
+}
 
 // sqlStater is implemented by the errors of pgx (*pgconn.PgError, the
 // default driver of gorm.io/driver/postgres) and of lib/pq.
@@ -210,23 +256,18 @@ var _ sqlStater = (*pgconn.PgError)(nil)
 // made or broke (pgconn's connect errors, errors pgconn reports safe to
 // retry, a bad or closed connection, a network error). A retry after a lost
 // COMMIT is safe: if the COMMIT did land, the inbox row turns the retry into
-// a Duplicate. Also retryable: a *DayBusyError, and the internal error
-// (XX000, raised in the server's ExecInitPartitionInfo) of a row routed into
-// a partition whose concurrent detach has just begun. The caller's own
-// context ending is never retryable.
+// a Duplicate. Also retryable: a *DayBusyError, and a claim whose rows were
+// routed into a partition whose concurrent detach finalized meanwhile (see
+// the package documentation). The caller's own context
+// ending is never retryable.
 func (s *Store) IsRetryable(err error) bool { return isRetryable(err) }
 
 func isRetryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == sqlstateInternalError && pe.Routine == routingRaceRoutine {
-		// A statement of a transaction whose snapshot predates a concurrent
-		// detach routed a row (of the expired day) into the partition being
-		// detached, whose index had already left the inbox table's key
-		// ("invalid arbiter index list"): raised before any row is written;
-		// run again, the statement sees the partition gone.
+	var race *detachRaceError
+	if errors.As(err, &race) {
 		return true
 	}
 	var se sqlStater
