@@ -440,9 +440,11 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []Row, fn func(tx
 		// BEGIN can fail before the claim runs.
 		defer ct.done(nil, errClaimNotRun)
 	}
-	open := func() (*gorm.DB, error) {
+	// tctx is ctx carrying the transaction's statement state (see
+	// runTxFrom): the transaction's own context.
+	open := func(tctx context.Context) (*gorm.DB, error) {
 		if cb, ok := ib.store.(ClaimBeginner); ok {
-			tx, ins, ok, err := cb.BeginClaim(cctx, ib.db.WithContext(ctx), ib.cfg.TxOptions, rows)
+			tx, ins, ok, err := cb.BeginClaim(cctx, ib.db.WithContext(tctx), ib.cfg.TxOptions, rows)
 			if err != nil {
 				err = &dbError{op: "begin and claim", err: err}
 				ct.done(nil, err)
@@ -460,7 +462,7 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []Row, fn func(tx
 				return tx, nil
 			}
 		}
-		tx, err := begin(ctx, ib.db, ib.cfg.TxOptions)
+		tx, err := begin(tctx, ib.db, ib.cfg.TxOptions)
 		if err != nil {
 			ct.done(nil, err)
 		}

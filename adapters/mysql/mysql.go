@@ -149,6 +149,8 @@ type Store struct {
 	// and the days it knows have a partition (known, time.Time keys).
 	list  atomic.Bool
 	known sync.Map
+
+	claimOne string // buildClaimSQL(1), made by New
 }
 
 // New returns a Store for the configured table.
@@ -181,7 +183,7 @@ func New(opts Options) (*Store, error) {
 	if opts.InitialDays == 0 {
 		opts.InitialDays = 7
 	}
-	return &Store{
+	s := &Store{
 		table:       qualified,
 		name:        opts.Table,
 		schema:      opts.Schema,
@@ -189,7 +191,9 @@ func New(opts Options) (*Store, error) {
 		lockWait:    opts.LockWait,
 		ddlLockWait: opts.DDLLockWait,
 		initialDays: opts.InitialDays,
-	}, nil
+	}
+	s.claimOne = s.buildClaimSQL(1)
+	return s, nil
 }
 
 // Table returns the inbox table name (unqualified).

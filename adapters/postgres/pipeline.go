@@ -77,8 +77,13 @@ func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 		(&pipelinedTx{ctx: ctx, conn: conn}).abandon()
 		return nil, nil, false, err
 	}
-	tx := db.WithContext(ctx)
-	tx.Statement.ConnPool = &pipelinedTx{ctx: ctx, conn: conn}
+	// The transaction goes by db's context, not by the claim's.
+	txCtx := db.Statement.Context
+	if txCtx == nil {
+		txCtx = ctx
+	}
+	tx := db.WithContext(txCtx)
+	tx.Statement.ConnPool = &pipelinedTx{ctx: txCtx, conn: conn}
 	return tx, inserted, true, nil
 }
 
