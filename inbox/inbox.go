@@ -310,12 +310,12 @@ func (ib *Inbox) admit(msg Message, now time.Time) error {
 	if err := msg.Validate(); err != nil {
 		return err
 	}
-	if latest := DayOf(now).AddDate(0, 0, ib.cfg.MaxFutureDays); msg.Day().After(latest) {
+	day, today := msg.Day(), DayOf(now)
+	if latest := today.AddDate(0, 0, ib.cfg.MaxFutureDays); day.After(latest) {
 		return &ValidationError{Field: "event time", Value: msg.Time.UTC().Format(time.RFC3339),
 			Reason: fmt.Sprintf("its day is more than %d days after today (Config.MaxFutureDays)", ib.cfg.MaxFutureDays)}
 	}
-	oldest := ib.oldestCheckedDay(now)
-	if day := msg.Day(); day.Before(oldest) {
+	if oldest := today.AddDate(0, 0, -ib.cfg.RetentionDays); day.Before(oldest) {
 		if ib.cfg.Expired == RejectExpired {
 			return &ExpiredError{Day: day, Oldest: oldest}
 		}

@@ -199,16 +199,19 @@ func track(tx *gorm.DB, st *txState) (*gorm.DB, *txState, func()) {
 	if cur := lookupState(tx); cur != nil && cur != st {
 		return tx, cur, func() {}
 	}
-	if s, _ := tx.Statement.Context.Value(txStateKey{}).(*txState); s != st {
-		tx = tx.WithContext(withState(tx.Statement.Context, st))
+	if c := tx.Statement.Context; c == nil || c.Value(txStateKey{}) != st {
+		if c == nil {
+			c = context.Background()
+		}
+		tx = tx.WithContext(withState(c, st))
 	}
 	p := tx.Statement.ConnPool
 	if p == nil || reflect.TypeOf(p).Kind() != reflect.Pointer {
 		return tx, st, func() {}
 	}
 	trackedTx.Store(p, st)
-	var once sync.Once
-	return tx, st, func() { once.Do(func() { trackedTx.Delete(p) }) }
+	// Idempotent, and never removes a later transaction's entry.
+	return tx, st, func() { trackedTx.CompareAndDelete(p, st) }
 }
 
 const (
