@@ -97,7 +97,10 @@ type Verifier interface {
 // and its life as database/sql binds a transaction to the context of
 // BeginTx, go by db's context (db.Statement.Context), which is the
 // transaction's; ctx is the claim's (with a Trace, the Claim hook's) and
-// bounds only the claim and BEGIN. When it returns an
+// bounds only the claim and BEGIN. It may return db itself with its
+// Statement.ConnPool replaced (the inbox passes a session of its own, from
+// WithContext, so that no further copy of GORM's statement is needed).
+// When it returns an
 // error, nothing is left open. ok is false, with nothing opened and no
 // error, when it cannot do so for db (another driver, GORM's prepared
 // statements): the inbox then begins and claims as usual.
