@@ -310,12 +310,12 @@ func (ib *Inbox) admit(msg Message, now time.Time) error {
 	if err := msg.Validate(); err != nil {
 		return err
 	}
-	if latest := DayOf(now).AddDate(0, 0, ib.cfg.MaxFutureDays); msg.Day().After(latest) {
+	day, today := msg.Day(), DayOf(now)
+	if latest := today.AddDate(0, 0, ib.cfg.MaxFutureDays); day.After(latest) {
 		return &ValidationError{Field: "event time", Value: msg.Time.UTC().Format(time.RFC3339),
 			Reason: fmt.Sprintf("its day is more than %d days after today (Config.MaxFutureDays)", ib.cfg.MaxFutureDays)}
 	}
-	oldest := ib.oldestCheckedDay(now)
-	if day := msg.Day(); day.Before(oldest) {
+	if oldest := today.AddDate(0, 0, -ib.cfg.RetentionDays); day.Before(oldest) {
 		if ib.cfg.Expired == RejectExpired {
 			return &ExpiredError{Day: day, Oldest: oldest}
 		}
@@ -440,9 +440,11 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []Row, fn func(tx
 		// BEGIN can fail before the claim runs.
 		defer ct.done(nil, errClaimNotRun)
 	}
-	open := func() (*gorm.DB, func(), error) {
+	// tctx is ctx carrying the transaction's statement state (see
+	// runTxFrom): the transaction's own context.
+	open := func(tctx context.Context) (*gorm.DB, func(), error) {
 		if cb, ok := ib.store.(ClaimBeginner); ok {
-			tx, ins, ok, err := cb.BeginClaim(cctx, ib.db.WithContext(ctx), ib.cfg.TxOptions, rows)
+			tx, ins, ok, err := cb.BeginClaim(cctx, ib.db.WithContext(tctx), ib.cfg.TxOptions, rows)
 			if err != nil {
 				err = &dbError{op: "begin and claim", err: err}
 				ct.done(nil, err)
@@ -460,7 +462,7 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []Row, fn func(tx
 				return tx, nil, nil
 			}
 		}
-		tx, release, err := begin(ctx, ib.db, ib.cfg.TxOptions)
+		tx, release, err := begin(tctx, ib.db, ib.cfg.TxOptions)
 		if err != nil {
 			ct.done(nil, err)
 		}

@@ -93,7 +93,14 @@ type Verifier interface {
 // *gorm.DB whose Statement.ConnPool is a gorm.TxCommitter (so that GORM's
 // Commit and Rollback end it, and a nested Transaction takes a savepoint),
 // and must not offer BeginTx (so that a handler's Begin fails as it does
-// inside any transaction, rather than committing early). When it returns an
+// inside any transaction, rather than committing early). Its statements,
+// and its life as database/sql binds a transaction to the context of
+// BeginTx, go by db's context (db.Statement.Context), which is the
+// transaction's; ctx is the claim's (with a Trace, the Claim hook's) and
+// bounds only the claim and BEGIN. It may return db itself with its
+// Statement.ConnPool replaced (the inbox passes a session of its own, from
+// WithContext, so that no further copy of GORM's statement is needed).
+// When it returns an
 // error, nothing is left open. ok is false, with nothing opened and no
 // error, when it cannot do so for db (another driver, GORM's prepared
 // statements): the inbox then begins and claims as usual.

@@ -184,21 +184,35 @@ func lookupState(db *gorm.DB) *txState {
 	return nil
 }
 
+// withState is ctx carrying st, for a transaction opened with it (see
+// runTxFrom): track then finds st there and need not derive a new
+// *gorm.DB, whose statement GORM would copy once more.
+func withState(ctx context.Context, st *txState) context.Context {
+	return context.WithValue(ctx, txStateKey{}, st)
+}
+
 // track follows tx's statements with st until the returned function is
-// called. A transaction already followed (ProcessTx inside a handler of
-// Process) keeps its state.
+// called. A transaction already followed with another state (ProcessTx
+// inside a handler of Process) keeps that state; one whose context already
+// carries st (opened under withState) is only registered by its connection
+// pool value.
 func track(tx *gorm.DB, st *txState) (*gorm.DB, *txState, func()) {
-	if cur := lookupState(tx); cur != nil {
+	if cur := lookupState(tx); cur != nil && cur != st {
 		return tx, cur, func() {}
 	}
-	tx = tx.WithContext(context.WithValue(tx.Statement.Context, txStateKey{}, st))
+	if c := tx.Statement.Context; c == nil || c.Value(txStateKey{}) != st {
+		if c == nil {
+			c = context.Background()
+		}
+		tx = tx.WithContext(withState(c, st))
+	}
 	p := tx.Statement.ConnPool
 	if p == nil || reflect.TypeOf(p).Kind() != reflect.Pointer {
 		return tx, st, func() {}
 	}
 	trackedTx.Store(p, st)
-	var once sync.Once
-	return tx, st, func() { once.Do(func() { trackedTx.Delete(p) }) }
+	// Idempotent, and never removes a later transaction's entry.
+	return tx, st, func() { trackedTx.CompareAndDelete(p, st) }
 }
 
 const (
@@ -291,33 +305,76 @@ func afterStatement(db *gorm.DB) {
 // back whenever it does not commit, also when fn panics, and it has ended
 // when runTx returns.
 func runTx(ctx context.Context, db *gorm.DB, classify ErrorClassifier, opts *sql.TxOptions, fn func(tx *gorm.DB) error) error {
-	return runTxFrom(ctx, func() (*gorm.DB, func(), error) { return begin(ctx, db, opts) }, classify, fn)
+	return runTxFrom(ctx, func(tctx context.Context) (*gorm.DB, func(), error) { return begin(tctx, db, opts) }, classify, fn)
 }
 
-// begin opens a transaction on db whose statements run under ctx. The
-// returned function must be called once the transaction has ended.
+// begin opens a transaction on db whose statements run under ctx. It is
+// GORM's db.WithContext(ctx).Begin(opts) with one copy of db's statement
+// instead of three (each a few allocations, per transaction): the same
+// *gorm.DB (a copy of db's statement, whose later statements copy it again,
+// as GORM's Begin gives) on the transaction that db's connection pool
+// begins. Where GORM's Begin does more or otherwise (a
+// DefaultTransactionTimeout to apply, an error already on db, a pool that
+// cannot begin by itself), GORM's Begin runs. The returned function must be
+// called once the transaction has ended.
 //
 // database/sql rolls back a transaction whose BeginTx context is done from a
 // goroutine of its own, and Tx.Commit then answers ctx.Err() at once: the
 // caller would return while its transaction still holds its locks (on
 // SQLite, the database's write lock, so that the redelivery, or the next
 // writer without a busy timeout, fails with SQLITE_BUSY). So the transaction
-// is begun under a context that ctx's end does not cancel, and runTxFrom
-// ends it itself, before it returns. The transaction's context is still
-// cancelled rollbackGrace after ctx ends, so that a driver whose COMMIT or
-// ROLLBACK waits on it (pgx's) cannot hang an ended caller for ever.
+// is begun under detach(ctx), which ctx's end does not cancel, and
+// runTxFrom ends it itself before it returns.
 func begin(ctx context.Context, db *gorm.DB, opts *sql.TxOptions) (*gorm.DB, func(), error) {
+	txCtx, release := detach(ctx, rollbackGrace)
+	tx, err := beginOn(ctx, txCtx, db, opts)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return tx, release, nil
+}
+
+func beginOn(ctx, txCtx context.Context, db *gorm.DB, opts *sql.TxOptions) (*gorm.DB, error) {
+	if db.Error != nil || db.DefaultTransactionTimeout > 0 {
+		return gormBegin(ctx, txCtx, db, opts)
+	}
+	tx := db.WithContext(ctx)
+	var err error
+	switch b := tx.Statement.ConnPool.(type) {
+	case gorm.TxBeginner:
+		var t *sql.Tx
+		if t, err = b.BeginTx(txCtx, opts); err == nil {
+			tx.Statement.ConnPool = t
+		}
+	case gorm.ConnPoolBeginner:
+		var t gorm.ConnPool
+		if t, err = b.BeginTx(txCtx, opts); err == nil {
+			tx.Statement.ConnPool = t
+		}
+	default:
+		return gormBegin(ctx, txCtx, db, opts)
+	}
+	if err != nil {
+		return nil, &dbError{op: "begin", err: err}
+	}
+	return tx, nil
+}
+
+// gormBegin opens a transaction with GORM's Begin under txCtx, whose
+// statements then run under ctx.
+func gormBegin(ctx, txCtx context.Context, db *gorm.DB, opts *sql.TxOptions) (*gorm.DB, error) {
 	var txOpts []*sql.TxOptions
 	if opts != nil {
 		txOpts = append(txOpts, opts)
 	}
-	txCtx, release := detach(ctx, rollbackGrace)
 	tx := db.WithContext(txCtx).Begin(txOpts...)
 	if tx.Error != nil {
-		release()
-		return nil, nil, &dbError{op: "begin", err: tx.Error}
+		return nil, &dbError{op: "begin", err: tx.Error}
 	}
-	return tx.WithContext(ctx), release, nil
+	// Begin's session has a statement of its own.
+	tx.Statement.Context = ctx
+	return tx, nil
 }
 
 // rollbackGrace bounds how long a transaction may take to end once its
@@ -325,10 +382,20 @@ func begin(ctx context.Context, db *gorm.DB, opts *sql.TxOptions) (*gorm.DB, fun
 // ROLLBACK).
 var rollbackGrace = 10 * time.Second
 
-// detach returns a context with ctx's values that is cancelled grace after
-// ctx is done, or by release, which must be called once.
+// detach returns a context with ctx's values that ctx's end does not
+// cancel: it is cancelled grace after ctx is done (so that a driver whose
+// COMMIT or ROLLBACK waits on it, pgx's, cannot hang an ended caller for
+// ever), or by release, which must be called once. Its deadline, if ctx has
+// one, is grace after ctx's: GORM's Begin then adds no
+// DefaultTransactionTimeout of its own, as it would not have to ctx.
 func detach(ctx context.Context, grace time.Duration) (context.Context, func()) {
 	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if d, ok := ctx.Deadline(); ok {
+		var cancelDeadline context.CancelFunc
+		dctx, cancelDeadline = context.WithDeadline(dctx, d.Add(grace))
+		prev := cancel
+		cancel = func() { cancelDeadline(); prev() }
+	}
 	released := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		t := time.NewTimer(grace)
@@ -346,18 +413,20 @@ func detach(ctx context.Context, grace time.Duration) (context.Context, func()) 
 	}
 }
 
-// runTxFrom is runTx with the transaction opened by begin, whose errors
-// must be database failures already; begin's function, if not nil, is
-// called once the transaction has ended.
-func runTxFrom(ctx context.Context, begin func() (*gorm.DB, func(), error), classify ErrorClassifier, fn func(tx *gorm.DB) error) error {
-	tx, release, err := begin()
+// runTxFrom is runTx with the transaction opened by begin, under the
+// context it is given (ctx carrying the transaction's statement state),
+// whose errors must be database failures already; begin's function, if not
+// nil, is called once the transaction has ended.
+func runTxFrom(ctx context.Context, begin func(ctx context.Context) (*gorm.DB, func(), error), classify ErrorClassifier, fn func(tx *gorm.DB) error) error {
+	st := &txState{classify: classify}
+	tx, release, err := begin(withState(ctx, st))
 	if err != nil {
 		return err
 	}
 	if release != nil {
 		defer release()
 	}
-	tx, st, untrack := track(tx, &txState{classify: classify})
+	tx, st, untrack := track(tx, st)
 	defer untrack()
 	ended := false
 	defer func() {

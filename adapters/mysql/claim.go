@@ -99,21 +99,14 @@ func (s *Store) claimChunk(ctx context.Context, conn gorm.ConnPool, rows []inbox
 	// before; it only has to differ from the token of the one stored row
 	// with the same key.
 	token := rand.Int64()
-	var b strings.Builder
-	b.WriteString("INSERT INTO " + s.table + " (consumer, event_id, day, event_time, topic, partition_no, offset_no, claim_token, processed_at) VALUES ")
 	args := make([]any, 0, 8*len(rows))
-	for i, r := range rows {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))")
+	for _, r := range rows {
 		// Byte slices go to the server as binary strings (with
 		// interpolateParams as _binary'...'): no charset conversion.
 		args = append(args, []byte(r.Consumer), []byte(r.EventID), dayText(r.Day), datetimeText(r.EventTime),
 			[]byte(r.Topic), r.Partition, r.Offset, token)
 	}
-	b.WriteString(" ON DUPLICATE KEY UPDATE deliveries = deliveries + 1")
-	res, err := conn.ExecContext(ctx, b.String(), args...)
+	res, err := conn.ExecContext(ctx, s.claimSQL(len(rows)), args...)
 	if err != nil {
 		if s.IsMissingDay(err) {
 			s.forgetDays(rows)
@@ -141,6 +134,28 @@ func (s *Store) claimChunk(ctx context.Context, conn gorm.ConnPool, rows []inbox
 		return nil
 	}
 	return s.readBack(ctx, conn, rows, inserted, token, fresh)
+}
+
+// claimSQL is the claim of n rows. The one-row statement, Process's, is
+// built once.
+func (s *Store) claimSQL(n int) string {
+	if n == 1 && s.claimOne != "" {
+		return s.claimOne
+	}
+	return s.buildClaimSQL(n)
+}
+
+func (s *Store) buildClaimSQL(n int) string {
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + s.table + " (consumer, event_id, day, event_time, topic, partition_no, offset_no, claim_token, processed_at) VALUES ")
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))")
+	}
+	b.WriteString(" ON DUPLICATE KEY UPDATE deliveries = deliveries + 1")
+	return b.String()
 }
 
 type rowKey struct{ consumer, eventID, day string }

@@ -25,7 +25,9 @@ import (
 // transactions, refuses Begin, and rolls back (or, failing that, discards
 // the connection) on every path that does not commit. It is used only on
 // pgx's database/sql driver without GORM's prepared statements; elsewhere
-// ok is false and the inbox begins and claims as usual.
+// ok is false and the inbox begins and claims as usual. db must be a
+// session of the caller's alone (as from WithContext): on success it is
+// the transaction returned, with its Statement.ConnPool replaced.
 func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []inbox.Row) (*gorm.DB, []bool, bool, error) {
 	pool, ok := db.Statement.ConnPool.(*sql.DB)
 	if !ok || len(rows) == 0 {
@@ -77,9 +79,16 @@ func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 		(&pipelinedTx{ctx: ctx, conn: conn}).abandon()
 		return nil, nil, false, err
 	}
-	tx := db.WithContext(ctx)
-	tx.Statement.ConnPool = &pipelinedTx{ctx: ctx, conn: conn}
-	return tx, inserted, true, nil
+	// The transaction goes by db's context, not by the claim's; db is the
+	// caller's own session (see inbox.ClaimBeginner), so it becomes the
+	// transaction without another copy of its statement.
+	txCtx := db.Statement.Context
+	if txCtx == nil {
+		txCtx = ctx
+		db.Statement.Context = ctx
+	}
+	db.Statement.ConnPool = &pipelinedTx{ctx: txCtx, conn: conn}
+	return db, inserted, true, nil
 }
 
 // beginStatement is the BEGIN for opts.

@@ -47,3 +47,33 @@ func TestPipelinedClaimIsTraced(t *testing.T) {
 		t.Errorf("trace %v\nwant  %s", got, want)
 	}
 }
+
+// The pipelined transaction's statements go by the message's context, not
+// by the context of the Claim hook, whose span ends before the handler runs.
+func TestPipelinedTxGoesByTheMessageContext(t *testing.T) {
+	db, store := fresh(t, inboxpg.Options{})
+	type msgKey struct{}
+	type claimKey struct{}
+	tr := &inbox.Trace{
+		Message: func(ctx context.Context, m inbox.Message) (context.Context, func(inbox.Outcome, error)) {
+			return context.WithValue(ctx, msgKey{}, m.ID), nil
+		},
+		Claim: func(ctx context.Context, rows []inbox.Row) (context.Context, func([]bool, error)) {
+			return context.WithValue(ctx, claimKey{}, true), nil
+		},
+	}
+	ib, err := inbox.New(db, store, inbox.Config{Trace: tr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := inbox.Message{Consumer: "c", ID: "a", Time: time.Now()}
+	_, err = ib.Process(t.Context(), m, func(_ context.Context, tx *gorm.DB, _ inbox.Message) error {
+		if c := tx.Statement.Context; c.Value(msgKey{}) != "a" || c.Value(claimKey{}) != nil {
+			t.Errorf("transaction context: message %v, claim %v; want the message's only", c.Value(msgKey{}), c.Value(claimKey{}))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

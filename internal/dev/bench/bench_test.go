@@ -179,6 +179,49 @@ func TestPrefill(t *testing.T) {
 	}
 }
 
+// TestDeleteInBatches checks the expiry suite's DDL-free reference: it
+// removes every row of the days before the cutoff, over several batches,
+// and no other row (on PostgreSQL a row's ctid is unique only within its
+// partition, so the statement must not reach the later days' partitions).
+func TestDeleteInBatches(t *testing.T) {
+	for _, name := range backends {
+		t.Run(name, func(t *testing.T) {
+			if name != "sqlite" && testing.Short() {
+				t.Skip("short")
+			}
+			ctx := t.Context()
+			be := backend(t, name, 2)
+			f, err := bench.NewFixture(ctx, be, 10, inbox.Config{}, bench.PrefillDays)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = f.Drop(context.Background()) })
+			if _, err := bench.Prefill(ctx, f, 6000, bench.Today(), bench.PrefillDays, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			cutoff := bench.Today().AddDate(0, 0, -bench.PrefillDays/2)
+			count := func(where string) int64 {
+				var n int64
+				if err := be.DB.Raw(`SELECT COUNT(*) FROM `+f.InboxTable+` WHERE day `+where+` ?`, cutoff.Format(time.DateOnly)).Scan(&n).Error; err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			old, kept := count("<"), count(">=")
+			if old < 2000 || kept == 0 {
+				t.Fatalf("fixture: %d rows before the cutoff, %d from it: want several batches' worth and some to keep", old, kept)
+			}
+			removed, err := bench.DeleteInBatches(ctx, be, f.InboxTable, cutoff)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if removed != old || count("<") != 0 || count(">=") != kept {
+				t.Fatalf("removed %d of %d old rows; left %d old and %d of %d kept", removed, old, count("<"), count(">="), kept)
+			}
+		})
+	}
+}
+
 // envInt reads a benchmark size from the environment (for quick local
 // runs), or returns def.
 func envInt(name string, def int) int {

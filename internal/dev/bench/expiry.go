@@ -186,7 +186,7 @@ func expiryRun(ctx context.Context, b *Backend, rows int, mode string, o Options
 				r := b.DB.WithContext(runCtx).Exec(`DELETE FROM `+f.InboxTable+` WHERE day < ?`, cutoffArg(b.Dialect, cutoff))
 				expErr, res.Removed = r.Error, r.RowsAffected
 			case ExpiryBatches:
-				res.Removed, expErr = deleteInBatches(runCtx, b, f.InboxTable, cutoff)
+				res.Removed, expErr = DeleteInBatches(runCtx, b, f.InboxTable, cutoff)
 			}
 			expEnd = time.Since(start)
 			if expErr != nil {
@@ -235,9 +235,10 @@ func expiryRun(ctx context.Context, b *Backend, rows int, mode string, o Options
 	return res, nil
 }
 
-// deleteInBatches deletes the rows of days before cutoff, expiryBatch rows
-// per statement, each statement its own transaction.
-func deleteInBatches(ctx context.Context, b *Backend, table string, cutoff time.Time) (int64, error) {
+// DeleteInBatches deletes the rows of table whose day is before cutoff,
+// expiryBatch rows per statement, each statement its own transaction, and
+// returns how many it deleted.
+func DeleteInBatches(ctx context.Context, b *Backend, table string, cutoff time.Time) (int64, error) {
 	q := `DELETE FROM ` + table + ` WHERE day < ? LIMIT ` + fmt.Sprint(expiryBatch)
 	switch b.Dialect {
 	case Postgres:

@@ -306,6 +306,24 @@ func TestMaintainPlanRefusesExpiringCheckedDays(t *testing.T) {
 	}
 }
 
+// The transactions Process opens keep GORM's DefaultTransactionTimeout: a
+// handler still working when it ends cannot commit.
+func TestProcessKeepsDefaultTransactionTimeout(t *testing.T) {
+	ib, _ := newTestInbox(t, inbox.Config{MaxAttempts: 1})
+	ib.DB().DefaultTransactionTimeout = 50 * time.Millisecond
+	out, err := ib.Process(t.Context(), msg("slow"), func(ctx context.Context, tx *gorm.DB, _ inbox.Message) error {
+		time.Sleep(200 * time.Millisecond)
+		return tx.Exec("SELECT 1").Error
+	})
+	if out != inbox.Failed || err == nil {
+		t.Fatalf("a handler past the transaction timeout: %v %v, want Failed", out, err)
+	}
+	ib.DB().DefaultTransactionTimeout = 0
+	if out, err := ib.Process(t.Context(), msg("slow"), noop); out != inbox.Processed || err != nil {
+		t.Fatalf("after the timed-out attempt: %v %v, want Processed (nothing committed)", out, err)
+	}
+}
+
 // TestCancelledProcessEndsItsTransaction: a delivery whose context is
 // cancelled before COMMIT has rolled its transaction back by the time
 // Process returns. database/sql would otherwise roll it back from a
