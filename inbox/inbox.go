@@ -292,7 +292,7 @@ func (ib *Inbox) IsRetryable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if IsMarkedRetryable(err) {
+	if IsMarkedRetryable(err) || errors.As(err, new(dayUnseenError)) {
 		return true
 	}
 	var de *dbError
@@ -364,8 +364,11 @@ func (ib *Inbox) newDays(rows []Row) *dayRuns {
 func (d *dayRuns) run(ctx context.Context, fn func() error) error {
 	for {
 		err := fn()
-		if err == nil || d.dp == nil || d.prepared >= MaxDayPreparations || !d.missingDay(err) || ctx.Err() != nil {
+		if err == nil || d.dp == nil || !d.missingDay(err) || ctx.Err() != nil {
 			return err
+		}
+		if d.prepared >= MaxDayPreparations {
+			return dayUnseenError{err}
 		}
 		// Only a preparation that succeeded counts: one that failed (a
 		// retryable "being detached" goes back to the retry loop, which
@@ -376,6 +379,19 @@ func (d *dayRuns) run(ctx context.Context, fn func() error) error {
 		d.prepared++
 	}
 }
+
+// dayUnseenError is a claim that still finds no storage for a row's day
+// after its days were made MaxDayPreparations times without error. The days
+// exist, so running the transaction again later is what cures it: on
+// PostgreSQL at READ COMMITTED, while a partition of another day is being
+// detached concurrently, claims were seen failing for a day attached since,
+// every one of them until the detach ended (TestMaintainUnderLoad, about 1
+// run in 60). The retry loop bounds how often it is run again; it is still
+// a database failure for the consumer.
+type dayUnseenError struct{ err error }
+
+func (e dayUnseenError) Error() string { return e.err.Error() }
+func (e dayUnseenError) Unwrap() error { return e.err }
 
 // missingDay reports whether err is the inbox's own claim failing because
 // a row's day has no storage (the Store decides, by error code), with

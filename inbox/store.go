@@ -124,7 +124,9 @@ type ClaimBeginner interface {
 // inside the caller's transaction (rolling back to its savepoint, and
 // calling PrepareDays on the inbox's own database handle while the caller's
 // transaction stays open). A claim that still finds no storage fails with
-// the Store's error. These runs are not counted against Config.MaxAttempts.
+// the Store's error, retryable ([Inbox.IsRetryable]): its days were made, so
+// another run later may see them (see dayUnseenError), and the retry loop
+// bounds how often. These runs are not counted against Config.MaxAttempts.
 type DayPreparer interface {
 	// IsMissingDay reports whether err, returned by Claim, says that a row's
 	// day has no storage. The decision must rest on error codes (and the

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -125,24 +126,26 @@ func TestMissingDaysAreMadeOnDemand(t *testing.T) {
 }
 
 // When making the day does not help (a concurrent Maintain removes it each
-// time), the call gives up after MaxDayPreparations with the Store's error.
+// time, or the database does not see it yet), the call stops making days
+// after MaxDayPreparations and fails with the Store's error, retryable: the
+// retry loop runs the claim again, without making days again.
 func TestMissingDayPreparationIsBounded(t *testing.T) {
 	ctx := t.Context()
 	ib, store, db := newDayInbox(t)
 	store.forget = true
 	msg := inbox.Message{Consumer: "c", ID: "x", Time: time.Date(2031, 5, 6, 7, 0, 0, 0, time.UTC)}
-	if out, err := ib.Process(ctx, msg, noop); out != inbox.Failed || !errors.Is(err, errNoDay) {
-		t.Errorf("Process: %v %v, want Failed with the store's error", out, err)
+	if out, err := ib.Process(ctx, msg, noop); out != inbox.Failed || !errors.Is(err, errNoDay) || !ib.IsRetryable(err) || !strings.Contains(err.Error(), "gave up after") {
+		t.Errorf("Process: %v %v, want Failed with the store's error, retryable, retried until the attempts ran out", out, err)
 	}
-	if _, err := ib.ProcessBatch(ctx, []inbox.Message{msg}, noop); !errors.Is(err, errNoDay) {
-		t.Errorf("ProcessBatch: %v, want the store's error", err)
+	if _, err := ib.ProcessBatch(ctx, []inbox.Message{msg}, noop); !errors.Is(err, errNoDay) || !ib.IsRetryable(err) {
+		t.Errorf("ProcessBatch: %v, want the store's error, retryable", err)
 	}
 	err := db.Transaction(func(tx *gorm.DB) error {
 		_, err := ib.ProcessTx(ctx, tx, msg, noop)
 		return err
 	})
-	if !errors.Is(err, errNoDay) {
-		t.Errorf("ProcessTx: %v, want the store's error", err)
+	if !errors.Is(err, errNoDay) || !ib.IsRetryable(err) {
+		t.Errorf("ProcessTx: %v, want the store's error, retryable", err)
 	}
 	if got, want := len(store.prepares), 3*inbox.MaxDayPreparations; got != want {
 		t.Errorf("%d PrepareDays calls, want %d (%d per call)", got, want, inbox.MaxDayPreparations)
