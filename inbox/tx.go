@@ -389,6 +389,11 @@ var rollbackGrace = 10 * time.Second
 // one, is grace after ctx's: GORM's Begin then adds no
 // DefaultTransactionTimeout of its own, as it would not have to ctx.
 func detach(ctx context.Context, grace time.Duration) (context.Context, func()) {
+	if ctx.Done() == nil {
+		// Never cancelled and without a deadline: nothing to detach from,
+		// and a transaction per call need not pay for it.
+		return ctx, func() {}
+	}
 	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	if d, ok := ctx.Deadline(); ok {
 		var cancelDeadline context.CancelFunc
@@ -396,19 +401,11 @@ func detach(ctx context.Context, grace time.Duration) (context.Context, func()) 
 		prev := cancel
 		cancel = func() { cancelDeadline(); prev() }
 	}
-	released := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		t := time.NewTimer(grace)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			cancel()
-		case <-released:
-		}
-	})
+	// A timer still pending at release only cancels what release already
+	// cancelled.
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(grace, cancel) })
 	return dctx, func() {
 		stop()
-		close(released)
 		cancel()
 	}
 }

@@ -95,17 +95,7 @@ func (r *ChainReport) String() string {
 	}
 	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
 	f("  wall time                %7.1fs", r.Wall.Seconds())
-	for _, s := range r.Skipped {
-		f("  SKIPPED: %s", s)
-	}
-	for _, s := range r.Findings {
-		f("  FINDING: %s", s)
-	}
-	if r.OK() {
-		f("  verification: OK, every order reserved once, every StockReserved published and booked once, in order per key")
-	} else {
-		f("  verification: FAILED: %s", strings.Join(r.Problems, "; "))
-	}
+	writeVerdict(f, r.Skipped, r.Findings, r.Problems, "every order reserved once, every StockReserved published and booked once, in order per key")
 	return b.String()
 }
 

@@ -168,6 +168,22 @@ type FailoverStat struct {
 // OK reports whether the ledger check held.
 func (r *Report) OK() bool { return len(r.Problems) == 0 }
 
+// writeVerdict ends a run's report: what was skipped, what was found on
+// the way, and whether the run's checks held (ok says what they prove).
+func writeVerdict(f func(string, ...any), skipped, findings, problems []string, ok string) {
+	for _, s := range skipped {
+		f("  SKIPPED: %s", s)
+	}
+	for _, s := range findings {
+		f("  FINDING: %s", s)
+	}
+	if len(problems) == 0 {
+		f("  verification: OK, %s", ok)
+	} else {
+		f("  verification: FAILED: %s", strings.Join(problems, "; "))
+	}
+}
+
 func (r *Report) String() string {
 	var b strings.Builder
 	f := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
@@ -222,17 +238,7 @@ func (r *Report) String() string {
 	}
 	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
 	f("  wall time                %7.1fs", r.Wall.Seconds())
-	for _, s := range r.Skipped {
-		f("  SKIPPED: %s", s)
-	}
-	for _, s := range r.Findings {
-		f("  FINDING: %s", s)
-	}
-	if r.OK() {
-		f("  verification: OK, every order applied exactly once")
-	} else {
-		f("  verification: FAILED: %s", strings.Join(r.Problems, "; "))
-	}
+	writeVerdict(f, r.Skipped, r.Findings, r.Problems, "every order applied exactly once")
 	return b.String()
 }
 
