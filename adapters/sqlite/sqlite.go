@@ -14,7 +14,7 @@
 // transactions wait for seconds while the rest are fast (8 writers on the
 // test machine: p99 0.65-0.8 ms, maximum 2.3-3.6 s, near the 5 s busy
 // timeout). A pool of one connection (sqlDB.SetMaxOpenConns(1)) queues the
-// writers in the process instead: the same throughput within 3-13%, a
+// writers in the process instead: 0.87-0.94x the throughput, a
 // maximum of 15-19 ms, and a p99 of 5.7-6.7 ms, as every writer now waits
 // its turn. Choose by what hurts you more; give readers a pool of their own
 // if they must not queue behind writes.
