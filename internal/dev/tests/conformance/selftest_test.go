@@ -179,19 +179,29 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var failed []string
-			for _, c := range conformance.Checks() {
-				if err := conformance.RunCheck(t.Context(), harnessWith(t, tc.wrap), c); err != nil {
-					failed = append(failed, c.ID())
-					t.Logf("caught: %v", err)
-				}
-			}
-			for _, id := range tc.mustFail {
-				if !slices.Contains(failed, id) {
-					t.Errorf("check %s passed a store that %s", id, tc.name)
-				}
-			}
+			requireCaught(t, conformance.Checks(), tc.mustFail, tc.name, func(c conformance.Check) error {
+				return conformance.RunCheck(t.Context(), harnessWith(t, tc.wrap), c)
+			})
 		})
+	}
+}
+
+// requireCaught runs every check against a broken store (run builds a
+// fresh harness per check) and fails t for each check of mustFail that
+// passed it; what says how the store is broken.
+func requireCaught[C interface{ ID() string }](t *testing.T, checks []C, mustFail []string, what string, run func(C) error) {
+	t.Helper()
+	var failed []string
+	for _, c := range checks {
+		if err := run(c); err != nil {
+			failed = append(failed, c.ID())
+			t.Logf("caught: %v", err)
+		}
+	}
+	for _, id := range mustFail {
+		if !slices.Contains(failed, id) {
+			t.Errorf("check %s passed a store that %s", id, what)
+		}
 	}
 }
 
