@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -153,6 +154,8 @@ type chainRun struct {
 	// firstRelay names the first relay process of each outbox, the one
 	// CrashAfter applies to.
 	firstRelay map[string]string
+	// toKill are the roles the next kills take, in order (killer's alone).
+	toKill []chainRole
 }
 
 type chainProc struct {
@@ -435,7 +438,23 @@ func (c *chainRun) waitBusy(ctx context.Context, role chainRole, max time.Durati
 	}))
 }
 
-// killRandom kills a random process of a random role with SIGKILL, at a
+// nextRole is the role of the next kill: every role once in each
+// len(chainRoles) kills, in a random order, so that a run of that many
+// kills hits relays and consumers of both stages, not only by chance.
+func (c *chainRun) nextRole() chainRole {
+	if len(c.toKill) == 0 {
+		c.toKill = slices.Clone(chainRoles)
+		for i := len(c.toKill) - 1; i > 0; i-- {
+			j := c.intn(i + 1)
+			c.toKill[i], c.toKill[j] = c.toKill[j], c.toKill[i]
+		}
+	}
+	role := c.toKill[0]
+	c.toKill = c.toKill[1:]
+	return role
+}
+
+// killRandom kills a random process of the next role (nextRole) with SIGKILL, at a
 // busy moment if one comes within 3 s, reaps it and starts one of the same
 // role: a relay resumes under the killed one's id half of the
 // time (its leases are its own at once), else under a new id (it waits for
@@ -447,7 +466,7 @@ func (c *chainRun) killRandom(ctx context.Context) error {
 	if n == 0 {
 		return nil
 	}
-	role := chainRoles[c.intn(len(chainRoles))]
+	role := c.nextRole()
 	busy := c.waitBusy(ctx, role, 3*time.Second)
 	c.pmu.Lock()
 	defer c.pmu.Unlock()
