@@ -4,7 +4,7 @@ GO       ?= go
 SERVICES := scripts/with-services.sh
 # ./... stops at a nested module: every module of go.work is listed, so
 # every target covers them all (README, "Modules").
-PKGS     := ./... ./adapters/postgres/... ./adapters/mysql/... ./adapters/sqlite/... ./otel/... ./cmd/inboxctl/... ./internal/dev/...
+PKGS     := ./... ./adapters/postgres/... ./adapters/mysql/... ./adapters/sqlite/... ./otel/... ./cmd/inboxctl/... ./dev/...
 # golangci-lint, pinned, built into .bin/ by the lint target (the module proxy serves it).
 GOLANGCI_VERSION := v2.15.0
 GOLANGCI := .bin/golangci-lint-$(GOLANGCI_VERSION)
@@ -17,7 +17,7 @@ help: ## List the targets.
 
 .PHONY: demo
 demo: ## Run the demo: SQLite and an in-process Kafka broker, nothing to install.
-	$(GO) run ./internal/dev/cmd/inbox-demo
+	$(GO) run ./dev/cmd/inbox-demo
 
 .PHONY: test
 test: ## Run every test against real PostgreSQL, MariaDB, SQLite and Kafka (started and stopped here), then every benchmark once at tiny sizes; no backend may be skipped.
@@ -53,12 +53,12 @@ bench: ## Run the benchmarks against every backend, side by side (see docs/BENCH
 
 .PHONY: chaos
 chaos: ## Kill consumers, restart Kafka and the databases, inject duplicates, then handler and configuration faults, then the outbox chain under kills and restarts; prove exactly once on every database (see docs/RELIABILITY.md).
-	$(SERVICES) --postgres --mariadb --kafka -- $(GO) run ./internal/dev/cmd/inbox-chaos -session 3s -phases chaos,faults,chain
+	$(SERVICES) --postgres --mariadb --kafka -- $(GO) run ./dev/cmd/inbox-chaos -session 3s -phases chaos,faults,chain
 
 # The failover runs (docs/RELIABILITY.md, "Failover"). Each starts its own servers.
-FAILOVER_RUN := $(GO) run ./internal/dev/cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 100s -kills 10 -broker-restarts 0 -terminations 2 -storms 0 -failovers 5 -session 3s
+FAILOVER_RUN := $(GO) run ./dev/cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 100s -kills 10 -broker-restarts 0 -terminations 2 -storms 0 -failovers 5 -session 3s
 
-MARIADB_FAILOVER_RUN := $(GO) run ./internal/dev/cmd/inbox-chaos -db mysql -orders 6000 -waves 12 -duration 60s -kills 5 -broker-restarts 0 -terminations 1 -storms 0 -failovers 1 -session 3s
+MARIADB_FAILOVER_RUN := $(GO) run ./dev/cmd/inbox-chaos -db mysql -orders 6000 -waves 12 -duration 60s -kills 5 -broker-restarts 0 -terminations 1 -storms 0 -failovers 1 -session 3s
 
 .PHONY: chaos-failover
 chaos-failover: ## Database primary killed, standby promoted under load: PostgreSQL 5x per mode (sync, async), MariaDB 1x (semisync, async); with StoreOffsets 0 lost, 0 twice; async without it measures the losses.
@@ -71,7 +71,7 @@ chaos-failover: ## Database primary killed, standby promoted under load: Postgre
 
 .PHONY: chaos-cluster
 chaos-cluster: ## Three-node Kafka cluster: 12 SIGKILLs of the group coordinator's and busy partitions' leaders under load (0 lost, 0 twice, no dead letter).
-	$(SERVICES) --postgres --kafka-cluster -- $(GO) run ./internal/dev/cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 240s -kills 10 -leader-kills 12 -terminations 0 -storms 0 -db-restarts 0 -session 6s
+	$(SERVICES) --postgres --kafka-cluster -- $(GO) run ./dev/cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 240s -kills 10 -leader-kills 12 -terminations 0 -storms 0 -db-restarts 0 -session 6s
 
 .PHONY: ci
 ci: lint test ## What CI runs.

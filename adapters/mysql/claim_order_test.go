@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
-	"github.com/inboxgo/inbox/internal/claimrace"
+	"github.com/inboxgo/inbox/conformance/claimrace"
 )
 
 func isDeadlock(err error) bool { return number(err) == 1213 }

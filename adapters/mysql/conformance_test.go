@@ -13,7 +13,7 @@ import (
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/internal/testenv"
+	"github.com/inboxgo/inbox/conformance/testservers"
 )
 
 // withParams returns dsn with the given driver parameters set.
@@ -111,7 +111,7 @@ func newHarness(dsn string, open opener, txOptions *sql.TxOptions) conformance.H
 // on both sides, and at the isolation levels other than the default
 // REPEATABLE READ that users choose.
 func TestConformance(t *testing.T) {
-	dsn := testenv.MySQLDSN(t)
+	dsn := testservers.MySQLDSN(t)
 	for _, v := range []struct {
 		name   string
 		params map[string]string

@@ -14,8 +14,8 @@ import (
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/testenv"
 )
 
 type stallOp struct{ start, dur time.Duration }
@@ -45,7 +45,7 @@ func stallP99(ops []stallOp, from, to time.Duration) (p99, maxDur time.Duration,
 //
 //	go test -run '^$' -bench PartitionCreateStall -benchtime 1x ./adapters/mysql/
 func BenchmarkPartitionCreateStall(b *testing.B) {
-	dsn := testenv.MySQLDSN(b)
+	dsn := testservers.MySQLDSN(b)
 	for _, n := range []int{0, 1_000_000} {
 		b.Run(fmt.Sprintf("rows=%d", n), func(b *testing.B) {
 			for range b.N {

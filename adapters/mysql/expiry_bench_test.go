@@ -9,8 +9,8 @@ import (
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/testenv"
 )
 
 // BenchmarkExpiry expires a day holding 1,000,000 inbox rows (100,000 with
@@ -26,7 +26,7 @@ func BenchmarkExpiry(b *testing.B) {
 	if testing.Short() {
 		rows = 100_000
 	}
-	db, err := openDB(testenv.MySQLDSN(b), recommended)
+	db, err := openDB(testservers.MySQLDSN(b), recommended)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/testenv"
 	"github.com/inboxgo/inbox/outbox"
 )
 
@@ -51,7 +51,7 @@ func newOutboxHarness(dsn string, open opener) conformance.OutboxHarnessMaker {
 }
 
 func TestOutboxConformance(t *testing.T) {
-	dsn := testenv.MySQLDSN(t)
+	dsn := testservers.MySQLDSN(t)
 	t.Run("recommended", func(t *testing.T) { conformance.RunOutbox(t, newOutboxHarness(dsn, recommended)) })
 	t.Run("plain-gorm+interpolateParams", func(t *testing.T) {
 		conformance.RunOutbox(t, newOutboxHarness(withParams(t, dsn, map[string]string{"interpolateParams": "true"}), plainGORM))
@@ -64,7 +64,7 @@ func TestOutboxConformance(t *testing.T) {
 // until a relay publishes it.
 func TestOutboxDropsOnlyPublishedPartitions(t *testing.T) {
 	ctx := t.Context()
-	h, err := newOutboxHarness(testenv.MySQLDSN(t), recommended)(ctx)
+	h, err := newOutboxHarness(testservers.MySQLDSN(t), recommended)(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

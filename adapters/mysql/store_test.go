@@ -17,8 +17,8 @@ import (
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/testenv"
 )
 
 // These tests pin down, on the real server, the traps the Store is built
@@ -26,7 +26,7 @@ import (
 
 func testDB(t *testing.T, params map[string]string) *gorm.DB {
 	t.Helper()
-	db, err := openDB(withParams(t, testenv.MySQLDSN(t), params), recommended)
+	db, err := openDB(withParams(t, testservers.MySQLDSN(t), params), recommended)
 	if err != nil {
 		t.Fatal(err)
 	}

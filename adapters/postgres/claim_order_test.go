@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
-	"github.com/inboxgo/inbox/internal/claimrace"
+	"github.com/inboxgo/inbox/conformance/claimrace"
 )
 
 // isDeadlock: SQLSTATE 40P01, deadlock_detected.

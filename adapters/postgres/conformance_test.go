@@ -11,7 +11,7 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/internal/testenv"
+	"github.com/inboxgo/inbox/conformance/testservers"
 )
 
 func openDB(dsn string) (*gorm.DB, error) {
@@ -77,7 +77,7 @@ func newHarnessWith(dsn string, txOpts *sql.TxOptions, openDB func(string) (*gor
 }
 
 func TestConformance(t *testing.T) {
-	dsn := testenv.PostgresDSN(t)
+	dsn := testservers.PostgresDSN(t)
 	for _, level := range []struct {
 		name string
 		opts *sql.TxOptions

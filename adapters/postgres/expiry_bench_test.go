@@ -9,8 +9,8 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/testenv"
 )
 
 // BenchmarkExpiry expires one day holding N inbox rows in two identical
@@ -35,7 +35,7 @@ import (
 // system mounted with discard, about 0.3 ms per MB); the DELETE's work grows
 // with the number of rows, and its WAL with them.
 func BenchmarkExpiry(b *testing.B) {
-	dsn := testenv.PostgresDSN(b)
+	dsn := testservers.PostgresDSN(b)
 	db, err := openDB(dsn)
 	if err != nil {
 		b.Fatal(err)

@@ -14,8 +14,8 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/testenv"
 )
 
 // BenchmarkExpiryLockWait proves how long inserts wait for locks while
@@ -27,7 +27,7 @@ import (
 //
 //	go test -run '^$' -bench ExpiryLockWait -benchtime 1x ./adapters/postgres/
 func BenchmarkExpiryLockWait(b *testing.B) {
-	dsn := testenv.PostgresDSN(b)
+	dsn := testservers.PostgresDSN(b)
 	admin, err := openDB(dsn)
 	if err != nil {
 		b.Fatal(err)

@@ -11,7 +11,7 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/internal/testenv"
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/outbox"
 )
 
@@ -61,7 +61,7 @@ func (s *numberedAtInsert) Append(ctx context.Context, tx *gorm.DB, rows []outbo
 // fails a store that numbers rows at INSERT without ordering the
 // transactions of a key.
 func TestCommitGapCheckCatchesNumberingAtInsert(t *testing.T) {
-	dsn := testenv.PostgresDSN(t)
+	dsn := testservers.PostgresDSN(t)
 	healthy := newOutboxHarness(dsn)
 	broken := func(ctx context.Context) (*conformance.OutboxHarness, error) {
 		h, err := healthy(ctx)

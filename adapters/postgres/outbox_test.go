@@ -8,7 +8,7 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/internal/testenv"
+	"github.com/inboxgo/inbox/conformance/testservers"
 )
 
 // newOutboxHarness gives every check its own schema and drops it in Close.
@@ -40,5 +40,5 @@ func newOutboxHarness(dsn string) conformance.OutboxHarnessMaker {
 }
 
 func TestOutboxConformance(t *testing.T) {
-	conformance.RunOutbox(t, newOutboxHarness(testenv.PostgresDSN(t)))
+	conformance.RunOutbox(t, newOutboxHarness(testservers.PostgresDSN(t)))
 }

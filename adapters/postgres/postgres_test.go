@@ -18,15 +18,15 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/testenv"
 )
 
 // fresh returns a pool and a migrated store in a schema of its own, dropped
 // when the test ends.
 func fresh(t testing.TB, opts inboxpg.Options) (*gorm.DB, *inboxpg.Store) {
 	t.Helper()
-	db, err := openDB(testenv.PostgresDSN(t))
+	db, err := openDB(testservers.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +381,7 @@ func TestStats(t *testing.T) {
 // TestExample runs Example against the test server and checks what it
 // prints.
 func TestExample(t *testing.T) {
-	dsn := testenv.PostgresDSN(t)
+	dsn := testservers.PostgresDSN(t)
 	t.Setenv("INBOX_POSTGRES_DSN", dsn)
 	db, err := openDB(dsn)
 	if err != nil {
@@ -519,7 +519,7 @@ func TestMaintainConcurrently(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			other, err := openDB(testenv.PostgresDSN(t))
+			other, err := openDB(testservers.PostgresDSN(t))
 			if err != nil {
 				errs[i] = err
 				return

@@ -10,15 +10,15 @@ import (
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/testenv"
 )
 
 // mysqlDSN returns the test server's DSN with driver parameters set; a
 // parameter the driver does not know becomes a session variable (SET k=v).
 func mysqlDSN(t *testing.T, params map[string]string) string {
 	t.Helper()
-	cfg, err := gomysql.ParseDSN(testenv.MySQLDSN(t))
+	cfg, err := gomysql.ParseDSN(testservers.MySQLDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,15 +8,15 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/testenv"
 )
 
 // TestCheckPostgres runs check against the test server in a schema that does
 // not exist yet: the checks pass, and neither scratch tables nor the schema
 // are left behind.
 func TestCheckPostgres(t *testing.T) {
-	dsn := testenv.PostgresDSN(t)
+	dsn := testservers.PostgresDSN(t)
 	schema := "inboxctl_t_" + conformance.RandomSuffix()
 	r := runArgs(t, "check", "--dsn", dsn, "--schema", schema)
 	expectCode(t, r, exitOK)
@@ -43,7 +43,7 @@ func TestCheckPostgres(t *testing.T) {
 // at SERIALIZABLE get 40001 on a concurrent duplicate, which the inbox
 // retries; check runs at their level.
 func TestCheckPostgresSerializable(t *testing.T) {
-	dsn := testenv.PostgresDSN(t)
+	dsn := testservers.PostgresDSN(t)
 	r := runArgs(t, "check", "--dsn", dsn, "--isolation", "serializable", "--run", "^(atomicity|concurrency|batch)/")
 	expectCode(t, r, exitOK)
 	if !strings.Contains(r.stdout, "PASS  concurrency/concurrent-deliveries-of-one-id") {
@@ -54,7 +54,7 @@ func TestCheckPostgresSerializable(t *testing.T) {
 // TestCheckPostgresRetention runs the retention checks (--all) on PostgreSQL,
 // where expiry drops partitions.
 func TestCheckPostgresRetention(t *testing.T) {
-	dsn := testenv.PostgresDSN(t)
+	dsn := testservers.PostgresDSN(t)
 	r := runArgs(t, "check", "--dsn", dsn, "--all", "--run", "^retention/", "--schema", "inboxctl_t_"+conformance.RandomSuffix())
 	expectCode(t, r, exitOK)
 	if !strings.Contains(r.stdout, "PASS  retention/maintain-removes-only-expired-days") {
@@ -66,7 +66,7 @@ func TestCheckPostgresRetention(t *testing.T) {
 // lose committed inbox rows whose offsets were committed; check fails with
 // that reason.
 func TestCheckPostgresUnsafeSettings(t *testing.T) {
-	dsn := testenv.PostgresDSN(t)
+	dsn := testservers.PostgresDSN(t)
 	if strings.Contains(dsn, "://") {
 		t.Skip("the test adds options to a key=value DSN")
 	}
@@ -86,7 +86,7 @@ func TestCheckPostgresUnsafeSettings(t *testing.T) {
 // TestPostgresMigrateMaintainStats: partitions are prepared, listed with
 // their sizes, and expired days are dropped.
 func TestPostgresMigrateMaintainStats(t *testing.T) {
-	dsn := testenv.PostgresDSN(t)
+	dsn := testservers.PostgresDSN(t)
 	schema := "inboxctl_t_" + conformance.RandomSuffix()
 	db := openGorm(t, dialectPostgres, dsn)
 	t.Cleanup(func() { db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`) })

@@ -11,8 +11,8 @@ import (
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/testenv"
 )
 
 // TestMigratePrintSQL applies what `migrate --print-sql` prints to a
@@ -35,7 +35,7 @@ func TestMigratePrintSQL(t *testing.T) {
 				}
 				return s, ""
 			}},
-		{dialectPostgres, testenv.PostgresDSN, func(table string) []string { return []string{"--schema", table, "--table", table} },
+		{dialectPostgres, testservers.PostgresDSN, func(table string) []string { return []string{"--schema", table, "--table", table} },
 			func(t *testing.T, table string) (inbox.Store, string) {
 				s, err := inboxpg.New(inboxpg.Options{Schema: table, Table: table})
 				if err != nil {
@@ -43,7 +43,7 @@ func TestMigratePrintSQL(t *testing.T) {
 				}
 				return s, table
 			}},
-		{dialectMySQL, testenv.MySQLDSN, func(table string) []string { return []string{"--table", table} },
+		{dialectMySQL, testservers.MySQLDSN, func(table string) []string { return []string{"--table", table} },
 			func(t *testing.T, table string) (inbox.Store, string) {
 				s, err := inboxmysql.New(inboxmysql.Options{Table: table})
 				if err != nil {

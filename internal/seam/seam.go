@@ -1,7 +1,7 @@
 // Package seam lets the project's own tests reach into package consumer.
 //
 // Those tests need a database driver and an in-process Kafka broker, so they
-// live in the internal/dev module (a user who depends on the library then
+// live in the dev module (a user who depends on the library then
 // never downloads either); a test there cannot see consumer's unexported
 // names. Package consumer fills these variables when it is initialised, and
 // nothing outside this repository can import them. They change no behaviour

@@ -1,0 +1,374 @@
+// Command inbox-chaos runs the inventory scenario under chaos against each
+// database in turn and proves that every event's effect was applied exactly
+// once: consumer processes of one group are killed with SIGKILL at random
+// moments and replaced, the Kafka broker and the database server are
+// restarted, database connections are terminated from the server side, and
+// the producer injects duplicates. After a quiet period in which the group
+// catches up, the ledger is checked.
+//
+// Then, per database, the fault phase (dev/chaos.RunFaults): handler
+// faults on known messages (poison payloads, network errors, a handler's own
+// deadline, deferred constraints that fail at COMMIT) under OnFailure
+// DeadLetter with a small MaxAttempts, and a topic recreated under
+// StoreOffsets. Healthy messages must be applied exactly once, poison ones
+// dead-lettered within MaxAttempts, nothing lost; every round has a budget,
+// so a stuck message fails the run instead of hanging it.
+//
+// Then the chain phase (dev/chaos.RunChain): the outbox chain, service
+// A's OrderCreated through relay processes to service B's inbox, B's
+// StockReserved through relay processes to a ledger's inbox, under SIGKILLs
+// of relays and consumers, broker and database restarts and connection
+// terminations: every order reserved once, every StockReserved published at
+// least once and booked once, in order per key. -phases selects the phases.
+//
+// It needs real servers: run it through make chaos, which starts throwaway
+// ones with scripts/with-services.sh. The broker and database restarts use
+// the service dirs that script exports (INBOX_KAFKA_DIR, INBOX_POSTGRES_DIR,
+// INBOX_MYSQL_DIR); without them they are skipped with a loud log line, and
+// under CI=true or INBOX_REQUIRE_BACKENDS=1 that is an error.
+//
+// Usage:
+//
+//	scripts/with-services.sh --postgres --mariadb --kafka -- go run ./dev/cmd/inbox-chaos [flags]
+//
+// It exits 0 when every check holds, 1 when one does not or a run fails, 2 on
+// a usage error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/inboxgo/inbox/dev/chaos"
+	"github.com/inboxgo/inbox/dev/inventory"
+)
+
+func main() {
+	if ran, code := inventory.RunProcessFromEnv(os.Stderr); ran {
+		os.Exit(code)
+	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("inbox-chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c chaos.Config
+	dbs := fs.String("db", "sqlite,postgres,mysql", "databases to run against, in turn")
+	fs.IntVar(&c.Orders, "orders", 20000, "orders (events) to produce")
+	fs.Float64Var(&c.DupRate, "dup", 0.1, "share of orders the producer sends twice (0..1)")
+	fs.IntVar(&c.Waves, "waves", 10, "the orders are written in this many waves during the chaos")
+	fs.IntVar(&c.Partitions, "partitions", 6, "partitions of the topic")
+	fs.IntVar(&c.Consumers, "consumers", 4, "consumer processes running at a time")
+	fs.IntVar(&c.BatchSize, "batch", 0, "messages per inbox transaction; 0: 10 on SQLite, 1 on PostgreSQL and MariaDB (see docs/RELIABILITY.md: batches of the scenario's hot rows deadlock)")
+	fs.DurationVar(&c.Session, "session", 6*time.Second, "group session timeout (the broker's group.min.session.timeout.ms bounds it)")
+	fs.DurationVar(&c.Duration, "duration", 150*time.Second, "length of the chaos phase per database")
+	fs.IntVar(&c.Kills, "kills", 55, "SIGKILLs per database")
+	fs.IntVar(&c.BrokerRestarts, "broker-restarts", 2, "Kafka broker restarts per database")
+	fs.IntVar(&c.DBRestarts, "db-restarts", 1, "database server restarts per database (PostgreSQL, MariaDB)")
+	fs.IntVar(&c.Terminations, "terminations", 6, "rounds of server-side connection terminations per database (PostgreSQL, MariaDB)")
+	fs.IntVar(&c.Storms, "storms", 1, "termination storms per database (PostgreSQL, MariaDB): the consumers' connections terminated every 50 ms for -storm-length")
+	fs.DurationVar(&c.StormLength, "storm-length", 4*time.Second, "length of a termination storm")
+	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
+	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
+	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates), faults (handler and configuration faults) and chain (the outbox chain under kills and restarts)")
+	var cc chaos.ChainConfig
+	fs.IntVar(&cc.Orders, "chain-orders", 3000, "chain phase: orders service A places")
+	chainDuration := fs.Duration("chain-duration", 60*time.Second, "chain phase: length of its chaos")
+	chainKills := fs.Int("chain-kills", 30, "chain phase: SIGKILLs of relay and consumer processes")
+	fs.IntVar(&cc.CrashAfter, "chain-crash-after", 3, "chain phase: the first relay of each outbox kills itself after this many acknowledged publishes, before marking them published (0: never)")
+	var fc chaos.FaultConfig
+	fs.IntVar(&fc.Healthy, "fault-healthy", 1000, "faults phase: healthy orders per round")
+	fs.IntVar(&fc.PerClass, "fault-per-class", 10, "faults phase: messages of each fault class per round")
+	fs.IntVar(&fc.MaxAttempts, "fault-max-attempts", 3, "faults phase: the consumer's MaxAttempts")
+	faultBatches := fs.String("fault-batches", "1,10", "faults phase: one round per batch size")
+	fs.DurationVar(&fc.Budget, "fault-budget", 2*time.Minute, "faults phase: longest a round may take before its unresolved messages are reported stuck")
+	fs.DurationVar(&fc.StopBudget, "fault-stop-budget", 30*time.Second, "faults phase: longest wait for the recreated topic's partitions to stop")
+	fs.BoolVar(&c.StoreOffsets, "store-offsets", false, "run the consumers with StoreOffsets (offsets in the database, in the effect's transaction)")
+	fs.IntVar(&c.Failovers, "failovers", 0, "database failovers: SIGKILL the primary, promote the standby (PostgreSQL: needs scripts/with-services.sh --postgres-standby sync|async, the old primary rejoins; MariaDB: --mariadb-replica semisync|async, one per run, consumers switched by a proxy); replaces -db-restarts")
+	fs.DurationVar(&c.LagWindow, "lag-window", time.Second, "before each failover the primary's WAL senders are paused this long (an asynchronous standby then lacks those commits)")
+	fs.IntVar(&c.LeaderKills, "leader-kills", 0, "SIGKILLs of Kafka cluster nodes (group coordinator, busy partitions' leaders), each restarted; needs scripts/with-services.sh --kafka-cluster; replaces -broker-restarts")
+	allowLoss := fs.Bool("allow-loss", false, "report lost effects without failing: for measuring what an asynchronous failover without -store-offsets loses (effects applied twice still fail)")
+	keep := fs.Bool("keep", false, "keep the run's files (consumer logs, event logs)")
+	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: inbox-chaos [flags]\n\nRuns the inventory scenario under chaos and checks that every event was applied exactly once.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		return usage(stderr, "unexpected arguments %q", fs.Args())
+	case c.Orders < 1 || c.Orders > 1_000_000:
+		return usage(stderr, "-orders %d: want 1..1000000", c.Orders)
+	case c.DupRate < 0 || c.DupRate > 1:
+		return usage(stderr, "-dup %v: want 0..1", c.DupRate)
+	case c.Waves < 1 || c.Partitions < 1 || c.Consumers < 1 || c.BatchSize < 0:
+		return usage(stderr, "-waves, -partitions and -consumers must be positive, -batch not negative")
+	case cc.Orders < 1 || *chainKills < 0 || *chainDuration <= 0 || cc.CrashAfter < 0:
+		return usage(stderr, "-chain-orders and -chain-duration must be positive, -chain-kills and -chain-crash-after not negative")
+	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0 || c.Failovers < 0 || c.LeaderKills < 0:
+		return usage(stderr, "disruption counts must not be negative")
+	}
+	runChaos, runFaults, runChain := false, false, false
+	for _, p := range strings.Split(*phases, ",") {
+		switch strings.TrimSpace(p) {
+		case "chaos":
+			runChaos = true
+		case "faults":
+			runFaults = true
+		case "chain":
+			runChain = true
+		default:
+			return usage(stderr, "-phases %q: want chaos, faults, chain, comma-separated", *phases)
+		}
+	}
+	for _, b := range strings.Split(*faultBatches, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(b))
+		if err != nil || n < 1 {
+			return usage(stderr, "-fault-batches %q: want positive batch sizes, comma-separated", *faultBatches)
+		}
+		fc.BatchSizes = append(fc.BatchSizes, n)
+	}
+	if fc.Healthy < 1 || fc.PerClass < 1 || fc.MaxAttempts < 2 {
+		return usage(stderr, "-fault-healthy and -fault-per-class must be positive, -fault-max-attempts at least 2")
+	}
+	fc.DupRate = c.DupRate
+	fc.Partitions = c.Partitions
+	brokers := strings.TrimSpace(os.Getenv("INBOX_KAFKA_BROKERS"))
+	if brokers == "" {
+		return usage(stderr, "INBOX_KAFKA_BROKERS is not set; run it with make chaos")
+	}
+	c.Brokers = strings.Split(brokers, ",")
+	c.KafkaDir = os.Getenv("INBOX_KAFKA_DIR")
+	c.Strict = os.Getenv("CI") == "true" || os.Getenv("INBOX_REQUIRE_BACKENDS") == "1"
+	c.Log = stderr
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+
+	failed := false
+	var reports []*chaos.Report
+	var faultReports []*chaos.FaultReport
+	var chainReports []*chaos.ChainReport
+	for _, db := range strings.Split(*dbs, ",") {
+		cfg := c
+		cfg.Dialect = db
+		switch db {
+		case "sqlite":
+			cfg.Failovers = 0
+		case "postgres":
+			cfg.DSN, cfg.DBDir = os.Getenv("INBOX_POSTGRES_DSN"), os.Getenv("INBOX_POSTGRES_DIR")
+			if cfg.Failovers > 0 {
+				cfg.DSN, cfg.StandbyDir = os.Getenv("INBOX_POSTGRES_FAILOVER_DSN"), os.Getenv("INBOX_POSTGRES_STANDBY_DIR")
+				cfg.Replication = os.Getenv("INBOX_POSTGRES_REPLICATION")
+				if cfg.DSN == "" || cfg.StandbyDir == "" {
+					fmt.Fprintln(stderr, "inbox-chaos: -failovers needs a standby: run it with scripts/with-services.sh --postgres-standby sync|async (make chaos-failover)")
+					return 1
+				}
+				cfg.DBRestarts = 0 // the failovers are the database's disruption
+			}
+		case "mysql":
+			cfg.DSN, cfg.DBDir = os.Getenv("INBOX_MYSQL_DSN"), os.Getenv("INBOX_MYSQL_DIR")
+			if cfg.Failovers > 0 {
+				cfg.StandbyDir, cfg.Replication = os.Getenv("INBOX_MYSQL_REPLICA_DIR"), os.Getenv("INBOX_MYSQL_REPLICATION")
+				if cfg.StandbyDir == "" {
+					fmt.Fprintln(stderr, "inbox-chaos: -failovers needs a replica: run it with scripts/with-services.sh --mariadb-replica semisync|async")
+					return 1
+				}
+				// The killed primary does not rejoin: one failover per run.
+				cfg.Failovers, cfg.DBRestarts = 1, 0
+			}
+		default:
+			return usage(stderr, "-db %q: want sqlite, postgres or mysql", db)
+		}
+		if cfg.BatchSize == 0 {
+			cfg.BatchSize = 1
+			if db == "sqlite" {
+				cfg.BatchSize = 10
+			}
+		}
+		if db != "sqlite" && cfg.DSN == "" {
+			fmt.Fprintf(stderr, "inbox-chaos: no DSN for %s (INBOX_POSTGRES_DSN / INBOX_MYSQL_DSN); run it with make chaos\n", db)
+			failed = true
+			continue
+		}
+		dir, err := os.MkdirTemp("", "inbox-chaos-"+db+"-")
+		if err != nil {
+			fmt.Fprintln(stderr, "inbox-chaos:", err)
+			return 1
+		}
+		cfg.WorkDir = dir
+		// A database whose run failed keeps its files (consumer logs) for a look.
+		dbFailed := false
+		if runChaos {
+			rep, err := chaos.Run(ctx, cfg)
+			if rep != nil {
+				fmt.Fprint(stdout, rep.String())
+				reports = append(reports, rep)
+			}
+			if err != nil {
+				fmt.Fprintf(stdout, "  run FAILED: %v\n", err)
+			}
+			dbFailed = err != nil || (!rep.OK() && (!*allowLoss || rep.Ledger.AppliedTwice != 0 || rep.DeadLetters != 0))
+		}
+		if runFaults && ctx.Err() == nil {
+			frep, err := chaos.RunFaults(ctx, cfg, fc)
+			if frep != nil {
+				fmt.Fprint(stdout, frep.String())
+				faultReports = append(faultReports, frep)
+			}
+			if err != nil {
+				fmt.Fprintf(stdout, "  fault phase FAILED: %v\n", err)
+			}
+			dbFailed = dbFailed || err != nil || !frep.OK()
+		}
+		if runChain && ctx.Err() == nil && cfg.Failovers == 0 && cfg.LeaderKills == 0 {
+			ccfg := cfg
+			ccfg.Duration, ccfg.Kills = *chainDuration, *chainKills
+			crep, err := chaos.RunChain(ctx, ccfg, cc)
+			if crep != nil {
+				fmt.Fprint(stdout, crep.String())
+				chainReports = append(chainReports, crep)
+			}
+			if err != nil {
+				fmt.Fprintf(stdout, "  chain phase FAILED: %v\n", err)
+			}
+			dbFailed = dbFailed || err != nil || !crep.OK()
+		}
+		failed = failed || dbFailed
+		if *keep || dbFailed {
+			fmt.Fprintf(stdout, "  files kept in %s\n", dir)
+		} else {
+			os.RemoveAll(dir)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if len(reports) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, table(reports))
+	}
+	if ft := failoverTable(reports); ft != "" {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, ft)
+	}
+	if lt := leaderTable(reports); lt != "" {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, lt)
+	}
+	if len(faultReports) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, chaos.FaultTable(faultReports))
+	}
+	if len(chainReports) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, chaos.ChainTable(chainReports))
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// table is the markdown table of docs/RELIABILITY.md.
+func table(reps []*chaos.Report) string {
+	var b strings.Builder
+	b.WriteString("| database | batch | events | messages | duplicates injected | kills | broker restarts | DB restarts | connection terminations | storms | effects applied | lost | applied twice | consumers restarted | wall time |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range reps {
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d rounds, %d conns | %d | %d | %d | %d | %d | %.0fs |\n",
+			r.Dialect, r.BatchSize, r.Orders, r.InTopic, r.Duplicates, r.Kills, r.BrokerRestarts, r.DBRestarts, r.Terminations, r.ConnsTerminated, r.Storms,
+			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, r.StoppedConsumers, r.Wall.Seconds())
+	}
+	return b.String()
+}
+
+// failoverTable is the markdown table of docs/RELIABILITY.md's failover
+// section, for the runs that had failovers.
+func failoverTable(reps []*chaos.Report) string {
+	var b strings.Builder
+	for _, r := range reps {
+		if len(r.FailoverStats) == 0 {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("| database | replication | StoreOffsets | events | failovers | SIGKILLs | lost on the server (at least) | Kafka offset ahead of the DB | repositioned | effects applied | lost | applied twice | promotion (s) | recovery (s) | wall time |\n")
+			b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|\n")
+		}
+		var lost, ahead int64
+		var promote, recovery []time.Duration
+		for _, f := range r.FailoverStats {
+			lost += f.ServerLost
+			ahead += f.KafkaAhead
+			promote = append(promote, f.Promote)
+			if f.Recovery >= 0 {
+				recovery = append(recovery, f.Recovery)
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %v | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s | %.0fs |\n",
+			r.Dialect, r.Replication, r.StoreOffsets, r.Orders, len(r.FailoverStats), r.Kills, lost, ahead, r.Repositioned,
+			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, spread(promote), spread(recovery), r.Wall.Seconds())
+	}
+	return b.String()
+}
+
+// leaderTable is the markdown table of the Kafka cluster runs.
+func leaderTable(reps []*chaos.Report) string {
+	var b strings.Builder
+	for _, r := range reps {
+		if len(r.LeaderKills) == 0 {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("| database | events | messages | node kills (coordinator / leader) | consumer SIGKILLs | effects applied | lost | applied twice | dead letters | node back (s) | full ISR again (s) | wall time |\n")
+			b.WriteString("|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|\n")
+		}
+		var back, isr []time.Duration
+		coord := 0
+		for _, k := range r.LeaderKills {
+			back = append(back, k.Back)
+			isr = append(isr, k.FullISR)
+			if strings.HasPrefix(k.Role, "coordinator") {
+				coord++
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d / %d) | %d | %d | %d | %d | %d | %s | %s | %.0fs |\n",
+			r.Dialect, r.Orders, r.InTopic, len(r.LeaderKills), coord, len(r.LeaderKills)-coord, r.Kills,
+			r.Ledger.Applied, r.Ledger.Lost, r.Ledger.AppliedTwice, r.DeadLetters, spread(back), spread(isr), r.Wall.Seconds())
+	}
+	return b.String()
+}
+
+// spread is "median (min..max)" in seconds.
+func spread(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return fmt.Sprintf("%.2f (%.2f..%.2f)", ds[len(ds)/2].Seconds(), ds[0].Seconds(), ds[len(ds)-1].Seconds())
+}
+
+func usage(stderr io.Writer, format string, args ...any) int {
+	fmt.Fprintf(stderr, "inbox-chaos: "+format+"\n", args...)
+	return 2
+}
