@@ -1,4 +1,4 @@
-// Package conformance is the executable contract of inbox.Store: a suite of
+// Package conformance is the executable contract of storage.InboxStore: a suite of
 // checks every adapter, ours and third parties', runs to show that the inbox
 // row and the business effect commit atomically and that duplicates are
 // caught, under concurrency, failure, expiry and hostile ids.
@@ -34,6 +34,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Harness is one isolated environment for one check.
@@ -43,7 +44,7 @@ type Harness struct {
 	DB *gorm.DB
 	// Store is a fresh Store whose table no other harness uses. The suite
 	// calls Migrate itself.
-	Store inbox.Store
+	Store storage.InboxStore
 	// TxOptions are used for every inbox transaction (e.g. an isolation
 	// level); nil for the database default.
 	TxOptions *sql.TxOptions
@@ -172,7 +173,7 @@ func newEnv(ctx context.Context, h *Harness, migrate bool) (*Env, error) {
 		return nil, errors.New("harness without DB or Store")
 	}
 	now := time.Now().UTC()
-	env := &Env{H: h, Clock: &Clock{now: now}, Today: inbox.DayOf(now), effects: "conformance_effects_" + randomHex(6)}
+	env := &Env{H: h, Clock: &Clock{now: now}, Today: storage.DayOf(now), effects: "conformance_effects_" + randomHex(6)}
 	if err := h.DB.WithContext(ctx).Table(env.effects).Migrator().CreateTable(&effectRow{}); err != nil {
 		return nil, fmt.Errorf("create effects table %s: %w", env.effects, err)
 	}
@@ -252,20 +253,20 @@ func (env *Env) TotalEffects(ctx context.Context) (int64, error) {
 
 // Stored reports whether msg's inbox row is stored, by claiming it in a
 // transaction that is always rolled back. A Store that keeps days in
-// storage of their own ([inbox.DayPreparer]) may have none for msg's day:
+// storage of their own ([storage.DayPreparer]) may have none for msg's day:
 // then the row is not stored.
 func (env *Env) Stored(ctx context.Context, msg inbox.Message) (bool, error) {
 	var inserted []bool
 	errRollback := errors.New("probe rolls back")
 	err := env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var err error
-		inserted, err = env.H.Store.Claim(ctx, tx, []inbox.Row{msg.Row()})
+		inserted, err = env.H.Store.Claim(ctx, tx, []storage.InboxRow{RowOf(msg)})
 		if err != nil {
 			return err
 		}
 		return errRollback
 	}, env.H.TxOptions)
-	if dp, ok := env.H.Store.(inbox.DayPreparer); ok && err != nil && dp.IsMissingDay(err) {
+	if dp, ok := env.H.Store.(storage.DayPreparer); ok && err != nil && dp.IsMissingDay(err) {
 		return false, nil // no storage for the row's day (expired, or never made): not stored
 	}
 	if !errors.Is(err, errRollback) {

@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // processEachTwice delivers every message twice and expects Processed then
@@ -85,10 +86,10 @@ var idChecks = []Check{
 	{Area: "ids", Name: "maximum-length-ids",
 		Doc: "ids of the maximum length in bytes (ASCII and multi-byte) are stored whole: ids differing only in their last byte are distinct",
 		Run: func(ctx context.Context, env *Env) error {
-			ascii := strings.Repeat("x", inbox.MaxEventIDBytes-1)
+			ascii := strings.Repeat("x", storage.MaxEventIDBytes-1)
 			// 85 three-byte runes: 255 bytes.
-			wide := strings.Repeat("界", inbox.MaxEventIDBytes/3)
-			consumer := strings.Repeat("c", inbox.MaxConsumerBytes)
+			wide := strings.Repeat("界", storage.MaxEventIDBytes/3)
+			consumer := strings.Repeat("c", storage.MaxConsumerBytes)
 			var msgs []inbox.Message
 			for _, id := range []string{ascii + "a", ascii + "b", wide, wide[:len(wide)-3] + "語"} {
 				m := env.Msg(id)
@@ -123,7 +124,7 @@ var idChecks = []Check{
 		Doc: "an over-long, empty, non-UTF-8 or NUL-bearing id, or a message without event time, is a clear error that writes nothing, and an over-long id is never truncated",
 		Run: func(ctx context.Context, env *Env) error {
 			ib := env.Inbox()
-			long := strings.Repeat("y", inbox.MaxEventIDBytes)
+			long := strings.Repeat("y", storage.MaxEventIDBytes)
 			tooLong := env.Msg(long + "z")
 			noTime := env.Msg("no-time")
 			noTime.Time = time.Time{}
@@ -148,4 +149,11 @@ var idChecks = []Check{
 			// A truncating store would have stored the 255-byte prefix.
 			return processEachTwice(ctx, env, []inbox.Message{env.Msg(long)})
 		}},
+}
+
+// RowOf is the inbox row the inbox claims for m, for adapter tests that
+// call a store directly.
+func RowOf(m inbox.Message) storage.InboxRow {
+	return storage.InboxRow{Consumer: m.Consumer, EventID: m.ID, Day: m.Day(), EventTime: m.Time.UTC(),
+		Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
 }

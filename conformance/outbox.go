@@ -13,8 +13,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
-	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // OutboxHarness is one isolated environment for one outbox check.
@@ -24,7 +24,7 @@ type OutboxHarness struct {
 	DB *gorm.DB
 	// Store is a fresh outbox Store whose tables no other harness uses. The
 	// suite calls Migrate itself.
-	Store outbox.Store
+	Store storage.OutboxStore
 	// Open, if set, opens another connection pool to the same database, as
 	// another relay process would.
 	Open func(ctx context.Context) (*gorm.DB, error)
@@ -82,7 +82,7 @@ func RunOutboxCheck(ctx context.Context, newHarness OutboxHarnessMaker, c Outbox
 		return fmt.Errorf("%s: harness without DB or Store", c.ID())
 	}
 	now := time.Now().UTC()
-	env := &OutboxEnv{H: h, Clock: &Clock{now: now}, Today: inbox.DayOf(now), effects: "conformance_effects_" + randomHex(6)}
+	env := &OutboxEnv{H: h, Clock: &Clock{now: now}, Today: storage.DayOf(now), effects: "conformance_effects_" + randomHex(6)}
 	if err := h.DB.WithContext(ctx).Table(env.effects).Migrator().CreateTable(&effectRow{}); err != nil {
 		return fmt.Errorf("%s: create effects table: %w", c.ID(), err)
 	}

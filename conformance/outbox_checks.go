@@ -14,10 +14,11 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 var outboxEnqueueChecks = []OutboxCheck{
-	{Area: "enqueue", Name: "verify-after-migrate", Doc: "a Store that verifies settings (inbox.Verifier) accepts the harness's database after Migrate", Run: checkOutboxVerify},
+	{Area: "enqueue", Name: "verify-after-migrate", Doc: "a Store that verifies settings (storage.Verifier) accepts the harness's database after Migrate", Run: checkOutboxVerify},
 	{Area: "enqueue", Name: "commit-publishes", Doc: "messages enqueued in a committed transaction are published once each, with their key, value, headers and event id", Run: checkCommitPublishes},
 	{Area: "enqueue", Name: "rollback-removes", Doc: "a rolled-back transaction leaves neither its effect nor its messages", Run: checkRollbackRemoves},
 	{Area: "enqueue", Name: "invalid-stores-nothing", Doc: "an invalid message, or a *gorm.DB that is no transaction, fails Enqueue before anything is stored", Run: checkInvalidStoresNothing},
@@ -341,12 +342,12 @@ func checkLeaseExcludes(ctx context.Context, env *OutboxEnv) error {
 	}
 	store, db := env.H.Store, env.H.DB.WithContext(ctx)
 	lease := 400 * time.Millisecond
-	a, err := store.Claim(ctx, db, outbox.ClaimRequest{Relay: "relay-a", Lease: lease, MaxRows: 100})
+	a, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: "relay-a", Lease: lease, MaxRows: 100})
 	if err != nil || len(a) != 5 {
 		return fmt.Errorf("relay A claimed %d rows (err %v), want 5", len(a), err)
 	}
 	claimedAt := time.Now()
-	b, err := store.Claim(ctx, db, outbox.ClaimRequest{Relay: "relay-b", Lease: lease, MaxRows: 100})
+	b, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: "relay-b", Lease: lease, MaxRows: 100})
 	if err != nil {
 		return err
 	}
@@ -354,31 +355,31 @@ func checkLeaseExcludes(ctx context.Context, env *OutboxEnv) error {
 		return fmt.Errorf("relay B claimed %d rows of shards relay A leases", len(b))
 	}
 	time.Sleep(time.Until(claimedAt.Add(lease + 100*time.Millisecond)))
-	b, err = store.Claim(ctx, db, outbox.ClaimRequest{Relay: "relay-b", Lease: 10 * time.Second, MaxRows: 100})
+	b, err = store.Claim(ctx, db, storage.ClaimRequest{Relay: "relay-b", Lease: 10 * time.Second, MaxRows: 100})
 	if err != nil || len(b) != 5 {
 		return fmt.Errorf("after relay A's lease expired relay B claimed %d rows (err %v), want 5", len(b), err)
 	}
 	marks := marksFor(a)
-	if err := store.Ack(ctx, db, "relay-a", marks); !errors.Is(err, outbox.ErrLeaseLost) {
+	if err := store.Ack(ctx, db, "relay-a", marks); !errors.Is(err, storage.ErrLeaseLost) {
 		return fmt.Errorf("relay A acknowledged shards relay B took over: %v, want ErrLeaseLost", err)
 	}
 	if err := store.Ack(ctx, db, "relay-b", marksFor(b)); err != nil {
 		return fmt.Errorf("relay B ack: %w", err)
 	}
-	if rest, err := store.Claim(ctx, db, outbox.ClaimRequest{Relay: "relay-b", Lease: time.Second, MaxRows: 100}); err != nil || len(rest) != 0 {
+	if rest, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: "relay-b", Lease: time.Second, MaxRows: 100}); err != nil || len(rest) != 0 {
 		return fmt.Errorf("after the ack %d rows are still unpublished (err %v)", len(rest), err)
 	}
 	return nil
 }
 
-func marksFor(rows []outbox.Row) []outbox.Mark {
-	var marks []outbox.Mark
+func marksFor(rows []storage.OutboxRow) []storage.Mark {
+	var marks []storage.Mark
 	for _, r := range rows {
 		if n := len(marks); n > 0 && marks[n-1].Shard == r.Shard {
 			marks[n-1].Seq = max(marks[n-1].Seq, r.Seq)
 			continue
 		}
-		marks = append(marks, outbox.Mark{Shard: r.Shard, Seq: r.Seq})
+		marks = append(marks, storage.Mark{Shard: r.Shard, Seq: r.Seq})
 	}
 	return marks
 }
@@ -593,7 +594,7 @@ func checkExpiry(ctx context.Context, env *OutboxEnv) error {
 	if !slices.ContainsFunc(report.Expired, oldest.Equal) {
 		return fmt.Errorf("maintenance report expired %v, want the published day %s", report.Expired, oldest.Format(time.DateOnly))
 	}
-	if sr, ok := env.H.Store.(outbox.StatsReporter); ok {
+	if sr, ok := env.H.Store.(storage.StatsReporter); ok {
 		stats, err := sr.Stats(ctx, env.H.DB.WithContext(ctx))
 		if err != nil {
 			return err
@@ -640,7 +641,7 @@ func checkHotKey(ctx context.Context, env *OutboxEnv) error {
 			return err
 		}
 	}
-	rows, err := env.H.Store.Claim(ctx, env.H.DB.WithContext(ctx), outbox.ClaimRequest{Relay: "r1", Lease: 10 * time.Second, MaxRows: 20})
+	rows, err := env.H.Store.Claim(ctx, env.H.DB.WithContext(ctx), storage.ClaimRequest{Relay: "r1", Lease: 10 * time.Second, MaxRows: 20})
 	if err != nil {
 		return err
 	}
@@ -658,7 +659,7 @@ func checkHotKey(ctx context.Context, env *OutboxEnv) error {
 }
 
 func checkOutboxVerify(ctx context.Context, env *OutboxEnv) error {
-	v, ok := env.H.Store.(inbox.Verifier)
+	v, ok := env.H.Store.(storage.Verifier)
 	if !ok {
 		return nil
 	}

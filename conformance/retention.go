@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 func processExpired(cfg *inbox.Config) { cfg.Expired = inbox.ProcessExpired }
@@ -26,7 +27,7 @@ func seed(ctx context.Context, env *Env, msgs ...inbox.Message) error {
 	return nil
 }
 
-func maintain(ctx context.Context, ib *inbox.Inbox) (inbox.MaintenanceReport, error) {
+func maintain(ctx context.Context, ib *inbox.Inbox) (storage.MaintenanceReport, error) {
 	r, err := ib.Maintain(ctx)
 	if err != nil {
 		return r, fmt.Errorf("maintain: %w", err)

@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 type gormDB = gorm.DB
@@ -49,7 +50,7 @@ var schemaChecks = []Check{
 			for _, commit := range []bool{false, true} {
 				errRollback := errors.New("roll back")
 				err := env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-					inserted, err := env.H.Store.Claim(ctx, tx, []inbox.Row{msg.Row()})
+					inserted, err := env.H.Store.Claim(ctx, tx, []storage.InboxRow{RowOf(msg)})
 					if err != nil {
 						return err
 					}
@@ -68,7 +69,7 @@ var schemaChecks = []Check{
 					return fmt.Errorf("after commit=%v: %w", commit, err)
 				}
 			}
-			if v, ok := env.H.Store.(inbox.Verifier); ok {
+			if v, ok := env.H.Store.(storage.Verifier); ok {
 				if err := v.Verify(ctx, env.H.DB); err != nil {
 					return fmt.Errorf("the Store's Verify on the harness database: %w", err)
 				}
@@ -78,14 +79,14 @@ var schemaChecks = []Check{
 	{Area: "schema", Name: "claim-answers-each-row",
 		Doc: "one multi-row Claim answers, row by row and in order, which rows are new",
 		Run: func(ctx context.Context, env *Env) error {
-			m := func(id string) inbox.Row { return env.Msg(id).Row() }
+			m := func(id string) storage.InboxRow { return RowOf(env.Msg(id)) }
 			steps := []struct {
-				rows []inbox.Row
+				rows []storage.InboxRow
 				want []bool
 			}{
-				{[]inbox.Row{m("c-a"), m("c-b"), m("c-c")}, []bool{true, true, true}},
-				{[]inbox.Row{m("c-d"), m("c-b"), m("c-e"), m("c-a")}, []bool{true, false, true, false}},
-				{[]inbox.Row{m("c-e")}, []bool{false}},
+				{[]storage.InboxRow{m("c-a"), m("c-b"), m("c-c")}, []bool{true, true, true}},
+				{[]storage.InboxRow{m("c-d"), m("c-b"), m("c-e"), m("c-a")}, []bool{true, false, true, false}},
+				{[]storage.InboxRow{m("c-e")}, []bool{false}},
 			}
 			for i, s := range steps {
 				err := env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {

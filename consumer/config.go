@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Message is one Kafka message with the event id and time the consumer
@@ -365,7 +366,7 @@ func (c *Config) validate() error {
 		bad("StartOffset must be kafka.FirstOffset or kafka.LastOffset, not %d", c.StartOffset)
 	}
 	if c.OffsetsTable != "" {
-		if err := inbox.ValidateIdentifier("offsets table", c.OffsetsTable); err != nil {
+		if err := storage.ValidateIdentifier("offsets table", c.OffsetsTable); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -3,7 +3,7 @@ package consumer
 import (
 	"fmt"
 
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // EventKind says what an [Event] reports.
@@ -80,5 +80,5 @@ type Event struct {
 	Lag       int64 // for EventLag
 	Err       error // for EventRetry, EventDeadLettered, EventPartitionStopped, EventRepositioned and a failed EventMaintenance
 	// Maintenance is what the inbox's maintenance did, for EventMaintenance.
-	Maintenance inbox.MaintenanceReport
+	Maintenance storage.MaintenanceReport
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
 )
 
@@ -102,7 +103,7 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun, opts []BatchOpti
 	ends := b.startMessages(ctx)
 	now := ib.cfg.Now()
 	results := make([]Result, len(msgs))
-	firstOf := make(map[Key]int, len(msgs))
+	firstOf := make(map[storage.InboxKey]int, len(msgs))
 	copiesOf := make(map[int][]int)
 	pending := make([]int, 0, len(msgs))
 	for i, m := range msgs {
@@ -110,7 +111,7 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun, opts []BatchOpti
 			results[i] = Result{Outcome: Failed, Err: err}
 			continue
 		}
-		k := m.Row().Key()
+		k := m.row().Key()
 		if first, seen := firstOf[k]; seen {
 			copiesOf[first] = append(copiesOf[first], i)
 			continue
@@ -247,9 +248,9 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 	ib := b.ib
 	var outcomes map[int]Outcome
 	failedIdx := -1
-	rows := make([]Row, len(group))
+	rows := make([]storage.InboxRow, len(group))
 	for j, idx := range group {
-		rows[j] = b.msgs[idx].Row()
+		rows[j] = b.msgs[idx].row()
 	}
 	days := ib.newDays(rows)
 	err := ib.retry(ctx, func(int) error {
@@ -264,7 +265,7 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 }
 
 // run is one transaction of attempt.
-func (b *batchRun) run(ctx context.Context, group []int, rows []Row, outcomesP *map[int]Outcome, failedIdxP *int) error {
+func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow, outcomesP *map[int]Outcome, failedIdxP *int) error {
 	ib := b.ib
 	*failedIdxP = -1
 	*outcomesP = make(map[int]Outcome, len(group))

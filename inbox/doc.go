@@ -10,9 +10,9 @@
 //
 // What differs between databases (the conflict-ignoring insert, the schema,
 // date partitions and their expiry, which errors mean "retry") lives behind
-// the small [Store] interface; adapters for PostgreSQL, MySQL/MariaDB and
+// the small [storage.InboxStore] interface; adapters for PostgreSQL, MySQL/MariaDB and
 // SQLite are in the adapters/ directory, and the conformance/ package is the
-// suite every Store must pass.
+// suite every storage.InboxStore must pass.
 //
 // The inbox row is keyed by (consumer, event id, day), where day is the UTC
 // calendar day of the event time set by the producer. The day lets adapters

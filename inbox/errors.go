@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime/debug"
 	"time"
+
+	"github.com/inboxgo/inbox/storage"
 )
 
 var (
@@ -20,7 +22,7 @@ var (
 	ErrHandlerPanic = errors.New("inbox: handler panicked")
 	// ErrInvalidConfig is wrapped by configuration errors from New and the
 	// adapters' constructors.
-	ErrInvalidConfig = errors.New("inbox: invalid configuration")
+	ErrInvalidConfig = storage.ErrInvalidConfig
 )
 
 // ValidationError says which part of a message or name is unusable and why.

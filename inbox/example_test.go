@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // A handler marks the failures that another run of the transaction may
@@ -50,11 +51,11 @@ func ExampleMessage_Day() {
 }
 
 // Adapters check every configured table and schema name before it goes
-// into SQL; a third-party Store should do the same. The error wraps
+// into SQL; a third-party storage.InboxStore should do the same. The error wraps
 // ErrInvalidConfig.
 func ExampleValidateIdentifier() {
-	fmt.Println(inbox.ValidateIdentifier("table name", "inbox_messages"))
-	err := inbox.ValidateIdentifier("table name", "inbox-messages; DROP TABLE orders")
+	fmt.Println(storage.ValidateIdentifier("table name", "inbox_messages"))
+	err := storage.ValidateIdentifier("table name", "inbox-messages; DROP TABLE orders")
 	fmt.Println(err)
 	fmt.Println(errors.Is(err, inbox.ErrInvalidConfig))
 	// Output:

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // FuzzMessageValidate: validation never panics, accepts exactly the ids the
@@ -25,7 +26,7 @@ func FuzzMessageValidate(f *testing.F) {
 			return s != "" && len(s) <= max && utf8.ValidString(s) && !strings.Contains(s, "\x00")
 		}
 		year := m.Time.UTC().Year()
-		want := ok(consumer, inbox.MaxConsumerBytes) && ok(id, inbox.MaxEventIDBytes) && year >= 1970 && year <= 9999 && partition >= 0 && offset >= 0
+		want := ok(consumer, storage.MaxConsumerBytes) && ok(id, storage.MaxEventIDBytes) && year >= 1970 && year <= 9999 && partition >= 0 && offset >= 0
 		if want != (err == nil) {
 			t.Fatalf("Validate(%q, %q, %v) = %v, want valid=%v", consumer, id, m.Time, err, want)
 		}
@@ -36,8 +37,8 @@ func FuzzMessageValidate(f *testing.F) {
 			_ = err.Error()
 			return
 		}
-		r := m.Row()
-		if r.EventID != id || r.Consumer != consumer || !r.Day.Equal(inbox.DayOf(m.Time)) || r.Day.After(m.Time) || m.Time.Sub(r.Day) >= 24*time.Hour {
+		r := storage.InboxRow{Consumer: m.Consumer, EventID: m.ID, Day: m.Day()}
+		if r.EventID != id || r.Consumer != consumer || !r.Day.Equal(storage.DayOf(m.Time)) || r.Day.After(m.Time) || m.Time.Sub(r.Day) >= 24*time.Hour {
 			t.Fatalf("row %+v does not match message %+v", r, m)
 		}
 	})
@@ -52,7 +53,7 @@ func FuzzValidateIdentifier(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
-		err := inbox.ValidateIdentifier("table", name)
+		err := storage.ValidateIdentifier("table", name)
 		want := len(name) <= 63 && plainIdentifier.MatchString(name)
 		if want != (err == nil) {
 			t.Fatalf("ValidateIdentifier(%q) = %v, want valid=%v", name, err, want)

@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Handler applies the business effect of one message inside tx, the
@@ -84,8 +85,8 @@ type Config struct {
 	PrepareDays int
 	// MaxFutureDays is how many days after today (UTC) an event's day may
 	// lie: a later one is invalid (ErrInvalidMessage), never stored. Each
-	// distinct day gets storage of its own on a Store that partitions by
-	// day (DayPreparer), so without a bound a producer's clock error or a
+	// distinct day gets storage of its own on a storage.InboxStore that partitions by
+	// day (storage.DayPreparer), so without a bound a producer's clock error or a
 	// hostile payload could make a table of thousands of partitions, or,
 	// past the database's limit (MariaDB: 8192), a claim that can never
 	// succeed and would be retried as a database failure. Default 3660.
@@ -117,11 +118,11 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Inbox processes messages exactly once per consumer on top of a Store. It
+// Inbox processes messages exactly once per consumer on top of a storage.InboxStore. It
 // is safe for concurrent use.
 type Inbox struct {
 	db       *gorm.DB
-	store    Store
+	store    storage.InboxStore
 	cfg      Config
 	log      *slog.Logger
 	counters counters
@@ -129,7 +130,7 @@ type Inbox struct {
 
 // New returns an Inbox writing through db with store. It does not touch the
 // database; call Migrate once at start-up.
-func New(db *gorm.DB, store Store, cfg Config) (*Inbox, error) {
+func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if db == nil || store == nil {
 		return nil, fmt.Errorf("%w: nil db or store", ErrInvalidConfig)
 	}
@@ -184,8 +185,8 @@ func New(db *gorm.DB, store Store, cfg Config) (*Inbox, error) {
 	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox")}, nil
 }
 
-// Store returns the Store the inbox writes through.
-func (ib *Inbox) Store() Store { return ib.store }
+// storage.InboxStore returns the storage.InboxStore the inbox writes through.
+func (ib *Inbox) Store() storage.InboxStore { return ib.store }
 
 // DB returns the database handle the inbox opens transactions on.
 func (ib *Inbox) DB() *gorm.DB { return ib.db }
@@ -218,7 +219,7 @@ func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, 
 		return Failed, err
 	}
 	var out Outcome
-	rows := []Row{msg.Row()}
+	rows := []storage.InboxRow{msg.row()}
 	days := ib.newDays(rows)
 	err := ib.retry(ctx, func(attempt int) error {
 		return days.run(ctx, func() error {
@@ -268,7 +269,7 @@ func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Hand
 	var out Outcome
 	// A day without storage is made on the inbox's own handle while tx
 	// stays open, and the claim runs again in a new savepoint.
-	err := ib.newDays([]Row{msg.Row()}).run(ctx, func() error {
+	err := ib.newDays([]storage.InboxRow{msg.row()}).run(ctx, func() error {
 		return inSavepoint(ctx, tx, ib.store, func(sp *gorm.DB) error {
 			var err error
 			out, err = ib.claimAndHandle(ctx, sp, msg, h)
@@ -286,7 +287,7 @@ func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Hand
 
 // IsRetryable reports whether running the transaction again may cure err:
 // a handler error marked with [Retryable], or a database failure
-// ([IsDatabaseFailure]) that the Store classifies as transient. A handler's
+// ([IsDatabaseFailure]) that the storage.InboxStore classifies as transient. A handler's
 // own errors are never retryable unless marked, whatever they wrap.
 func (ib *Inbox) IsRetryable(err error) bool {
 	if err == nil {
@@ -310,7 +311,7 @@ func (ib *Inbox) admit(msg Message, now time.Time) error {
 	if err := msg.Validate(); err != nil {
 		return err
 	}
-	day, today := msg.Day(), DayOf(now)
+	day, today := msg.Day(), storage.DayOf(now)
 	if latest := today.AddDate(0, 0, ib.cfg.MaxFutureDays); day.After(latest) {
 		return &ValidationError{Field: "event time", Value: msg.Time.UTC().Format(time.RFC3339),
 			Reason: fmt.Sprintf("its day is more than %d days after today (Config.MaxFutureDays)", ib.cfg.MaxFutureDays)}
@@ -330,11 +331,11 @@ func (ib *Inbox) admit(msg Message, now time.Time) error {
 func (ib *Inbox) OldestCheckedDay() time.Time { return ib.oldestCheckedDay(ib.cfg.Now()) }
 
 func (ib *Inbox) oldestCheckedDay(now time.Time) time.Time {
-	return DayOf(now).AddDate(0, 0, -ib.cfg.RetentionDays)
+	return storage.DayOf(now).AddDate(0, 0, -ib.cfg.RetentionDays)
 }
 
 func (ib *Inbox) claimAndHandle(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (Outcome, error) {
-	rows := []Row{msg.Row()}
+	rows := []storage.InboxRow{msg.row()}
 	cctx, endClaim := ib.startClaim(ctx, rows)
 	inserted, err := ib.claim(cctx, tx, rows)
 	endClaim(inserted, err)
@@ -345,17 +346,17 @@ func (ib *Inbox) claimAndHandle(ctx context.Context, tx *gorm.DB, msg Message, h
 }
 
 // dayRuns makes missing days' storage on demand for one call (see
-// DayPreparer): at most MaxDayPreparations times in all, however often the
+// storage.DayPreparer): at most storage.MaxDayPreparations times in all, however often the
 // call's transaction is retried.
 type dayRuns struct {
 	ib       *Inbox
-	dp       DayPreparer // nil: the Store has no such capability
-	rows     []Row
+	dp       storage.DayPreparer // nil: the storage.InboxStore has no such capability
+	rows     []storage.InboxRow
 	prepared int
 }
 
-func (ib *Inbox) newDays(rows []Row) *dayRuns {
-	dp, _ := ib.store.(DayPreparer)
+func (ib *Inbox) newDays(rows []storage.InboxRow) *dayRuns {
+	dp, _ := ib.store.(storage.DayPreparer)
 	return &dayRuns{ib: ib, dp: dp, rows: rows}
 }
 
@@ -367,7 +368,7 @@ func (d *dayRuns) run(ctx context.Context, fn func() error) error {
 		if err == nil || d.dp == nil || !d.missingDay(err) || ctx.Err() != nil {
 			return err
 		}
-		if d.prepared >= MaxDayPreparations {
+		if d.prepared >= storage.MaxDayPreparations {
 			return dayUnseenError{err}
 		}
 		// Only a preparation that succeeded counts: one that failed (a
@@ -381,7 +382,7 @@ func (d *dayRuns) run(ctx context.Context, fn func() error) error {
 }
 
 // dayUnseenError is a claim that still finds no storage for a row's day
-// after its days were made MaxDayPreparations times without error. The days
+// after its days were made storage.MaxDayPreparations times without error. The days
 // exist, so running the transaction again later is what cures it: on
 // PostgreSQL at READ COMMITTED, while a partition of another day is being
 // detached concurrently, claims were seen failing for a day attached since,
@@ -394,7 +395,7 @@ func (e dayUnseenError) Error() string { return e.err.Error() }
 func (e dayUnseenError) Unwrap() error { return e.err }
 
 // missingDay reports whether err is the inbox's own claim failing because
-// a row's day has no storage (the Store decides, by error code), with
+// a row's day has no storage (the storage.InboxStore decides, by error code), with
 // nothing of the caller's transaction left in doubt.
 func (d *dayRuns) missingDay(err error) bool {
 	var de *dbError
@@ -408,7 +409,7 @@ func (d *dayRuns) prepare(ctx context.Context) error {
 	var days []time.Time
 	seen := make(map[time.Time]bool, 1)
 	for _, r := range d.rows {
-		if day := DayOf(r.Day); !seen[day] {
+		if day := storage.DayOf(r.Day); !seen[day] {
 			seen[day] = true
 			days = append(days, day)
 		}
@@ -435,18 +436,18 @@ func (ib *Inbox) handleClaimed(ctx context.Context, tx *gorm.DB, msg Message, h 
 }
 
 // claimTx runs fn in a new transaction that holds the claim of rows, and
-// commits it (see runTx). A Store that is a ClaimBeginner opens the
+// commits it (see runTx). A storage.InboxStore that is a storage.ClaimBeginner opens the
 // transaction and claims in one round trip.
 //
 // The Claim hook of Config.Trace surrounds the claim, with BEGIN when the
-// two go together; its context reaches the Store's claim, not the
+// two go together; its context reaches the storage.InboxStore's claim, not the
 // transaction, whose statements belong to the message.
-func (ib *Inbox) claimTx(ctx context.Context, rows []Row, fn func(tx *gorm.DB, inserted []bool) error) error {
+func (ib *Inbox) claimTx(ctx context.Context, rows []storage.InboxRow, fn func(tx *gorm.DB, inserted []bool) error) error {
 	return ib.claimTxAt(ctx, ctx, rows, fn)
 }
 
 // claimTxAt is claimTx with the claim traced under traceCtx.
-func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []Row, fn func(tx *gorm.DB, inserted []bool) error) error {
+func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []storage.InboxRow, fn func(tx *gorm.DB, inserted []bool) error) error {
 	var inserted []bool
 	cctx, ct := ctx, (*claimTrace)(nil)
 	if t := ib.cfg.Trace; t != nil && t.Claim != nil {
@@ -459,7 +460,7 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []Row, fn func(tx
 	// tctx is ctx carrying the transaction's statement state (see
 	// runTxFrom): the transaction's own context.
 	open := func(tctx context.Context) (*gorm.DB, func(), error) {
-		if cb, ok := ib.store.(ClaimBeginner); ok {
+		if cb, ok := ib.store.(storage.ClaimBeginner); ok {
 			tx, ins, ok, err := cb.BeginClaim(cctx, ib.db.WithContext(tctx), ib.cfg.TxOptions, rows)
 			if err != nil {
 				err = &dbError{op: "begin and claim", err: err}
@@ -516,10 +517,10 @@ func (c *claimTrace) done(inserted []bool, err error) {
 // claim ran; it is never returned.
 var errClaimNotRun = errors.New("inbox: the claim did not run")
 
-// errStoreContract reports a Store that broke the Claim contract.
+// errStoreContract reports a storage.InboxStore that broke the Claim contract.
 var errStoreContract = errors.New("inbox: store broke the Claim contract")
 
-func (ib *Inbox) claim(ctx context.Context, tx *gorm.DB, rows []Row) ([]bool, error) {
+func (ib *Inbox) claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	inserted, err := ib.store.Claim(ctx, tx, rows)
 	if err != nil {
 		return nil, &dbError{op: "claim", err: err}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Plan returns the maintenance plan for the current day: prepare today
@@ -12,9 +14,9 @@ import (
 // Process relies on them, so a clock that differs between the processes that
 // Process and the one that Maintains (by less than a day) never removes a
 // row that is still being checked.
-func (ib *Inbox) Plan() MaintenancePlan {
-	today := DayOf(ib.cfg.Now())
-	return MaintenancePlan{
+func (ib *Inbox) Plan() storage.MaintenancePlan {
+	today := storage.DayOf(ib.cfg.Now())
+	return storage.MaintenancePlan{
 		Today:          today,
 		PrepareThrough: today.AddDate(0, 0, ib.cfg.PrepareDays),
 		ExpireBefore:   ib.OldestCheckedDay().AddDate(0, 0, -1),
@@ -25,23 +27,23 @@ func (ib *Inbox) Plan() MaintenancePlan {
 // following [Inbox.Plan]. Run it once a day or more often (see
 // [Inbox.RunMaintenance]); it is idempotent and safe while messages are
 // processed.
-func (ib *Inbox) Maintain(ctx context.Context) (MaintenanceReport, error) {
+func (ib *Inbox) Maintain(ctx context.Context) (storage.MaintenanceReport, error) {
 	return ib.MaintainPlan(ctx, ib.Plan())
 }
 
 // MaintainPlan runs maintenance for an explicit plan; set plan.DryRun to see
 // what would be done. A plan that would expire a day the inbox still checks
 // duplicates on (ExpireBefore after OldestCheckedDay) is refused.
-func (ib *Inbox) MaintainPlan(ctx context.Context, plan MaintenancePlan) (MaintenanceReport, error) {
+func (ib *Inbox) MaintainPlan(ctx context.Context, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	if plan.PrepareThrough.Before(plan.Today) {
-		return MaintenanceReport{}, fmt.Errorf("%w: maintenance plan prepares through %s, before today %s",
+		return storage.MaintenanceReport{}, fmt.Errorf("%w: maintenance plan prepares through %s, before today %s",
 			ErrInvalidConfig, plan.PrepareThrough.Format(time.DateOnly), plan.Today.Format(time.DateOnly))
 	}
 	if oldest := ib.OldestCheckedDay(); plan.ExpireBefore.After(oldest) {
-		return MaintenanceReport{}, fmt.Errorf("%w: maintenance plan expires days before %s, but the inbox still checks duplicates from %s on",
+		return storage.MaintenanceReport{}, fmt.Errorf("%w: maintenance plan expires days before %s, but the inbox still checks duplicates from %s on",
 			ErrInvalidConfig, plan.ExpireBefore.Format(time.DateOnly), oldest.Format(time.DateOnly))
 	}
-	var report MaintenanceReport
+	var report storage.MaintenanceReport
 	err := ib.retry(ctx, func(int) error {
 		var err error
 		report, err = ib.store.Maintain(ctx, ib.db.WithContext(ctx), plan)

@@ -1,20 +1,12 @@
 package inbox
 
 import (
+	"github.com/inboxgo/inbox/storage"
+
 	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
-)
-
-// Limits on the identifiers stored in the inbox key. They are byte lengths of
-// the UTF-8 encoding; every adapter must store ids of these lengths exactly,
-// without truncation or normalisation.
-const (
-	MaxEventIDBytes  = 255
-	MaxConsumerBytes = 128
-	// MaxTopicBytes bounds the provenance topic (Kafka's own limit is 249).
-	MaxTopicBytes = 255
 )
 
 // Message is what the inbox needs to know about one delivery of an event.
@@ -39,21 +31,15 @@ type Message struct {
 
 // Day returns the UTC calendar day of the event time, the day part of the
 // inbox key.
-func (m Message) Day() time.Time { return DayOf(m.Time) }
-
-// DayOf returns midnight UTC of the calendar day t falls on in UTC.
-func DayOf(t time.Time) time.Time {
-	u := t.UTC()
-	return time.Date(u.Year(), u.Month(), u.Day(), 0, 0, 0, 0, time.UTC)
-}
+func (m Message) Day() time.Time { return storage.DayOf(m.Time) }
 
 // Validate reports whether m can be stored in the inbox. The error wraps
 // [ErrInvalidMessage] and is a *[ValidationError].
 func (m Message) Validate() error {
-	if err := validateKeyPart("consumer", m.Consumer, MaxConsumerBytes); err != nil {
+	if err := validateKeyPart("consumer", m.Consumer, storage.MaxConsumerBytes); err != nil {
 		return err
 	}
-	if err := validateKeyPart("event id", m.ID, MaxEventIDBytes); err != nil {
+	if err := validateKeyPart("event id", m.ID, storage.MaxEventIDBytes); err != nil {
 		return err
 	}
 	if m.Time.IsZero() {
@@ -62,8 +48,8 @@ func (m Message) Validate() error {
 	if y := m.Time.UTC().Year(); y < 1970 || y > 9999 {
 		return &ValidationError{Field: "event time", Value: m.Time.UTC().Format(time.RFC3339), Reason: "outside the years 1970..9999"}
 	}
-	if len(m.Topic) > MaxTopicBytes || !utf8.ValidString(m.Topic) || strings.IndexByte(m.Topic, 0) >= 0 {
-		return &ValidationError{Field: "topic", Value: m.Topic, Reason: fmt.Sprintf("must be valid UTF-8 without NUL, at most %d bytes", MaxTopicBytes)}
+	if len(m.Topic) > storage.MaxTopicBytes || !utf8.ValidString(m.Topic) || strings.IndexByte(m.Topic, 0) >= 0 {
+		return &ValidationError{Field: "topic", Value: m.Topic, Reason: fmt.Sprintf("must be valid UTF-8 without NUL, at most %d bytes", storage.MaxTopicBytes)}
 	}
 	if m.Partition < 0 || m.Offset < 0 {
 		return &ValidationError{Field: "provenance", Reason: fmt.Sprintf("negative partition %d or offset %d", m.Partition, m.Offset)}
@@ -85,30 +71,9 @@ func validateKeyPart(field, v string, maxBytes int) error {
 	return nil
 }
 
-// Row is the inbox row a [Store] writes for one message.
-type Row struct {
-	Consumer  string
-	EventID   string
-	Day       time.Time // midnight UTC; part of the key
-	EventTime time.Time // UTC
-	Topic     string
-	Partition int32
-	Offset    int64
-}
-
-// Key identifies a row: the unique key every Store enforces.
-type Key struct {
-	Consumer string
-	EventID  string
-	Day      time.Time
-}
-
-// Key returns the row's unique key.
-func (r Row) Key() Key { return Key{Consumer: r.Consumer, EventID: r.EventID, Day: r.Day} }
-
-// Row returns the inbox row for m. m must be valid.
-func (m Message) Row() Row {
-	return Row{
+// row returns the inbox row for m. m must be valid.
+func (m Message) row() storage.InboxRow {
+	return storage.InboxRow{
 		Consumer:  m.Consumer,
 		EventID:   m.ID,
 		Day:       m.Day(),

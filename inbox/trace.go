@@ -1,6 +1,10 @@
 package inbox
 
-import "context"
+import (
+	"context"
+
+	"github.com/inboxgo/inbox/storage"
+)
 
 // Trace holds hooks the inbox calls around its work on each message, so
 // that a tracing system (the separate module github.com/inboxgo/inbox/otel
@@ -27,12 +31,12 @@ type Trace struct {
 	Message func(ctx context.Context, msg Message) (context.Context, func(Outcome, error))
 	// Claim surrounds each claim of inbox rows: once per transaction
 	// attempt (a retried transaction claims again), for all the rows of the
-	// transaction, with BEGIN where the Store pipelines the two
-	// ([ClaimBeginner]). end receives, on success, which rows were new
+	// transaction, with BEGIN where the storage.InboxStore pipelines the two
+	// ([storage.ClaimBeginner]). end receives, on success, which rows were new
 	// (inserted[i] for rows[i]); on failure, the error and nil. Its parent
 	// is the Message context of the transaction's first message: in a
 	// batch one claim covers several messages.
-	Claim func(ctx context.Context, rows []Row) (context.Context, func(inserted []bool, err error))
+	Claim func(ctx context.Context, rows []storage.InboxRow) (context.Context, func(inserted []bool, err error))
 	// Handler surrounds each call of a handler: a Handler with one
 	// message, a BatchHandler with the new messages of a transaction. Its
 	// parent is the Message context of the (first) message, and the
@@ -63,7 +67,7 @@ func (ib *Inbox) startMessage(ctx context.Context, msg Message) (context.Context
 }
 
 // startClaim calls the Claim hook, if any.
-func (ib *Inbox) startClaim(ctx context.Context, rows []Row) (context.Context, func([]bool, error)) {
+func (ib *Inbox) startClaim(ctx context.Context, rows []storage.InboxRow) (context.Context, func([]bool, error)) {
 	t := ib.cfg.Trace
 	if t == nil || t.Claim == nil {
 		return ctx, endClaim

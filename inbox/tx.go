@@ -18,11 +18,11 @@ import (
 // never anything a handler or a payload can produce. An error is a database
 // failure when
 //   - BEGIN failed, or the inbox's own claim statement failed, or COMMIT
-//     failed with an error the Store classifies as transient (a lost
+//     failed with an error the storage.InboxStore classifies as transient (a lost
 //     connection, a serialization failure) in a transaction none of whose
 //     statements had failed before; or
 //   - a statement sent to the database through the transaction failed with
-//     an error the Store classifies as transient (a deadlock, a lock
+//     an error the storage.InboxStore classifies as transient (a deadlock, a lock
 //     timeout, a lost connection): the database may have ended the
 //     transaction, so whatever the handler returned (even nil) the
 //     transaction is rolled back and run again.
@@ -58,7 +58,7 @@ func (e *dbError) Error() string {
 
 func (e *dbError) Unwrap() error { return e.err }
 
-// databaseFailure marks err, returned by one of the Store's own operations,
+// databaseFailure marks err, returned by one of the storage.InboxStore's own operations,
 // as the database's failure.
 func databaseFailure(op string, err error) error {
 	if err == nil {
@@ -69,7 +69,7 @@ func databaseFailure(op string, err error) error {
 
 // IsDatabaseFailure reports whether err says that the database failed
 // rather than the message: BEGIN, the inbox's claim or COMMIT failed, or a
-// statement of the transaction failed with an error the Store classifies as
+// statement of the transaction failed with an error the storage.InboxStore classifies as
 // transient. Nothing a handler returns by itself makes it true. Such
 // failures say nothing about the message: a caller retrying messages
 // should retry them without counting an attempt.
@@ -79,7 +79,7 @@ func IsDatabaseFailure(err error) bool {
 }
 
 // CommitError reports that COMMIT refused a transaction for a reason the
-// Store does not classify as transient, typically a deferred constraint
+// storage.InboxStore does not classify as transient, typically a deferred constraint
 // checked only at commit, or a transaction the database had already
 // aborted after a statement error that the handler ignored. Nothing of the
 // transaction was committed. It is the failure of the message (or, in a
@@ -91,7 +91,7 @@ func (e *CommitError) Error() string { return "commit refused: " + e.Err.Error()
 
 func (e *CommitError) Unwrap() error { return e.Err }
 
-// ErrorClassifier tells transient database errors apart; every Store is one.
+// ErrorClassifier tells transient database errors apart; every storage.InboxStore is one.
 type ErrorClassifier interface {
 	IsRetryable(err error) bool
 }
@@ -468,7 +468,7 @@ func commitError(classify ErrorClassifier, failed, err error) error {
 // Transact runs fn in one transaction on db and commits it, with the fault
 // model of Process but no inbox row: use it for naturally idempotent
 // effects that must still tell a database failure from their own. classify
-// decides which database errors are transient (pass the adapter's Store).
+// decides which database errors are transient (pass the adapter's storage.InboxStore).
 // A panic in fn is returned as a *PanicError. The transaction is not
 // retried: [IsDatabaseFailure] on the error says whether the database
 // failed (retry without counting an attempt); any other error is fn's, or a

@@ -14,6 +14,7 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Attribute keys: OpenTelemetry's messaging semantic conventions where they
@@ -128,7 +129,7 @@ func (t *telemetry) startMessage(ctx context.Context, m inbox.Message) (context.
 	}
 }
 
-func (t *telemetry) startClaim(ctx context.Context, rows []inbox.Row) (context.Context, func([]bool, error)) {
+func (t *telemetry) startClaim(ctx context.Context, rows []storage.InboxRow) (context.Context, func([]bool, error)) {
 	ctx, span := t.tracer.Start(ctx, spanNameClaim, trace.WithAttributes(keyClaimRows.Int(len(rows))))
 	return ctx, func(inserted []bool, err error) {
 		if err == nil {

@@ -54,7 +54,7 @@
 // do no double work in the normal case; a relay that dies is replaced when
 // its leases expire (RelayConfig.Lease), or at once if it restarts under the
 // same RelayConfig.ID. An acknowledgement from a relay whose shard was taken
-// over is refused ([ErrLeaseLost]); what it published is published again by
+// over is refused ([storage.ErrLeaseLost]); what it published is published again by
 // the new owner. On SQLite the leases work the same way, but every claim
 // waits for the database's single write lock: one relay is enough there and
 // a second one only stands by.
@@ -65,12 +65,12 @@
 // MariaDB each day is a partition, and Maintain drops a past day's partition
 // whole, never by long DELETEs; on SQLite it deletes published rows in small
 // batches. A day that still holds an unpublished row is never removed:
-// Maintain keeps it, reports it in MaintenanceReport.Held and logs an error
+// Maintain keeps it, reports it in storage.MaintenanceReport.Held and logs an error
 // each run until a relay has published it.
 //
 // # What adapters do
 //
-// The database-specific part is the small [Store] interface, whose doc
+// The database-specific part is the small [storage.OutboxStore] interface, whose doc
 // comments are the contract; the conformance package's RunOutbox is its
 // executable form. The Outbox and Relay own validation, retries, logging
 // and metrics; adapters own their dialect SQL and reuse the inbox adapters'

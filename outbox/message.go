@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Message is one event to publish.
@@ -69,7 +70,7 @@ func (s HeaderStyle) keys() (id, at string) {
 // Limits on messages. MaxMessageBytes is kafka-go's Writer limit (its
 // default BatchBytes), counted as [MessageBytes] counts.
 const (
-	MaxTopicBytes      = 249
+	maxTopicBytes      = 249
 	MaxHeaderKeyBytes  = 255
 	MaxMessageBytes    = 1 << 20
 	messageOverhead    = 40 // a record's framing, generously
@@ -94,8 +95,8 @@ func invalid(field, value, reason string) error {
 }
 
 func validTopic(topic string) error {
-	if topic == "" || len(topic) > MaxTopicBytes || topic == "." || topic == ".." {
-		return invalid("topic", topic, fmt.Sprintf("must be 1-%d bytes and not \".\" or \"..\"", MaxTopicBytes))
+	if topic == "" || len(topic) > maxTopicBytes || topic == "." || topic == ".." {
+		return invalid("topic", topic, fmt.Sprintf("must be 1-%d bytes and not \".\" or \"..\"", maxTopicBytes))
 	}
 	for i := 0; i < len(topic); i++ {
 		c := topic[i]
@@ -108,8 +109,8 @@ func validTopic(topic string) error {
 
 func validEventID(id string) error {
 	switch {
-	case len(id) > inbox.MaxEventIDBytes:
-		return invalid("event id", id, fmt.Sprintf("%d bytes, longer than the %d the inbox stores", len(id), inbox.MaxEventIDBytes))
+	case len(id) > storage.MaxEventIDBytes:
+		return invalid("event id", id, fmt.Sprintf("%d bytes, longer than the %d the inbox stores", len(id), storage.MaxEventIDBytes))
 	case !utf8.ValidString(id):
 		return invalid("event id", id, "not valid UTF-8")
 	case strings.IndexByte(id, 0) >= 0:
@@ -272,7 +273,7 @@ func keyHash(topic string, key []byte, id string) uint32 {
 	return h.Sum32()
 }
 
-// storedHeader is a header as Row.Headers stores it (JSON encodes the value
+// storedHeader is a header as storage.OutboxRow.Headers stores it (JSON encodes the value
 // in base64).
 type storedHeader struct {
 	K string `json:"k"`

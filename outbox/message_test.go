@@ -9,6 +9,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 func header(hs []kafka.Header, key string) (string, int) {
@@ -93,7 +94,7 @@ func TestPrepareRefuses(t *testing.T) {
 	cases := map[string]Message{
 		"empty topic":             {},
 		"topic with a space":      {Topic: "a b"},
-		"topic too long":          {Topic: strings.Repeat("t", MaxTopicBytes+1)},
+		"topic too long":          {Topic: strings.Repeat("t", maxTopicBytes+1)},
 		"dot topic":               {Topic: ".."},
 		"empty header name":       {Topic: "t", Headers: []kafka.Header{{Key: ""}}},
 		"header name not UTF-8":   {Topic: "t", Headers: []kafka.Header{{Key: "\xff"}}},
@@ -102,7 +103,7 @@ func TestPrepareRefuses(t *testing.T) {
 		"conflicting event_time":  {Topic: "t", Time: time.Unix(1e9, 0), Headers: []kafka.Header{{Key: HeaderEventTime, Value: []byte("2020-01-01T00:00:00Z")}}},
 		"unreadable event_time":   {Topic: "t", Headers: []kafka.Header{{Key: HeaderEventTime, Value: []byte("now")}}},
 		"event time before 1970":  {Topic: "t", Time: time.Date(1969, 1, 1, 0, 0, 0, 0, time.UTC)},
-		"id too long":             {Topic: "t", ID: strings.Repeat("i", inbox.MaxEventIDBytes+1)},
+		"id too long":             {Topic: "t", ID: strings.Repeat("i", storage.MaxEventIDBytes+1)},
 		"id with NUL":             {Topic: "t", ID: "a\x00"},
 		"message over the writer": {Topic: "t", Value: make([]byte, MaxMessageBytes-20)},
 	}
@@ -136,8 +137,8 @@ func TestHeadersRoundTrip(t *testing.T) {
 }
 
 func TestMarksOf(t *testing.T) {
-	rows := []Row{{Shard: 1, Seq: 5}, {Shard: 1, Seq: 6}, {Shard: 1, Seq: 7}, {Shard: 2, Seq: 1}, {Shard: 2, Seq: 2}, {Shard: 3, Seq: 9}}
-	if got := marksOf(rows, nil); len(got) != 3 || got[0] != (Mark{1, 7}) || got[1] != (Mark{2, 2}) || got[2] != (Mark{3, 9}) {
+	rows := []storage.OutboxRow{{Shard: 1, Seq: 5}, {Shard: 1, Seq: 6}, {Shard: 1, Seq: 7}, {Shard: 2, Seq: 1}, {Shard: 2, Seq: 2}, {Shard: 3, Seq: 9}}
+	if got := marksOf(rows, nil); len(got) != 3 || got[0] != (storage.Mark{Shard: 1, Seq: 7}) || got[1] != (storage.Mark{Shard: 2, Seq: 2}) || got[2] != (storage.Mark{Shard: 3, Seq: 9}) {
 		t.Fatalf("all published: %v", got)
 	}
 	if got := marksOf(rows, errors.New("down")); len(got) != 0 {
@@ -147,23 +148,7 @@ func TestMarksOf(t *testing.T) {
 	each := kafka.WriteErrors{nil, fail, nil, fail, nil, nil}
 	// Shard 1 stops before seq 6 (seq 7 succeeded but must be sent again
 	// after 6); shard 2's first failed: nothing; shard 3 is whole.
-	if got := marksOf(rows, each); len(got) != 2 || got[0] != (Mark{1, 5}) || got[1] != (Mark{3, 9}) {
+	if got := marksOf(rows, each); len(got) != 2 || got[0] != (storage.Mark{Shard: 1, Seq: 5}) || got[1] != (storage.Mark{Shard: 3, Seq: 9}) {
 		t.Fatalf("partly published: %v", got)
-	}
-}
-
-func TestShareRows(t *testing.T) {
-	got := ShareRows([]ShardCount{{1, 1000}, {2, 3}, {3, 0}, {4, 50}}, 100)
-	want := []ShardCount{{1, 49}, {2, 3}, {4, 48}}
-	if len(got) != len(want) {
-		t.Fatalf("got %v, want %v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("got %v, want %v", got, want)
-		}
-	}
-	if got := ShareRows([]ShardCount{{1, 5}, {2, 5}, {3, 5}}, 2); len(got) != 2 || got[0] != (ShardCount{1, 1}) || got[1] != (ShardCount{2, 1}) {
-		t.Fatalf("fewer rows than shards: %v", got)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Defaults for Config.
@@ -48,7 +49,7 @@ type Config struct {
 // for concurrent use.
 type Outbox struct {
 	db    *gorm.DB
-	store Store
+	store storage.OutboxStore
 	cfg   Config
 	log   *slog.Logger
 
@@ -57,7 +58,7 @@ type Outbox struct {
 
 // Counters are an Outbox's totals since it was made.
 type Counters struct {
-	Enqueued uint64 // messages handed to the Store (they commit with their transactions, or not)
+	Enqueued uint64 // messages handed to the storage.OutboxStore (they commit with their transactions, or not)
 	Refused  uint64 // calls refused before anything was written: invalid messages, no transaction
 	Failed   uint64 // calls whose statements failed (the caller's transaction must roll back)
 }
@@ -69,7 +70,7 @@ func (o *Outbox) Counters() Counters {
 
 // New returns an Outbox over db and store. It does not touch the database;
 // call Migrate once at start-up.
-func New(db *gorm.DB, store Store, cfg Config) (*Outbox, error) {
+func New(db *gorm.DB, store storage.OutboxStore, cfg Config) (*Outbox, error) {
 	if db == nil || store == nil {
 		return nil, fmt.Errorf("%w: outbox needs a db and a store", inbox.ErrInvalidConfig)
 	}
@@ -102,8 +103,8 @@ func New(db *gorm.DB, store Store, cfg Config) (*Outbox, error) {
 	return &Outbox{db: db, store: store, cfg: cfg, log: log.With("component", "outbox")}, nil
 }
 
-// Store returns the outbox's Store.
-func (o *Outbox) Store() Store { return o.store }
+// storage.OutboxStore returns the outbox's storage.OutboxStore.
+func (o *Outbox) Store() storage.OutboxStore { return o.store }
 
 // DB returns the database handle the outbox works on.
 func (o *Outbox) DB() *gorm.DB { return o.db }
@@ -154,8 +155,8 @@ func (o *Outbox) enqueue(ctx context.Context, tx *gorm.DB, msgs []Message) error
 		return nil
 	}
 	now := o.cfg.Now()
-	day := inbox.DayOf(now)
-	rows := make([]Row, len(msgs))
+	day := storage.DayOf(now)
+	rows := make([]storage.OutboxRow, len(msgs))
 	for i, m := range msgs {
 		p, err := prepare(m, o.cfg.Headers, now)
 		if err != nil {
@@ -166,7 +167,7 @@ func (o *Outbox) enqueue(ctx context.Context, tx *gorm.DB, msgs []Message) error
 		if err != nil {
 			return fmt.Errorf("outbox: message %d of %d: %w", i+1, len(msgs), err)
 		}
-		rows[i] = Row{KeyHash: keyHash(m.Topic, m.Key, p.id), Day: day, EventID: p.id, Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
+		rows[i] = storage.OutboxRow{KeyHash: keyHash(m.Topic, m.Key, p.id), Day: day, EventID: p.id, Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
 		if rows[i].Value == nil {
 			rows[i].Value = []byte{}
 		}
@@ -187,9 +188,9 @@ func (o *Outbox) IsRetryable(err error) bool { return err != nil && o.store.IsRe
 // Plan returns the maintenance plan for today: prepare today through
 // PrepareDays ahead, expire published rows of days before the retention
 // window.
-func (o *Outbox) Plan() inbox.MaintenancePlan {
-	today := inbox.DayOf(o.cfg.Now())
-	return inbox.MaintenancePlan{
+func (o *Outbox) Plan() storage.MaintenancePlan {
+	today := storage.DayOf(o.cfg.Now())
+	return storage.MaintenancePlan{
 		Today:          today,
 		PrepareThrough: today.AddDate(0, 0, o.cfg.PrepareDays),
 		ExpireBefore:   today.AddDate(0, 0, -o.cfg.RetentionDays),
@@ -197,7 +198,7 @@ func (o *Outbox) Plan() inbox.MaintenancePlan {
 }
 
 // Maintain runs [Outbox.MaintainPlan] for [Outbox.Plan].
-func (o *Outbox) Maintain(ctx context.Context) (MaintenanceReport, error) {
+func (o *Outbox) Maintain(ctx context.Context) (storage.MaintenanceReport, error) {
 	return o.MaintainPlan(ctx, o.Plan())
 }
 
@@ -205,11 +206,11 @@ func (o *Outbox) Maintain(ctx context.Context) (MaintenanceReport, error) {
 // expired days. A day that still holds unpublished rows is kept and logged
 // as an error on every run until its rows are published: nothing
 // unpublished is ever removed.
-func (o *Outbox) MaintainPlan(ctx context.Context, plan inbox.MaintenancePlan) (MaintenanceReport, error) {
+func (o *Outbox) MaintainPlan(ctx context.Context, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	if plan.PrepareThrough.Before(plan.Today) || !plan.ExpireBefore.Before(plan.Today) {
-		return MaintenanceReport{}, fmt.Errorf("%w: maintenance plan must prepare from today on and expire only days before today", inbox.ErrInvalidConfig)
+		return storage.MaintenanceReport{}, fmt.Errorf("%w: maintenance plan must prepare from today on and expire only days before today", inbox.ErrInvalidConfig)
 	}
-	var report MaintenanceReport
+	var report storage.MaintenanceReport
 	err := o.retry(ctx, "maintain", func() error {
 		var err error
 		report, err = o.store.Maintain(ctx, o.db.WithContext(ctx), plan)
@@ -248,7 +249,7 @@ func (o *Outbox) RunMaintenance(ctx context.Context, interval time.Duration) err
 	}
 }
 
-// retry runs fn until it succeeds, fails with an error the Store does not
+// retry runs fn until it succeeds, fails with an error the storage.OutboxStore does not
 // call transient, ctx ends, or the attempts are used up.
 func (o *Outbox) retry(ctx context.Context, op string, fn func() error) error {
 	for attempt := 1; ; attempt++ {

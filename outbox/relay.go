@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxgo/inbox/internal/kafkaerr"
+	"github.com/inboxgo/inbox/storage"
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
@@ -207,9 +208,9 @@ func (r *Relay) PublishOnce(ctx context.Context) (int, error) {
 }
 
 func (r *Relay) cycle(ctx context.Context, ev *RelayEvent) (int, error) {
-	var rows []Row
+	var rows []storage.OutboxRow
 	claimedAt := time.Now()
-	req := ClaimRequest{Relay: r.cfg.ID, Lease: r.cfg.Lease, MaxShards: r.cfg.MaxShards, MaxRows: r.cfg.MaxMessages}
+	req := storage.ClaimRequest{Relay: r.cfg.ID, Lease: r.cfg.Lease, MaxShards: r.cfg.MaxShards, MaxRows: r.cfg.MaxMessages}
 	err := r.o.retry(ctx, "claim", func() error {
 		var err error
 		rows, err = r.o.store.Claim(ctx, r.o.db.WithContext(ctx), req)
@@ -223,7 +224,7 @@ func (r *Relay) cycle(ctx context.Context, ev *RelayEvent) (int, error) {
 		return 0, nil
 	}
 	msgs := make([]kafka.Message, 0, len(rows))
-	sent := make([]Row, 0, len(rows))
+	sent := make([]storage.OutboxRow, 0, len(rows))
 	bytes := 0
 	var bad error
 	blocked := map[int32]bool{}
@@ -263,7 +264,7 @@ func (r *Relay) cycle(ctx context.Context, ev *RelayEvent) (int, error) {
 	}
 	if len(marks) > 0 {
 		ackErr := r.o.retry(ctx, "ack", func() error { return r.o.store.Ack(ctx, r.o.db.WithContext(ctx), r.cfg.ID, marks) })
-		if errors.Is(ackErr, ErrLeaseLost) {
+		if errors.Is(ackErr, storage.ErrLeaseLost) {
 			ev.LeaseLost = true
 			r.leasesLost.Add(1)
 			r.log.Warn("another relay took over shards this relay had published; it publishes them again (the inbox drops the copies)", "error", ackErr)
@@ -300,12 +301,12 @@ var errPublish = errors.New("outbox: relay publish")
 // marksOf returns, for each shard of rows, the last Seq before the first
 // message that failed (all of them when err is nil). rows are in (shard,
 // seq) order. An error that is not per message fails every message.
-func marksOf(rows []Row, err error) []Mark {
+func marksOf(rows []storage.OutboxRow, err error) []storage.Mark {
 	var perMessage kafka.WriteErrors
 	if err != nil && (!errors.As(err, &perMessage) || len(perMessage) != len(rows)) {
 		return nil
 	}
-	var marks []Mark
+	var marks []storage.Mark
 	stopped := map[int32]bool{}
 	for i, row := range rows {
 		switch {
@@ -315,7 +316,7 @@ func marksOf(rows []Row, err error) []Mark {
 		case len(marks) > 0 && marks[len(marks)-1].Shard == row.Shard:
 			marks[len(marks)-1].Seq = row.Seq
 		default:
-			marks = append(marks, Mark{Shard: row.Shard, Seq: row.Seq})
+			marks = append(marks, storage.Mark{Shard: row.Shard, Seq: row.Seq})
 		}
 	}
 	return marks

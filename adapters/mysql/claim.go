@@ -12,6 +12,7 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/keyorder"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // claimChunk bounds the rows of one INSERT: 8 placeholders a row, far below
@@ -23,7 +24,7 @@ const claimChunk = 1000
 // count (1 per inserted row, 2 per duplicate, with or without
 // clientFoundRows), reading back this statement's claim token by primary key
 // only when one statement holds both kinds.
-func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	for i := range rows {
 		if err := checkRow(rows[i]); err != nil {
 			return nil, fmt.Errorf("mysql: claim in %s, row %d: %w", s.name, i, err)
@@ -64,20 +65,20 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]boo
 
 // checkRow rejects what the table cannot hold exactly, so that no value is
 // ever truncated or adjusted by the server, whatever its sql_mode.
-func checkRow(r inbox.Row) error {
+func checkRow(r storage.InboxRow) error {
 	switch {
-	case r.Consumer == "" || len(r.Consumer) > inbox.MaxConsumerBytes:
-		return fmt.Errorf("%w: consumer of %d bytes (1..%d allowed)", inbox.ErrInvalidMessage, len(r.Consumer), inbox.MaxConsumerBytes)
-	case r.EventID == "" || len(r.EventID) > inbox.MaxEventIDBytes:
-		return fmt.Errorf("%w: event id of %d bytes (1..%d allowed)", inbox.ErrInvalidMessage, len(r.EventID), inbox.MaxEventIDBytes)
-	case len(r.Topic) > MaxTopicBytes:
-		return fmt.Errorf("%w: topic of %d bytes (at most %d allowed)", inbox.ErrInvalidMessage, len(r.Topic), MaxTopicBytes)
+	case r.Consumer == "" || len(r.Consumer) > storage.MaxConsumerBytes:
+		return fmt.Errorf("%w: consumer of %d bytes (1..%d allowed)", inbox.ErrInvalidMessage, len(r.Consumer), storage.MaxConsumerBytes)
+	case r.EventID == "" || len(r.EventID) > storage.MaxEventIDBytes:
+		return fmt.Errorf("%w: event id of %d bytes (1..%d allowed)", inbox.ErrInvalidMessage, len(r.EventID), storage.MaxEventIDBytes)
+	case len(r.Topic) > topicColumnBytes:
+		return fmt.Errorf("%w: topic of %d bytes (at most %d allowed)", inbox.ErrInvalidMessage, len(r.Topic), topicColumnBytes)
 	case !utf8.ValidString(r.Consumer) || !utf8.ValidString(r.EventID):
 		return fmt.Errorf("%w: consumer or event id is not valid UTF-8", inbox.ErrInvalidMessage)
 	case !inRange(r.Day) || !inRange(r.EventTime):
 		return fmt.Errorf("%w: day %s or event time %s outside the years 1000..9999", inbox.ErrInvalidMessage,
 			r.Day.UTC().Format(time.DateOnly), r.EventTime.UTC().Format(time.RFC3339Nano))
-	case !inbox.DayOf(r.Day).Equal(r.Day):
+	case !storage.DayOf(r.Day).Equal(r.Day):
 		return fmt.Errorf("%w: day %s is not midnight UTC", inbox.ErrInvalidMessage, r.Day.Format(time.RFC3339Nano))
 	}
 	return nil
@@ -94,7 +95,7 @@ func dayText(d time.Time) string { return d.UTC().Format(time.DateOnly) }
 // DSN's loc: the driver would convert a time.Time to loc.
 func datetimeText(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.999999") }
 
-func (s *Store) claimChunk(ctx context.Context, conn gorm.ConnPool, rows []inbox.Row, inserted []bool) error {
+func (s *Store) claimChunk(ctx context.Context, conn gorm.ConnPool, rows []storage.InboxRow, inserted []bool) error {
 	// The token tells this statement's rows from rows that were there
 	// before; it only has to differ from the token of the one stored row
 	// with the same key.
@@ -161,7 +162,7 @@ func (s *Store) buildClaimSQL(n int) string {
 type rowKey struct{ consumer, eventID, day string }
 
 // readBack marks the rows that hold this statement's token.
-func (s *Store) readBack(ctx context.Context, conn gorm.ConnPool, rows []inbox.Row, inserted []bool, token, fresh int64) error {
+func (s *Store) readBack(ctx context.Context, conn gorm.ConnPool, rows []storage.InboxRow, inserted []bool, token, fresh int64) error {
 	var b strings.Builder
 	b.WriteString("SELECT consumer, event_id, CAST(day AS CHAR) FROM " + s.table + " WHERE claim_token = ? AND (consumer, event_id, day) IN (")
 	args := make([]any, 0, 1+3*len(rows))

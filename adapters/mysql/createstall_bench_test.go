@@ -16,6 +16,7 @@ import (
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 type stallOp struct{ start, dur time.Duration }
@@ -61,7 +62,7 @@ func BenchmarkPartitionCreateStall(b *testing.B) {
 				if err := store.Migrate(ctx, db); err != nil {
 					b.Fatal(err)
 				}
-				today := inbox.DayOf(time.Now())
+				today := storage.DayOf(time.Now())
 				first := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)
 				if p, ok := any(store).(interface {
 					PrepareDays(context.Context, *gorm.DB, []time.Time) error
@@ -111,7 +112,7 @@ func BenchmarkPartitionCreateStall(b *testing.B) {
 				time.Sleep(2 * time.Second)
 				from := time.Since(start)
 				d := today.AddDate(0, 0, 8) // beyond the days Migrate makes
-				report, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, 2), ExpireBefore: today.AddDate(0, 0, -1)})
+				report, err := store.Maintain(ctx, db, storage.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, 2), ExpireBefore: today.AddDate(0, 0, -1)})
 				to := time.Since(start)
 				time.Sleep(300 * time.Millisecond)
 				close(stop)

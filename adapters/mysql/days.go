@@ -20,9 +20,8 @@ import (
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 // errNoPartition is ER_NO_PARTITION_FOR_GIVEN_VALUE: no partition for a
@@ -112,7 +111,7 @@ func (s *Store) listLayout(db *gorm.DB) (list bool, days map[time.Time]string, e
 // the table: under ProcessTx the caller's transaction then holds no
 // metadata lock on it, and PrepareDays's ADD PARTITION need not wait for
 // that transaction.
-func (s *Store) missingDay(rows []inbox.Row) error {
+func (s *Store) missingDay(rows []storage.InboxRow) error {
 	if !s.list.Load() {
 		return nil
 	}
@@ -126,7 +125,7 @@ func (s *Store) missingDay(rows []inbox.Row) error {
 
 // forgetDays drops the days of rows from what the Store knows: the server
 // said one of them has no partition (another process expired it).
-func (s *Store) forgetDays(rows []inbox.Row) {
+func (s *Store) forgetDays(rows []storage.InboxRow) {
 	for _, r := range rows {
 		s.known.Delete(r.Day)
 	}
@@ -157,7 +156,7 @@ func (s *Store) addDays(db *gorm.DB, days []time.Time) error {
 }
 
 // PrepareDays adds the partitions of days that have none (see
-// [inbox.DayPreparer]): the inbox calls it when a claim finds no partition
+// [storage.DayPreparer]): the inbox calls it when a claim finds no partition
 // for a row's day. One ADD PARTITION, under the maintenance lock; on a
 // table of the earlier RANGE layout it does nothing (its catch-all takes
 // every day).
@@ -169,7 +168,7 @@ func (s *Store) PrepareDays(ctx context.Context, db *gorm.DB, days []time.Time) 
 		}
 		var add []time.Time
 		for _, d := range days {
-			if d = inbox.DayOf(d); have[d] == "" && !slices.ContainsFunc(add, d.Equal) {
+			if d = storage.DayOf(d); have[d] == "" && !slices.ContainsFunc(add, d.Equal) {
 				add = append(add, d)
 			}
 		}
@@ -217,10 +216,10 @@ func (s *Store) qualify(name string) string {
 // TABLE (a rename under the table's metadata lock, whatever the day holds)
 // and DROP TABLE, which frees the day's file without any lock on the inbox
 // table. A retired table that an interrupted run left is dropped too.
-func (s *Store) maintainList(db *gorm.DB, plan inbox.MaintenancePlan, have map[time.Time]string) (inbox.MaintenanceReport, error) {
-	report := inbox.MaintenanceReport{DryRun: plan.DryRun}
-	cutoff := inbox.DayOf(plan.ExpireBefore)
-	for d := inbox.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
+func (s *Store) maintainList(db *gorm.DB, plan storage.MaintenancePlan, have map[time.Time]string) (storage.MaintenanceReport, error) {
+	report := storage.MaintenanceReport{DryRun: plan.DryRun}
+	cutoff := storage.DayOf(plan.ExpireBefore)
+	for d := storage.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
 		if have[d] == "" && !d.Before(cutoff) {
 			report.Prepared = append(report.Prepared, d)
 		}

@@ -10,7 +10,7 @@ import (
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // BenchmarkExpiry expires a day holding 1,000,000 inbox rows (100,000 with
@@ -35,7 +35,7 @@ func BenchmarkExpiry(b *testing.B) {
 			_ = sqlDB.Close()
 		}
 	})
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	var drop, convert, dropTable, del time.Duration
 	b.ResetTimer()
 	for range b.N {

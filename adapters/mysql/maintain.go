@@ -7,9 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 // Maintain prepares one partition per day from plan.Today through
@@ -34,11 +33,11 @@ import (
 //
 // RowsRemoved is -1 when a partition was dropped or truncated. A run with
 // nothing to do issues no DDL.
-func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
+func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	if plan.DryRun {
 		return s.maintain(db.WithContext(ctx), plan)
 	}
-	var report inbox.MaintenanceReport
+	var report storage.MaintenanceReport
 	err := s.withLock(ctx, db, func(conn *gorm.DB) error {
 		var err error
 		report, err = s.maintain(conn, plan)
@@ -47,8 +46,8 @@ func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Maintenanc
 	return report, err
 }
 
-func (s *Store) maintain(db *gorm.DB, plan inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
-	report := inbox.MaintenanceReport{DryRun: plan.DryRun}
+func (s *Store) maintain(db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
+	report := storage.MaintenanceReport{DryRun: plan.DryRun}
 	list, have, err := s.listLayout(db)
 	if err != nil {
 		return report, err
@@ -66,7 +65,7 @@ func (s *Store) maintain(db *gorm.DB, plan inbox.MaintenancePlan) (inbox.Mainten
 	}
 
 	// Expire.
-	cutoff := inbox.DayOf(plan.ExpireBefore)
+	cutoff := storage.DayOf(plan.ExpireBefore)
 	lower := func(i int) time.Time { // zero for the lowest partition
 		if i == 0 {
 			return time.Time{}
@@ -161,14 +160,14 @@ func (s *Store) maintain(db *gorm.DB, plan inbox.MaintenancePlan) (inbox.Mainten
 // PARTITION (cheap: the catch-all only holds far-future rows), and returns
 // them and the partitions after the change. parts are the table's
 // partitions; in a dry run nothing changes.
-func (s *Store) prepareDays(db *gorm.DB, parts []partition, plan inbox.MaintenancePlan) ([]time.Time, []partition, error) {
+func (s *Store) prepareDays(db *gorm.DB, parts []partition, plan storage.MaintenancePlan) ([]time.Time, []partition, error) {
 	var top time.Time
 	if len(parts) > 1 {
 		top = parts[len(parts)-2].bound
 	}
 	var prepared []time.Time
 	var split strings.Builder
-	for d := inbox.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
+	for d := storage.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
 		if next := d.AddDate(0, 0, 1); next.After(top) {
 			fmt.Fprintf(&split, "PARTITION %s VALUES LESS THAN ('%s'), ", partitionName(d), dayText(next))
 			prepared = append(prepared, d)

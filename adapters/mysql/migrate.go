@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 func (s *Store) createTable(today time.Time) string {
@@ -20,14 +19,14 @@ func (s *Store) createTable(today time.Time) string {
 // MigrationSQL returns Migrate's CREATE TABLE with a partition for each day
 // from the day before plan.Today through plan.PrepareThrough (at least
 // Options.InitialDays ahead, as Migrate makes them).
-func (s *Store) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
-	today := inbox.DayOf(plan.Today)
+func (s *Store) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
+	today := storage.DayOf(plan.Today)
 	if plan.PrepareThrough.Before(today) {
-		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", inbox.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(today))
+		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", storage.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(today))
 	}
 	last := today.AddDate(0, 0, s.initialDays)
 	if plan.PrepareThrough.After(last) {
-		last = inbox.DayOf(plan.PrepareThrough)
+		last = storage.DayOf(plan.PrepareThrough)
 	}
 	return []string{s.createTableFor(today.AddDate(0, 0, -1), last)}, nil
 }
@@ -70,7 +69,7 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 		} else if !errors.Is(err, errNoTable) {
 			return err
 		}
-		if err := conn.Exec(s.createTable(inbox.DayOf(time.Now()))).Error; err != nil {
+		if err := conn.Exec(s.createTable(storage.DayOf(time.Now()))).Error; err != nil {
 			return fmt.Errorf("mysql: create %s: %w", s.name, err)
 		}
 		if _, _, err := s.listLayout(conn); err != nil {

@@ -101,17 +101,17 @@ import (
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
+	"github.com/inboxgo/inbox/storage"
 	gormmysql "gorm.io/driver/mysql"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 // DefaultTable is the inbox table name used when Options.Table is empty.
 const DefaultTable = "inbox_messages"
 
-// MaxTopicBytes is the longest topic (provenance only) a row may carry.
-const MaxTopicBytes = 1024
+// topicColumnBytes is the longest topic (provenance only) a row may carry:
+// the column's size, more than storage.MaxTopicBytes.
+const topicColumnBytes = 1024
 
 // Options configures a Store.
 type Options struct {
@@ -160,18 +160,18 @@ func New(opts Options) (*Store, error) {
 	if opts.Table == "" {
 		opts.Table = DefaultTable
 	}
-	if err := inbox.ValidateIdentifier("table name", opts.Table); err != nil {
+	if err := storage.ValidateIdentifier("table name", opts.Table); err != nil {
 		return nil, err
 	}
 	qualified := "`" + opts.Table + "`"
 	if opts.Schema != "" {
-		if err := inbox.ValidateIdentifier("schema name", opts.Schema); err != nil {
+		if err := storage.ValidateIdentifier("schema name", opts.Schema); err != nil {
 			return nil, err
 		}
 		qualified = "`" + opts.Schema + "`." + qualified
 	}
 	if opts.DeleteBatch < 0 || opts.LockWait < 0 || opts.DDLLockWait < 0 || opts.InitialDays < 0 {
-		return nil, fmt.Errorf("%w: negative value in %+v", inbox.ErrInvalidConfig, opts)
+		return nil, fmt.Errorf("%w: negative value in %+v", storage.ErrInvalidConfig, opts)
 	}
 	if opts.DeleteBatch == 0 {
 		opts.DeleteBatch = 5000
@@ -214,7 +214,7 @@ func (s *Store) Table() string { return s.name }
 func StrictDSN(dsn string) (string, error) {
 	cfg, err := gomysql.ParseDSN(dsn)
 	if err != nil {
-		return "", fmt.Errorf("%w: mysql DSN: %w", inbox.ErrInvalidConfig, err)
+		return "", fmt.Errorf("%w: mysql DSN: %w", storage.ErrInvalidConfig, err)
 	}
 	cfg.InterpolateParams = true
 	if _, ok := cfg.Params["sql_mode"]; !ok {
@@ -326,9 +326,9 @@ func nullIfEmpty(s string) any {
 }
 
 var (
-	_ inbox.Store         = (*Store)(nil)
-	_ inbox.Verifier      = (*Store)(nil)
-	_ inbox.StatsReporter = (*Store)(nil)
-	_ inbox.SchemaPrinter = (*Store)(nil)
-	_ inbox.DayPreparer   = (*Store)(nil)
+	_ storage.InboxStore    = (*Store)(nil)
+	_ storage.Verifier      = (*Store)(nil)
+	_ storage.StatsReporter = (*Store)(nil)
+	_ storage.SchemaPrinter = (*Store)(nil)
+	_ storage.DayPreparer   = (*Store)(nil)
 )

@@ -11,10 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/outbox"
 )
 
 // Defaults for OutboxOptions.
@@ -70,9 +68,9 @@ type OutboxStore struct {
 func NewOutbox(opts OutboxOptions) (*OutboxStore, error) {
 	opts.Table = cmp.Or(opts.Table, DefaultOutboxTable)
 	if opts.Shards < 0 || opts.Shards > 1<<16 {
-		return nil, fmt.Errorf("%w: %d shards, want 1..65536", inbox.ErrInvalidConfig, opts.Shards)
+		return nil, fmt.Errorf("%w: %d shards, want 1..65536", storage.ErrInvalidConfig, opts.Shards)
 	}
-	if err := inbox.ValidateIdentifier("table name", opts.Table+"_shards"); err != nil {
+	if err := storage.ValidateIdentifier("table name", opts.Table+"_shards"); err != nil {
 		return nil, err
 	}
 	tbl, err := New(Options{Table: opts.Table, Schema: opts.Schema, DeleteBatch: opts.DeleteBatch, LockWait: opts.LockWait,
@@ -101,12 +99,12 @@ const leaseNever = "'1970-01-02 00:00:00'"
 // MigrationSQL returns Migrate's statements with partitions from the day
 // before plan.Today through plan.PrepareThrough (at least
 // OutboxOptions.InitialDays ahead, as Migrate makes them) and the catch-all.
-func (s *OutboxStore) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
-	today := inbox.DayOf(plan.Today)
+func (s *OutboxStore) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
+	today := storage.DayOf(plan.Today)
 	if plan.PrepareThrough.Before(today) {
-		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", inbox.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(today))
+		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", storage.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(today))
 	}
-	return s.createStatements(today, inbox.DayOf(plan.PrepareThrough)), nil
+	return s.createStatements(today, storage.DayOf(plan.PrepareThrough)), nil
 }
 
 // createStatements makes the tables, the outbox table with a partition for
@@ -160,7 +158,7 @@ func (s *OutboxStore) createStatements(today, last time.Time) []string {
 // partitioning and the number of shards.
 func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 	return s.tbl.withLock(ctx, db, func(conn *gorm.DB) error {
-		today := inbox.DayOf(time.Now())
+		today := storage.DayOf(time.Now())
 		for _, q := range s.createStatements(today, today) {
 			if err := conn.Exec(q).Error; err != nil {
 				return fmt.Errorf("mysql: migrate %s: %w", s.tbl.name, err)
@@ -179,7 +177,7 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 		}
 		if have.Shards != int64(s.shards) || have.Relay != int64(s.shards) || have.Top != int64(s.shards-1) {
 			return fmt.Errorf("%w: outbox table %s has %d shards (%d relay rows), the store is configured with %d; changing it would move keys to other shards and break their order",
-				inbox.ErrInvalidConfig, s.tbl.name, have.Shards, have.Relay, s.shards)
+				storage.ErrInvalidConfig, s.tbl.name, have.Shards, have.Relay, s.shards)
 		}
 		return nil
 	})
@@ -195,9 +193,9 @@ func intList[T int32 | int64](vs []T) string {
 
 // Append locks the counter rows of the rows' shards in ascending order,
 // moves them on, and inserts the rows.
-func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row) error {
+func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []storage.OutboxRow) error {
 	tx = tx.WithContext(ctx)
-	counts := outbox.AssignShards(rows, s.shards)
+	counts := storage.AssignShards(rows, s.shards)
 	shards := make([]int32, len(counts))
 	var bump strings.Builder
 	for i, c := range counts {
@@ -221,7 +219,7 @@ func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row
 	if err := tx.Exec(`UPDATE ` + s.shardsTable() + ` SET next_seq = next_seq + CASE shard` + bump.String() + ` END WHERE shard IN (` + intList(shards) + `)`).Error; err != nil {
 		return fmt.Errorf("mysql: number rows of %s: %w", s.tbl.name, err)
 	}
-	outbox.NumberRows(rows, first)
+	storage.NumberRows(rows, first)
 	const perRow = 8
 	for lo := 0; lo < len(rows); lo += 500 {
 		hi := min(lo+500, len(rows))
@@ -254,7 +252,7 @@ type pendingShard struct {
 // no other relay holds with SELECT ... FOR UPDATE SKIP LOCKED and an UPDATE
 // in one short transaction, then reads each leased shard's share of
 // MaxRows.
-func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
 	db = db.WithContext(ctx)
 	maxShards := req.MaxShards
 	if maxShards <= 0 {
@@ -297,14 +295,14 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 	if err != nil || len(leased) == 0 {
 		return nil, err
 	}
-	pending := make([]outbox.ShardCount, len(leased))
+	pending := make([]storage.ShardCount, len(leased))
 	through := make(map[int32]int64, len(leased))
 	for i, l := range leased {
-		pending[i] = outbox.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
+		pending[i] = storage.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
 		through[l.Shard] = l.PublishedThrough
 	}
 	var union strings.Builder
-	for _, sh := range outbox.ShareRows(pending, req.MaxRows) {
+	for _, sh := range storage.ShareRows(pending, req.MaxRows) {
 		if union.Len() > 0 {
 			union.WriteString(" UNION ALL ")
 		}
@@ -327,7 +325,7 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 	if err := db.Raw(union.String()).Scan(&stored).Error; err != nil {
 		return nil, fmt.Errorf("mysql: read leased shards of %s: %w", s.tbl.name, err)
 	}
-	rows := make([]outbox.Row, len(stored))
+	rows := make([]storage.OutboxRow, len(stored))
 	for i, p := range stored {
 		day, err := time.Parse(time.DateOnly, p.Day)
 		if err != nil {
@@ -337,9 +335,9 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 		if value == nil {
 			value = []byte{}
 		}
-		rows[i] = outbox.Row{Shard: p.Shard, Seq: p.Seq, Day: day, EventID: string(p.EventID), Topic: string(p.Topic), Key: p.MsgKey, Value: value, Headers: p.Headers}
+		rows[i] = storage.OutboxRow{Shard: p.Shard, Seq: p.Seq, Day: day, EventID: string(p.EventID), Topic: string(p.Topic), Key: p.MsgKey, Value: value, Headers: p.Headers}
 	}
-	slices.SortFunc(rows, func(a, b outbox.Row) int {
+	slices.SortFunc(rows, func(a, b storage.OutboxRow) int {
 		return cmp.Or(cmp.Compare(a.Shard, b.Shard), cmp.Compare(a.Seq, b.Seq))
 	})
 	return rows, nil
@@ -347,7 +345,7 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 
 // Ack locks the marked shards relay still holds and moves their marks, in
 // one short transaction.
-func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks []outbox.Mark) error {
+func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks []storage.Mark) error {
 	if len(marks) == 0 {
 		return nil
 	}
@@ -381,7 +379,7 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 				lost = append(lost, id)
 			}
 		}
-		return fmt.Errorf("%w: shards %v of %s", outbox.ErrLeaseLost, lost, s.tbl.name)
+		return fmt.Errorf("%w: shards %v of %s", storage.ErrLeaseLost, lost, s.tbl.name)
 	}
 	return nil
 }
@@ -402,8 +400,8 @@ func (s *OutboxStore) IsRetryable(err error) bool { return s.tbl.IsRetryable(err
 // plan.ExpireBefore whose rows are all published, and deletes the published
 // rows of expired days from partitions it keeps, in batches. Days with
 // unpublished rows are reported in Held.
-func (s *OutboxStore) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (outbox.MaintenanceReport, error) {
-	var report outbox.MaintenanceReport
+func (s *OutboxStore) Maintain(ctx context.Context, db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
+	var report storage.MaintenanceReport
 	run := func(conn *gorm.DB) error {
 		var err error
 		report, err = s.maintain(conn, plan)
@@ -415,8 +413,8 @@ func (s *OutboxStore) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Main
 	return report, s.tbl.withLock(ctx, db, run)
 }
 
-func (s *OutboxStore) maintain(db *gorm.DB, plan inbox.MaintenancePlan) (outbox.MaintenanceReport, error) {
-	report := outbox.MaintenanceReport{DryRun: plan.DryRun}
+func (s *OutboxStore) maintain(db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
+	report := storage.MaintenanceReport{DryRun: plan.DryRun}
 	parts, err := s.tbl.readPartitions(db)
 	if err != nil {
 		return report, err
@@ -424,7 +422,7 @@ func (s *OutboxStore) maintain(db *gorm.DB, plan inbox.MaintenancePlan) (outbox.
 	if report.Prepared, parts, err = s.tbl.prepareDays(db, parts, plan); err != nil {
 		return report, err
 	}
-	cutoff := inbox.DayOf(plan.ExpireBefore)
+	cutoff := storage.DayOf(plan.ExpireBefore)
 	unpublished := func(part string) (bool, error) {
 		var held bool
 		err := db.Raw(`SELECT EXISTS (SELECT 1 FROM ` + s.relayTable() + ` r WHERE EXISTS (SELECT 1 FROM ` + s.tbl.table + ` PARTITION (` + quoteName(part) + `) o
@@ -534,7 +532,7 @@ func (s *OutboxStore) Verify(ctx context.Context, db *gorm.DB) error {
 }
 
 // Stats counts rows and unpublished rows per day.
-func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats, error) {
+func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]storage.DayStats, error) {
 	var raw []struct {
 		Day         string
 		Rows        int64
@@ -545,22 +543,22 @@ func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats
 	if err != nil {
 		return nil, fmt.Errorf("mysql: stats of %s: %w", s.tbl.name, err)
 	}
-	out := make([]outbox.DayStats, 0, len(raw))
+	out := make([]storage.DayStats, 0, len(raw))
 	for _, r := range raw {
 		d, err := time.Parse(time.DateOnly, r.Day)
 		if err != nil {
 			return nil, fmt.Errorf("mysql: %s holds a malformed day %q: %w", s.tbl.name, r.Day, err)
 		}
-		out = append(out, outbox.DayStats{Day: d, Rows: r.Rows, Unpublished: r.Unpublished})
+		out = append(out, storage.DayStats{Day: d, Rows: r.Rows, Unpublished: r.Unpublished})
 	}
 	return out, nil
 }
 
 var (
-	_ outbox.Store         = (*OutboxStore)(nil)
-	_ outbox.StatsReporter = (*OutboxStore)(nil)
-	_ inbox.Verifier       = (*OutboxStore)(nil)
-	_ inbox.SchemaPrinter  = (*OutboxStore)(nil)
+	_ storage.OutboxStore   = (*OutboxStore)(nil)
+	_ storage.StatsReporter = (*OutboxStore)(nil)
+	_ storage.Verifier      = (*OutboxStore)(nil)
+	_ storage.SchemaPrinter = (*OutboxStore)(nil)
 )
 
 func maxTime(a, b time.Time) time.Time {

@@ -11,8 +11,8 @@ import (
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
-	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // newOutboxHarness gives every check its own tables, dropped again in Close.
@@ -69,7 +69,7 @@ func TestOutboxDropsOnlyPublishedPartitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.Close() })
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	clock := today.AddDate(0, 0, -1).Add(12 * time.Hour)
 	ob, err := outbox.New(h.DB, h.Store, outbox.Config{Now: func() time.Time { return clock }})
 	if err != nil {
@@ -97,7 +97,7 @@ func TestOutboxDropsOnlyPublishedPartitions(t *testing.T) {
 	}
 	clock = clock.AddDate(0, 0, 1)
 	enqueue("today")
-	plan := inbox.MaintenancePlan{Today: today.AddDate(0, 0, 1), PrepareThrough: today.AddDate(0, 0, 2), ExpireBefore: today.AddDate(0, 0, 1)}
+	plan := storage.MaintenancePlan{Today: today.AddDate(0, 0, 1), PrepareThrough: today.AddDate(0, 0, 2), ExpireBefore: today.AddDate(0, 0, 1)}
 	report, err := h.Store.Maintain(ctx, h.DB, plan)
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func TestOutboxDropsOnlyPublishedPartitions(t *testing.T) {
 	if report, err = h.Store.Maintain(ctx, h.DB, plan); err != nil || len(report.Held) != 0 || !slices.ContainsFunc(report.Expired, today.Equal) {
 		t.Fatalf("after publishing, report %+v (err %v): want today dropped", report, err)
 	}
-	stats, err := h.Store.(outbox.StatsReporter).Stats(ctx, h.DB)
+	stats, err := h.Store.(storage.StatsReporter).Stats(ctx, h.DB)
 	if err != nil || len(stats) != 0 {
 		t.Fatalf("rows left: %+v (err %v)", stats, err)
 	}

@@ -5,19 +5,18 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 // Stats counts rows per consumer and day (a full scan).
-func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]inbox.DayStats, error) {
+func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]storage.DayStats, error) {
 	rows, err := db.WithContext(ctx).Raw("SELECT consumer, CAST(day AS CHAR), COUNT(*) FROM " + s.table + " GROUP BY consumer, day ORDER BY consumer, day").Rows()
 	if err != nil {
 		return nil, fmt.Errorf("mysql: stats of %s: %w", s.name, err)
 	}
 	defer rows.Close()
-	var out []inbox.DayStats
+	var out []storage.DayStats
 	for rows.Next() {
 		var consumer []byte
 		var day string
@@ -29,7 +28,7 @@ func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]inbox.DayStats, error
 		if err != nil {
 			return nil, fmt.Errorf("mysql: %s holds a malformed day %q: %w", s.name, day, err)
 		}
-		out = append(out, inbox.DayStats{Consumer: string(consumer), Day: d, Rows: n})
+		out = append(out, storage.DayStats{Consumer: string(consumer), Day: d, Rows: n})
 	}
 	return out, rows.Err()
 }

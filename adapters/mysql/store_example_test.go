@@ -6,7 +6,7 @@ import (
 	"log"
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Open adds to the application's DSN what the inbox relies on: a strict
@@ -25,7 +25,7 @@ func ExampleStrictDSN() {
 }
 
 // Open makes a GORM dialector without connecting: a malformed DSN is
-// refused here, wrapping inbox.ErrInvalidConfig; gorm.Open is the first to
+// refused here, wrapping storage.ErrInvalidConfig; gorm.Open is the first to
 // reach the server (see Example).
 func ExampleOpen() {
 	dialector, err := inboxmysql.Open("app:secret@tcp(db.internal:3306)/shop?parseTime=true")
@@ -33,7 +33,7 @@ func ExampleOpen() {
 
 	_, err = inboxmysql.Open("app:secret@tcp(db.internal:3306/shop")
 	fmt.Println(err)
-	fmt.Println(errors.Is(err, inbox.ErrInvalidConfig))
+	fmt.Println(errors.Is(err, storage.ErrInvalidConfig))
 	// Output:
 	// mysql <nil>
 	// inbox: invalid configuration: mysql DSN: invalid DSN: network address not terminated (missing closing brace)
@@ -43,7 +43,7 @@ func ExampleOpen() {
 // New checks the options and touches no database. Schema names the
 // database holding the table (empty: the connection's current one); a
 // qualified name in Table is refused, as is anything but a plain
-// identifier, wrapping inbox.ErrInvalidConfig.
+// identifier, wrapping storage.ErrInvalidConfig.
 func ExampleNew() {
 	store, err := inboxmysql.New(inboxmysql.Options{Schema: "billing", Table: "inbox_messages"})
 	if err != nil {
@@ -53,7 +53,7 @@ func ExampleNew() {
 
 	_, err = inboxmysql.New(inboxmysql.Options{Table: "billing.inbox_messages"})
 	fmt.Println(err)
-	fmt.Println(errors.Is(err, inbox.ErrInvalidConfig))
+	fmt.Println(errors.Is(err, storage.ErrInvalidConfig))
 	// Output:
 	// inbox_messages
 	// inbox: invalid table name "billing.inbox_messages": must be 1-63 ASCII letters, digits or underscores, not starting with a digit

@@ -19,6 +19,7 @@ import (
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // These tests pin down, on the real server, the traps the Store is built
@@ -139,9 +140,10 @@ func TestLaxSQLMode(t *testing.T) {
 		t.Fatalf("lax mode stored %q (%v), want the truncated %q", stored, err, "abc")
 	}
 
-	row := inbox.Message{Consumer: "c", ID: strings.Repeat("x", inbox.MaxEventIDBytes+1), Time: time.Now()}.Row()
+	now := time.Now()
+	row := storage.InboxRow{Consumer: "c", EventID: strings.Repeat("x", storage.MaxEventIDBytes+1), Day: storage.DayOf(now), EventTime: now}
 	err := db.Transaction(func(tx *gorm.DB) error {
-		_, err := store.Claim(t.Context(), tx, []inbox.Row{row})
+		_, err := store.Claim(t.Context(), tx, []storage.InboxRow{row})
 		return err
 	})
 	if !errors.Is(err, inbox.ErrInvalidMessage) {
@@ -184,7 +186,7 @@ func claimOne(t *testing.T, db *gorm.DB, store *inboxmysql.Store, m inbox.Messag
 	var inserted []bool
 	err := db.Transaction(func(tx *gorm.DB) error {
 		var err error
-		inserted, err = store.Claim(t.Context(), tx, []inbox.Row{m.Row()})
+		inserted, err = store.Claim(t.Context(), tx, []storage.InboxRow{conformance.RowOf(m)})
 		return err
 	})
 	if err != nil {
@@ -198,7 +200,7 @@ func isStored(t *testing.T, db *gorm.DB, store *inboxmysql.Store, m inbox.Messag
 	t.Helper()
 	tx := db.Begin()
 	defer tx.Rollback()
-	inserted, err := store.Claim(t.Context(), tx, []inbox.Row{m.Row()})
+	inserted, err := store.Claim(t.Context(), tx, []storage.InboxRow{conformance.RowOf(m)})
 	if store.IsMissingDay(err) {
 		return false // the day has no partition
 	}
@@ -236,7 +238,7 @@ func TestMaintainListPartitions(t *testing.T) {
 	db := testDB(t, nil)
 	store := newStore(t, db, inboxmysql.Options{InitialDays: 1})
 	ctx := t.Context()
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	p := func(n int) string { return "p" + today.AddDate(0, 0, n).Format("20060102") }
 	if got, want := names(partitions(t, db, store.Table())), []string{p(-1), p(0), p(1)}; !slices.Equal(got, want) {
 		t.Fatalf("after Migrate: partitions %v, want %v", got, want)
@@ -259,7 +261,7 @@ func TestMaintainListPartitions(t *testing.T) {
 	if got, want := names(partitions(t, db, store.Table())), []string{p(-1), p(0), p(1), p(-40), p(3), p(400)}; !slices.Equal(got, want) {
 		t.Errorf("after the on-demand days: partitions %v, want %v", got, want)
 	}
-	plan := inbox.MaintenancePlan{Today: today.AddDate(0, 0, 1), PrepareThrough: today.AddDate(0, 0, 3), ExpireBefore: today}
+	plan := storage.MaintenancePlan{Today: today.AddDate(0, 0, 1), PrepareThrough: today.AddDate(0, 0, 3), ExpireBefore: today}
 	dry := plan
 	dry.DryRun = true
 	report, err := store.Maintain(ctx, db, dry)
@@ -296,7 +298,7 @@ func TestMaintainListPartitions(t *testing.T) {
 func TestLegacyRangeTableKeepsWorking(t *testing.T) {
 	db := testDB(t, nil)
 	ctx := t.Context()
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	table := "inbox_t_" + conformance.RandomSuffix()
 	legacyRangeTable(t, db, table, today.AddDate(0, 0, -1), today.AddDate(0, 0, 1))
 	store := newStore(t, db, inboxmysql.Options{Table: table, InitialDays: 1})
@@ -314,7 +316,7 @@ func TestLegacyRangeTableKeepsWorking(t *testing.T) {
 	}
 
 	// Day +2: prepare through +4, expire before -1.
-	plan := inbox.MaintenancePlan{Today: today.AddDate(0, 0, 2), PrepareThrough: today.AddDate(0, 0, 4), ExpireBefore: today.AddDate(0, 0, -1)}
+	plan := storage.MaintenancePlan{Today: today.AddDate(0, 0, 2), PrepareThrough: today.AddDate(0, 0, 4), ExpireBefore: today.AddDate(0, 0, -1)}
 	dry := plan
 	dry.DryRun = true
 	before := partitions(t, db, store.Table())
@@ -341,7 +343,7 @@ func TestLegacyRangeTableKeepsWorking(t *testing.T) {
 
 	// Day +4: expire before +1. Partitions -1 and 0 hold expired days only:
 	// the lowest (-1) is dropped, 0 truncated and becomes the lowest.
-	plan = inbox.MaintenancePlan{Today: today.AddDate(0, 0, 4), PrepareThrough: today.AddDate(0, 0, 4), ExpireBefore: today.AddDate(0, 0, 1)}
+	plan = storage.MaintenancePlan{Today: today.AddDate(0, 0, 4), PrepareThrough: today.AddDate(0, 0, 4), ExpireBefore: today.AddDate(0, 0, 1)}
 	if report, err = store.Maintain(ctx, db, plan); err != nil {
 		t.Fatal(err)
 	}
@@ -380,12 +382,12 @@ func TestRetryableErrors(t *testing.T) {
 	t.Run("1213-three-claims-first-rolls-back", func(t *testing.T) {
 		db := testDB(t, nil)
 		store := newStore(t, db, inboxmysql.Options{})
-		row := inbox.Message{Consumer: "c", ID: "race", Time: time.Now()}.Row()
+		row := conformance.RowOf(inbox.Message{Consumer: "c", ID: "race", Time: time.Now()})
 		deadlocks := 0
 		for attempt := 0; attempt < 5 && deadlocks == 0; attempt++ {
 			row.EventID = fmt.Sprint("race-", attempt)
 			tx1 := db.Begin()
-			if _, err := store.Claim(ctx, tx1, []inbox.Row{row}); err != nil {
+			if _, err := store.Claim(ctx, tx1, []storage.InboxRow{row}); err != nil {
 				t.Fatal(err)
 			}
 			errs := make([]error, 2)
@@ -394,7 +396,7 @@ func TestRetryableErrors(t *testing.T) {
 				wg.Go(func() {
 					tx := db.Begin()
 					defer tx.Rollback()
-					_, errs[i] = store.Claim(ctx, tx, []inbox.Row{row})
+					_, errs[i] = store.Claim(ctx, tx, []storage.InboxRow{row})
 				})
 			}
 			time.Sleep(300 * time.Millisecond)
@@ -418,12 +420,12 @@ func TestRetryableErrors(t *testing.T) {
 		store := newStore(t, db, inboxmysql.Options{DDLLockWait: time.Second})
 		holder := db.Begin()
 		defer holder.Rollback()
-		if _, err := store.Claim(ctx, holder, []inbox.Row{inbox.Message{Consumer: "c", ID: "held", Time: time.Now()}.Row()}); err != nil {
+		if _, err := store.Claim(ctx, holder, []storage.InboxRow{conformance.RowOf(inbox.Message{Consumer: "c", ID: "held", Time: time.Now()})}); err != nil {
 			t.Fatal(err)
 		}
-		today := inbox.DayOf(time.Now())
+		today := storage.DayOf(time.Now())
 		start := time.Now()
-		_, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 30), ExpireBefore: today.AddDate(0, 0, -30)})
+		_, err := store.Maintain(ctx, db, storage.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 30), ExpireBefore: today.AddDate(0, 0, -30)})
 		if number(err) != 1205 || !store.IsRetryable(err) {
 			t.Fatalf("Maintain while a transaction holds the table: %v (retryable %v), want a retryable 1205", err, store.IsRetryable(err))
 		}
@@ -435,14 +437,14 @@ func TestRetryableErrors(t *testing.T) {
 		// leaves the maintenance lock held by a pooled connection.
 		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		defer cancel()
-		if _, err := store.Maintain(short, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 30), ExpireBefore: today.AddDate(0, 0, -30)}); err == nil {
+		if _, err := store.Maintain(short, db, storage.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 30), ExpireBefore: today.AddDate(0, 0, -30)}); err == nil {
 			t.Fatal("Maintain with an ending context succeeded while the table was held")
 		}
 		other, err := inboxmysql.New(inboxmysql.Options{Table: store.Table(), LockWait: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := other.Maintain(ctx, testDB(t, nil), inbox.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today.AddDate(0, 0, -30)}); err != nil {
+		if _, err := other.Maintain(ctx, testDB(t, nil), storage.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today.AddDate(0, 0, -30)}); err != nil {
 			t.Errorf("another process's Maintain after the failures: %v", err)
 		}
 	})
@@ -450,7 +452,7 @@ func TestRetryableErrors(t *testing.T) {
 	t.Run("1412-snapshot-older-than-maintenance", func(t *testing.T) {
 		db := testDB(t, nil)
 		store := newStore(t, db, inboxmysql.Options{})
-		today := inbox.DayOf(time.Now())
+		today := storage.DayOf(time.Now())
 		old := inbox.Message{Consumer: "c", ID: "old", Time: today.AddDate(0, 0, -1)}
 		if !claimOne(t, db, store, old) {
 			t.Fatal("not new")
@@ -461,10 +463,10 @@ func TestRetryableErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The maintenance removes yesterday's partition under tx's snapshot.
-		if _, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today}); err != nil {
+		if _, err := store.Maintain(ctx, db, storage.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today}); err != nil {
 			t.Fatal(err)
 		}
-		rows := []inbox.Row{inbox.Message{Consumer: "c", ID: "new", Time: today.Add(time.Hour)}.Row(), inbox.Message{Consumer: "c", ID: "new2", Time: today.Add(time.Hour)}.Row()}
+		rows := []storage.InboxRow{conformance.RowOf(inbox.Message{Consumer: "c", ID: "new", Time: today.Add(time.Hour)}), conformance.RowOf(inbox.Message{Consumer: "c", ID: "new2", Time: today.Add(time.Hour)})}
 		_, err := store.Claim(ctx, tx, rows)
 		t.Logf("claim under a snapshot older than the partition change: %v", err)
 		if err != nil && !store.IsRetryable(err) {
@@ -501,7 +503,7 @@ func TestMaintainDDLWhileInserting(t *testing.T) {
 	apply := func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
 		return tx.Exec("INSERT INTO "+effects+" (id) VALUES (?)", m.ID).Error
 	}
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	// The inbox's clock is ten days ahead, so that the plans below expire
 	// only days it no longer checks.
 	cfg := inbox.Config{RetentionDays: 5, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 50,
@@ -550,7 +552,7 @@ func TestMaintainDDLWhileInserting(t *testing.T) {
 	})
 	var ddl int
 	for k := 0; k <= 8; k++ {
-		plan := inbox.MaintenancePlan{Today: today.AddDate(0, 0, k), PrepareThrough: today.AddDate(0, 0, k+2), ExpireBefore: today.AddDate(0, 0, min(k, 5)-1)}
+		plan := storage.MaintenancePlan{Today: today.AddDate(0, 0, k), PrepareThrough: today.AddDate(0, 0, k+2), ExpireBefore: today.AddDate(0, 0, min(k, 5)-1)}
 		report, err := ib.MaintainPlan(ctx, plan)
 		if err != nil {
 			t.Fatalf("maintenance step %d: %v", k, err)
@@ -580,7 +582,7 @@ func TestMaintainDDLWhileInserting(t *testing.T) {
 			}
 		}
 	}
-	if _, err := ib.MaintainPlan(ctx, inbox.MaintenancePlan{Today: today.AddDate(0, 0, 8), PrepareThrough: today.AddDate(0, 0, 10), ExpireBefore: today.AddDate(0, 0, 4)}); err != nil {
+	if _, err := ib.MaintainPlan(ctx, storage.MaintenancePlan{Today: today.AddDate(0, 0, 8), PrepareThrough: today.AddDate(0, 0, 10), ExpireBefore: today.AddDate(0, 0, 4)}); err != nil {
 		t.Fatal(err)
 	}
 	var old int64
@@ -610,7 +612,7 @@ func TestSchemaOption(t *testing.T) {
 	if err := store.Verify(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	x := inbox.Message{Consumer: "c", ID: "x", Time: today.AddDate(0, 0, -9)}
 	if err := store.PrepareDays(ctx, db, []time.Time{x.Day()}); err != nil {
 		t.Fatal(err)
@@ -618,7 +620,7 @@ func TestSchemaOption(t *testing.T) {
 	if !claimOne(t, db, store, x) || !isStored(t, db, store, x) {
 		t.Fatal("claim in another schema")
 	}
-	report, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 9), ExpireBefore: today.AddDate(0, 0, -1)})
+	report, err := store.Maintain(ctx, db, storage.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 9), ExpireBefore: today.AddDate(0, 0, -1)})
 	if err != nil || len(report.Prepared) != 2 || report.RowsRemoved != -1 || !slices.Equal(report.Expired, []time.Time{x.Day()}) {
 		t.Fatalf("Maintain: %+v, %v; want 2 days prepared, day -9 expired", report, err)
 	}
@@ -629,7 +631,7 @@ func TestSchemaOption(t *testing.T) {
 	if err := db.Raw("SELECT COUNT(*) FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?", schema, store.Table()).Row().Scan(&n); err != nil || n != 11 {
 		t.Errorf("%d partitions in %s.%s (%v), want 11", n, schema, store.Table(), err)
 	}
-	if _, err := inboxmysql.New(inboxmysql.Options{Schema: "bad-name"}); !errors.Is(err, inbox.ErrInvalidConfig) {
+	if _, err := inboxmysql.New(inboxmysql.Options{Schema: "bad-name"}); !errors.Is(err, storage.ErrInvalidConfig) {
 		t.Errorf("schema %q accepted: %v", "bad-name", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Tests that need no server.
@@ -52,24 +53,25 @@ func TestStrictDSN(t *testing.T) {
 	if cfg, _ := gomysql.ParseDSN(dsn); cfg.Params["sql_mode"] != "'ANSI'" {
 		t.Errorf("StrictDSN replaced the caller's sql_mode: %q", dsn)
 	}
-	if _, err := StrictDSN("not a dsn"); !errors.Is(err, inbox.ErrInvalidConfig) {
+	if _, err := StrictDSN("not a dsn"); !errors.Is(err, storage.ErrInvalidConfig) {
 		t.Errorf("bad DSN: %v", err)
 	}
 }
 
 func TestCheckRow(t *testing.T) {
-	good := inbox.Message{Consumer: "c", ID: "e", Time: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), Topic: "t"}.Row()
+	at := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	good := storage.InboxRow{Consumer: "c", EventID: "e", Day: storage.DayOf(at), EventTime: at, Topic: "t"}
 	if err := checkRow(good); err != nil {
 		t.Fatal(err)
 	}
-	for name, mutate := range map[string]func(*inbox.Row){
-		"long id":          func(r *inbox.Row) { r.EventID = strings.Repeat("x", inbox.MaxEventIDBytes+1) },
-		"long consumer":    func(r *inbox.Row) { r.Consumer = strings.Repeat("x", inbox.MaxConsumerBytes+1) },
-		"empty id":         func(r *inbox.Row) { r.EventID = "" },
-		"long topic":       func(r *inbox.Row) { r.Topic = strings.Repeat("t", MaxTopicBytes+1) },
-		"bad utf8":         func(r *inbox.Row) { r.EventID = "\xff" },
-		"year 999":         func(r *inbox.Row) { r.Day = time.Date(999, 1, 1, 0, 0, 0, 0, time.UTC) },
-		"day not midnight": func(r *inbox.Row) { r.Day = r.Day.Add(time.Hour) },
+	for name, mutate := range map[string]func(*storage.InboxRow){
+		"long id":          func(r *storage.InboxRow) { r.EventID = strings.Repeat("x", storage.MaxEventIDBytes+1) },
+		"long consumer":    func(r *storage.InboxRow) { r.Consumer = strings.Repeat("x", storage.MaxConsumerBytes+1) },
+		"empty id":         func(r *storage.InboxRow) { r.EventID = "" },
+		"long topic":       func(r *storage.InboxRow) { r.Topic = strings.Repeat("t", topicColumnBytes+1) },
+		"bad utf8":         func(r *storage.InboxRow) { r.EventID = "\xff" },
+		"year 999":         func(r *storage.InboxRow) { r.Day = time.Date(999, 1, 1, 0, 0, 0, 0, time.UTC) },
+		"day not midnight": func(r *storage.InboxRow) { r.Day = r.Day.Add(time.Hour) },
 	} {
 		r := good
 		mutate(&r)

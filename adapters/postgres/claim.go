@@ -11,8 +11,8 @@ import (
 	gormpg "gorm.io/driver/postgres"
 	"gorm.io/gorm"
 
-	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/keyorder"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // claimChunk rows per INSERT: 7 bind parameters each, far below PostgreSQL's
@@ -23,12 +23,12 @@ const claimChunk = 1000
 // NOTHING RETURNING the keys of the inserted rows, which come back in no
 // particular order and are matched to rows by key. It never raises a unique
 // violation, so the caller's transaction stays usable.
-func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	inserted, err := s.claim(ctx, tx, rows)
 	return inserted, claimError(err)
 }
 
-func (s *Store) claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s *Store) claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	if len(rows) == 1 {
 		return s.claimOne(ctx, tx, rows[0])
 	}
@@ -58,7 +58,7 @@ func (s *Store) claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]boo
 // server): an INSERT whose affected-row count says whether the row was new.
 // ON CONFLICT DO NOTHING affects 0 rows only on a conflict; any other
 // reason not to store the row is an error.
-func (s *Store) claimOne(ctx context.Context, tx *gorm.DB, r inbox.Row) ([]bool, error) {
+func (s *Store) claimOne(ctx context.Context, tx *gorm.DB, r storage.InboxRow) ([]bool, error) {
 	res, err := tx.Statement.ConnPool.ExecContext(ctx, s.claimOneSQL,
 		r.Consumer, r.EventID, dayText(r.Day), r.EventTime.UTC(), r.Topic, r.Partition, r.Offset)
 	if err != nil {
@@ -93,7 +93,7 @@ func pgxArrays(tx *gorm.DB) bool {
 // not depend on the number of rows: each column travels as one array
 // parameter and is unnested on the server. Sent on the transaction's
 // connection as it is, and scanned without GORM.
-func (s *Store) claimArrays(ctx context.Context, tx *gorm.DB, rows []inbox.Row, inserted []bool) error {
+func (s *Store) claimArrays(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow, inserted []bool) error {
 	got, err := tx.Statement.ConnPool.QueryContext(ctx, s.claimArraysSQL, arrayArgs(rows)...)
 	if err != nil {
 		return fmt.Errorf("postgres: claim in %s: %w", s.parent(), err)
@@ -107,7 +107,7 @@ func (s *Store) claimArrays(ctx context.Context, tx *gorm.DB, rows []inbox.Row, 
 
 // arrayArgs are the seven array parameters of claimArraysSQL for rows, in
 // their order (the caller puts them in key order).
-func arrayArgs(rows []inbox.Row) []any {
+func arrayArgs(rows []storage.InboxRow) []any {
 	n := len(rows)
 	consumers, ids, days, topics := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	times, partitions, offsets := make([]time.Time, n), make([]int32, n), make([]int64, n)
@@ -127,7 +127,7 @@ type keyRows interface {
 
 // markReturned sets inserted[i] for each row of rows whose key got
 // returns, and fails on a key that was not sent or comes twice.
-func markReturned(got keyRows, rows []inbox.Row, inserted []bool) error {
+func markReturned(got keyRows, rows []storage.InboxRow, inserted []bool) error {
 	index := make(map[returnedKey]int, len(rows))
 	for i, r := range rows {
 		index[returnedKey{r.Consumer, r.EventID, dayText(r.Day)}] = i
@@ -173,7 +173,7 @@ func (s *Store) claimSQL(n int) string {
 	return b.String()
 }
 
-func (s *Store) claimChunk(ctx context.Context, tx *gorm.DB, rows []inbox.Row, inserted []bool) error {
+func (s *Store) claimChunk(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow, inserted []bool) error {
 	args := make([]any, 0, 7*len(rows))
 	index := make(map[returnedKey]int, len(rows))
 	for i, r := range rows {

@@ -14,6 +14,7 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // parkFarFuture puts n rows dated on the first `days` days of the year 2100
@@ -78,8 +79,8 @@ func partitionStall(tb testing.TB, n int) (normal, live, far stallStats, maintai
 	tb.Helper()
 	db, store := fresh(tb, inboxpg.Options{Table: "stall"})
 	ctx := tb.Context()
-	today := inbox.DayOf(time.Now())
-	if _, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today.AddDate(0, 0, -1)}); err != nil {
+	today := storage.DayOf(time.Now())
+	if _, err := store.Maintain(ctx, db, storage.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today.AddDate(0, 0, -1)}); err != nil {
 		tb.Fatal(err)
 	}
 	parkFarFuture(tb, db, store, n, 365)
@@ -129,7 +130,7 @@ func partitionStall(tb testing.TB, n int) (normal, live, far stallStats, maintai
 	time.Sleep(2 * time.Second)
 	from := time.Since(start)
 	first := today.AddDate(0, 0, 8) // beyond the days Migrate makes
-	report, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: first, PrepareThrough: first.AddDate(0, 0, 2), ExpireBefore: today.AddDate(0, 0, -1)})
+	report, err := store.Maintain(ctx, db, storage.MaintenancePlan{Today: first, PrepareThrough: first.AddDate(0, 0, 2), ExpireBefore: today.AddDate(0, 0, -1)})
 	to := time.Since(start)
 	time.Sleep(300 * time.Millisecond)
 	close(stop)

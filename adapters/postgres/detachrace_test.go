@@ -11,7 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // TestDetachRaceIsRetryable reproduces, step by step, the one race in which
@@ -63,12 +63,12 @@ func TestDetachRaceIsRetryable(t *testing.T) {
 // claim takes its view of the partitions after the detach began, waits at
 // today's partition (locked by another session) while the detach
 // finalizes, and then routes yesterday's row. It returns the claim's error.
-func claimDuringDetach(t *testing.T, iso sql.IsolationLevel) (*gorm.DB, *inboxpg.Store, []inbox.Row, error) {
+func claimDuringDetach(t *testing.T, iso sql.IsolationLevel) (*gorm.DB, *inboxpg.Store, []storage.InboxRow, error) {
 	t.Helper()
 	db, store := fresh(t, inboxpg.Options{Table: "race"})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	yesterday := today.AddDate(0, 0, -1)
 	parent := `"` + store.Schema() + `".race`
 	partition := func(d time.Time) string { return `"` + store.Schema() + `".race_p` + d.Format("20060102") }
@@ -93,7 +93,7 @@ func claimDuringDetach(t *testing.T, iso sql.IsolationLevel) (*gorm.DB, *inboxpg
 	}
 	defer blocker.Rollback()
 	// Claim sorts rows by key: today's ("a-...") is routed first.
-	rows := []inbox.Row{row("a-today", today), row("b-yesterday", yesterday)}
+	rows := []storage.InboxRow{row("a-today", today), row("b-yesterday", yesterday)}
 	claimed := make(chan error, 1)
 	go func() {
 		claimed <- db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {

@@ -10,7 +10,7 @@ import (
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // BenchmarkExpiry expires one day holding N inbox rows in two identical
@@ -47,7 +47,7 @@ func BenchmarkExpiry(b *testing.B) {
 			var dropWAL, delWAL int64
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				day := inbox.DayOf(time.Now()).AddDate(0, 0, -100-i)
+				day := storage.DayOf(time.Now()).AddDate(0, 0, -100-i)
 				dropStore := benchTable(b, db, day, n)
 				delStore := benchTable(b, db, day, n)
 				// An expired day is days old: its pages were written out
@@ -57,7 +57,7 @@ func BenchmarkExpiry(b *testing.B) {
 				if err := db.Exec(`CHECKPOINT`).Error; err != nil {
 					b.Fatal(err)
 				}
-				plan := inbox.MaintenancePlan{Today: day.AddDate(0, 0, 1), PrepareThrough: day.AddDate(0, 0, 1), ExpireBefore: day.AddDate(0, 0, 1)}
+				plan := storage.MaintenancePlan{Today: day.AddDate(0, 0, 1), PrepareThrough: day.AddDate(0, 0, 1), ExpireBefore: day.AddDate(0, 0, 1)}
 				b.StartTimer()
 
 				lsn0 := walLSN(b, db)
@@ -119,7 +119,7 @@ func benchTable(b *testing.B, db *gorm.DB, day time.Time, n int) *inboxpg.Store 
 	if err := store.Migrate(b.Context(), db); err != nil {
 		b.Fatal(err)
 	}
-	prep := inbox.MaintenancePlan{Today: day, PrepareThrough: day.AddDate(0, 0, 1), ExpireBefore: day.AddDate(0, 0, -1)}
+	prep := storage.MaintenancePlan{Today: day, PrepareThrough: day.AddDate(0, 0, 1), ExpireBefore: day.AddDate(0, 0, -1)}
 	if _, err := store.Maintain(b.Context(), db, prep); err != nil {
 		b.Fatal(err)
 	}

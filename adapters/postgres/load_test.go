@@ -15,6 +15,7 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // TestMaintainUnderLoad runs Maintain in a loop that creates partitions
@@ -35,11 +36,11 @@ func TestMaintainUnderLoad(t *testing.T) {
 			if err := db.Exec(`CREATE TABLE ` + effects + ` (id text NOT NULL)`).Error; err != nil {
 				t.Fatal(err)
 			}
-			d := inbox.DayOf(time.Now())
+			d := storage.DayOf(time.Now())
 			// Old days with rows, to be dropped while the load runs.
 			for k := 20; k >= 15; k-- {
 				old := d.AddDate(0, 0, -k)
-				if _, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: old, PrepareThrough: old, ExpireBefore: old.AddDate(0, 0, -1)}); err != nil {
+				if _, err := store.Maintain(ctx, db, storage.MaintenancePlan{Today: old, PrepareThrough: old, ExpireBefore: old.AddDate(0, 0, -1)}); err != nil {
 					t.Fatal(err)
 				}
 				claim(t, db, store, row(fmt.Sprintf("old-%d", k), old))
@@ -89,7 +90,7 @@ func TestMaintainUnderLoad(t *testing.T) {
 						return
 					default:
 					}
-					plan := inbox.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, min(k, 10)), ExpireBefore: d.AddDate(0, 0, -20+min(k, 6))}
+					plan := storage.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, min(k, 10)), ExpireBefore: d.AddDate(0, 0, -20+min(k, 6))}
 					if _, err := ib.MaintainPlan(ctx, plan); err != nil {
 						maintDone <- err
 						return
@@ -111,7 +112,7 @@ func TestMaintainUnderLoad(t *testing.T) {
 				t.Fatalf("effects applied twice: %v %v", dup, err)
 			}
 			// Every day has its partition, the old ones are gone.
-			if _, err := ib.MaintainPlan(ctx, inbox.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, 10), ExpireBefore: d.AddDate(0, 0, -14)}); err != nil {
+			if _, err := ib.MaintainPlan(ctx, storage.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, 10), ExpireBefore: d.AddDate(0, 0, -14)}); err != nil {
 				t.Fatal(err)
 			}
 			if got := rowsPerPartition(t, db, store); len(got) != 10 {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // BenchmarkExpiryLockWait proves how long inserts wait for locks while
@@ -39,7 +40,7 @@ func BenchmarkExpiryLockWait(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = closeDB(workersDB) })
 	for range b.N {
-		day := inbox.DayOf(time.Now()).AddDate(0, 0, -100)
+		day := storage.DayOf(time.Now()).AddDate(0, 0, -100)
 		store := benchTable(b, admin, day, 1_000_000)
 		if err := admin.Exec(`CHECKPOINT`).Error; err != nil {
 			b.Fatal(err)
@@ -84,8 +85,8 @@ func BenchmarkExpiryLockWait(b *testing.B) {
 		time.Sleep(1500 * time.Millisecond)
 		before := retries.Load()
 		from := time.Since(start)
-		plan := inbox.MaintenancePlan{Today: day.AddDate(0, 0, 1), PrepareThrough: day.AddDate(0, 0, 1), ExpireBefore: day.AddDate(0, 0, 1)}
-		var report inbox.MaintenanceReport
+		plan := storage.MaintenancePlan{Today: day.AddDate(0, 0, 1), PrepareThrough: day.AddDate(0, 0, 1), ExpireBefore: day.AddDate(0, 0, 1)}
+		var report storage.MaintenanceReport
 		var mid time.Duration
 		if os.Getenv("INBOX_BENCH_SPLIT") != "" {
 			// The two steps by hand, to tell their costs apart.

@@ -8,10 +8,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
@@ -43,31 +42,31 @@ var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 //
 // RowsRemoved is -1 when a partition was dropped (its rows are not counted:
 // that would cost a scan), 0 otherwise.
-func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
+func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	db = db.WithContext(ctx)
 	if !plan.DryRun {
 		if err := s.retireDefault(db); err != nil {
-			return inbox.MaintenanceReport{}, err
+			return storage.MaintenanceReport{}, err
 		}
 	}
 	existing, err := s.dayPartitions(db)
 	if err != nil {
-		return inbox.MaintenanceReport{}, err
+		return storage.MaintenanceReport{}, err
 	}
 	leftovers, err := s.detachedDays(db)
 	if err != nil {
-		return inbox.MaintenanceReport{}, err
+		return storage.MaintenanceReport{}, err
 	}
 	ops := planOps(plan, existing, leftovers)
 	if plan.DryRun {
-		report := inbox.MaintenanceReport{Prepared: ops.create, Expired: ops.expiredDays(), DryRun: true}
+		report := storage.MaintenanceReport{Prepared: ops.create, Expired: ops.expiredDays(), DryRun: true}
 		if len(report.Expired) > 0 {
 			report.RowsRemoved = -1
 		}
 		return report, nil
 	}
 
-	var report inbox.MaintenanceReport
+	var report storage.MaintenanceReport
 	for _, d := range ops.create {
 		created, err := s.makeDay(db, d)
 		if err != nil {
@@ -216,7 +215,7 @@ func (s *Store) pendingDetach(db *gorm.DB) (string, error) {
 }
 
 // PrepareDays creates the partitions of days that have none (see
-// [inbox.DayPreparer]): the inbox calls it when a claim fails because a
+// [storage.DayPreparer]): the inbox calls it when a claim fails because a
 // row's day has no partition (an event dated beyond the days Maintain
 // prepares, or a late event of an expired day under inbox.ProcessExpired).
 // Each day is one short transaction that creates the table and attaches it
@@ -225,7 +224,7 @@ func (s *Store) pendingDetach(db *gorm.DB) (string, error) {
 func (s *Store) PrepareDays(ctx context.Context, db *gorm.DB, days []time.Time) error {
 	db = db.WithContext(ctx)
 	for _, d := range days {
-		if _, err := s.makeDay(db, inbox.DayOf(d)); err != nil {
+		if _, err := s.makeDay(db, storage.DayOf(d)); err != nil {
 			return err
 		}
 	}

@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 // columns are the inbox table's columns in table order; moves between
@@ -37,12 +36,12 @@ func (s *Store) createStatements() []string {
 // partition for each day from plan.Today through plan.PrepareThrough,
 // created directly: on an empty table that is what Maintain's steps for a
 // new partition come to.
-func (s *Store) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
+func (s *Store) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 	if plan.PrepareThrough.Before(plan.Today) {
-		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", inbox.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(plan.Today))
+		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", storage.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(plan.Today))
 	}
 	stmts := append([]string{`CREATE SCHEMA IF NOT EXISTS ` + quoteIdent(s.schema)}, s.createStatements()...)
-	for d := inbox.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
+	for d := storage.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
 		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.qualified(partitionName(s.table, d))+` PARTITION OF `+s.parent()+` `+bounds(d))
 	}
 	return stmts, nil
@@ -94,7 +93,7 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 	if err := s.retireDefault(db); err != nil {
 		return err
 	}
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	for d := today.AddDate(0, 0, -1); !d.After(today.AddDate(0, 0, s.initialDays)); d = d.AddDate(0, 0, 1) {
 		if _, err := s.makeDay(db, d); err != nil {
 			return err

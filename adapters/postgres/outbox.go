@@ -11,10 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/outbox"
 )
 
 // Defaults for OutboxOptions.
@@ -70,7 +68,7 @@ func NewOutbox(opts OutboxOptions) (*OutboxStore, error) {
 	opts.Schema = cmp.Or(opts.Schema, DefaultSchema)
 	opts.Table = cmp.Or(opts.Table, DefaultOutboxTable)
 	if opts.Shards < 0 || opts.Shards > 1<<16 {
-		return nil, fmt.Errorf("%w: %d shards, want 1..65536", inbox.ErrInvalidConfig, opts.Shards)
+		return nil, fmt.Errorf("%w: %d shards, want 1..65536", storage.ErrInvalidConfig, opts.Shards)
 	}
 	// The inbox Store's checks of names and timeouts hold here as well.
 	tbl, err := New(Options{Schema: opts.Schema, Table: opts.Table, LockTimeout: opts.LockTimeout})
@@ -149,7 +147,7 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 		}
 		if have.Shards != int64(s.shards) || have.Relay != int64(s.shards) || have.Top != int64(s.shards-1) {
 			return fmt.Errorf("%w: outbox table %s has %d shards (%d relay rows), the store is configured with %d; changing it would move keys to other shards and break their order",
-				inbox.ErrInvalidConfig, s.parent(), have.Shards, have.Relay, s.shards)
+				storage.ErrInvalidConfig, s.parent(), have.Shards, have.Relay, s.shards)
 		}
 		return nil
 	}, readCommitted)
@@ -157,12 +155,12 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 
 // MigrationSQL returns Migrate's statements, followed by the partitions of
 // the days Today through PrepareThrough.
-func (s *OutboxStore) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error) {
+func (s *OutboxStore) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 	if plan.PrepareThrough.Before(plan.Today) {
-		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", inbox.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(plan.Today))
+		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", storage.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(plan.Today))
 	}
 	stmts := s.createStatements()
-	for d := inbox.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
+	for d := storage.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
 		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.tbl.qualified(partitionName(s.tbl.table, d))+` PARTITION OF `+s.parent()+` `+bounds(d))
 	}
 	return stmts, nil
@@ -171,10 +169,10 @@ func (s *OutboxStore) MigrationSQL(plan inbox.MaintenancePlan) ([]string, error)
 // Append takes the counter rows of the rows' shards in ascending order
 // (their row locks order the shard's transactions until tx ends), and
 // inserts the rows.
-func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row) error {
+func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []storage.OutboxRow) error {
 	tx = tx.WithContext(ctx)
 	first := map[int32]int64{}
-	for _, c := range outbox.AssignShards(rows, s.shards) {
+	for _, c := range storage.AssignShards(rows, s.shards) {
 		var last int64
 		if err := tx.Raw(`UPDATE `+s.shardsTable()+` SET next_seq = next_seq + ? WHERE shard = ? RETURNING next_seq`, c.Rows, c.Shard).Scan(&last).Error; err != nil {
 			return fmt.Errorf("postgres: number rows of shard %d of %s: %w", c.Shard, s.parent(), err)
@@ -184,7 +182,7 @@ func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row
 		}
 		first[c.Shard] = last - c.Rows + 1
 	}
-	outbox.NumberRows(rows, first)
+	storage.NumberRows(rows, first)
 	const perRow = 8
 	for lo := 0; lo < len(rows); lo += 65535 / perRow {
 		hi := min(lo+65535/perRow, len(rows))
@@ -226,7 +224,7 @@ type storedOutboxRow struct {
 // Claim leases shards with one UPDATE whose candidate rows are locked with
 // SKIP LOCKED (a relay never waits for another), then reads the leased
 // shards' oldest rows with one index range scan per shard.
-func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
 	db = db.WithContext(ctx)
 	maxShards := req.MaxShards
 	if maxShards <= 0 {
@@ -252,13 +250,13 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 	// mark, so each shard is read for exactly its share of MaxRows: no row
 	// is read only to be cut off by a LIMIT.
 	slices.SortFunc(got, func(a, b leasedShard) int { return cmp.Compare(a.Shard, b.Shard) })
-	pending := make([]outbox.ShardCount, len(got))
+	pending := make([]storage.ShardCount, len(got))
 	through := make(map[int32]int64, len(got))
 	for i, l := range got {
-		pending[i] = outbox.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
+		pending[i] = storage.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
 		through[l.Shard] = l.PublishedThrough
 	}
-	shares := outbox.ShareRows(pending, req.MaxRows)
+	shares := storage.ShareRows(pending, req.MaxRows)
 	if len(shares) == 0 {
 		return nil, nil
 	}
@@ -277,19 +275,19 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 	if err != nil {
 		return nil, fmt.Errorf("postgres: read leased shards of %s: %w", s.parent(), err)
 	}
-	rows := make([]outbox.Row, len(stored))
+	rows := make([]storage.OutboxRow, len(stored))
 	for i, p := range stored {
 		day, err := time.Parse(time.DateOnly, p.Day)
 		if err != nil {
 			return nil, fmt.Errorf("postgres: malformed day %q: %w", p.Day, err)
 		}
-		rows[i] = outbox.Row{Shard: p.Shard, Seq: p.Seq, Day: day, EventID: p.EventID, Topic: p.Topic, Key: p.MsgKey, Value: p.MsgValue, Headers: p.Headers}
+		rows[i] = storage.OutboxRow{Shard: p.Shard, Seq: p.Seq, Day: day, EventID: p.EventID, Topic: p.Topic, Key: p.MsgKey, Value: p.MsgValue, Headers: p.Headers}
 	}
 	return rows, nil
 }
 
 // Ack moves the marks of the shards relay holds, with one UPDATE.
-func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks []outbox.Mark) error {
+func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks []storage.Mark) error {
 	if len(marks) == 0 {
 		return nil
 	}
@@ -315,7 +313,7 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 				lost = append(lost, m.Shard)
 			}
 		}
-		return fmt.Errorf("%w: shards %v of %s", outbox.ErrLeaseLost, lost, s.parent())
+		return fmt.Errorf("%w: shards %v of %s", storage.ErrLeaseLost, lost, s.parent())
 	}
 	return nil
 }
@@ -344,16 +342,16 @@ func (s *OutboxStore) unpublishedIn(rel string) string {
 // plan.ExpireBefore whose rows are all published; the others are reported
 // in Held. Published rows of expired days in the DEFAULT partition are
 // deleted.
-func (s *OutboxStore) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (outbox.MaintenanceReport, error) {
+func (s *OutboxStore) Maintain(ctx context.Context, db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	db = db.WithContext(ctx)
-	var report outbox.MaintenanceReport
+	var report storage.MaintenanceReport
 	existing, err := s.tbl.dayPartitions(db)
 	if err != nil {
 		return report, err
 	}
 	def := s.tbl.qualified(s.tbl.defaultPartition())
-	expireBefore := inbox.DayOf(plan.ExpireBefore)
-	for d := inbox.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
+	expireBefore := storage.DayOf(plan.ExpireBefore)
+	for d := storage.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
 		if slices.ContainsFunc(existing, d.Equal) || d.Before(expireBefore) {
 			continue
 		}
@@ -510,7 +508,7 @@ func (s *OutboxStore) Verify(ctx context.Context, db *gorm.DB) error {
 }
 
 // Stats counts rows and unpublished rows per day.
-func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats, error) {
+func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]storage.DayStats, error) {
 	var raw []struct {
 		Day         string
 		Rows        int64
@@ -522,20 +520,20 @@ func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats
 	if err != nil {
 		return nil, fmt.Errorf("postgres: stats of %s: %w", s.parent(), err)
 	}
-	out := make([]outbox.DayStats, 0, len(raw))
+	out := make([]storage.DayStats, 0, len(raw))
 	for _, r := range raw {
 		d, err := time.Parse(time.DateOnly, r.Day)
 		if err != nil {
 			return nil, fmt.Errorf("postgres: malformed day %q: %w", r.Day, err)
 		}
-		out = append(out, outbox.DayStats{Day: d, Rows: r.Rows, Unpublished: r.Unpublished})
+		out = append(out, storage.DayStats{Day: d, Rows: r.Rows, Unpublished: r.Unpublished})
 	}
 	return out, nil
 }
 
 var (
-	_ outbox.Store         = (*OutboxStore)(nil)
-	_ outbox.StatsReporter = (*OutboxStore)(nil)
-	_ inbox.SchemaPrinter  = (*OutboxStore)(nil)
-	_ inbox.Verifier       = (*OutboxStore)(nil)
+	_ storage.OutboxStore   = (*OutboxStore)(nil)
+	_ storage.StatsReporter = (*OutboxStore)(nil)
+	_ storage.SchemaPrinter = (*OutboxStore)(nil)
+	_ storage.Verifier      = (*OutboxStore)(nil)
 )

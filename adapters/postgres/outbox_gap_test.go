@@ -12,7 +12,7 @@ import (
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
-	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // numberedAtInsert is the classic outbox trap on top of the real store: it
@@ -27,15 +27,15 @@ type numberedAtInsert struct {
 	next map[int32]int64
 }
 
-func (s *numberedAtInsert) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row) error {
+func (s *numberedAtInsert) Append(ctx context.Context, tx *gorm.DB, rows []storage.OutboxRow) error {
 	s.mu.Lock()
 	first := map[int32]int64{}
-	for _, c := range outbox.AssignShards(rows, 16) {
+	for _, c := range storage.AssignShards(rows, 16) {
 		first[c.Shard] = s.next[c.Shard] + 1
 		s.next[c.Shard] += c.Rows
 	}
 	s.mu.Unlock()
-	outbox.NumberRows(rows, first)
+	storage.NumberRows(rows, first)
 	var b strings.Builder
 	args := []any{}
 	for i, r := range rows {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // partitionName returns the name of day's partition of table:
@@ -47,25 +47,25 @@ type maintenanceOps struct {
 // drop (those of days before ExpireBefore). detached are the days of tables
 // named like day partitions that are not attached (an interrupted expiry
 // left them); those of expired days are dropped too.
-func planOps(plan inbox.MaintenancePlan, existing, detached []time.Time) maintenanceOps {
+func planOps(plan storage.MaintenancePlan, existing, detached []time.Time) maintenanceOps {
 	var ops maintenanceOps
-	expireBefore := inbox.DayOf(plan.ExpireBefore)
+	expireBefore := storage.DayOf(plan.ExpireBefore)
 	have := make(map[time.Time]bool, len(existing))
 	for _, d := range existing {
-		d = inbox.DayOf(d)
+		d = storage.DayOf(d)
 		have[d] = true
 		if d.Before(expireBefore) {
 			ops.drop = append(ops.drop, d)
 		}
 	}
-	last := inbox.DayOf(plan.PrepareThrough)
-	for d := inbox.DayOf(plan.Today); !d.After(last); d = d.AddDate(0, 0, 1) {
+	last := storage.DayOf(plan.PrepareThrough)
+	for d := storage.DayOf(plan.Today); !d.After(last); d = d.AddDate(0, 0, 1) {
 		if !have[d] && !d.Before(expireBefore) {
 			ops.create = append(ops.create, d)
 		}
 	}
 	for _, d := range detached {
-		if d = inbox.DayOf(d); d.Before(expireBefore) && !have[d] {
+		if d = storage.DayOf(d); d.Before(expireBefore) && !have[d] {
 			ops.leftover = append(ops.leftover, d)
 		}
 	}

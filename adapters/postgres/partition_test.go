@@ -13,9 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 func day(s string) time.Time {
@@ -83,7 +82,7 @@ func TestNewValidatesNames(t *testing.T) {
 		{Schema: strings.Repeat("s", 64)},
 		{LockTimeout: -time.Second},
 	} {
-		if _, err := New(o); !errors.Is(err, inbox.ErrInvalidConfig) {
+		if _, err := New(o); !errors.Is(err, storage.ErrInvalidConfig) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", o, err)
 		}
 	}
@@ -95,7 +94,7 @@ func TestNewValidatesNames(t *testing.T) {
 }
 
 func TestPlanOps(t *testing.T) {
-	plan := inbox.MaintenancePlan{Today: day("2026-05-10"), PrepareThrough: day("2026-05-12"), ExpireBefore: day("2026-05-06")}
+	plan := storage.MaintenancePlan{Today: day("2026-05-10"), PrepareThrough: day("2026-05-12"), ExpireBefore: day("2026-05-06")}
 	ops := planOps(plan,
 		days("2026-05-04", "2026-05-05", "2026-05-06", "2026-05-10", "2026-05-20"),
 		days("2026-04-01", "2026-05-07"))
@@ -117,7 +116,7 @@ func TestPlanOps(t *testing.T) {
 	}
 
 	// A plan that expires today never creates partitions it would drop.
-	odd := inbox.MaintenancePlan{Today: day("2026-05-10"), PrepareThrough: day("2026-05-11"), ExpireBefore: day("2026-05-11")}
+	odd := storage.MaintenancePlan{Today: day("2026-05-10"), PrepareThrough: day("2026-05-11"), ExpireBefore: day("2026-05-11")}
 	ops = planOps(odd, days("2026-05-10"), nil)
 	check("odd create", ops.create, days("2026-05-11"))
 	check("odd drop", ops.drop, days("2026-05-10"))

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
 
-	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/keyorder"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // BeginClaim opens a transaction and claims rows in it in one round trip:
@@ -28,7 +28,7 @@ import (
 // ok is false and the inbox begins and claims as usual. db must be a
 // session of the caller's alone (as from WithContext): on success it is
 // the transaction returned, with its Statement.ConnPool replaced.
-func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []inbox.Row) (*gorm.DB, []bool, bool, error) {
+func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []storage.InboxRow) (*gorm.DB, []bool, bool, error) {
 	pool, ok := db.Statement.ConnPool.(*sql.DB)
 	if !ok || len(rows) == 0 {
 		return nil, nil, false, nil
@@ -80,7 +80,7 @@ func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 		return nil, nil, false, err
 	}
 	// The transaction goes by db's context, not by the claim's; db is the
-	// caller's own session (see inbox.ClaimBeginner), so it becomes the
+	// caller's own session (see storage.ClaimBeginner), so it becomes the
 	// transaction without another copy of its statement.
 	txCtx := db.Statement.Context
 	if txCtx == nil {
@@ -127,7 +127,7 @@ func claimOneResult(br pgx.BatchResults) ([]bool, error) {
 
 // claimArraysResult reads the keys the claim of sorted returned and
 // answers in the caller's order (keyorder.Unsort with order).
-func claimArraysResult(br pgx.BatchResults, sorted []inbox.Row, order []int) ([]bool, error) {
+func claimArraysResult(br pgx.BatchResults, sorted []storage.InboxRow, order []int) ([]bool, error) {
 	got, err := br.Query()
 	if err != nil {
 		return nil, err
@@ -224,4 +224,4 @@ func (t *pipelinedTx) discard() {
 	_ = t.conn.Raw(func(any) error { return driver.ErrBadConn })
 }
 
-var _ inbox.ClaimBeginner = (*Store)(nil)
+var _ storage.ClaimBeginner = (*Store)(nil)

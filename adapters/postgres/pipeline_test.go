@@ -12,6 +12,7 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // TestPipelinedTransactionKeepsTheContract: Process opens its transaction
@@ -102,7 +103,7 @@ func TestPipelinedTransactionKeepsTheContract(t *testing.T) {
 func TestPreparedStatementsTakeTheGenericPath(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{})
 	prepared := db.Session(&gorm.Session{PrepareStmt: true})
-	if _, _, ok, err := store.BeginClaim(t.Context(), prepared, nil, []inbox.Row{row("x", time.Now())}); ok || err != nil {
+	if _, _, ok, err := store.BeginClaim(t.Context(), prepared, nil, []storage.InboxRow{row("x", time.Now())}); ok || err != nil {
 		t.Fatalf("BeginClaim on a prepared-statement pool: ok %v, %v; want the generic path", ok, err)
 	}
 	ib, err := inbox.New(prepared, store, inbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

@@ -15,7 +15,7 @@
 // ... found for row", which [Store.IsMissingDay] recognises by its code and
 // table (never its message); the inbox then rolls the transaction back,
 // calls [Store.PrepareDays] and runs the transaction again, a bounded number
-// of times (inbox.MaxDayPreparations). A partition is made as a table of its
+// of times (storage.MaxDayPreparations). A partition is made as a table of its
 // own (with the key and a CHECK of its bounds) and attached, in one short
 // transaction that takes SHARE UPDATE EXCLUSIVE on the inbox table: inserts
 // (ROW EXCLUSIVE) and open transactions that hold rows of the table do not
@@ -97,10 +97,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 // Defaults for Options.
@@ -154,24 +153,24 @@ func New(opts Options) (*Store, error) {
 	if opts.Table == "" {
 		opts.Table = DefaultTable
 	}
-	if err := inbox.ValidateIdentifier("schema name", opts.Schema); err != nil {
+	if err := storage.ValidateIdentifier("schema name", opts.Schema); err != nil {
 		return nil, err
 	}
-	if err := inbox.ValidateIdentifier("table name", opts.Table); err != nil {
+	if err := storage.ValidateIdentifier("table name", opts.Table); err != nil {
 		return nil, err
 	}
 	if len(opts.Table) > MaxTableBytes {
 		return nil, fmt.Errorf("%w: table name %q is %d bytes; at most %d, so that its day partitions %s_pYYYYMMDD fit PostgreSQL's 63-byte names",
-			inbox.ErrInvalidConfig, opts.Table, len(opts.Table), MaxTableBytes, opts.Table)
+			storage.ErrInvalidConfig, opts.Table, len(opts.Table), MaxTableBytes, opts.Table)
 	}
 	if opts.LockTimeout < 0 {
-		return nil, fmt.Errorf("%w: negative lock timeout %v", inbox.ErrInvalidConfig, opts.LockTimeout)
+		return nil, fmt.Errorf("%w: negative lock timeout %v", storage.ErrInvalidConfig, opts.LockTimeout)
 	}
 	if opts.LockTimeout == 0 {
 		opts.LockTimeout = DefaultLockTimeout
 	}
 	if opts.InitialDays < 0 {
-		return nil, fmt.Errorf("%w: negative initial days %d", inbox.ErrInvalidConfig, opts.InitialDays)
+		return nil, fmt.Errorf("%w: negative initial days %d", storage.ErrInvalidConfig, opts.InitialDays)
 	}
 	if opts.InitialDays == 0 {
 		opts.InitialDays = DefaultInitialDays
@@ -200,7 +199,7 @@ func (s *Store) parent() string { return s.qualified(s.table) }
 // defaultPartition is the unquoted name of the DEFAULT partition.
 func (s *Store) defaultPartition() string { return s.table + "_default" }
 
-// quoteIdent quotes a name that inbox.ValidateIdentifier accepted (so it
+// quoteIdent quotes a name that storage.ValidateIdentifier accepted (so it
 // holds no quote).
 func quoteIdent(name string) string { return `"` + name + `"` }
 
@@ -312,9 +311,9 @@ func (s *Store) lock(tx *gorm.DB) error {
 }
 
 var (
-	_ inbox.Store         = (*Store)(nil)
-	_ inbox.Verifier      = (*Store)(nil)
-	_ inbox.StatsReporter = (*Store)(nil)
-	_ inbox.SchemaPrinter = (*Store)(nil)
-	_ inbox.DayPreparer   = (*Store)(nil)
+	_ storage.InboxStore    = (*Store)(nil)
+	_ storage.Verifier      = (*Store)(nil)
+	_ storage.StatsReporter = (*Store)(nil)
+	_ storage.SchemaPrinter = (*Store)(nil)
+	_ storage.DayPreparer   = (*Store)(nil)
 )

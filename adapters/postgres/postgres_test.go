@@ -20,6 +20,7 @@ import (
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // fresh returns a pool and a migrated store in a schema of its own, dropped
@@ -45,11 +46,11 @@ func fresh(t testing.TB, opts inboxpg.Options) (*gorm.DB, *inboxpg.Store) {
 	return db, store
 }
 
-func row(id string, day time.Time) inbox.Row {
-	return inbox.Message{Consumer: "c", ID: id, Time: day.Add(6 * time.Hour)}.Row()
+func row(id string, day time.Time) storage.InboxRow {
+	return storage.InboxRow{Consumer: "c", EventID: id, Day: storage.DayOf(day), EventTime: day.Add(6 * time.Hour)}
 }
 
-func claim(t *testing.T, db *gorm.DB, store *inboxpg.Store, rows ...inbox.Row) []bool {
+func claim(t *testing.T, db *gorm.DB, store *inboxpg.Store, rows ...storage.InboxRow) []bool {
 	t.Helper()
 	var got []bool
 	err := db.Transaction(func(tx *gorm.DB) error {
@@ -122,14 +123,14 @@ func legacyTable(t *testing.T, db *gorm.DB, schema, table string, days ...time.T
 func TestMigrateConvertsDefaultPartition(t *testing.T) {
 	db, plain := fresh(t, inboxpg.Options{Table: "unused"})
 	schema := plain.Schema()
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	d := today.AddDate(0, 0, 30)
 	legacyTable(t, db, schema, "moves", today)
 	store, err := inboxpg.New(inboxpg.Options{Schema: schema, Table: "moves"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rows []inbox.Row
+	var rows []storage.InboxRow
 	for i, off := range []int{0, 0, 1, 2, 2, 2, 900, -45} {
 		rows = append(rows, row(strings.Repeat("x", i+1), d.AddDate(0, 0, off)))
 	}
@@ -173,7 +174,7 @@ func TestMigrateConvertsDefaultPartition(t *testing.T) {
 		}
 	}
 	// Expiring every day drops the partitions and reports -1 rows.
-	plan := inbox.MaintenancePlan{Today: d.AddDate(3, 0, 0), PrepareThrough: d.AddDate(3, 0, 0), ExpireBefore: d.AddDate(3, 0, 0)}
+	plan := storage.MaintenancePlan{Today: d.AddDate(3, 0, 0), PrepareThrough: d.AddDate(3, 0, 0), ExpireBefore: d.AddDate(3, 0, 0)}
 	report, err := store.Maintain(t.Context(), db, plan)
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +194,7 @@ func TestMigrateConvertsDefaultPartition(t *testing.T) {
 func TestClosedDefaultMakesDaysOnDemand(t *testing.T) {
 	db, plain := fresh(t, inboxpg.Options{Table: "unused"})
 	schema := plain.Schema()
-	d := inbox.DayOf(time.Now()).AddDate(0, 0, 40)
+	d := storage.DayOf(time.Now()).AddDate(0, 0, 40)
 	legacyTable(t, db, schema, "closing")
 	store, err := inboxpg.New(inboxpg.Options{Schema: schema, Table: "closing"})
 	if err != nil {
@@ -206,7 +207,7 @@ func TestClosedDefaultMakesDaysOnDemand(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = db.Transaction(func(tx *gorm.DB) error {
-		_, err := store.Claim(t.Context(), tx, []inbox.Row{row("late", d)})
+		_, err := store.Claim(t.Context(), tx, []storage.InboxRow{row("late", d)})
 		return err
 	})
 	if !store.IsMissingDay(err) {
@@ -244,7 +245,7 @@ func mapsEqual(a, b map[string]int64) bool {
 // Maintain finishes the detach (FINALIZE) and drops the partition.
 func TestInterruptedDetachIsFinished(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{Table: "locked", LockTimeout: 100 * time.Millisecond})
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	yesterday := today.AddDate(0, 0, -1)
 	claim(t, db, store, row("old", yesterday))
 	holding := make(chan struct{})
@@ -252,7 +253,7 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- db.Transaction(func(tx *gorm.DB) error {
-			if _, err := store.Claim(t.Context(), tx, []inbox.Row{row("held", today)}); err != nil {
+			if _, err := store.Claim(t.Context(), tx, []storage.InboxRow{row("held", today)}); err != nil {
 				return err
 			}
 			close(holding)
@@ -261,7 +262,7 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 		})
 	}()
 	<-holding
-	plan := inbox.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today}
+	plan := storage.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today}
 	start := time.Now()
 	_, err := store.Maintain(t.Context(), db, plan)
 	if err == nil || !store.IsRetryable(err) {
@@ -284,7 +285,7 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 	// The 100ms lock timeout can expire on a loaded machine even with no
 	// transaction in the way; that is retryable, and an operator's loop
 	// runs Maintain again.
-	var report inbox.MaintenanceReport
+	var report storage.MaintenanceReport
 	for attempt := 1; ; attempt++ {
 		report, err = store.Maintain(t.Context(), db, plan)
 		if err == nil || !store.IsRetryable(err) || attempt == 20 {
@@ -305,7 +306,7 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 // for a duplicate or a new row.
 func TestSnapshotConflictIsRetryable(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{})
-	r := row("rr-1", inbox.DayOf(time.Now()))
+	r := row("rr-1", storage.DayOf(time.Now()))
 	rr := &sql.TxOptions{Isolation: sql.LevelRepeatableRead}
 	var claimErr error
 	err := db.Transaction(func(tx *gorm.DB) error {
@@ -315,7 +316,7 @@ func TestSnapshotConflictIsRetryable(t *testing.T) {
 		if got := claim(t, db, store, r); !got[0] {
 			t.Errorf("concurrent claim %v", got)
 		}
-		_, claimErr = store.Claim(t.Context(), tx, []inbox.Row{r})
+		_, claimErr = store.Claim(t.Context(), tx, []storage.InboxRow{r})
 		return claimErr
 	}, rr)
 	if err == nil || !store.IsRetryable(claimErr) {
@@ -364,14 +365,14 @@ func TestVerifyFlagsUnsafeSettings(t *testing.T) {
 
 func TestStats(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{})
-	d := inbox.DayOf(time.Now())
+	d := storage.DayOf(time.Now())
 	claim(t, db, store, row("a", d), row("b", d), row("c", d.AddDate(0, 0, -1)))
 	stats, err := store.Stats(context.Background(), db)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []inbox.DayStats{{Consumer: "c", Day: d.AddDate(0, 0, -1), Rows: 1}, {Consumer: "c", Day: d, Rows: 2}}
-	if !slices.EqualFunc(stats, want, func(a, b inbox.DayStats) bool {
+	want := []storage.DayStats{{Consumer: "c", Day: d.AddDate(0, 0, -1), Rows: 1}, {Consumer: "c", Day: d, Rows: 2}}
+	if !slices.EqualFunc(stats, want, func(a, b storage.DayStats) bool {
 		return a.Consumer == b.Consumer && a.Day.Equal(b.Day) && a.Rows == b.Rows
 	}) {
 		t.Errorf("stats %v, want %v", stats, want)
@@ -420,9 +421,9 @@ func TestExample(t *testing.T) {
 // collide.
 func TestLongestTableName(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{Table: strings.Repeat("t", inboxpg.MaxTableBytes)})
-	d := inbox.DayOf(time.Now())
+	d := storage.DayOf(time.Now())
 	claim(t, db, store, row("a", d), row("b", d.AddDate(0, 0, 1)))
-	plan := inbox.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, 3), ExpireBefore: d.AddDate(0, 0, -3)}
+	plan := storage.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, 3), ExpireBefore: d.AddDate(0, 0, -3)}
 	for range 2 {
 		if _, err := store.Maintain(t.Context(), db, plan); err != nil {
 			t.Fatal(err)
@@ -434,7 +435,7 @@ func TestLongestTableName(t *testing.T) {
 	if err := store.Verify(t.Context(), db); err != nil {
 		t.Error(err)
 	}
-	plan = inbox.MaintenancePlan{Today: d.AddDate(0, 0, 9), PrepareThrough: d.AddDate(0, 0, 9), ExpireBefore: d.AddDate(0, 0, 9)}
+	plan = storage.MaintenancePlan{Today: d.AddDate(0, 0, 9), PrepareThrough: d.AddDate(0, 0, 9), ExpireBefore: d.AddDate(0, 0, 9)}
 	// Migrate made yesterday through 7 days ahead.
 	if report, err := store.Maintain(t.Context(), db, plan); err != nil || len(report.Expired) != 9 {
 		t.Fatalf("expiring every day: %+v, %v", report, err)
@@ -446,8 +447,8 @@ func TestLongestTableName(t *testing.T) {
 // Maintain that finds its day expired.
 func TestMaintainHandlesLeftoverDetachedPartition(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{Table: "leftover"})
-	d := inbox.DayOf(time.Now())
-	plan := inbox.MaintenancePlan{Today: d, PrepareThrough: d, ExpireBefore: d.AddDate(0, 0, -3)}
+	d := storage.DayOf(time.Now())
+	plan := storage.MaintenancePlan{Today: d, PrepareThrough: d, ExpireBefore: d.AddDate(0, 0, -3)}
 	claim(t, db, store, row("kept", d))
 	part := `"` + store.Schema() + `".leftover_p` + d.Format("20060102")
 	detach := func() {
@@ -466,7 +467,7 @@ func TestMaintainHandlesLeftoverDetachedPartition(t *testing.T) {
 	}
 	detach()
 	// Once the day expires, the leftover table is dropped.
-	later := inbox.MaintenancePlan{Today: d.AddDate(0, 0, 5), PrepareThrough: d.AddDate(0, 0, 5), ExpireBefore: d.AddDate(0, 0, 1)}
+	later := storage.MaintenancePlan{Today: d.AddDate(0, 0, 5), PrepareThrough: d.AddDate(0, 0, 5), ExpireBefore: d.AddDate(0, 0, 1)}
 	report, err = store.Maintain(t.Context(), db, later)
 	if err != nil {
 		t.Fatal(err)
@@ -484,10 +485,10 @@ func TestMaintainHandlesLeftoverDetachedPartition(t *testing.T) {
 // row) answers each row right.
 func TestClaimBeyondBindLimit(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{})
-	d := inbox.DayOf(time.Now())
+	d := storage.DayOf(time.Now())
 	const n = 12_000
-	rows := make([]inbox.Row, n)
-	var seeded []inbox.Row
+	rows := make([]storage.InboxRow, n)
+	var seeded []storage.InboxRow
 	for i := range rows {
 		rows[i] = row(fmt.Sprintf("bulk-%05d", i), d.AddDate(0, 0, i%3))
 		if i%7 == 0 {
@@ -507,14 +508,14 @@ func TestClaimBeyondBindLimit(t *testing.T) {
 // prepared once.
 func TestMaintainConcurrently(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{})
-	d := inbox.DayOf(time.Now()).AddDate(0, 0, 20) // beyond the days Migrate made
+	d := storage.DayOf(time.Now()).AddDate(0, 0, 20) // beyond the days Migrate made
 	if err := store.PrepareDays(t.Context(), db, []time.Time{d.AddDate(0, 0, 1)}); err != nil {
 		t.Fatal(err)
 	}
 	claim(t, db, store, row("early", d.AddDate(0, 0, 1)))
-	plan := inbox.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, 5), ExpireBefore: d.AddDate(0, 0, -3)}
+	plan := storage.MaintenancePlan{Today: d, PrepareThrough: d.AddDate(0, 0, 5), ExpireBefore: d.AddDate(0, 0, -3)}
 	const n = 4
-	reports := make([]inbox.MaintenanceReport, n)
+	reports := make([]storage.MaintenanceReport, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {

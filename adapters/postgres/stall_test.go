@@ -12,6 +12,7 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // waitForWaiter waits until some backend running a statement that starts
@@ -34,14 +35,14 @@ func waitForWaiter(t *testing.T, db *gorm.DB, prefix string) {
 
 // claimAtOnce claims r in a transaction whose statements may wait 3 s at
 // most, and reports how long it took.
-func claimAtOnce(t *testing.T, db *gorm.DB, store *inboxpg.Store, r inbox.Row) (time.Duration, error) {
+func claimAtOnce(t *testing.T, db *gorm.DB, store *inboxpg.Store, r storage.InboxRow) (time.Duration, error) {
 	t.Helper()
 	start := time.Now()
 	err := db.Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec(`SET LOCAL statement_timeout = '3s'`).Error; err != nil {
 			return err
 		}
-		_, err := store.Claim(t.Context(), tx, []inbox.Row{r})
+		_, err := store.Claim(t.Context(), tx, []storage.InboxRow{r})
 		return err
 	})
 	return time.Since(start), err
@@ -56,17 +57,17 @@ func claimAtOnce(t *testing.T, db *gorm.DB, store *inboxpg.Store, r inbox.Row) (
 func TestExpiryDoesNotHoldUpInserts(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{Table: "held", LockTimeout: 20 * time.Second})
 	ctx := t.Context()
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	yesterday := today.AddDate(0, 0, -1)
 	claim(t, db, store, row("old", yesterday))
 	holder := db.Begin()
 	defer holder.Rollback()
-	if _, err := store.Claim(ctx, holder, []inbox.Row{row("held", today)}); err != nil {
+	if _, err := store.Claim(ctx, holder, []storage.InboxRow{row("held", today)}); err != nil {
 		t.Fatal(err)
 	}
 	maintained := make(chan error, 1)
 	go func() {
-		_, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today})
+		_, err := store.Maintain(ctx, db, storage.MaintenancePlan{Today: today, PrepareThrough: today, ExpireBefore: today})
 		maintained <- err
 	}()
 	waitForWaiter(t, db, "ALTER TABLE")
@@ -100,7 +101,7 @@ func TestExpiryDoesNotHoldUpInserts(t *testing.T) {
 func TestDayIsMadeBesideOpenTransactions(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{Table: "beside", LockTimeout: 20 * time.Second})
 	ctx := t.Context()
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	ib, err := inbox.New(db, store, inbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +110,7 @@ func TestDayIsMadeBesideOpenTransactions(t *testing.T) {
 	for i, far := range []time.Time{today.AddDate(3, 0, 0), today.AddDate(4, 0, 0)} {
 		msg := inbox.Message{Consumer: "c", ID: fmt.Sprintf("far-%d", i), Time: far}
 		err := db.Transaction(func(tx *gorm.DB) error {
-			if _, err := store.Claim(ctx, tx, []inbox.Row{row(fmt.Sprintf("open-%d", i), today)}); err != nil {
+			if _, err := store.Claim(ctx, tx, []storage.InboxRow{row(fmt.Sprintf("open-%d", i), today)}); err != nil {
 				return err
 			}
 			if i == 1 {

@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 // Stats counts rows per consumer and day. It scans the whole table.
-func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]inbox.DayStats, error) {
+func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]storage.DayStats, error) {
 	var raw []struct {
 		Consumer string
 		Day      string
@@ -21,13 +20,13 @@ func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]inbox.DayStats, error
 		` GROUP BY consumer, day ORDER BY consumer, day`).Scan(&raw).Error; err != nil {
 		return nil, fmt.Errorf("postgres: stats of %s: %w", s.parent(), err)
 	}
-	out := make([]inbox.DayStats, 0, len(raw))
+	out := make([]storage.DayStats, 0, len(raw))
 	for _, r := range raw {
 		d, err := time.Parse(time.DateOnly, r.Day)
 		if err != nil {
 			return nil, fmt.Errorf("postgres: malformed day %q: %w", r.Day, err)
 		}
-		out = append(out, inbox.DayStats{Consumer: r.Consumer, Day: d, Rows: r.N})
+		out = append(out, storage.DayStats{Consumer: r.Consumer, Day: d, Rows: r.N})
 	}
 	return out, nil
 }

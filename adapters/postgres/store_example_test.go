@@ -8,11 +8,11 @@ import (
 	"time"
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // New checks the options and touches no database: a configuration error
-// shows at start-up, wrapping inbox.ErrInvalidConfig. Table names are
+// shows at start-up, wrapping storage.ErrInvalidConfig. Table names are
 // bounded so that the day partitions' names (<table>_pYYYYMMDD) fit
 // PostgreSQL's 63 bytes.
 func ExampleNew() {
@@ -23,7 +23,7 @@ func ExampleNew() {
 	fmt.Println(store.Schema(), store.Table())
 
 	_, err = inboxpg.New(inboxpg.Options{Table: "inbox_messages_of_the_billing_service_for_the_eu_region_v2"})
-	fmt.Println(errors.Is(err, inbox.ErrInvalidConfig))
+	fmt.Println(errors.Is(err, storage.ErrInvalidConfig))
 	// Output:
 	// billing inbox_messages
 	// true
@@ -41,7 +41,7 @@ func ExampleStore_MigrationSQL() {
 		log.Fatal(err)
 	}
 	today := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	stmts, err := store.MigrationSQL(inbox.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 1)})
+	stmts, err := store.MigrationSQL(storage.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 1)})
 	if err != nil {
 		log.Fatal(err)
 	}

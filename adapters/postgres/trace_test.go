@@ -12,6 +12,7 @@ import (
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // The pipelined BEGIN and claim is traced as one claim, once per
@@ -24,7 +25,7 @@ func TestPipelinedClaimIsTraced(t *testing.T) {
 		Message: func(ctx context.Context, m inbox.Message) (context.Context, func(inbox.Outcome, error)) {
 			return context.WithValue(ctx, key{}, m.ID), func(o inbox.Outcome, err error) { got = append(got, "message "+o.String()) }
 		},
-		Claim: func(ctx context.Context, rows []inbox.Row) (context.Context, func([]bool, error)) {
+		Claim: func(ctx context.Context, rows []storage.InboxRow) (context.Context, func([]bool, error)) {
 			parent, _ := ctx.Value(key{}).(string)
 			return ctx, func(ins []bool, err error) { got = append(got, fmt.Sprintf("claim under %s: %v %v", parent, ins, err)) }
 		},
@@ -58,7 +59,7 @@ func TestPipelinedTxGoesByTheMessageContext(t *testing.T) {
 		Message: func(ctx context.Context, m inbox.Message) (context.Context, func(inbox.Outcome, error)) {
 			return context.WithValue(ctx, msgKey{}, m.ID), nil
 		},
-		Claim: func(ctx context.Context, rows []inbox.Row) (context.Context, func([]bool, error)) {
+		Claim: func(ctx context.Context, rows []storage.InboxRow) (context.Context, func([]bool, error)) {
 			return context.WithValue(ctx, claimKey{}, true), nil
 		},
 	}

@@ -17,6 +17,7 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Open sets what the inbox relies on (write-ahead logging, immediate
@@ -47,7 +48,7 @@ func ExampleOpen() {
 	fmt.Println(store.Verify(ctx, plain) != nil)
 
 	_, err = inboxsqlite.New(inboxsqlite.Options{Table: "inbox-messages"})
-	fmt.Println(errors.Is(err, inbox.ErrInvalidConfig))
+	fmt.Println(errors.Is(err, storage.ErrInvalidConfig))
 	// Output:
 	// <nil>
 	// true

@@ -9,10 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/outbox"
 )
 
 // Defaults for OutboxOptions.
@@ -55,11 +53,11 @@ type OutboxStore struct {
 // the database.
 func NewOutbox(opts OutboxOptions) (*OutboxStore, error) {
 	opts.Table = cmp.Or(opts.Table, DefaultOutboxTable)
-	if err := inbox.ValidateIdentifier("table name", opts.Table+"_shards"); err != nil {
+	if err := storage.ValidateIdentifier("table name", opts.Table+"_shards"); err != nil {
 		return nil, err
 	}
 	if opts.Shards < 0 || opts.Shards > 1<<16 || opts.DeleteBatch < 0 {
-		return nil, fmt.Errorf("%w: shards %d (1..65536) or delete batch %d", inbox.ErrInvalidConfig, opts.Shards, opts.DeleteBatch)
+		return nil, fmt.Errorf("%w: shards %d (1..65536) or delete batch %d", storage.ErrInvalidConfig, opts.Shards, opts.DeleteBatch)
 	}
 	return &OutboxStore{table: opts.Table, shardsTable: opts.Table + "_shards",
 		shards: cmp.Or(opts.Shards, DefaultShards), deleteBatch: cmp.Or(opts.DeleteBatch, 1000)}, nil
@@ -111,7 +109,7 @@ func (s *OutboxStore) shardRows() string {
 
 // MigrationSQL returns Migrate's statements; SQLite has no partitions to
 // prepare.
-func (s *OutboxStore) MigrationSQL(inbox.MaintenancePlan) ([]string, error) {
+func (s *OutboxStore) MigrationSQL(storage.MaintenancePlan) ([]string, error) {
 	return append(s.createStatements(), s.shardRows()), nil
 }
 
@@ -136,17 +134,17 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 		}
 		if have.N != int64(s.shards) || have.Top != int64(s.shards-1) {
 			return fmt.Errorf("%w: outbox table %s has %d shards, the store is configured with %d; changing it would move keys to other shards and break their order",
-				inbox.ErrInvalidConfig, s.table, have.N, s.shards)
+				storage.ErrInvalidConfig, s.table, have.N, s.shards)
 		}
 		return nil
 	})
 }
 
 // Append numbers rows in their shards and inserts them.
-func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row) error {
+func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []storage.OutboxRow) error {
 	tx = tx.WithContext(ctx)
 	first := map[int32]int64{}
-	for _, c := range outbox.AssignShards(rows, s.shards) {
+	for _, c := range storage.AssignShards(rows, s.shards) {
 		var last int64
 		if err := tx.Raw(`UPDATE `+s.shardsTable+` SET next_seq = next_seq + ? WHERE shard = ? RETURNING next_seq`, c.Rows, c.Shard).Scan(&last).Error; err != nil {
 			return fmt.Errorf("sqlite: number rows of shard %d of %s: %w", c.Shard, s.table, err)
@@ -156,7 +154,7 @@ func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row
 		}
 		first[c.Shard] = last - c.Rows + 1
 	}
-	outbox.NumberRows(rows, first)
+	storage.NumberRows(rows, first)
 	const perRow = 8
 	for lo := 0; lo < len(rows); lo += 32766 / perRow {
 		hi := min(lo+32766/perRow, len(rows))
@@ -200,12 +198,12 @@ type storedRow struct {
 
 // Claim leases shards with unpublished rows in one write transaction and
 // reads their oldest rows.
-func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
 	maxShards := req.MaxShards
 	if maxShards <= 0 {
 		maxShards = s.shards
 	}
-	var rows []outbox.Row
+	var rows []storage.OutboxRow
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var got []leased
 		err := tx.Raw(`UPDATE `+s.shardsTable+` SET owner = ?, lease_until = `+nowMillis+` + ?
@@ -217,13 +215,13 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 			return fmt.Errorf("sqlite: lease shards of %s: %w", s.table, err)
 		}
 		slices.SortFunc(got, func(a, b leased) int { return cmp.Compare(a.Shard, b.Shard) })
-		pending := make([]outbox.ShardCount, len(got))
+		pending := make([]storage.ShardCount, len(got))
 		through := make(map[int32]int64, len(got))
 		for i, l := range got {
-			pending[i] = outbox.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
+			pending[i] = storage.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
 			through[l.Shard] = l.PublishedThrough
 		}
-		for _, sh := range outbox.ShareRows(pending, req.MaxRows) {
+		for _, sh := range storage.ShareRows(pending, req.MaxRows) {
 			var part []storedRow
 			if err := tx.Raw(`SELECT shard, seq, day, event_id, topic, msg_key, msg_value, headers FROM `+s.table+`
 				WHERE shard = ? AND seq > ? ORDER BY seq LIMIT ?`, sh.Shard, through[sh.Shard], sh.Rows).Scan(&part).Error; err != nil {
@@ -234,7 +232,7 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 				if err != nil {
 					return fmt.Errorf("sqlite: %s holds a malformed day %q: %w", s.table, p.Day, err)
 				}
-				rows = append(rows, outbox.Row{Shard: p.Shard, Seq: p.Seq, Day: day, EventID: p.EventID, Topic: p.Topic,
+				rows = append(rows, storage.OutboxRow{Shard: p.Shard, Seq: p.Seq, Day: day, EventID: p.EventID, Topic: p.Topic,
 					Key: p.MsgKey, Value: p.MsgValue, Headers: p.Headers})
 			}
 		}
@@ -244,7 +242,7 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRe
 }
 
 // Ack moves the published marks of the shards relay holds.
-func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks []outbox.Mark) error {
+func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks []storage.Mark) error {
 	var lost []int32
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		lost = lost[:0]
@@ -263,7 +261,7 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		return err
 	}
 	if len(lost) > 0 {
-		return fmt.Errorf("%w: shards %v of %s", outbox.ErrLeaseLost, lost, s.table)
+		return fmt.Errorf("%w: shards %v of %s", storage.ErrLeaseLost, lost, s.table)
 	}
 	return nil
 }
@@ -300,14 +298,14 @@ func (s *OutboxStore) dayCounts(db *gorm.DB, before string) ([]dayCount, error) 
 // Maintain deletes the published rows of days before plan.ExpireBefore in
 // batches, each its own transaction; days with unpublished rows are
 // reported in Held. There is nothing to prepare.
-func (s *OutboxStore) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (outbox.MaintenanceReport, error) {
+func (s *OutboxStore) Maintain(ctx context.Context, db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	db = db.WithContext(ctx)
 	cutoff := dayText(plan.ExpireBefore)
 	counts, err := s.dayCounts(db, cutoff)
 	if err != nil {
-		return outbox.MaintenanceReport{}, err
+		return storage.MaintenanceReport{}, err
 	}
-	var report outbox.MaintenanceReport
+	var report storage.MaintenanceReport
 	for _, c := range counts {
 		d, err := time.Parse(time.DateOnly, c.Day)
 		if err != nil {
@@ -343,18 +341,18 @@ func (s *OutboxStore) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Main
 }
 
 // Stats counts rows and unpublished rows per day.
-func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]outbox.DayStats, error) {
+func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]storage.DayStats, error) {
 	counts, err := s.dayCounts(db.WithContext(ctx), "")
 	if err != nil {
 		return nil, err
 	}
-	out := make([]outbox.DayStats, 0, len(counts))
+	out := make([]storage.DayStats, 0, len(counts))
 	for _, c := range counts {
 		d, err := time.Parse(time.DateOnly, c.Day)
 		if err != nil {
 			return nil, fmt.Errorf("sqlite: %s holds a malformed day %q: %w", s.table, c.Day, err)
 		}
-		out = append(out, outbox.DayStats{Day: d, Rows: c.Rows, Unpublished: c.Unpublished})
+		out = append(out, storage.DayStats{Day: d, Rows: c.Rows, Unpublished: c.Unpublished})
 	}
 	return out, nil
 }
@@ -369,8 +367,8 @@ func (s *OutboxStore) Verify(ctx context.Context, db *gorm.DB) error { return ve
 func (s *OutboxStore) IsRetryable(err error) bool { return isRetryable(err) }
 
 var (
-	_ outbox.Store         = (*OutboxStore)(nil)
-	_ outbox.StatsReporter = (*OutboxStore)(nil)
-	_ inbox.Verifier       = (*OutboxStore)(nil)
-	_ inbox.SchemaPrinter  = (*OutboxStore)(nil)
+	_ storage.OutboxStore   = (*OutboxStore)(nil)
+	_ storage.StatsReporter = (*OutboxStore)(nil)
+	_ storage.Verifier      = (*OutboxStore)(nil)
+	_ storage.SchemaPrinter = (*OutboxStore)(nil)
 )

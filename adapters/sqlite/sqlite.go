@@ -35,10 +35,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	gormsqlite "gorm.io/driver/sqlite"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 // DefaultTable is the inbox table name used when Options.Table is empty.
@@ -64,11 +63,11 @@ func New(opts Options) (*Store, error) {
 	if opts.Table == "" {
 		opts.Table = DefaultTable
 	}
-	if err := inbox.ValidateIdentifier("table name", opts.Table); err != nil {
+	if err := storage.ValidateIdentifier("table name", opts.Table); err != nil {
 		return nil, err
 	}
 	if opts.DeleteBatch < 0 {
-		return nil, fmt.Errorf("%w: negative delete batch %d", inbox.ErrInvalidConfig, opts.DeleteBatch)
+		return nil, fmt.Errorf("%w: negative delete batch %d", storage.ErrInvalidConfig, opts.DeleteBatch)
 	}
 	if opts.DeleteBatch == 0 {
 		opts.DeleteBatch = 1000
@@ -119,7 +118,7 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 
 // MigrationSQL returns Migrate's statements; SQLite has no partitions to
 // prepare.
-func (s *Store) MigrationSQL(inbox.MaintenancePlan) ([]string, error) {
+func (s *Store) MigrationSQL(storage.MaintenancePlan) ([]string, error) {
 	return s.createStatements(), nil
 }
 
@@ -148,7 +147,7 @@ const claimChunk = 1000
 // scanning cost as much as SQLite's own work on the row). A single row is
 // told new or duplicate by the affected-row count; several rows by the keys
 // RETURNING gives back, which are only the inserted ones.
-func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	conn := tx.Statement.ConnPool
 	if conn == nil {
 		return nil, fmt.Errorf("sqlite: claim in %s: the *gorm.DB has no connection", s.table)
@@ -179,7 +178,7 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]boo
 // changes 0 rows only on a conflict of the key; any other reason not to
 // store the row is an error (the table has no other unique key, and STRICT
 // refuses a value of the wrong type).
-func (s *Store) claimOne(ctx context.Context, conn gorm.ConnPool, r inbox.Row) ([]bool, error) {
+func (s *Store) claimOne(ctx context.Context, conn gorm.ConnPool, r storage.InboxRow) ([]bool, error) {
 	res, err := conn.ExecContext(ctx, s.claimOneSQL, r.Consumer, r.EventID, dayText(r.Day),
 		r.EventTime.UTC().Format(time.RFC3339Nano), r.Topic, r.Partition, r.Offset)
 	if err != nil {
@@ -198,7 +197,7 @@ type returnedKey struct {
 	Day      string
 }
 
-func (s *Store) claimChunk(ctx context.Context, conn gorm.ConnPool, rows []inbox.Row, inserted []bool) error {
+func (s *Store) claimChunk(ctx context.Context, conn gorm.ConnPool, rows []storage.InboxRow, inserted []bool) error {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO ` + s.table + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no) VALUES `)
 	args := make([]any, 0, 7*len(rows))
@@ -239,14 +238,14 @@ func dayText(d time.Time) string { return d.UTC().Format(time.DateOnly) }
 
 // Maintain deletes rows of expired days in batches of Options.DeleteBatch,
 // each batch its own transaction. There is nothing to prepare.
-func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
+func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	db = db.WithContext(ctx)
 	cutoff := dayText(plan.ExpireBefore)
 	var days []string
 	if err := db.Raw(`SELECT DISTINCT day FROM `+s.table+` WHERE day < ? ORDER BY day`, cutoff).Scan(&days).Error; err != nil {
-		return inbox.MaintenanceReport{}, fmt.Errorf("sqlite: list expired days of %s: %w", s.table, err)
+		return storage.MaintenanceReport{}, fmt.Errorf("sqlite: list expired days of %s: %w", s.table, err)
 	}
-	report := inbox.MaintenanceReport{}
+	report := storage.MaintenanceReport{}
 	for _, d := range days {
 		t, err := time.Parse(time.DateOnly, d)
 		if err != nil {
@@ -324,7 +323,7 @@ func verifySettings(ctx context.Context, db *gorm.DB) error {
 }
 
 // Stats counts rows per consumer and day.
-func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]inbox.DayStats, error) {
+func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]storage.DayStats, error) {
 	var raw []struct {
 		Consumer string
 		Day      string
@@ -333,20 +332,20 @@ func (s *Store) Stats(ctx context.Context, db *gorm.DB) ([]inbox.DayStats, error
 	if err := db.WithContext(ctx).Raw(`SELECT consumer, day, COUNT(*) AS rows FROM ` + s.table + ` GROUP BY consumer, day ORDER BY consumer, day`).Scan(&raw).Error; err != nil {
 		return nil, fmt.Errorf("sqlite: stats of %s: %w", s.table, err)
 	}
-	out := make([]inbox.DayStats, 0, len(raw))
+	out := make([]storage.DayStats, 0, len(raw))
 	for _, r := range raw {
 		d, err := time.Parse(time.DateOnly, r.Day)
 		if err != nil {
 			return nil, fmt.Errorf("sqlite: %s holds a malformed day %q: %w", s.table, r.Day, err)
 		}
-		out = append(out, inbox.DayStats{Consumer: r.Consumer, Day: d, Rows: r.Rows})
+		out = append(out, storage.DayStats{Consumer: r.Consumer, Day: d, Rows: r.Rows})
 	}
 	return out, nil
 }
 
 var (
-	_ inbox.Store         = (*Store)(nil)
-	_ inbox.Verifier      = (*Store)(nil)
-	_ inbox.StatsReporter = (*Store)(nil)
-	_ inbox.SchemaPrinter = (*Store)(nil)
+	_ storage.InboxStore    = (*Store)(nil)
+	_ storage.Verifier      = (*Store)(nil)
+	_ storage.StatsReporter = (*Store)(nil)
+	_ storage.SchemaPrinter = (*Store)(nil)
 )

@@ -14,7 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 var checkSpec = cmdSpec{
@@ -322,7 +322,7 @@ func (ck *checker) verify(ctx context.Context, db *gorm.DB) (r checkResult) {
 			r.Status, r.Reason = statusFail, errors.Join(problems...).Error()
 		}
 	}()
-	v, ok := store.(inbox.Verifier)
+	v, ok := store.(storage.Verifier)
 	if !ok {
 		if len(problems) == 0 {
 			r.Status, r.Reason = statusSkip, "the "+ck.b.name+" adapter cannot check its settings"

@@ -12,7 +12,7 @@ import (
 
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // backend is what inboxctl needs to know about one dialect: how to open it,
@@ -27,10 +27,10 @@ type backend struct {
 	// that opening it would create (an SQLite file): only migrate may.
 	mustExist func(dsn string) error
 	open      func(dsn string) gorm.Dialector
-	newStore  func(table, schema string) (inbox.Store, error)
+	newStore  func(table, schema string) (storage.InboxStore, error)
 	// defaultOutboxTable and newOutboxStore are the outbox's.
 	defaultOutboxTable string
-	newOutboxStore     func(table, schema string, shards int) (outbox.Store, error)
+	newOutboxStore     func(table, schema string, shards int) (storage.OutboxStore, error)
 	// tables lists the tables (in schema, where the dialect has schemas)
 	// whose names start with prefix.
 	tables func(ctx context.Context, db *gorm.DB, schema, prefix string) ([]string, error)
@@ -90,7 +90,7 @@ func lookupBackend(dialect string) (*backend, error) {
 type conn struct {
 	b      *backend
 	db     *gorm.DB
-	store  inbox.Store
+	store  storage.InboxStore
 	table  string // the inbox table's name, without schema
 	schema string // its schema; "" where the dialect has none
 }

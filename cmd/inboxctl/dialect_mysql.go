@@ -10,8 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 )
@@ -30,11 +29,11 @@ func init() {
 		// The DSN exactly as given, with GORM's plain dialector: its
 		// parameters (sql_mode, clientFoundRows, ...) are what check tests.
 		open: func(dsn string) gorm.Dialector { return gormmysql.Open(dsn) },
-		newStore: func(table, schema string) (inbox.Store, error) {
+		newStore: func(table, schema string) (storage.InboxStore, error) {
 			return inboxmysql.New(inboxmysql.Options{Table: table, Schema: schema})
 		},
 		defaultOutboxTable: inboxmysql.DefaultOutboxTable,
-		newOutboxStore: func(table, schema string, shards int) (outbox.Store, error) {
+		newOutboxStore: func(table, schema string, shards int) (storage.OutboxStore, error) {
 			return inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Schema: schema, Shards: shards})
 		},
 		tables: func(ctx context.Context, db *gorm.DB, schema, prefix string) ([]string, error) {

@@ -8,8 +8,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 )
@@ -21,11 +20,11 @@ func init() {
 		defaultTable:  inboxpg.DefaultTable,
 		defaultSchema: inboxpg.DefaultSchema,
 		open:          func(dsn string) gorm.Dialector { return gormpg.Open(dsn) },
-		newStore: func(table, schema string) (inbox.Store, error) {
+		newStore: func(table, schema string) (storage.InboxStore, error) {
 			return inboxpg.New(inboxpg.Options{Schema: schema, Table: table})
 		},
 		defaultOutboxTable: inboxpg.DefaultOutboxTable,
-		newOutboxStore: func(table, schema string, shards int) (outbox.Store, error) {
+		newOutboxStore: func(table, schema string, shards int) (storage.OutboxStore, error) {
 			return inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Table: table, Shards: shards})
 		},
 		tables: func(ctx context.Context, db *gorm.DB, schema, prefix string) ([]string, error) {

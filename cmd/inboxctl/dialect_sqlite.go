@@ -13,8 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 )
@@ -38,11 +37,11 @@ func init() {
 			return nil
 		},
 		open: func(dsn string) gorm.Dialector { return gormsqlite.Open(dsn) },
-		newStore: func(table, _ string) (inbox.Store, error) {
+		newStore: func(table, _ string) (storage.InboxStore, error) {
 			return inboxsqlite.New(inboxsqlite.Options{Table: table})
 		},
 		defaultOutboxTable: inboxsqlite.DefaultOutboxTable,
-		newOutboxStore: func(table, _ string, shards int) (outbox.Store, error) {
+		newOutboxStore: func(table, _ string, shards int) (storage.OutboxStore, error) {
 			return inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: table, Shards: shards})
 		},
 		tables: func(ctx context.Context, db *gorm.DB, _, prefix string) ([]string, error) {

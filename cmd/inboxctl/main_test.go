@@ -18,6 +18,7 @@ import (
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // result is one in-process run of the command.
@@ -107,7 +108,7 @@ func expectNoTables(t *testing.T, dialect string, db *gorm.DB, schema string, pr
 
 // seed processes messages into the inbox table through the library, old
 // ones included.
-func seed(t *testing.T, db *gorm.DB, store inbox.Store, msgs []inbox.Message) {
+func seed(t *testing.T, db *gorm.DB, store storage.InboxStore, msgs []inbox.Message) {
 	t.Helper()
 	ib, err := inbox.New(db, store, inbox.Config{Expired: inbox.ProcessExpired, RetentionDays: 365})
 	if err != nil {
@@ -276,7 +277,7 @@ func TestSQLiteMigrateMaintainStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	at := func(days int) time.Time { return today.AddDate(0, 0, days).Add(12 * time.Hour) }
 	var msgs []inbox.Message
 	for i, d := range []int{-40, -40, -35, -1, 0, 0, 0} {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 var maintainSpec = cmdSpec{
@@ -82,7 +82,7 @@ func runMaintain(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	// In a dry run, the rows of each day that would go. Counting scans the
 	// whole table, so a real run (daily, on a big table) does not.
 	var rowsByDay map[time.Time]int64
-	if sr, ok := c.store.(inbox.StatsReporter); ok && plan.DryRun {
+	if sr, ok := c.store.(storage.StatsReporter); ok && plan.DryRun {
 		rowsByDay = map[time.Time]int64{}
 		stats, err := sr.Stats(ctx, c.db)
 		if err != nil {
@@ -109,7 +109,7 @@ func runMaintain(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	for _, d := range report.Expired {
 		n := int64(-1)
 		if rowsByDay != nil {
-			n = rowsByDay[inbox.DayOf(d)]
+			n = rowsByDay[storage.DayOf(d)]
 		}
 		res.Expired = append(res.Expired, expiredDay{Day: day(d), Rows: n})
 	}

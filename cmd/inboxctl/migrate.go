@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 var migrateSpec = cmdSpec{
@@ -104,7 +104,7 @@ type ddlTarget struct {
 }
 
 // printDDL prints the statements of the target's Store (an
-// inbox.SchemaPrinter) for o's dialect, table and schema, without a
+// storage.SchemaPrinter) for o's dialect, table and schema, without a
 // database.
 func printDDL(o *options, prepareDays int, stdout, stderr io.Writer, t ddlTarget) int {
 	if o.dialect == "" {
@@ -128,12 +128,12 @@ func printDDL(o *options, prepareDays int, stdout, stderr io.Writer, t ddlTarget
 	if err != nil {
 		return fail(stderr, t.cmd, err)
 	}
-	printer, ok := store.(inbox.SchemaPrinter)
+	printer, ok := store.(storage.SchemaPrinter)
 	if !ok {
 		return fail(stderr, t.cmd, fmt.Errorf("the %s adapter cannot print its DDL", b.name))
 	}
-	today := inbox.DayOf(time.Now())
-	stmts, err := printer.MigrationSQL(inbox.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, prepareDays)})
+	today := storage.DayOf(time.Now())
+	stmts, err := printer.MigrationSQL(storage.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, prepareDays)})
 	if err != nil {
 		return fail(stderr, t.cmd, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // mysqlDSN returns the test server's DSN with driver parameters set; a
@@ -115,7 +116,7 @@ func TestMySQLMigrateMaintainStats(t *testing.T) {
 	if r.stdout != "migrated mysql table "+table+"\n" {
 		t.Errorf("migrate:\n%v", r)
 	}
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	day := func(days int) string { return today.AddDate(0, 0, days).Format(time.DateOnly) }
 	r = runArgs(t, args("maintain", "--prepare-days", "3")...)
 	expectCode(t, r, exitOK)

@@ -6,8 +6,8 @@ import (
 	"io"
 	"strings"
 
-	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 var outboxSpec = cmdSpec{
@@ -143,7 +143,7 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		// Like migrate for the inbox, this DSN may not be the
 		// applications': warn, do not fail.
-		if v, ok := store.(inbox.Verifier); ok {
+		if v, ok := store.(storage.Verifier); ok {
 			if err := v.Verify(ctx, db); err != nil {
 				fmt.Fprintf(stderr, "inboxctl outbox: warning: with this DSN's settings %v\n", err)
 			}
@@ -170,7 +170,7 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			code = exitFailed
 		}
 	case "stats":
-		sr, ok := store.(outbox.StatsReporter)
+		sr, ok := store.(storage.StatsReporter)
 		if !ok {
 			return fail(stderr, "outbox", fmt.Errorf("the %s outbox store reports no stats", b.name))
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // TestCheckPostgres runs check against the test server in a schema that does
@@ -99,7 +100,7 @@ func TestPostgresMigrateMaintainStats(t *testing.T) {
 	if r.stdout != "migrated postgres table "+schema+".inbox_messages\n" {
 		t.Errorf("migrate:\n%v", r)
 	}
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	day := func(days int) string { return today.AddDate(0, 0, days).Format(time.DateOnly) }
 
 	// Migrate made yesterday through 7 days ahead.

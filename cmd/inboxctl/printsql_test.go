@@ -12,7 +12,7 @@ import (
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // TestMigratePrintSQL applies what `migrate --print-sql` prints to a
@@ -25,10 +25,10 @@ func TestMigratePrintSQL(t *testing.T) {
 		dialect string
 		dsn     func(t testing.TB) string
 		args    func(table string) []string
-		store   func(t *testing.T, table string) (inbox.Store, string)
+		store   func(t *testing.T, table string) (storage.InboxStore, string)
 	}{
 		{dialectSQLite, func(t testing.TB) string { return emptySQLite(t.(*testing.T)) }, func(table string) []string { return []string{"--table", table} },
-			func(t *testing.T, table string) (inbox.Store, string) {
+			func(t *testing.T, table string) (storage.InboxStore, string) {
 				s, err := inboxsqlite.New(inboxsqlite.Options{Table: table})
 				if err != nil {
 					t.Fatal(err)
@@ -36,7 +36,7 @@ func TestMigratePrintSQL(t *testing.T) {
 				return s, ""
 			}},
 		{dialectPostgres, testservers.PostgresDSN, func(table string) []string { return []string{"--schema", table, "--table", table} },
-			func(t *testing.T, table string) (inbox.Store, string) {
+			func(t *testing.T, table string) (storage.InboxStore, string) {
 				s, err := inboxpg.New(inboxpg.Options{Schema: table, Table: table})
 				if err != nil {
 					t.Fatal(err)
@@ -44,7 +44,7 @@ func TestMigratePrintSQL(t *testing.T) {
 				return s, table
 			}},
 		{dialectMySQL, testservers.MySQLDSN, func(table string) []string { return []string{"--table", table} },
-			func(t *testing.T, table string) (inbox.Store, string) {
+			func(t *testing.T, table string) (storage.InboxStore, string) {
 				s, err := inboxmysql.New(inboxmysql.Options{Table: table})
 				if err != nil {
 					t.Fatal(err)
@@ -89,19 +89,20 @@ func TestMigratePrintSQL(t *testing.T) {
 			if err := store.Migrate(ctx, db); err != nil {
 				t.Fatalf("Migrate on the printed table: %v", err)
 			}
-			if v, ok := store.(inbox.Verifier); ok && c.dialect != dialectSQLite {
+			if v, ok := store.(storage.Verifier); ok && c.dialect != dialectSQLite {
 				if err := v.Verify(ctx, db); err != nil {
 					t.Fatalf("Verify on the printed table: %v", err)
 				}
 			}
-			today := inbox.DayOf(time.Now())
+			today := storage.DayOf(time.Now())
 			for d := range 4 {
-				row := inbox.Message{Consumer: "c", ID: "e", Time: today.AddDate(0, 0, d).Add(time.Hour)}.Row()
+				at := today.AddDate(0, 0, d).Add(time.Hour)
+				row := storage.InboxRow{Consumer: "c", EventID: "e", Day: storage.DayOf(at), EventTime: at}
 				for _, want := range []bool{true, false} {
 					var got []bool
 					err := db.Transaction(func(tx *gorm.DB) error {
 						var err error
-						got, err = store.Claim(ctx, tx, []inbox.Row{row})
+						got, err = store.Claim(ctx, tx, []storage.InboxRow{row})
 						return err
 					})
 					if err != nil || len(got) != 1 || got[0] != want {
@@ -109,7 +110,7 @@ func TestMigratePrintSQL(t *testing.T) {
 					}
 				}
 			}
-			if _, err := store.Maintain(ctx, db, inbox.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 7), ExpireBefore: today.AddDate(0, 0, -30)}); err != nil {
+			if _, err := store.Maintain(ctx, db, storage.MaintenancePlan{Today: today, PrepareThrough: today.AddDate(0, 0, 7), ExpireBefore: today.AddDate(0, 0, -30)}); err != nil {
 				t.Fatalf("Maintain after the printed DDL: %v", err)
 			}
 		})

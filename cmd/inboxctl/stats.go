@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 var statsSpec = cmdSpec{
@@ -72,7 +72,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(stderr, "stats", err)
 	}
 	defer c.close()
-	sr, ok := c.store.(inbox.StatsReporter)
+	sr, ok := c.store.(storage.StatsReporter)
 	if !ok {
 		return fail(stderr, "stats", fmt.Errorf("the %s adapter cannot report rows per day (no Stats method)", c.b.name))
 	}
@@ -84,7 +84,7 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return fail(stderr, "stats", err)
 	}
-	slices.SortFunc(rows, func(a, b inbox.DayStats) int {
+	slices.SortFunc(rows, func(a, b storage.DayStats) int {
 		return cmp.Or(cmp.Compare(a.Consumer, b.Consumer), a.Day.Compare(b.Day))
 	})
 	expireBefore := ib.Plan().ExpireBefore

@@ -12,20 +12,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
 // Keys returns n fresh rows of consumer, spread over two days, with ids in
 // ascending byte order.
-func Keys(consumer string, n int) []inbox.Row {
+func Keys(consumer string, n int) []storage.InboxRow {
 	prefix := fmt.Sprintf("race-%016x-", rand.Uint64())
-	today := inbox.DayOf(time.Now())
-	rows := make([]inbox.Row, n)
+	today := storage.DayOf(time.Now())
+	rows := make([]storage.InboxRow, n)
 	for i := range rows {
 		d := today.AddDate(0, 0, i%2)
-		rows[i] = inbox.Row{Consumer: consumer, EventID: fmt.Sprintf("%s%06d", prefix, i), Day: d, EventTime: d.Add(time.Hour),
+		rows[i] = storage.InboxRow{Consumer: consumer, EventID: fmt.Sprintf("%s%06d", prefix, i), Day: d, EventTime: d.Add(time.Hour),
 			Topic: "race", Partition: 0, Offset: int64(i)}
 	}
 	return rows
@@ -36,12 +35,12 @@ func Keys(consumer string, n int) []inbox.Row {
 // in descending order, and commit. A claim that fails with isDeadlock counts
 // (and its transaction is rolled back); any other error ends the run.
 // Claims that lock rows in the order they are given deadlock in most rounds.
-func OppositeOrders(ctx context.Context, db *gorm.DB, store inbox.Store, rounds, n int, isDeadlock func(error) bool) (deadlocks int, err error) {
+func OppositeOrders(ctx context.Context, db *gorm.DB, store storage.InboxStore, rounds, n int, isDeadlock func(error) bool) (deadlocks int, err error) {
 	for range rounds {
 		asc := Keys("opposite", n)
 		desc := slices.Clone(asc)
 		slices.Reverse(desc)
-		errs := together(ctx, db, store, [][]inbox.Row{asc, desc})
+		errs := together(ctx, db, store, [][]storage.InboxRow{asc, desc})
 		for _, err := range errs {
 			switch {
 			case err == nil:
@@ -58,7 +57,7 @@ func OppositeOrders(ctx context.Context, db *gorm.DB, store inbox.Store, rounds,
 // together claims each batch in a transaction of its own, all claims
 // starting at the same moment, commits those that succeed and returns each
 // batch's error.
-func together(ctx context.Context, db *gorm.DB, store inbox.Store, batches [][]inbox.Row) []error {
+func together(ctx context.Context, db *gorm.DB, store storage.InboxStore, batches [][]storage.InboxRow) []error {
 	errs := make([]error, len(batches))
 	var ready, done sync.WaitGroup
 	start := make(chan struct{})
@@ -104,11 +103,11 @@ type StressResult struct {
 // and commit. A claim that fails with a retryable error (store.IsRetryable)
 // is run again in a new transaction until it commits, as the inbox does;
 // the retries, and those of them caused by a deadlock, are counted.
-func Overlapping(ctx context.Context, db *gorm.DB, store inbox.Store, workers, rounds, pool, batch int, isDeadlock func(error) bool) (StressResult, error) {
+func Overlapping(ctx context.Context, db *gorm.DB, store storage.InboxStore, workers, rounds, pool, batch int, isDeadlock func(error) bool) (StressResult, error) {
 	var res StressResult
 	for range rounds {
 		keys := Keys("overlap", pool)
-		batches := make([][]inbox.Row, workers)
+		batches := make([][]storage.InboxRow, workers)
 		for w := range batches {
 			perm := rand.Perm(pool)[:batch]
 			for _, i := range perm {
@@ -117,7 +116,7 @@ func Overlapping(ctx context.Context, db *gorm.DB, store inbox.Store, workers, r
 		}
 		for len(batches) > 0 {
 			errs := together(ctx, db, store, batches)
-			var again [][]inbox.Row
+			var again [][]storage.InboxRow
 			for i, err := range errs {
 				switch {
 				case err == nil:
@@ -142,17 +141,17 @@ func Overlapping(ctx context.Context, db *gorm.DB, store inbox.Store, workers, r
 // all n, shuffled, and returns an error unless Claim reported inserted[i]
 // for rows[i] in the order given: true exactly for the rows not claimed
 // before. With n above a Store's rows per statement it spans statements.
-func CallerOrder(ctx context.Context, db *gorm.DB, store inbox.Store, n int) error {
+func CallerOrder(ctx context.Context, db *gorm.DB, store storage.InboxStore, n int) error {
 	rows := Keys("order", n)
-	claimedBefore := make(map[inbox.Key]bool)
-	var before []inbox.Row
+	claimedBefore := make(map[storage.InboxKey]bool)
+	var before []storage.InboxRow
 	for i, r := range rows {
 		if i%3 == 0 {
 			before = append(before, r)
 			claimedBefore[r.Key()] = true
 		}
 	}
-	claim := func(rows []inbox.Row) (inserted []bool, err error) {
+	claim := func(rows []storage.InboxRow) (inserted []bool, err error) {
 		err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			inserted, err = store.Claim(ctx, tx, rows)
 			return err
@@ -181,7 +180,7 @@ func CallerOrder(ctx context.Context, db *gorm.DB, store inbox.Store, n int) err
 
 // TestOppositeOrders fails t if OppositeOrders over rounds rounds of n keys
 // meets a deadlock, or any other error.
-func TestOppositeOrders(t testing.TB, db *gorm.DB, store inbox.Store, rounds, n int, isDeadlock func(error) bool) {
+func TestOppositeOrders(t testing.TB, db *gorm.DB, store storage.InboxStore, rounds, n int, isDeadlock func(error) bool) {
 	t.Helper()
 	deadlocks, err := OppositeOrders(t.Context(), db, store, rounds, n, isDeadlock)
 	if err != nil {
@@ -195,7 +194,7 @@ func TestOppositeOrders(t testing.TB, db *gorm.DB, store inbox.Store, rounds, n 
 // TestStress runs Overlapping with 4 workers over 50 rounds of batches of
 // 100 keys out of 200, logs its counts, and fails t on an error or on more
 // than a deadlock per ten rounds.
-func TestStress(t testing.TB, db *gorm.DB, store inbox.Store, isDeadlock func(error) bool) {
+func TestStress(t testing.TB, db *gorm.DB, store storage.InboxStore, isDeadlock func(error) bool) {
 	t.Helper()
 	const workers, rounds, pool, batch = 4, 50, 200, 100
 	res, err := Overlapping(t.Context(), db, store, workers, rounds, pool, batch, isDeadlock)

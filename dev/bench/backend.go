@@ -32,6 +32,7 @@ import (
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Dialect is the SQL dialect of a backend.
@@ -178,7 +179,7 @@ type Fixture struct {
 	Stock   string // stock(sku, reserved)
 	Dedup   string // hand-rolled dedup table (consumer, event_id)
 	Level   string // upsert target level(sku, qty, version)
-	Store   inbox.Store
+	Store   storage.InboxStore
 	Inbox   *inbox.Inbox
 	SKUs    int
 	// InboxTable is the inbox table's name as it goes into SQL (quoted and
@@ -242,7 +243,7 @@ func NewFixture(ctx context.Context, b *Backend, skus int, cfg inbox.Config, pas
 
 // Prepare makes the Store ready for the days from..through (day partitions).
 func (f *Fixture) Prepare(ctx context.Context, from, through time.Time) error {
-	plan := inbox.MaintenancePlan{Today: from, PrepareThrough: through, ExpireBefore: from.AddDate(0, 0, -1)}
+	plan := storage.MaintenancePlan{Today: from, PrepareThrough: through, ExpireBefore: from.AddDate(0, 0, -1)}
 	if _, err := f.Store.Maintain(ctx, f.Backend.DB.WithContext(ctx), plan); err != nil {
 		return fmt.Errorf("bench: prepare %s..%s: %w", from.Format(time.DateOnly), through.Format(time.DateOnly), err)
 	}
@@ -250,7 +251,7 @@ func (f *Fixture) Prepare(ctx context.Context, from, through time.Time) error {
 }
 
 // Today is the current UTC day.
-func Today() time.Time { return inbox.DayOf(time.Now()) }
+func Today() time.Time { return storage.DayOf(time.Now()) }
 
 func firstLine(s string) string {
 	s = strings.TrimSpace(s)

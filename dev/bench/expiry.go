@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // DefaultExpiryRows is the size of the expired day in ExpiryLoad.
@@ -179,8 +180,8 @@ func expiryRun(ctx context.Context, b *Backend, rows int, mode string, o Options
 			expStart = time.Since(start)
 			switch mode {
 			case ExpiryMaintain:
-				var rep inbox.MaintenanceReport
-				rep, expErr = f.Inbox.MaintainPlan(runCtx, inbox.MaintenancePlan{Today: later, PrepareThrough: later, ExpireBefore: cutoff})
+				var rep storage.MaintenanceReport
+				rep, expErr = f.Inbox.MaintainPlan(runCtx, storage.MaintenancePlan{Today: later, PrepareThrough: later, ExpireBefore: cutoff})
 				res.Removed = rep.RowsRemoved
 			case ExpiryDelete:
 				r := b.DB.WithContext(runCtx).Exec(`DELETE FROM `+f.InboxTable+` WHERE day < ?`, cutoffArg(b.Dialect, cutoff))

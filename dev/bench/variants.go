@@ -18,6 +18,7 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // ConsumerName is the inbox consumer (and dedup scope) of every benchmark
@@ -505,7 +506,7 @@ func applyRawEffect(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 // rawClaim is the single-row claim each adapter sends, on f's inbox table.
 func (f *Fixture) rawClaim(e Event) *rawStmt {
 	m := e.Message()
-	day := inbox.DayOf(m.Time)
+	day := storage.DayOf(m.Time)
 	switch f.Backend.Dialect {
 	case Postgres:
 		return &rawStmt{`INSERT INTO ` + f.InboxTable + ` (consumer, event_id, day, event_time, topic, partition_no, offset_no) ` +
@@ -589,7 +590,7 @@ func (f *Fixture) rawBatchClaim(evs []Event) *rawStmt {
 		times, partitions, offsets := make([]time.Time, n), make([]int32, n), make([]int64, n)
 		for i, e := range sorted {
 			m := e.Message()
-			consumers[i], ids[i], days[i], topics[i] = m.Consumer, m.ID, inbox.DayOf(m.Time).Format(time.DateOnly), m.Topic
+			consumers[i], ids[i], days[i], topics[i] = m.Consumer, m.ID, storage.DayOf(m.Time).Format(time.DateOnly), m.Topic
 			times[i], partitions[i], offsets[i] = m.Time.UTC(), m.Partition, m.Offset
 		}
 		return &rawStmt{`INSERT INTO ` + f.InboxTable + cols +

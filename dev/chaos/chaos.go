@@ -39,6 +39,7 @@ import (
 	"github.com/inboxgo/inbox/dev/inventory"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Config configures one run against one database.
@@ -452,7 +453,7 @@ func (r *run) deleteTopic() {
 }
 
 // setup creates the inbox table and the business tables.
-func (r *run) setup(ctx context.Context, store inbox.Store) error {
+func (r *run) setup(ctx context.Context, store storage.InboxStore) error {
 	log := slog.New(slog.NewTextHandler(r.cfg.Log, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ib, err := inbox.New(r.db, store, inbox.Config{Logger: log})
 	if err != nil {

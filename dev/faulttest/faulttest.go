@@ -10,20 +10,20 @@ import (
 	"strings"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // ClassifyingStore is a Store (in tests, the SQLite one) whose
 // IsRetryable also reports what Transient reports, so that the inbox's
 // fault model can be tried against the classifications of other adapters.
 type ClassifyingStore struct {
-	inbox.Store
+	storage.InboxStore
 	Transient func(error) bool
 }
 
 // IsRetryable reports Transient's answer or the Store's.
 func (s ClassifyingStore) IsRetryable(err error) bool {
-	return s.Transient(err) || s.Store.IsRetryable(err)
+	return s.Transient(err) || s.InboxStore.IsRetryable(err)
 }
 
 // PostgresLike classifies as the PostgreSQL adapter does errors without a

@@ -19,7 +19,7 @@ import (
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Backend is where the scenario keeps its inbox and its business tables. The
@@ -36,11 +36,11 @@ func (b Backend) LedgerTable() string  { return "inv_reservations_" + b.RunID }
 func (b Backend) OffsetsTable() string { return "inv_offsets_" + b.RunID }
 
 // Open connects to the backend and returns its inbox store.
-func (b Backend) Open() (*gorm.DB, inbox.Store, error) {
+func (b Backend) Open() (*gorm.DB, storage.InboxStore, error) {
 	cfg := &gorm.Config{Logger: logger.Discard}
 	var (
 		db    *gorm.DB
-		store inbox.Store
+		store storage.InboxStore
 		err   error
 	)
 	switch b.Dialect {

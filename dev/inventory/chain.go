@@ -17,6 +17,7 @@ import (
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Chain is the two-service scenario of the outbox (issue 15), on one
@@ -78,7 +79,7 @@ func (c Chain) Open() (*gorm.DB, error) {
 
 // Inbox returns the inbox Store of a consuming stage (StageReserve or
 // StageLedger).
-func (c Chain) Inbox(stage string) (inbox.Store, error) {
+func (c Chain) Inbox(stage string) (storage.InboxStore, error) {
 	table := c.inboxTable(stage)
 	switch c.Backend.Dialect {
 	case "sqlite":
@@ -93,7 +94,7 @@ func (c Chain) Inbox(stage string) (inbox.Store, error) {
 
 // Outbox returns the outbox Store of a publishing stage (StageOrders or
 // StageReserve).
-func (c Chain) Outbox(stage string) (outbox.Store, error) {
+func (c Chain) Outbox(stage string) (storage.OutboxStore, error) {
 	table := c.outboxTable(stage)
 	switch c.Backend.Dialect {
 	case "sqlite":
@@ -436,7 +437,7 @@ func (c Chain) Unpublished(ctx context.Context, db *gorm.DB, stage string) (int6
 	if err != nil {
 		return 0, err
 	}
-	sr, ok := store.(outbox.StatsReporter)
+	sr, ok := store.(storage.StatsReporter)
 	if !ok {
 		return 0, fmt.Errorf("the %s outbox store reports no stats", c.Backend.Dialect)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // ProcessEnv carries a consumer process's configuration. Programs re-execute
@@ -162,7 +163,7 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 	return c.Run(ctx)
 }
 
-func openRetrying(ctx context.Context, b Backend, log *slog.Logger) (*gorm.DB, inbox.Store, error) {
+func openRetrying(ctx context.Context, b Backend, log *slog.Logger) (*gorm.DB, storage.InboxStore, error) {
 	wait := 100 * time.Millisecond
 	for {
 		db, store, err := b.Open()

@@ -23,6 +23,7 @@ import (
 
 	"github.com/inboxgo/inbox/dev/inventory"
 	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Options of a run.
@@ -148,7 +149,7 @@ func (c *counting) event(ev outbox.RelayEvent) {
 // relays from start to the last acknowledgement; "enqueue to ack" runs
 // Writers enqueuing goroutines and the relays together and times from the
 // first enqueue to the last acknowledgement.
-func Relay(ctx context.Context, db *gorm.DB, store outbox.Store, brokers []string, o Options) ([]Result, error) {
+func Relay(ctx context.Context, db *gorm.DB, store storage.OutboxStore, brokers []string, o Options) ([]Result, error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ob, err := outbox.New(db, store, outbox.Config{Logger: quiet})
 	if err != nil {
@@ -260,7 +261,7 @@ func Relay(ctx context.Context, db *gorm.DB, store outbox.Store, brokers []strin
 //
 // Direct writes in batches of the largest cycle size measured (at most the
 // writer's limit), so that the reference is the best the same writer does.
-func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store outbox.Store, cleanup func(), err error)) {
+func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store storage.OutboxStore, cleanup func(), err error)) {
 	o := Defaults()
 	o.Events = envInt("INBOX_OUTBOX_EVENTS", o.Events)
 	rounds := envInt("INBOX_BENCH_ROUNDS", 5)

@@ -7,13 +7,13 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Compare compares the keys of a and b as the adapters' key indexes order
 // them: consumer, then event id, both bytewise (VARBINARY on MySQL, COLLATE
 // "C" on PostgreSQL), then day.
-func Compare(a, b inbox.Row) int {
+func Compare(a, b storage.InboxRow) int {
 	if c := strings.Compare(a.Consumer, b.Consumer); c != 0 {
 		return c
 	}
@@ -26,7 +26,7 @@ func Compare(a, b inbox.Row) int {
 // Sort returns rows in key order, and order, where order[k] is the index in
 // rows of the k-th sorted row; order is nil when rows are in key order
 // already, and then sorted is rows itself. rows is not changed.
-func Sort(rows []inbox.Row) (sorted []inbox.Row, order []int) {
+func Sort(rows []storage.InboxRow) (sorted []storage.InboxRow, order []int) {
 	if slices.IsSortedFunc(rows, Compare) {
 		return rows, nil
 	}
@@ -35,7 +35,7 @@ func Sort(rows []inbox.Row) (sorted []inbox.Row, order []int) {
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int { return Compare(rows[a], rows[b]) })
-	sorted = make([]inbox.Row, len(rows))
+	sorted = make([]storage.InboxRow, len(rows))
 	for k, i := range order {
 		sorted[k] = rows[i]
 	}

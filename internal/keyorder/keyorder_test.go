@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 func TestSortAndUnsort(t *testing.T) {
 	d := time.Date(2026, 3, 9, 0, 0, 0, 0, time.UTC)
-	want := []inbox.Row{ // in key order: bytewise, so "B" < "a" < "é" (0xC3) and "a" < "a "
+	want := []storage.InboxRow{ // in key order: bytewise, so "B" < "a" < "é" (0xC3) and "a" < "a "
 		{Consumer: "A", EventID: "z", Day: d},
 		{Consumer: "a", EventID: "B", Day: d},
 		{Consumer: "a", EventID: "a", Day: d},
@@ -31,7 +31,7 @@ func TestSortAndUnsort(t *testing.T) {
 		if !slices.Equal(rows, given) {
 			t.Fatal("Sort changed its argument")
 		}
-		if !slices.EqualFunc(sorted, want, func(a, b inbox.Row) bool { return a.Key() == b.Key() }) {
+		if !slices.EqualFunc(sorted, want, func(a, b storage.InboxRow) bool { return a.Key() == b.Key() }) {
 			t.Fatalf("Sort(%v) = %v, want %v", rows, sorted, want)
 		}
 		// A result per sorted row: true for the rows of consumer "a".

@@ -15,8 +15,7 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // A check that fails early must not leave anything it started running: the
@@ -130,7 +129,7 @@ func findCheck(t *testing.T, id string) conformance.Check {
 	return conformance.Check{}
 }
 
-func leakOutboxHarness(t *testing.T, p *leakProbe, wrap func(s *inboxsqlite.OutboxStore) outbox.Store) conformance.OutboxHarnessMaker {
+func leakOutboxHarness(t *testing.T, p *leakProbe, wrap func(s *inboxsqlite.OutboxStore) storage.OutboxStore) conformance.OutboxHarnessMaker {
 	return func(context.Context) (*conformance.OutboxHarness, error) {
 		path := filepath.Join(t.TempDir(), "outbox.db")
 		s, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Shards: 8})
@@ -148,12 +147,12 @@ type slowRefusingRelay struct{ *inboxsqlite.OutboxStore }
 
 var errClaimRefused = errors.New("claim refused on purpose")
 
-func (s slowRefusingRelay) Append(ctx context.Context, tx *gorm.DB, rows []outbox.Row) error {
+func (s slowRefusingRelay) Append(ctx context.Context, tx *gorm.DB, rows []storage.OutboxRow) error {
 	time.Sleep(20 * time.Millisecond)
 	return s.OutboxStore.Append(ctx, tx, rows)
 }
 
-func (s slowRefusingRelay) Claim(context.Context, *gorm.DB, outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s slowRefusingRelay) Claim(context.Context, *gorm.DB, storage.ClaimRequest) ([]storage.OutboxRow, error) {
 	return nil, errClaimRefused
 }
 
@@ -164,11 +163,11 @@ type refusingSlowClaim struct{ *inboxsqlite.OutboxStore }
 
 var errAppendRefused = errors.New("append refused on purpose")
 
-func (s refusingSlowClaim) Append(context.Context, *gorm.DB, []outbox.Row) error {
+func (s refusingSlowClaim) Append(context.Context, *gorm.DB, []storage.OutboxRow) error {
 	return errAppendRefused
 }
 
-func (s refusingSlowClaim) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s refusingSlowClaim) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
 	time.Sleep(300 * time.Millisecond)
 	return s.OutboxStore.Claim(ctx, db, req)
 }
@@ -179,11 +178,11 @@ func (s refusingSlowClaim) Claim(ctx context.Context, db *gorm.DB, req outbox.Cl
 // acknowledging.
 type phantomRow struct{ *inboxsqlite.OutboxStore }
 
-func (s phantomRow) Claim(context.Context, *gorm.DB, outbox.ClaimRequest) ([]outbox.Row, error) {
-	return []outbox.Row{{Shard: 0, Seq: 1, Day: inbox.DayOf(time.Now()), EventID: "phantom", Topic: "orders", Key: []byte("gap"), Value: []byte("phantom"), Headers: []byte("[]")}}, nil
+func (s phantomRow) Claim(context.Context, *gorm.DB, storage.ClaimRequest) ([]storage.OutboxRow, error) {
+	return []storage.OutboxRow{{Shard: 0, Seq: 1, Day: storage.DayOf(time.Now()), EventID: "phantom", Topic: "orders", Key: []byte("gap"), Value: []byte("phantom"), Headers: []byte("[]")}}, nil
 }
 
-func (s phantomRow) Ack(context.Context, *gorm.DB, string, []outbox.Mark) error {
+func (s phantomRow) Ack(context.Context, *gorm.DB, string, []storage.Mark) error {
 	time.Sleep(time.Second) // a slow database that does not heed the context
 	return nil
 }
@@ -191,11 +190,11 @@ func (s phantomRow) Ack(context.Context, *gorm.DB, string, []outbox.Mark) error 
 func TestOutboxChecksFailingEarlyLeaveNothingRunning(t *testing.T) {
 	cases := []struct {
 		check string
-		wrap  func(s *inboxsqlite.OutboxStore) outbox.Store
+		wrap  func(s *inboxsqlite.OutboxStore) storage.OutboxStore
 	}{
-		{"outbox-order/per-key", func(s *inboxsqlite.OutboxStore) outbox.Store { return slowRefusingRelay{s} }},
-		{"outbox-order/commit-gap", func(s *inboxsqlite.OutboxStore) outbox.Store { return phantomRow{s} }},
-		{"outbox-relay/several-relays", func(s *inboxsqlite.OutboxStore) outbox.Store { return refusingSlowClaim{s} }},
+		{"outbox-order/per-key", func(s *inboxsqlite.OutboxStore) storage.OutboxStore { return slowRefusingRelay{s} }},
+		{"outbox-order/commit-gap", func(s *inboxsqlite.OutboxStore) storage.OutboxStore { return phantomRow{s} }},
+		{"outbox-relay/several-relays", func(s *inboxsqlite.OutboxStore) storage.OutboxStore { return refusingSlowClaim{s} }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.check, func(t *testing.T) {
@@ -215,7 +214,7 @@ type stalledFirstClaim struct {
 	calls  *atomic.Int32
 }
 
-func (s stalledFirstClaim) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s stalledFirstClaim) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	if s.calls.Add(1) == 1 {
 		s.cancel()
 		time.Sleep(time.Second)

@@ -11,23 +11,22 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // The outbox checks against broken outbox stores: each breaks one promise
-// of the outbox.Store contract on top of the healthy SQLite store.
+// of the storage.OutboxStore contract on top of the healthy SQLite store.
 
 // sharedLeases ignores which relay asks: every relay claims and acknowledges
 // as the same one, so two relays publish the same shards at once.
 type sharedLeases struct{ *inboxsqlite.OutboxStore }
 
-func (s sharedLeases) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s sharedLeases) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
 	req.Relay = "everyone"
 	return s.OutboxStore.Claim(ctx, db, req)
 }
 
-func (s sharedLeases) Ack(ctx context.Context, db *gorm.DB, _ string, marks []outbox.Mark) error {
+func (s sharedLeases) Ack(ctx context.Context, db *gorm.DB, _ string, marks []storage.Mark) error {
 	return s.OutboxStore.Ack(ctx, db, "everyone", marks)
 }
 
@@ -37,9 +36,9 @@ type expiresUnpublished struct {
 	*inboxsqlite.OutboxStore
 }
 
-func (s expiresUnpublished) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (outbox.MaintenanceReport, error) {
+func (s expiresUnpublished) Maintain(ctx context.Context, db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	if err := db.WithContext(ctx).Exec(`DELETE FROM `+s.Table()+` WHERE day < ?`, plan.ExpireBefore.Format("2006-01-02")).Error; err != nil {
-		return outbox.MaintenanceReport{}, err
+		return storage.MaintenanceReport{}, err
 	}
 	return s.OutboxStore.Maintain(ctx, db, plan)
 }
@@ -48,7 +47,7 @@ func (s expiresUnpublished) Maintain(ctx context.Context, db *gorm.DB, plan inbo
 // by anything but the shard's commit order would.
 type newestFirst struct{ *inboxsqlite.OutboxStore }
 
-func (s newestFirst) Claim(ctx context.Context, db *gorm.DB, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s newestFirst) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
 	rows, err := s.OutboxStore.Claim(ctx, db, req)
 	slices.Reverse(rows)
 	return rows, err
@@ -61,7 +60,7 @@ type appendsElsewhere struct {
 	own *gorm.DB
 }
 
-func (s appendsElsewhere) Append(ctx context.Context, _ *gorm.DB, rows []outbox.Row) error {
+func (s appendsElsewhere) Append(ctx context.Context, _ *gorm.DB, rows []storage.OutboxRow) error {
 	return s.own.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return s.OutboxStore.Append(ctx, tx, rows) })
 }
 
@@ -72,7 +71,7 @@ func (s appendsElsewhere) Migrate(ctx context.Context, db *gorm.DB) error {
 	return s.OutboxStore.Migrate(ctx, s.own)
 }
 
-func outboxHarnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.OutboxStore) outbox.Store) conformance.OutboxHarnessMaker {
+func outboxHarnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore) conformance.OutboxHarnessMaker {
 	return func(ctx context.Context) (*conformance.OutboxHarness, error) {
 		path := filepath.Join(t.TempDir(), "outbox.db")
 		db := openSQLiteAt(t, path)
@@ -88,20 +87,20 @@ func outboxHarnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.Outb
 func TestOutboxSuiteFailsBrokenStores(t *testing.T) {
 	cases := []struct {
 		name     string
-		wrap     func(t *testing.T, s *inboxsqlite.OutboxStore) outbox.Store
+		wrap     func(t *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore
 		mustFail []string
 	}{
 		{"ignores-other-relays-leases",
-			func(_ *testing.T, s *inboxsqlite.OutboxStore) outbox.Store { return sharedLeases{s} },
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return sharedLeases{s} },
 			[]string{"outbox-relay/lease-excludes"}},
 		{"expires-unpublished-rows",
-			func(_ *testing.T, s *inboxsqlite.OutboxStore) outbox.Store { return expiresUnpublished{s} },
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return expiresUnpublished{s} },
 			[]string{"outbox-expiry/never-unpublished"}},
 		{"hands-out-newest-first",
-			func(_ *testing.T, s *inboxsqlite.OutboxStore) outbox.Store { return newestFirst{s} },
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return newestFirst{s} },
 			[]string{"outbox-order/per-key", "outbox-order/commit-gap", "outbox-relay/restart", "outbox-relay/publish-failure", "outbox-relay/several-relays"}},
 		{"appends-outside-the-transaction",
-			func(t *testing.T, s *inboxsqlite.OutboxStore) outbox.Store {
+			func(t *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore {
 				return appendsElsewhere{s, openSQLiteAt(t, filepath.Join(t.TempDir(), "elsewhere.db"))}
 			},
 			[]string{"outbox-enqueue/commit-publishes", "outbox-enqueue/rollback-removes"}},
@@ -116,7 +115,7 @@ func TestOutboxSuiteFailsBrokenStores(t *testing.T) {
 }
 
 func TestOutboxSuitePassesHealthyStore(t *testing.T) {
-	conformance.RunOutbox(t, outboxHarnessWith(t, func(_ *testing.T, s *inboxsqlite.OutboxStore) outbox.Store { return s }))
+	conformance.RunOutbox(t, outboxHarnessWith(t, func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return s }))
 }
 
 func TestOutboxChecksHaveStableUniqueNames(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // The suite is only worth something if it fails on broken stores. Each store
@@ -27,7 +27,7 @@ type outsideTx struct {
 	own *gorm.DB
 }
 
-func (s outsideTx) Claim(ctx context.Context, _ *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s outsideTx) Claim(ctx context.Context, _ *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	return s.Store.Claim(ctx, s.own, rows)
 }
 
@@ -41,7 +41,7 @@ func (s outsideTx) Migrate(ctx context.Context, db *gorm.DB) error {
 // duplicateAsNew stores rows but reports every row as new.
 type duplicateAsNew struct{ *inboxsqlite.Store }
 
-func (s duplicateAsNew) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s duplicateAsNew) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	if _, err := s.Store.Claim(ctx, tx, rows); err != nil {
 		return nil, err
 	}
@@ -56,7 +56,7 @@ func (s duplicateAsNew) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row
 // INSERT IGNORE reports a row it dropped for want of a partition.
 type newAsDuplicate struct{ *inboxsqlite.Store }
 
-func (s newAsDuplicate) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s newAsDuplicate) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	if _, err := s.Store.Claim(ctx, tx, rows); err != nil {
 		return nil, err
 	}
@@ -67,8 +67,8 @@ func (s newAsDuplicate) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row
 // like MySQL's default collations.
 type caseFolding struct{ *inboxsqlite.Store }
 
-func (s caseFolding) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
-	folded := make([]inbox.Row, len(rows))
+func (s caseFolding) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
+	folded := make([]storage.InboxRow, len(rows))
 	for i, r := range rows {
 		r.EventID = strings.TrimRight(strings.ToLower(r.EventID), " ")
 		r.Consumer = strings.TrimRight(strings.ToLower(r.Consumer), " ")
@@ -80,8 +80,8 @@ func (s caseFolding) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) (
 // truncating keeps only the first 191 bytes of an id, like an index prefix.
 type truncating struct{ *inboxsqlite.Store }
 
-func (s truncating) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
-	cut := make([]inbox.Row, len(rows))
+func (s truncating) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
+	cut := make([]storage.InboxRow, len(rows))
 	for i, r := range rows {
 		if len(r.EventID) > 191 {
 			r.EventID = r.EventID[:191]
@@ -92,10 +92,10 @@ func (s truncating) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([
 }
 
 // claimDistinct claims rows whose keys may now repeat, one at a time.
-func claimDistinct(ctx context.Context, s inbox.Store, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func claimDistinct(ctx context.Context, s storage.InboxStore, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	out := make([]bool, len(rows))
 	for i, r := range rows {
-		got, err := s.Claim(ctx, tx, []inbox.Row{r})
+		got, err := s.Claim(ctx, tx, []storage.InboxRow{r})
 		if err != nil {
 			return nil, err
 		}
@@ -107,7 +107,7 @@ func claimDistinct(ctx context.Context, s inbox.Store, tx *gorm.DB, rows []inbox
 // overExpiring removes every day, not just the expired ones.
 type overExpiring struct{ *inboxsqlite.Store }
 
-func (s overExpiring) Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
+func (s overExpiring) Maintain(ctx context.Context, db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	plan.ExpireBefore = plan.PrepareThrough.AddDate(1, 0, 0)
 	return s.Store.Maintain(ctx, db, plan)
 }
@@ -115,8 +115,8 @@ func (s overExpiring) Maintain(ctx context.Context, db *gorm.DB, plan inbox.Main
 // neverExpiring removes nothing.
 type neverExpiring struct{ *inboxsqlite.Store }
 
-func (s neverExpiring) Maintain(context.Context, *gorm.DB, inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
-	return inbox.MaintenanceReport{}, nil
+func (s neverExpiring) Maintain(context.Context, *gorm.DB, storage.MaintenancePlan) (storage.MaintenanceReport, error) {
+	return storage.MaintenanceReport{}, nil
 }
 
 func openSQLite(t *testing.T, name string) *gorm.DB {
@@ -133,7 +133,7 @@ func openSQLite(t *testing.T, name string) *gorm.DB {
 	return db
 }
 
-func harnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.Store) inbox.Store) conformance.HarnessMaker {
+func harnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.Store) storage.InboxStore) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		db := openSQLite(t, "inbox.db")
 		s, err := inboxsqlite.New(inboxsqlite.Options{})
@@ -147,34 +147,34 @@ func harnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.Store) inb
 func TestSuiteFailsBrokenStores(t *testing.T) {
 	cases := []struct {
 		name string
-		wrap func(t *testing.T, s *inboxsqlite.Store) inbox.Store
+		wrap func(t *testing.T, s *inboxsqlite.Store) storage.InboxStore
 		// Checks that must catch this breakage.
 		mustFail []string
 	}{
 		{"writes-outside-the-transaction",
-			func(t *testing.T, s *inboxsqlite.Store) inbox.Store {
+			func(t *testing.T, s *inboxsqlite.Store) storage.InboxStore {
 				return outsideTx{s, openSQLite(t, "elsewhere.db")}
 			},
 			[]string{"atomicity/handler-error-rolls-back", "atomicity/handler-panic-rolls-back", "atomicity/cancelled-context-rolls-back",
 				"atomicity/caller-rollback-removes-both", "schema/table-is-transactional", "batch/failing-message-is-isolated"}},
 		{"reports-duplicate-as-new",
-			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return duplicateAsNew{s} },
+			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return duplicateAsNew{s} },
 			[]string{"atomicity/duplicate-skips-handler", "concurrency/concurrent-deliveries-of-one-id", "batch/duplicates-inside-batch-and-stored",
 				"retention/redelivery-after-days-turn-and-maintenance", "schema/claim-answers-each-row"}},
 		{"reports-new-as-duplicate",
-			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return newAsDuplicate{s} },
+			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return newAsDuplicate{s} },
 			[]string{"atomicity/first-delivery-commits-row-and-effect", "scope/same-id-two-consumers", "schema/claim-answers-each-row"}},
 		{"folds-case-and-trailing-spaces",
-			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return caseFolding{s} },
+			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return caseFolding{s} },
 			[]string{"scope/case-and-trailing-spaces-are-distinct"}},
 		{"truncates-long-ids",
-			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return truncating{s} },
+			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return truncating{s} },
 			[]string{"ids/maximum-length-ids"}},
 		{"expires-live-days",
-			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return overExpiring{s} },
+			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return overExpiring{s} },
 			[]string{"retention/redelivery-after-days-turn-and-maintenance", "retention/maintain-removes-only-expired-days", "retention/future-dated-events"}},
 		{"never-expires",
-			func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return neverExpiring{s} },
+			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return neverExpiring{s} },
 			[]string{"retention/maintain-removes-only-expired-days", "retention/maintain-while-inserting", "retention/maintain-dry-run-changes-nothing", "retention/maintain-concurrently"}},
 	}
 	for _, tc := range cases {
@@ -206,7 +206,7 @@ func requireCaught[C interface{ ID() string }](t *testing.T, checks []C, mustFai
 }
 
 func TestSuitePassesHealthyStore(t *testing.T) {
-	conformance.Run(t, harnessWith(t, func(_ *testing.T, s *inboxsqlite.Store) inbox.Store { return s }))
+	conformance.Run(t, harnessWith(t, func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return s }))
 }
 
 func TestChecksHaveStableUniqueNames(t *testing.T) {

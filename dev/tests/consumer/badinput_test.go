@@ -3,10 +3,11 @@ package consumer_test
 import (
 	"context"
 	"errors"
-	"github.com/inboxgo/inbox/consumer"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inboxgo/inbox/consumer"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"

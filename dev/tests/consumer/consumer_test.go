@@ -3,13 +3,14 @@ package consumer_test
 import (
 	"context"
 	"errors"
-	"github.com/inboxgo/inbox/consumer"
-	"github.com/inboxgo/inbox/internal/seam"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/internal/seam"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"

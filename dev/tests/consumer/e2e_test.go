@@ -2,13 +2,14 @@ package consumer_test
 
 import (
 	"errors"
-	"github.com/inboxgo/inbox/consumer"
-	"github.com/inboxgo/inbox/internal/seam"
 	"net"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/internal/seam"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/driver/postgres"

@@ -18,6 +18,7 @@ import (
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // An inventory service reserves stock on each OrderCreated. The producer
@@ -102,8 +103,8 @@ func send(brokers []string, orders ...string) {
 // state, needs no inbox row: running it twice changes nothing. Increments
 // (reserved = reserved + n) are never naturally idempotent.
 func Example_naturallyIdempotent() {
-	var db *gorm.DB       // the service's database
-	var store inbox.Store // its adapter's Store, for its error classification
+	var db *gorm.DB              // the service's database
+	var store storage.InboxStore // its adapter's Store, for its error classification
 	type OrderState struct {
 		OrderID string `gorm:"primaryKey"`
 		Status  string

@@ -3,13 +3,14 @@ package consumer_test
 import (
 	"context"
 	"errors"
-	"github.com/inboxgo/inbox/consumer"
-	"github.com/inboxgo/inbox/internal/seam"
 	"log/slog"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/internal/seam"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"

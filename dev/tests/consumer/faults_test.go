@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/inboxgo/inbox/consumer"
-	"github.com/inboxgo/inbox/internal/seam"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -15,6 +13,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/internal/seam"
+	"github.com/inboxgo/inbox/storage"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
@@ -44,7 +46,7 @@ func newFaultShop(t *testing.T, transient func(error) bool, cfg inbox.Config) *s
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := setupShop(t, db, faulttest.ClassifyingStore{Store: base, Transient: transient}, "")
+	s := setupShop(t, db, faulttest.ClassifyingStore{InboxStore: base, Transient: transient}, "")
 	cfg.Logger = testLogger(t)
 	cfg.RetentionDays = max(cfg.RetentionDays, 30)
 	cfg.MinBackoff, cfg.MaxBackoff = time.Millisecond, 5*time.Millisecond
@@ -363,12 +365,12 @@ func TestNaturallyIdempotentBatchHandler(t *testing.T) {
 }
 
 // failingMaintainStore fails every Maintain.
-type failingMaintainStore struct{ inbox.Store }
+type failingMaintainStore struct{ storage.InboxStore }
 
 var errMaintain = errors.New("maintenance refused")
 
-func (failingMaintainStore) Maintain(context.Context, *gorm.DB, inbox.MaintenancePlan) (inbox.MaintenanceReport, error) {
-	return inbox.MaintenanceReport{}, errMaintain
+func (failingMaintainStore) Maintain(context.Context, *gorm.DB, storage.MaintenancePlan) (storage.MaintenanceReport, error) {
+	return storage.MaintenanceReport{}, errMaintain
 }
 
 // TestRunMaintainsTheInbox: Run maintains the inbox at start and every

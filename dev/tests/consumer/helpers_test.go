@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/inboxgo/inbox/consumer"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -14,6 +13,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/storage"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -171,7 +173,7 @@ func newSQLiteShop(t *testing.T) *shop {
 
 // setupShop migrates the inbox and creates the shop's tables (suffixed, so
 // that backends shared between tests do not collide).
-func setupShop(t *testing.T, db *gorm.DB, store inbox.Store, suffix string) *shop {
+func setupShop(t *testing.T, db *gorm.DB, store storage.InboxStore, suffix string) *shop {
 	t.Helper()
 	ctx := context.Background()
 	ib, err := inbox.New(db, store, inbox.Config{Logger: testLogger(t), RetentionDays: 30})

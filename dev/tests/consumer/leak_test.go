@@ -3,11 +3,12 @@ package consumer_test
 import (
 	"context"
 	"errors"
-	"github.com/inboxgo/inbox/consumer"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inboxgo/inbox/consumer"
 
 	"gorm.io/gorm"
 )

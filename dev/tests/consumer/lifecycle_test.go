@@ -4,11 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/inboxgo/inbox/consumer"
-	"github.com/inboxgo/inbox/internal/seam"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/internal/seam"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"

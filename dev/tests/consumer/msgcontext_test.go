@@ -3,10 +3,11 @@ package consumer_test
 import (
 	"context"
 	"fmt"
-	"github.com/inboxgo/inbox/consumer"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/inboxgo/inbox/consumer"
 
 	"gorm.io/gorm"
 )

@@ -3,10 +3,11 @@ package consumer_test
 import (
 	"context"
 	"errors"
-	"github.com/inboxgo/inbox/internal/seam"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/inboxgo/inbox/internal/seam"
 
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"

@@ -17,6 +17,7 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // errNoDay stands in for a database's "no partition for this row".
@@ -35,7 +36,7 @@ type dayStore struct {
 	forget bool
 }
 
-func (s *dayStore) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s *dayStore) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	s.mu.Lock()
 	for _, r := range rows {
 		if !s.ready[r.Day] {
@@ -118,7 +119,7 @@ func TestMissingDaysAreMadeOnDemand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ProcessTx: %v", err)
 	}
-	d := func(n int) time.Time { return inbox.DayOf(far).AddDate(0, 0, n) }
+	d := func(n int) time.Time { return storage.DayOf(far).AddDate(0, 0, n) }
 	want := [][]time.Time{{d(0)}, {d(0), d(1), d(3)}, {d(9)}}
 	if !slices.EqualFunc(store.prepares, want, func(a, b []time.Time) bool { return slices.EqualFunc(a, b, time.Time.Equal) }) {
 		t.Errorf("PrepareDays calls %v, want %v", store.prepares, want)
@@ -147,8 +148,8 @@ func TestMissingDayPreparationIsBounded(t *testing.T) {
 	if !errors.Is(err, errNoDay) || !ib.IsRetryable(err) {
 		t.Errorf("ProcessTx: %v, want the store's error, retryable", err)
 	}
-	if got, want := len(store.prepares), 3*inbox.MaxDayPreparations; got != want {
-		t.Errorf("%d PrepareDays calls, want %d (%d per call)", got, want, inbox.MaxDayPreparations)
+	if got, want := len(store.prepares), 3*storage.MaxDayPreparations; got != want {
+		t.Errorf("%d PrepareDays calls, want %d (%d per call)", got, want, storage.MaxDayPreparations)
 	}
 }
 
@@ -171,7 +172,7 @@ func TestHandlerErrorIsNotAMissingDay(t *testing.T) {
 func TestEventsBeyondMaxFutureDaysAreInvalid(t *testing.T) {
 	ctx := t.Context()
 	ib, store, _ := newDayInbox(t)
-	today := inbox.DayOf(time.Now())
+	today := storage.DayOf(time.Now())
 	last := today.AddDate(0, 0, inbox.DefaultMaxFutureDays).Add(23 * time.Hour)
 	if err := ib.Admit(inbox.Message{Consumer: "c", ID: "last", Time: last}); err != nil {
 		t.Fatalf("an event on the last allowed day: %v", err)

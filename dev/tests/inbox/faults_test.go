@@ -42,7 +42,7 @@ func newFaultInbox(t *testing.T, cfg inbox.Config, transient func(error) bool, g
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.MinBackoff, cfg.MaxBackoff = time.Millisecond, 2*time.Millisecond
-	ib, err := inbox.New(db, faulttest.ClassifyingStore{Store: base, Transient: transient}, cfg)
+	ib, err := inbox.New(db, faulttest.ClassifyingStore{InboxStore: base, Transient: transient}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +341,7 @@ func TestStoreOperationsAreDatabaseFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := &flakyMigrateStore{ClassifyingStore: faulttest.ClassifyingStore{Store: base, Transient: func(err error) bool { return errors.Is(err, errTransient) }}, failures: 2}
+	store := &flakyMigrateStore{ClassifyingStore: faulttest.ClassifyingStore{InboxStore: base, Transient: func(err error) bool { return errors.Is(err, errTransient) }}, failures: 2}
 	ib, err := inbox.New(db, store, inbox.Config{MinBackoff: time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

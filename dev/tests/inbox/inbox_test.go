@@ -18,6 +18,7 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 var errTransient = errors.New("transient")
@@ -31,7 +32,7 @@ type flakyStore struct {
 	answers    int // if > 0, Claim answers this many values (a broken store)
 }
 
-func (s *flakyStore) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s *flakyStore) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	s.claims.Add(1)
 	if s.failClaims.Add(-1) >= 0 {
 		return nil, errTransient
@@ -94,11 +95,11 @@ func TestValidate(t *testing.T) {
 		want string // substring of the error; "" for valid
 	}{
 		{"valid", inbox.Message{Consumer: "c", ID: "id", Time: now}, ""},
-		{"max lengths", inbox.Message{Consumer: strings.Repeat("c", inbox.MaxConsumerBytes), ID: strings.Repeat("i", inbox.MaxEventIDBytes), Time: now}, ""},
+		{"max lengths", inbox.Message{Consumer: strings.Repeat("c", storage.MaxConsumerBytes), ID: strings.Repeat("i", storage.MaxEventIDBytes), Time: now}, ""},
 		{"empty id", inbox.Message{Consumer: "c", Time: now}, "invalid event id: empty"},
 		{"empty consumer", inbox.Message{ID: "x", Time: now}, "invalid consumer: empty"},
-		{"long id", inbox.Message{Consumer: "c", ID: strings.Repeat("i", inbox.MaxEventIDBytes+1), Time: now}, "longer than the 255 allowed"},
-		{"long consumer", inbox.Message{Consumer: strings.Repeat("c", inbox.MaxConsumerBytes+1), ID: "x", Time: now}, "longer than the 128 allowed"},
+		{"long id", inbox.Message{Consumer: "c", ID: strings.Repeat("i", storage.MaxEventIDBytes+1), Time: now}, "longer than the 255 allowed"},
+		{"long consumer", inbox.Message{Consumer: strings.Repeat("c", storage.MaxConsumerBytes+1), ID: "x", Time: now}, "longer than the 128 allowed"},
 		{"bad utf8", inbox.Message{Consumer: "c", ID: "\xff", Time: now}, "not valid UTF-8"},
 		{"nul", inbox.Message{Consumer: "c", ID: "a\x00b", Time: now}, "NUL"},
 		{"no time", inbox.Message{Consumer: "c", ID: "x"}, "event time"},
@@ -138,12 +139,12 @@ func TestDayIsUTC(t *testing.T) {
 
 func TestValidateIdentifier(t *testing.T) {
 	for _, ok := range []string{"inbox", "Inbox_2", "_x", strings.Repeat("a", 63)} {
-		if err := inbox.ValidateIdentifier("table", ok); err != nil {
+		if err := storage.ValidateIdentifier("table", ok); err != nil {
 			t.Errorf("%q rejected: %v", ok, err)
 		}
 	}
 	for _, bad := range []string{"", "1x", "a-b", "a b", "a;drop", `a"`, "ä", strings.Repeat("a", 64)} {
-		err := inbox.ValidateIdentifier("table", bad)
+		err := storage.ValidateIdentifier("table", bad)
 		if !errors.Is(err, inbox.ErrInvalidConfig) {
 			t.Errorf("%q: error %v, want ErrInvalidConfig", bad, err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxgo/inbox/dev/faulttest"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // span is what a recordingTrace hook saw: its name, its parent (the span
@@ -61,7 +62,7 @@ func (r *recordingTrace) trace() *inbox.Trace {
 			ctx, s := r.start(ctx, "message "+m.ID)
 			return ctx, func(o inbox.Outcome, err error) { r.end(s, o.String(), err) }
 		},
-		Claim: func(ctx context.Context, rows []inbox.Row) (context.Context, func([]bool, error)) {
+		Claim: func(ctx context.Context, rows []storage.InboxRow) (context.Context, func([]bool, error)) {
 			ids := make([]string, len(rows))
 			for i, row := range rows {
 				ids[i] = row.EventID

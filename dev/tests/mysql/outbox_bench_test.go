@@ -9,14 +9,14 @@ import (
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/dev/outboxbench"
-	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // BenchmarkOutboxRelay is the PostgreSQL benchmark of the same name on
 // MariaDB. Run with -benchtime 1x.
 func BenchmarkOutboxRelay(b *testing.B) {
 	dsn := testservers.MySQLDSN(b)
-	outboxbench.Bench(b, testservers.KafkaBrokers(b), func() (*gorm.DB, outbox.Store, func(), error) {
+	outboxbench.Bench(b, testservers.KafkaBrokers(b), func() (*gorm.DB, storage.OutboxStore, func(), error) {
 		db, err := openDB(dsn)
 		if err != nil {
 			return nil, nil, nil, err

@@ -3,12 +3,14 @@ package inboxotel_test
 import (
 	"context"
 	"errors"
-	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/conformance/testservers"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
+	"github.com/inboxgo/inbox/storage"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -24,7 +26,6 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/consumer"
-	"github.com/inboxgo/inbox/inbox"
 	inboxotel "github.com/inboxgo/inbox/otel"
 )
 
@@ -197,7 +198,7 @@ func produce(t *testing.T, brokers []string, topic string, keys ...string) []sen
 
 // newDB opens a SQLite database with the inbox's Store and an effects
 // table the handlers write to.
-func newDB(t *testing.T) (*gorm.DB, inbox.Store) {
+func newDB(t *testing.T) (*gorm.DB, storage.InboxStore) {
 	t.Helper()
 	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "t.db")), &gorm.Config{Logger: logger.Discard})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	inboxotel "github.com/inboxgo/inbox/otel"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // With the inbox alone, the message span starts from the caller's context
@@ -85,7 +86,7 @@ func TestInboxTransactionRetry(t *testing.T) {
 	if err := inboxotel.InstrumentInbox(&icfg, tel.opts); err != nil {
 		t.Fatal(err)
 	}
-	flaky := &failOnce{Store: store}
+	flaky := &failOnce{InboxStore: store}
 	ib, err := inbox.New(db, flaky, icfg)
 	if err != nil {
 		t.Fatal(err)
@@ -117,18 +118,18 @@ var errTransient = errors.New("transient")
 
 // failOnce is a Store whose first claim fails with a transient error.
 type failOnce struct {
-	inbox.Store
+	storage.InboxStore
 	failed bool
 }
 
-func (s *failOnce) Claim(ctx context.Context, tx *gorm.DB, rows []inbox.Row) ([]bool, error) {
+func (s *failOnce) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	if !s.failed {
 		s.failed = true
 		return nil, errTransient
 	}
-	return s.Store.Claim(ctx, tx, rows)
+	return s.InboxStore.Claim(ctx, tx, rows)
 }
 
 func (s *failOnce) IsRetryable(err error) bool {
-	return errors.Is(err, errTransient) || s.Store.IsRetryable(err)
+	return errors.Is(err, errTransient) || s.InboxStore.IsRetryable(err)
 }

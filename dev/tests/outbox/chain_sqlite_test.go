@@ -10,8 +10,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
-	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 func init() {
@@ -32,9 +31,11 @@ func sqliteChain(t *testing.T) chainDB {
 		}
 	})
 	return chainDB{
-		db:       db,
-		newInbox: func(table string) (inbox.Store, error) { return inboxsqlite.New(inboxsqlite.Options{Table: table}) },
-		newOutbox: func(table string) (outbox.Store, error) {
+		db: db,
+		newInbox: func(table string) (storage.InboxStore, error) {
+			return inboxsqlite.New(inboxsqlite.Options{Table: table})
+		},
+		newOutbox: func(table string) (storage.OutboxStore, error) {
 			return inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: table, Shards: 16})
 		},
 		drop: func(...string) {},

@@ -26,14 +26,15 @@ import (
 	"github.com/inboxgo/inbox/dev/inventory"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // chainDB is one database for the chain test: its connection and the stores
 // of the inboxes and outboxes, on tables named with suffix.
 type chainDB struct {
 	db        *gorm.DB
-	newInbox  func(table string) (inbox.Store, error)
-	newOutbox func(table string) (outbox.Store, error)
+	newInbox  func(table string) (storage.InboxStore, error)
+	newOutbox func(table string) (storage.OutboxStore, error)
 	drop      func(tables ...string)
 }
 
@@ -58,10 +59,10 @@ func postgresChain(t *testing.T) chainDB {
 	})
 	return chainDB{
 		db: db,
-		newInbox: func(table string) (inbox.Store, error) {
+		newInbox: func(table string) (storage.InboxStore, error) {
 			return inboxpg.New(inboxpg.Options{Schema: schema, Table: table})
 		},
-		newOutbox: func(table string) (outbox.Store, error) {
+		newOutbox: func(table string) (storage.OutboxStore, error) {
 			return inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Table: table, Shards: 16})
 		},
 		drop: func(tables ...string) {
@@ -98,11 +99,11 @@ func mysqlChain(t *testing.T) chainDB {
 	}
 	return chainDB{
 		db: db,
-		newInbox: func(table string) (inbox.Store, error) {
+		newInbox: func(table string) (storage.InboxStore, error) {
 			remember(table)
 			return inboxmysql.New(inboxmysql.Options{Table: table})
 		},
-		newOutbox: func(table string) (outbox.Store, error) {
+		newOutbox: func(table string) (storage.OutboxStore, error) {
 			remember(table, table+"_shards", table+"_relay")
 			return inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Shards: 16})
 		},

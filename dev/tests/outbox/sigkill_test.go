@@ -22,6 +22,7 @@ import (
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/dev/inventory"
 	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Environment of a relay child process.
@@ -106,7 +107,7 @@ func TestRelaySIGKILL(t *testing.T) {
 		}
 	}
 	unpublished := func() int64 {
-		stats, err := ob.Store().(outbox.StatsReporter).Stats(ctx, db)
+		stats, err := ob.Store().(storage.StatsReporter).Stats(ctx, db)
 		if err != nil {
 			t.Fatal(err)
 		}

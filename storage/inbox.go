@@ -1,24 +1,23 @@
-package inbox
+package storage
 
 import (
 	"context"
 	"database/sql"
-	"regexp"
 	"time"
 
 	"gorm.io/gorm"
 )
 
-// Store is the storage contract: the part of the inbox that differs between
-// databases. An adapter implements it with its own dialect SQL; [Inbox] owns
-// transactions, retries, validation, logging and metrics, so a Store does
+// InboxStore is the inbox's storage contract: the part of the inbox that
+// differs between databases. An adapter implements it with its own dialect SQL; inbox.Inbox owns
+// transactions, retries, validation, logging and metrics, so an InboxStore does
 // none of those. The conformance package is the executable form of this
-// contract: a Store that passes it is fit for use.
+// contract: an InboxStore that passes it is fit for use.
 //
-// A Store must be safe for concurrent use.
-type Store interface {
-	// Migrate creates the inbox table (and whatever the Store's partitions and
-	// indexes need) or upgrades it to the Store's current schema. It must be
+// An InboxStore must be safe for concurrent use.
+type InboxStore interface {
+	// Migrate creates the inbox table (and whatever the InboxStore's partitions and
+	// indexes need) or upgrades it to the InboxStore's current schema. It must be
 	// idempotent and safe when several processes run it at the same time.
 	// The table must be transactional: a row inserted by a transaction that
 	// rolls back must vanish.
@@ -41,7 +40,7 @@ type Store interface {
 	//
 	// On a transient failure Claim returns an error for which IsRetryable
 	// is true; it never retries by itself.
-	Claim(ctx context.Context, tx *gorm.DB, rows []Row) (inserted []bool, err error)
+	Claim(ctx context.Context, tx *gorm.DB, rows []InboxRow) (inserted []bool, err error)
 
 	// Maintain prepares storage for the days up to plan.PrepareThrough and
 	// removes rows of days before plan.ExpireBefore, and of no other day. It
@@ -57,7 +56,7 @@ type Store interface {
 	IsRetryable(err error) bool
 }
 
-// MaintenancePlan tells a Store which days to prepare and which to expire.
+// MaintenancePlan tells an InboxStore which days to prepare and which to expire.
 // All days are midnight UTC.
 type MaintenancePlan struct {
 	Today          time.Time
@@ -71,19 +70,23 @@ type MaintenancePlan struct {
 type MaintenanceReport struct {
 	Prepared    []time.Time // days (or partitions) made ready
 	Expired     []time.Time // days whose rows were removed
-	RowsRemoved int64       // rows deleted, where the Store counts them; -1 if unknown (a dropped partition)
-	DryRun      bool
+	RowsRemoved int64       // rows deleted, where the store counts them; -1 if unknown (a dropped partition)
+	// Held are expired days an OutboxStore kept because they still hold
+	// unpublished rows (a relay that is down or stuck is the usual cause).
+	// An InboxStore never holds a day.
+	Held   []time.Time
+	DryRun bool
 }
 
-// Verifier is an optional Store capability: Verify checks that the database
-// and connection settings behind db keep the Store's guarantees (a
+// Verifier is an optional InboxStore capability: Verify checks that the database
+// and connection settings behind db keep the InboxStore's guarantees (a
 // transactional table engine, a strict SQL mode, write-ahead logging) and
 // returns an error naming each setting that does not.
 type Verifier interface {
 	Verify(ctx context.Context, db *gorm.DB) error
 }
 
-// ClaimBeginner is an optional Store capability: a Store that can open a
+// ClaimBeginner is an optional InboxStore capability: an InboxStore that can open a
 // transaction and claim rows in it in one round trip (PostgreSQL pipelines
 // BEGIN with the claim) implements it, and Process and ProcessBatch then
 // call it instead of BEGIN followed by Claim.
@@ -105,10 +108,10 @@ type Verifier interface {
 // error, when it cannot do so for db (another driver, GORM's prepared
 // statements): the inbox then begins and claims as usual.
 type ClaimBeginner interface {
-	BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []Row) (tx *gorm.DB, inserted []bool, ok bool, err error)
+	BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []InboxRow) (tx *gorm.DB, inserted []bool, ok bool, err error)
 }
 
-// DayPreparer is an optional Store capability, for Stores that keep each
+// DayPreparer is an optional InboxStore capability, for Stores that keep each
 // day's rows in storage of its own (a partition) and have none for a day
 // until it is made: Maintain makes the days of its plan, and the inbox makes
 // any other day (an event dated beyond PrepareThrough, or a late event of an
@@ -124,7 +127,7 @@ type ClaimBeginner interface {
 // inside the caller's transaction (rolling back to its savepoint, and
 // calling PrepareDays on the inbox's own database handle while the caller's
 // transaction stays open). A claim that still finds no storage fails with
-// the Store's error, retryable ([Inbox.IsRetryable]): its days were made, so
+// the InboxStore's error, retryable (inbox.Inbox.IsRetryable): its days were made, so
 // another run later may see them (see dayUnseenError), and the retry loop
 // bounds how often. These runs are not counted against Config.MaxAttempts.
 type DayPreparer interface {
@@ -147,7 +150,7 @@ type DayPreparer interface {
 // the day again in between (a late event of an expired day).
 const MaxDayPreparations = 3
 
-// SchemaPrinter is an optional Store capability for teams that keep their
+// SchemaPrinter is an optional InboxStore capability for teams that keep their
 // DDL in a migration tool (goose, Atlas, golang-migrate). MigrationSQL
 // returns the statements Migrate runs on a database without the inbox
 // table, followed by those that prepare the days Today through
@@ -158,27 +161,57 @@ type SchemaPrinter interface {
 	MigrationSQL(plan MaintenancePlan) ([]string, error)
 }
 
-// DayStats is one line of [StatsReporter] output.
+// DayStats is one line of [StatsReporter] output: the rows of one day (and,
+// for an InboxStore, of one consumer).
 type DayStats struct {
-	Consumer string
-	Day      time.Time
-	Rows     int64
+	Consumer    string // inbox only
+	Day         time.Time
+	Rows        int64
+	Unpublished int64 // outbox only: rows not yet published
 }
 
-// StatsReporter is an optional Store capability used by operators' tools.
+// StatsReporter is an optional capability of an InboxStore or an
+// OutboxStore, used by operators' tools and the conformance suite.
 type StatsReporter interface {
 	Stats(ctx context.Context, db *gorm.DB) ([]DayStats, error)
 }
 
-var identifierPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+// Limits on the identifiers stored in the inbox key and its provenance. They
+// are byte lengths of the UTF-8 encoding; every adapter must store values of
+// these lengths exactly, without truncation or normalisation.
+const (
+	MaxEventIDBytes  = 255
+	MaxConsumerBytes = 128
+	MaxTopicBytes    = 255 // the provenance topic (Kafka's own limit is 249)
+)
 
-// ValidateIdentifier reports whether name can be used unquoted as a table or
-// schema name in every supported dialect: ASCII letters, digits and
-// underscores, not starting with a digit, at most 63 bytes. Adapters call it
-// on every configured name before it goes into SQL.
-func ValidateIdentifier(kind, name string) error {
-	if !identifierPattern.MatchString(name) {
-		return &ValidationError{Field: kind, Value: name, Reason: "must be 1-63 ASCII letters, digits or underscores, not starting with a digit", sentinel: ErrInvalidConfig}
-	}
-	return nil
+// InboxRow is the inbox row an [InboxStore] writes for one message.
+type InboxRow struct {
+	Consumer  string
+	EventID   string
+	Day       time.Time // midnight UTC; part of the key
+	EventTime time.Time // UTC
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
+// InboxKey identifies an inbox row: the unique key every InboxStore
+// enforces.
+type InboxKey struct {
+	Consumer string
+	EventID  string
+	Day      time.Time
+}
+
+// Key returns the row's unique key.
+func (r InboxRow) Key() InboxKey {
+	return InboxKey{Consumer: r.Consumer, EventID: r.EventID, Day: r.Day}
+}
+
+// DayOf returns midnight UTC of the calendar day t falls on in UTC: the day
+// part of the inbox key, and the day an outbox row is stored under.
+func DayOf(t time.Time) time.Time {
+	u := t.UTC()
+	return time.Date(u.Year(), u.Month(), u.Day(), 0, 0, 0, 0, time.UTC)
 }

@@ -1,4 +1,4 @@
-package outbox
+package storage
 
 import (
 	"cmp"
@@ -9,21 +9,19 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-
-	"github.com/inboxgo/inbox/inbox"
 )
 
-// Store is the storage contract of the outbox: the part that differs
+// OutboxStore is the storage contract of the outbox: the part that differs
 // between databases. An adapter implements it with its own dialect SQL;
-// [Outbox] and [Relay] own validation, retries, logging and metrics, so a
-// Store does none of those. The conformance package (RunOutbox) is the
+// outbox.Outbox and outbox.Relay own validation, retries, logging and
+// metrics, so an OutboxStore does none of those. The conformance package is the
 // executable form of this contract.
 //
-// Rows live in shards: a row's shard is its KeyHash modulo the Store's
+// Rows live in shards: a row's shard is its KeyHash modulo the store's
 // shard count, fixed when the table is created. Within a shard every row
-// has a sequence number, and the Store keeps for each shard how far it has
-// been published. A Store must be safe for concurrent use.
-type Store interface {
+// has a sequence number, and the OutboxStore keeps for each shard how far it has
+// been published. An OutboxStore must be safe for concurrent use.
+type OutboxStore interface {
 	// Migrate creates the outbox tables (or checks existing ones) and the
 	// shards. It must be idempotent and safe when several processes run it at
 	// the same time, and must refuse a table made with another shard count:
@@ -42,7 +40,7 @@ type Store interface {
 	//
 	// On a transient failure it returns an error for which IsRetryable is
 	// true; it never retries by itself.
-	Append(ctx context.Context, tx *gorm.DB, rows []Row) error
+	Append(ctx context.Context, tx *gorm.DB, rows []OutboxRow) error
 
 	// Claim leases to req.Relay, for req.Lease, the shards that hold
 	// committed unpublished rows and on which no other relay holds a lease
@@ -54,7 +52,7 @@ type Store interface {
 	// leased: for each shard a run of consecutive Seq numbers starting right
 	// after the shard's published mark. Leases are timed by the database's
 	// clock.
-	Claim(ctx context.Context, db *gorm.DB, req ClaimRequest) ([]Row, error)
+	Claim(ctx context.Context, db *gorm.DB, req ClaimRequest) ([]OutboxRow, error)
 
 	// Ack moves the published mark of each shard in marks up to its Seq
 	// (never down), only where relay still holds the shard's lease (expired
@@ -73,17 +71,17 @@ type Store interface {
 	// (where days are partitions) and reported in Held. It must be
 	// idempotent and safe while rows are appended, claimed and acknowledged.
 	// With plan.DryRun it changes nothing and reports what it would do.
-	Maintain(ctx context.Context, db *gorm.DB, plan inbox.MaintenancePlan) (MaintenanceReport, error)
+	Maintain(ctx context.Context, db *gorm.DB, plan MaintenancePlan) (MaintenanceReport, error)
 
 	// IsRetryable reports whether err is a transient failure after which the
-	// transaction can be run again, as the inbox Store of the same database
+	// transaction can be run again, as the InboxStore of the same database
 	// decides it.
 	IsRetryable(err error) bool
 }
 
-// Row is one stored message.
-type Row struct {
-	Shard   int32 // set by Append: KeyHash modulo the Store's shard count
+// OutboxRow is one stored message.
+type OutboxRow struct {
+	Shard   int32 // set by Append: KeyHash modulo the store's shard count
 	Seq     int64 // set by Append: the row's place in its shard, from 1
 	KeyHash uint32
 	// Day is the UTC day the row was enqueued on (by the enqueuer's clock);
@@ -94,7 +92,7 @@ type Row struct {
 	Topic   string
 	Key     []byte // nil: the message has no key
 	Value   []byte
-	Headers []byte // the encoded headers, opaque to the Store
+	Headers []byte // the encoded headers, opaque to the OutboxStore
 }
 
 // ClaimRequest is what a relay asks Claim for.
@@ -116,31 +114,6 @@ type Mark struct {
 // again (at least once; the downstream inbox drops the copies).
 var ErrLeaseLost = errors.New("outbox: the relay's lease on a shard was taken over by another relay")
 
-// MaintenanceReport says what a Maintain call did (or, in a dry run, would
-// do).
-type MaintenanceReport struct {
-	Prepared    []time.Time // days made ready
-	Expired     []time.Time // days whose rows were removed
-	RowsRemoved int64       // rows deleted, or -1 if a partition was dropped (not counted)
-	// Held are expired days that still hold unpublished rows: they were
-	// kept. A relay that is down or stuck is the usual cause.
-	Held   []time.Time
-	DryRun bool
-}
-
-// DayStats is one line of [StatsReporter] output.
-type DayStats struct {
-	Day         time.Time
-	Rows        int64
-	Unpublished int64
-}
-
-// StatsReporter is an optional Store capability used by operators' tools
-// and the conformance suite.
-type StatsReporter interface {
-	Stats(ctx context.Context, db *gorm.DB) ([]DayStats, error)
-}
-
 // ShardCount is how many rows of an Append go to one shard.
 type ShardCount struct {
 	Shard int32
@@ -151,7 +124,7 @@ type ShardCount struct {
 // returns the shards the rows go to, in ascending order (the order in which
 // Append locks them), with their row counts. Adapters call it first in
 // Append.
-func AssignShards(rows []Row, shards int) []ShardCount {
+func AssignShards(rows []OutboxRow, shards int) []ShardCount {
 	counts := map[int32]int64{}
 	for i := range rows {
 		rows[i].Shard = int32(rows[i].KeyHash % uint32(shards))
@@ -167,7 +140,7 @@ func AssignShards(rows []Row, shards int) []ShardCount {
 
 // NumberRows sets each row's Seq: the rows of a shard get consecutive
 // numbers from first[shard] on, in the order given.
-func NumberRows(rows []Row, first map[int32]int64) {
+func NumberRows(rows []OutboxRow, first map[int32]int64) {
 	next := maps.Clone(first)
 	for i := range rows {
 		rows[i].Seq = next[rows[i].Shard]
