@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -132,17 +133,6 @@ type Config struct {
 	// Extract finds the event id and time of a message. Default
 	// HeaderExtractor(nil, nil): event_id/event_time, then ce_id/ce_time.
 	Extract Extractor
-	// MessageContext, if set, is called before each attempt at processing
-	// a message, with the context that attempt runs under. The context it
-	// returns is the one the Handler receives for msg, and the one the
-	// inbox's work on msg runs under (its inbox.Config.Trace hooks, its
-	// logs); a BatchHandler receives that of the first new message of the
-	// call. Use it to continue the producer's trace from the message's
-	// headers (the module github.com/inboxgo/inbox/otel does). It must
-	// return a context derived from ctx (nil keeps ctx), must not modify
-	// msg, and must be fast and safe for concurrent use. A message without
-	// event id (see Extract) is never processed, so it is not called for it.
-	MessageContext func(ctx context.Context, msg *Message) context.Context
 
 	// BatchSize is the most messages of one partition processed in one
 	// transaction (through inbox.ProcessBatch). Default 1. With
@@ -261,9 +251,14 @@ type Config struct {
 
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
-	// OnEvent, if set, is called synchronously for every [Event]; use it to
-	// feed metrics. It must be fast and safe for concurrent use.
-	OnEvent func(Event)
+	// Hooks receive the consumer's events (hooks.EventHook: outcomes once
+	// they are decided, retries, dead letters, commits, lag, assignments,
+	// maintenance) and give each message the context it is processed under
+	// ([ContextHook]). Give the same hooks to the inbox's Config: it then
+	// traces each message's claim and handler, and leaves reporting the
+	// outcomes to the consumer (see package hooks). Hooks stack: each is
+	// called, in order.
+	Hooks []hooks.Hook
 
 	// afterDB, set by tests, runs after each database commit; returning
 	// errCrash simulates a crash before the offset commit. processed is how

@@ -13,8 +13,10 @@ import (
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/hooklist"
 )
 
 var (
@@ -88,6 +90,9 @@ type Consumer struct {
 	// ends: kafka.Writer.Close does not.
 	transport *kafka.Transport
 
+	hooks    *hooklist.List
+	contexts []ContextHook
+
 	mu      sync.Mutex
 	state   int // 0 new, 1 running, 2 closed
 	cancel  context.CancelCauseFunc
@@ -108,14 +113,22 @@ func New(cfg Config) (*Consumer, error) {
 		}
 	}
 	cfg.Topics = slices.Clone(cfg.Topics)
+	var contexts []ContextHook
+	for _, h := range cfg.Hooks {
+		if ch, ok := h.(ContextHook); ok {
+			contexts = append(contexts, ch)
+		}
+	}
 	cfg.Brokers = slices.Clone(cfg.Brokers)
 	c := &Consumer{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "inbox-consumer", "group", cfg.GroupID),
-		offsets: offsetStore{table: cfg.OffsetsTable, group: cfg.GroupID},
-		dlq:     cfg.DeadLetterWriter,
-		stopped: make(map[topicPartition]*PartitionStoppedError),
-		done:    make(chan struct{}),
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "inbox-consumer", "group", cfg.GroupID),
+		offsets:  offsetStore{table: cfg.OffsetsTable, group: cfg.GroupID},
+		dlq:      cfg.DeadLetterWriter,
+		stopped:  make(map[topicPartition]*PartitionStoppedError),
+		done:     make(chan struct{}),
+		hooks:    hooklist.New(cfg.Hooks),
+		contexts: contexts,
 		transport: &kafka.Transport{
 			Dial:     cfg.Dialer.DialFunc,
 			TLS:      cfg.Dialer.TLS,
@@ -290,7 +303,7 @@ func (c *Consumer) maintain(ctx context.Context) {
 		if err != nil {
 			c.log.Error("inbox maintenance failed; will try again", "error", err, "next_in", c.cfg.MaintenanceInterval)
 		}
-		c.emit(Event{Kind: EventMaintenance, Offset: -1, Err: err, Maintenance: report})
+		c.emit(hooks.Event{Kind: hooks.Maintenance, Offset: -1, Err: err, Maintenance: report})
 		select {
 		case <-ctx.Done():
 			return
@@ -382,10 +395,14 @@ func (c *Consumer) crashed(ctx context.Context) bool {
 	return errors.Is(context.Cause(ctx), errCrash)
 }
 
-func (c *Consumer) emit(e Event) {
-	if c.cfg.OnEvent != nil {
-		c.cfg.OnEvent(e)
+func (c *Consumer) emit(e hooks.Event) {
+	if !c.hooks.HasEvents() {
+		return
 	}
+	if e.Consumer == "" {
+		e.Consumer = c.cfg.Consumer
+	}
+	c.hooks.Emit(e)
 }
 
 // startGeneration starts one worker per assigned partition. kafka-go ends

@@ -7,25 +7,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/inbox"
-)
-
-// Headers added to a dead letter, after the original message's headers.
-const (
-	HeaderDLQError     = "dlq_error"      // the error text
-	HeaderDLQReason    = "dlq_reason"     // a DLQReason
-	HeaderDLQTopic     = "dlq_topic"      // original topic
-	HeaderDLQPartition = "dlq_partition"  // original partition, decimal
-	HeaderDLQOffset    = "dlq_offset"     // original offset, decimal
-	HeaderDLQGroup     = "dlq_group"      // consumer group
-	HeaderDLQConsumer  = "dlq_consumer"   // inbox consumer name
-	HeaderDLQAttempts  = "dlq_attempts"   // tries made, decimal
-	HeaderDLQTime      = "dlq_time"       // when it was dead-lettered, RFC 3339 UTC
-	HeaderDLQEventID   = "dlq_event_id"   // the event id, when one was found
-	HeaderDLQEventTime = "dlq_event_time" // the event time, when one was found
-	// HeaderDLQPanicStack holds the stack of a handler panic
-	// (*inbox.PanicError), when that was the failure.
-	HeaderDLQPanicStack = "dlq_panic_stack"
 )
 
 const (
@@ -73,23 +56,23 @@ func deadLetter(topic string, m *Message, reason string, attempts int, cause err
 	if cause != nil {
 		errText = cause.Error()
 	}
-	add(HeaderDLQError, errText)
-	add(HeaderDLQReason, reason)
-	add(HeaderDLQTopic, m.Topic)
-	add(HeaderDLQPartition, strconv.Itoa(m.Partition))
-	add(HeaderDLQOffset, strconv.FormatInt(m.Offset, 10))
-	add(HeaderDLQGroup, group)
+	add(header.DLQError, errText)
+	add(header.DLQReason, reason)
+	add(header.DLQTopic, m.Topic)
+	add(header.DLQPartition, strconv.Itoa(m.Partition))
+	add(header.DLQOffset, strconv.FormatInt(m.Offset, 10))
+	add(header.DLQGroup, group)
 	if consumer != "" {
-		add(HeaderDLQConsumer, consumer)
+		add(header.DLQConsumer, consumer)
 	}
-	add(HeaderDLQAttempts, strconv.Itoa(attempts))
-	add(HeaderDLQTime, now.UTC().Format(time.RFC3339Nano))
+	add(header.DLQAttempts, strconv.Itoa(attempts))
+	add(header.DLQTime, now.UTC().Format(time.RFC3339Nano))
 	if stack := panicStack(cause); stack != "" {
-		add(HeaderDLQPanicStack, stack)
+		add(header.DLQPanicStack, stack)
 	}
 	if m.EventID != "" {
-		add(HeaderDLQEventID, m.EventID)
-		add(HeaderDLQEventTime, m.EventTime.UTC().Format(time.RFC3339Nano))
+		add(header.DLQEventID, m.EventID)
+		add(header.DLQEventTime, m.EventTime.UTC().Format(time.RFC3339Nano))
 	}
 	return kafka.Message{
 		Topic:   topic,

@@ -8,6 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/header"
 )
 
 // The consumer reads the inbox key, the producer's event id and event time,
@@ -19,13 +20,13 @@ func ExampleHeaderExtractor() {
 	extract := consumer.HeaderExtractor(nil, nil)
 
 	ours := kafka.Message{Headers: []kafka.Header{
-		{Key: consumer.HeaderEventID, Value: []byte("order-42-placed")},
-		{Key: consumer.HeaderEventTime, Value: []byte("2026-11-30T09:00:00Z")},
+		{Key: header.EventID, Value: []byte("order-42-placed")},
+		{Key: header.EventTime, Value: []byte("2026-11-30T09:00:00Z")},
 	}}
 	cloudEvent := kafka.Message{Headers: []kafka.Header{
 		{Key: "ce_specversion", Value: []byte("1.0")},
-		{Key: consumer.HeaderCloudEvID, Value: []byte("9b2c7d1e")},
-		{Key: consumer.HeaderCloudEvTime, Value: []byte("2026-11-30T10:15:00+01:00")},
+		{Key: header.CloudEventsID, Value: []byte("9b2c7d1e")},
+		{Key: header.CloudEventsTime, Value: []byte("2026-11-30T10:15:00+01:00")},
 	}}
 	for _, m := range []kafka.Message{ours, cloudEvent} {
 		id, at, err := extract(&m)

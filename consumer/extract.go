@@ -7,15 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/inboxgo/inbox/header"
 	"github.com/segmentio/kafka-go"
-)
-
-// Header keys read by [HeaderExtractor] by default.
-const (
-	HeaderEventID     = "event_id"
-	HeaderEventTime   = "event_time"
-	HeaderCloudEvID   = "ce_id"   // CloudEvents Kafka binary mode
-	HeaderCloudEvTime = "ce_time" // CloudEvents Kafka binary mode
 )
 
 var (
@@ -45,10 +38,10 @@ type Extractor func(m *kafka.Message) (id string, at time.Time, err error)
 // an error: the id would be ambiguous.
 func HeaderExtractor(idKeys, timeKeys []string) Extractor {
 	if len(idKeys) == 0 {
-		idKeys = []string{HeaderEventID, HeaderCloudEvID}
+		idKeys = []string{header.EventID, header.CloudEventsID}
 	}
 	if len(timeKeys) == 0 {
-		timeKeys = []string{HeaderEventTime, HeaderCloudEvTime}
+		timeKeys = []string{header.EventTime, header.CloudEventsTime}
 	}
 	idKeys, timeKeys = append([]string(nil), idKeys...), append([]string(nil), timeKeys...)
 	return func(m *kafka.Message) (string, time.Time, error) {

@@ -10,12 +10,13 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/header"
 )
 
 // fuzzKeys are the header keys the fuzzer combines: the defaults of
 // HeaderExtractor, near misses, and one custom key of each kind.
 var fuzzKeys = []string{
-	consumer.HeaderEventID, consumer.HeaderEventTime, consumer.HeaderCloudEvID, consumer.HeaderCloudEvTime,
+	header.EventID, header.EventTime, header.CloudEventsID, header.CloudEventsTime,
 	"Event_ID", "event_id ", "x-id", "x-time",
 }
 
@@ -41,10 +42,10 @@ func FuzzHeaderExtractor(f *testing.F) {
 		for _, b := range layout {
 			hs = append(hs, kafka.Header{Key: fuzzKeys[int(b)%len(fuzzKeys)], Value: values[int(b)/len(fuzzKeys)%len(values)]})
 		}
-		idKeys, timeKeys := []string{consumer.HeaderEventID, consumer.HeaderCloudEvID}, []string{consumer.HeaderEventTime, consumer.HeaderCloudEvTime}
+		idKeys, timeKeys := []string{header.EventID, header.CloudEventsID}, []string{header.EventTime, header.CloudEventsTime}
 		ex := consumer.HeaderExtractor(nil, nil)
 		if custom {
-			idKeys, timeKeys = []string{"x-id", consumer.HeaderEventID}, []string{"x-time"}
+			idKeys, timeKeys = []string{"x-id", header.EventID}, []string{"x-time"}
 			ex = consumer.HeaderExtractor(slices.Clone(idKeys), slices.Clone(timeKeys))
 		}
 		m := &kafka.Message{Topic: "t", Partition: 1, Offset: 7, Headers: hs}

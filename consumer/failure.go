@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/kafkaerr"
@@ -33,7 +34,7 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
 		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "event_id", it.msg.EventID,
 			"attempt", it.attempts, "error", err, "retry_in", wait)
-		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
+		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
@@ -66,7 +67,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		w.c.setStopped(e)
 		w.log.Error("PARTITION STOPPED: a message cannot be processed; nothing at or after it is committed until it is fixed and the partition reassigned",
 			append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID, "reason", reason, "attempts", it.attempts}, failureAttrs(cause)...)...)
-		w.c.emit(Event{Kind: EventPartitionStopped, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: e})
+		w.c.emit(hooks.Event{Kind: hooks.PartitionStopped, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: e})
 		return stopped
 	}
 	dl := deadLetter(w.c.cfg.DeadLetterTopic, &it.msg, reason, it.attempts, cause, w.c.cfg.GroupID, w.c.cfg.Consumer, time.Now())
@@ -104,7 +105,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 	if err := w.tracker.markDone(it.msg.Offset); err != nil {
 		w.log.Error("offset bookkeeping broken", "error", err)
 	}
-	w.c.emit(Event{Kind: EventDeadLettered, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: cause})
+	w.c.emit(hooks.Event{Kind: hooks.DeadLettered, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: cause})
 	if w.c.cfg.StoreOffsets {
 		// The database's position is where the next start resumes, even
 		// behind the group's: a stored offset left before the dead letter

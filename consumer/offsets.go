@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/segmentio/kafka-go"
 
 	"gorm.io/gorm"
@@ -213,7 +214,7 @@ func (w *worker) reposition(ctx, dbCtx context.Context, reader *kafka.Reader) (h
 	w.floor = start
 	w.log.Warn("the database's stored offset went back behind what this worker committed (a failover to a replica that lacked the last commits?); resuming from it: the messages in between are applied again",
 		"stored", start, "worker_next", prev, "redelivered", max(prev-start, 0), "cause", cause)
-	w.c.emit(Event{Kind: EventRepositioned, Topic: w.topic, Partition: w.partition, Offset: start, Err: cause})
+	w.c.emit(hooks.Event{Kind: hooks.Repositioned, Topic: w.topic, Partition: w.partition, Offset: start, Err: cause})
 	w.tracker = newOffsetTracker(start)
 	if err := reader.SetOffset(start); err != nil {
 		w.log.Error("cannot position the partition reader", "offset", start, "error", err)

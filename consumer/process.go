@@ -12,8 +12,10 @@ import (
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/hooklist"
 )
 
 // process handles a batch in order and reports whether the partition must
@@ -32,7 +34,7 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		last := batch[len(batch)-1]
 		if last.HighWaterMark > 0 {
 			next, _ := w.tracker.committable()
-			w.c.emit(Event{Kind: EventLag, Topic: w.topic, Partition: w.partition, Offset: next, Lag: max(last.HighWaterMark-next, 0)})
+			w.c.emit(hooks.Event{Kind: hooks.Lag, Topic: w.topic, Partition: w.partition, Offset: next, Lag: max(last.HighWaterMark-next, 0)})
 		}
 	}()
 	if w.c.cfg.NaturallyIdempotent {
@@ -120,7 +122,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		return results, true
 	}
 	var opts []inbox.BatchOption
-	if w.c.cfg.MessageContext != nil {
+	if len(w.c.contexts) > 0 {
 		opts = append(opts, inbox.MessageContext(func(ctx context.Context, j int) context.Context {
 			return w.messageContext(ctx, items[idx[j]])
 		}))
@@ -146,13 +148,15 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			return nil
 		}))
 	}
+	// The consumer reports each message's outcome once it is decided.
+	callCtx := hooklist.CallerReportsOutcomes(dbCtx)
 	for attempt := 1; ; attempt++ {
 		var rs []inbox.Result
 		var err error
 		if w.c.cfg.BatchHandler != nil {
-			rs, err = w.c.cfg.Inbox.ProcessBatchFunc(dbCtx, msgs, w.wrapBatch(items), opts...)
+			rs, err = w.c.cfg.Inbox.ProcessBatchFunc(callCtx, msgs, w.wrapBatch(items), opts...)
 		} else {
-			rs, err = w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items), opts...)
+			rs, err = w.c.cfg.Inbox.ProcessBatch(callCtx, msgs, w.wrap(items), opts...)
 		}
 		if err == nil {
 			// Every transaction of a call that succeeded committed, but for
@@ -185,7 +189,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			level = slog.LevelError // still retried: the database, not the messages, is failing
 		}
 		w.log.Log(ctx, level, "the batch could not commit; retrying it", "messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait)
-		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
+		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Consumer: w.c.cfg.Consumer, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return nil, false
 		}
@@ -266,7 +270,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
 		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait)
-		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
+		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
@@ -313,22 +317,20 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("the batch could not commit; retrying it", "messages", len(items), "attempt", attempt, "error", err, "retry_in", wait)
-		w.c.emit(Event{Kind: EventRetry, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
+		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Consumer: w.c.cfg.Consumer, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
 	}
 }
 
-// messageContext is the context the processing of it runs under: ctx, or what
-// Config.MessageContext made of it.
+// messageContext is the context the processing of it runs under: ctx, as
+// the ContextHooks made it.
 func (w *worker) messageContext(ctx context.Context, it *item) context.Context {
-	mc := w.c.cfg.MessageContext
-	if mc == nil {
-		return ctx
-	}
-	if mctx := mc(ctx, &it.msg); mctx != nil {
-		return mctx
+	for _, h := range w.c.contexts {
+		if mctx := h.MessageContext(ctx, &it.msg); mctx != nil {
+			ctx = mctx
+		}
 	}
 	return ctx
 }
@@ -380,12 +382,12 @@ func (w *worker) finish(it *item, o inbox.Outcome) {
 	if err := w.tracker.markDone(it.msg.Offset); err != nil {
 		w.log.Error("offset bookkeeping broken", "error", err)
 	}
-	kind := EventProcessed
+	kind := hooks.Processed
 	if o == inbox.Duplicate {
-		kind = EventDuplicate
+		kind = hooks.Duplicate
 		w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
 	}
-	w.c.emit(Event{Kind: kind, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset})
+	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset})
 	next, _ := w.tracker.committable()
 	w.c.clearStopped(w.topic, w.partition, next)
 }

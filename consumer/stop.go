@@ -1,6 +1,10 @@
 package consumer
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/inboxgo/inbox/hooks"
+)
 
 // stopPartition records e as the partition's stop, logs msg at Error with
 // attrs (slog key-value pairs) and reports EventPartitionStopped. The caller
@@ -10,7 +14,7 @@ func (w *worker) stopPartition(e *PartitionStoppedError, msg string, attrs ...an
 	w.c.setStopped(e)
 	attrs = append(attrs, "offset", e.Offset, "reason", e.Reason, "error", e.Err)
 	w.log.Error(msg, attrs...)
-	w.c.emit(Event{Kind: EventPartitionStopped, Topic: w.topic, Partition: w.partition, Offset: e.Offset, Err: e})
+	w.c.emit(hooks.Event{Kind: hooks.PartitionStopped, Topic: w.topic, Partition: w.partition, Offset: e.Offset, Err: e})
 }
 
 // deadLetterRefused stops the partition at a message whose dead letter the

@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/inbox"
 )
 
@@ -161,10 +162,10 @@ func TestDeadLetterHeaders(t *testing.T) {
 		t.Fatalf("original headers not kept first: %v", dl.Headers)
 	}
 	want := map[string]string{
-		HeaderDLQError: "sku unknown", HeaderDLQReason: ReasonHandlerError, HeaderDLQTopic: "orders",
-		HeaderDLQPartition: "2", HeaderDLQOffset: "41", HeaderDLQGroup: "inventory", HeaderDLQConsumer: "reserve-stock",
-		HeaderDLQAttempts: "5", HeaderDLQTime: "2026-11-30T01:02:03Z", HeaderDLQEventID: "e1",
-		HeaderDLQEventTime: "2026-01-02T03:04:05Z",
+		header.DLQError: "sku unknown", header.DLQReason: ReasonHandlerError, header.DLQTopic: "orders",
+		header.DLQPartition: "2", header.DLQOffset: "41", header.DLQGroup: "inventory", header.DLQConsumer: "reserve-stock",
+		header.DLQAttempts: "5", header.DLQTime: "2026-11-30T01:02:03Z", header.DLQEventID: "e1",
+		header.DLQEventTime: "2026-01-02T03:04:05Z",
 	}
 	got := map[string]string{}
 	for _, h := range dl.Headers[2:] {

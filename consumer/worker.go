@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
 )
 
@@ -89,7 +90,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	if w.assigned >= 0 {
 		w.lastCommitted = w.assigned
 	}
-	w.c.emit(Event{Kind: EventAssigned, Topic: w.topic, Partition: w.partition, Offset: start})
+	w.c.emit(hooks.Event{Kind: hooks.Assigned, Topic: w.topic, Partition: w.partition, Offset: start})
 	w.log.Info("partition assigned", "start_offset", start, "group_committed", w.assigned)
 	if commitStart {
 		// Now, not with the first processed message: a restart before it
@@ -101,7 +102,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			"group_committed", w.assigned)
 		// Held like a partition stopped at a message (see below).
 		<-ctx.Done()
-		w.c.emit(Event{Kind: EventRevoked, Topic: w.topic, Partition: w.partition})
+		w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
 		w.log.Info("partition released", "cause", context.Cause(ctx))
 		return
 	}
@@ -171,7 +172,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		// message would come straight back.
 		<-ctx.Done()
 	}
-	w.c.emit(Event{Kind: EventRevoked, Topic: w.topic, Partition: w.partition})
+	w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
 	w.log.Info("partition released", "cause", context.Cause(ctx))
 }
 
@@ -320,5 +321,5 @@ func (w *worker) commit(force bool) {
 		return
 	}
 	w.lastCommitted, w.lastCommitAt = next, time.Now()
-	w.c.emit(Event{Kind: EventCommitted, Topic: w.topic, Partition: w.partition, Offset: next})
+	w.c.emit(hooks.Event{Kind: hooks.Committed, Topic: w.topic, Partition: w.partition, Offset: next})
 }

@@ -195,8 +195,7 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun, opts []BatchOpti
 // it is nil, and so is b.ctxs, when neither is in use.
 func (b *batchRun) startMessages(ctx context.Context) (ends []func(Outcome, error)) {
 	mc := b.opts.messageContext
-	t := b.ib.cfg.Trace
-	traced := t != nil && t.Message != nil
+	traced := b.ib.hooks.HasMessageTracers()
 	if mc == nil && !traced {
 		return nil
 	}

@@ -11,7 +11,9 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/hooklist"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -105,14 +107,13 @@ type Config struct {
 	// Logger receives retries (Warn), failures (Error) and duplicates
 	// (Debug). Default slog.Default().
 	Logger *slog.Logger
-	// OnEvent, if set, is called synchronously for every outcome and retry;
-	// use it to feed a metrics system. It must be fast and safe for
-	// concurrent use.
-	OnEvent func(Event)
-	// Trace, if set, is called around each message's processing, its claim
-	// and its handler call, so that a tracing system can open nested spans
-	// (see [Trace]). Nil traces nothing, at no cost.
-	Trace *Trace
+	// Hooks receive every outcome and retry (hooks.EventHook) and are
+	// called around each message's processing, its claim and its handler
+	// call (hooks.MessageTracer, ClaimTracer, HandlerTracer), so that a
+	// metrics or tracing system (the module github.com/inboxgo/inbox/otel)
+	// can count and open nested spans. Hooks stack: each is called, in
+	// order. None costs nothing.
+	Hooks []hooks.Hook
 	// Now is the clock used for the retention window and maintenance.
 	// Default time.Now. Tests set it to move days.
 	Now func() time.Time
@@ -125,6 +126,7 @@ type Inbox struct {
 	store    storage.InboxStore
 	cfg      Config
 	log      *slog.Logger
+	hooks    *hooklist.List
 	counters counters
 }
 
@@ -167,11 +169,6 @@ func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Trace != nil {
-		// A copy: hooks changed after New must not apply half-way.
-		t := *cfg.Trace
-		cfg.Trace = &t
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -182,7 +179,7 @@ func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if err := TrackStatements(db); err != nil {
 		return nil, err
 	}
-	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox")}, nil
+	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox"), hooks: hooklist.New(cfg.Hooks)}, nil
 }
 
 // storage.InboxStore returns the storage.InboxStore the inbox writes through.
@@ -450,7 +447,7 @@ func (ib *Inbox) claimTx(ctx context.Context, rows []storage.InboxRow, fn func(t
 func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []storage.InboxRow, fn func(tx *gorm.DB, inserted []bool) error) error {
 	var inserted []bool
 	cctx, ct := ctx, (*claimTrace)(nil)
-	if t := ib.cfg.Trace; t != nil && t.Claim != nil {
+	if ib.hooks.HasClaimTracers() {
 		var end func([]bool, error)
 		cctx, end = ib.startClaim(traceCtx, rows)
 		ct = &claimTrace{end: end}
@@ -542,7 +539,7 @@ func callBatchHandler(ctx context.Context, tx *gorm.DB, msgs []Message, h BatchH
 
 // handle calls h for msg inside the Handler hook of Config.Trace, if any.
 func (ib *Inbox) handle(ctx context.Context, tx *gorm.DB, msg Message, h Handler) error {
-	if t := ib.cfg.Trace; t == nil || t.Handler == nil {
+	if !ib.hooks.HasHandlerTracers() {
 		return callHandler(ctx, tx, msg, h)
 	}
 	hctx, end := ib.startHandler(ctx, []Message{msg})
@@ -588,9 +585,7 @@ func (ib *Inbox) retry(ctx context.Context, fn func(attempt int) error) error {
 		}
 		ib.counters.retries.Add(1)
 		ib.log.Warn("transient failure, retrying the transaction", "attempt", attempt, "error", err)
-		if ib.cfg.OnEvent != nil {
-			ib.cfg.OnEvent(Event{Kind: EventRetry, Attempt: attempt, Err: err})
-		}
+		ib.hooks.Emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryTransaction, Attempt: attempt, Err: err, Offset: -1})
 		if err := backoff.Sleep(ctx, backoff.Wait(ib.cfg.MinBackoff, ib.cfg.MaxBackoff, attempt)); err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/storage"
 
 	"fmt"
@@ -82,4 +83,15 @@ func (m Message) row() storage.InboxRow {
 		Partition: m.Partition,
 		Offset:    m.Offset,
 	}
+}
+
+// kind is the hooks.Kind reporting outcome o.
+func (o Outcome) kind() hooks.Kind {
+	switch o {
+	case Processed:
+		return hooks.Processed
+	case Duplicate:
+		return hooks.Duplicate
+	}
+	return hooks.Failed
 }

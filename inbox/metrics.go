@@ -5,40 +5,10 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"github.com/inboxgo/inbox/hooks"
+	"github.com/inboxgo/inbox/internal/hooklist"
 )
-
-// EventKind says what an [Event] reports.
-type EventKind int
-
-const (
-	EventProcessed EventKind = iota + 1
-	EventDuplicate
-	EventFailed
-	EventRetry
-)
-
-func (k EventKind) String() string {
-	switch k {
-	case EventProcessed:
-		return "processed"
-	case EventDuplicate:
-		return "duplicate"
-	case EventFailed:
-		return "failed"
-	case EventRetry:
-		return "retry"
-	}
-	return "unknown"
-}
-
-// Event is passed to Config.OnEvent.
-type Event struct {
-	Kind     EventKind
-	Message  Message       // zero for EventRetry
-	Err      error         // for EventFailed and EventRetry
-	Attempt  int           // for EventRetry: the attempt that failed
-	Duration time.Duration // for outcomes: from the call to its result
-}
 
 // Counters is a snapshot of an Inbox's totals since it was created.
 type Counters struct {
@@ -62,21 +32,17 @@ func (ib *Inbox) Counters() Counters {
 	}
 }
 
-// record reports msg's outcome to the counters, the log, Config.OnEvent and,
-// last, end, the Message hook's end of Config.Trace.
+// record reports msg's outcome to the counters, the log, the EventHooks
+// and, last, end, the MessageTracers' end.
 func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error, start time.Time, end func(Outcome, error)) {
-	var kind EventKind
 	switch out {
 	case Processed:
-		kind = EventProcessed
 		ib.counters.processed.Add(1)
 	case Duplicate:
-		kind = EventDuplicate
 		ib.counters.duplicates.Add(1)
 		ib.log.LogAttrs(ctx, slog.LevelDebug, "duplicate skipped",
 			slog.String("consumer", msg.Consumer), slog.String("event_id", msg.ID))
 	default:
-		kind = EventFailed
 		ib.counters.failed.Add(1)
 		// A cancelled context (a shutdown, a rebalance) rolls back every
 		// message in flight: expected, and no reason for an alarm.
@@ -87,8 +53,11 @@ func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error
 		ib.log.LogAttrs(ctx, level, "message failed; nothing of it was committed",
 			slog.String("consumer", msg.Consumer), slog.String("event_id", msg.ID), slog.Any("error", err))
 	}
-	if ib.cfg.OnEvent != nil {
-		ib.cfg.OnEvent(Event{Kind: kind, Message: msg, Err: err, Duration: time.Since(start)})
+	// A consumer driving the inbox reports the outcome itself, once it is
+	// decided (see package hooks).
+	if ib.hooks.HasEvents() && !hooklist.OutcomesReportedByCaller(ctx) {
+		ib.hooks.Emit(hooks.Event{Kind: out.kind(), Consumer: msg.Consumer, EventID: msg.ID, Topic: msg.Topic,
+			Partition: int(msg.Partition), Offset: msg.Offset, Err: err, Duration: time.Since(start)})
 	}
 	end(out, err)
 }

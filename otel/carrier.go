@@ -89,3 +89,11 @@ func MessageContext(p propagation.TextMapPropagator) func(ctx context.Context, m
 func defaultPropagator() propagation.TextMapPropagator {
 	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 }
+
+// extractContext is ctx with the trace context p finds in msg's headers.
+func extractContext(p propagation.TextMapPropagator, ctx context.Context, msg *consumer.Message) context.Context {
+	// A copy of the slice header: extraction only reads, and msg must not be
+	// modified.
+	hs := msg.Headers
+	return p.Extract(ctx, NewHeaderCarrier(&hs))
+}

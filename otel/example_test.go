@@ -2,7 +2,6 @@ package inboxotel_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 
@@ -13,28 +12,29 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/inbox"
 	inboxotel "github.com/inboxgo/inbox/otel"
 )
 
 // A service that calls the inbox itself (Process, ProcessTx, ProcessBatch)
-// instruments the inbox's configuration once, before inbox.New. Options{}
-// takes the global providers, the ones the service's OpenTelemetry SDK set
-// up; here no-op providers stand in for them. The message spans start from
-// the context passed to Process: put the producer's trace context there.
-// A second instrumentation is refused, since it would count every message
-// twice. (A service on consumer.Consumer calls InstrumentConsumer instead,
-// with both configurations.)
-func ExampleInstrumentInbox() {
+// puts the hook into the inbox's Hooks. Options{} takes the global
+// providers, the ones the service's OpenTelemetry SDK set up; here no-op
+// providers stand in for them. The message spans start from the context
+// passed to Process: put the producer's trace context there. (A service on
+// consumer.Consumer puts the same hook into the consumer's Hooks too.)
+func ExampleNew() {
 	icfg := inbox.Config{RetentionDays: 14}
 	opts := inboxotel.Options{
 		TracerProvider: tracenoop.NewTracerProvider(),
 		MeterProvider:  metricnoop.NewMeterProvider(),
 	}
-	if err := inboxotel.InstrumentInbox(&icfg, opts); err != nil {
+	otelHook, err := inboxotel.New(opts)
+	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("trace hooks:", icfg.Trace != nil, "event hook:", icfg.OnEvent != nil)
+	icfg.Hooks = append(icfg.Hooks, otelHook)
+	fmt.Println("hooks:", len(icfg.Hooks))
 
 	// Then, in the service:
 	//	ib, err := inbox.New(db, store, icfg)
@@ -42,11 +42,8 @@ func ExampleInstrumentInbox() {
 	//	ctx := propagation.TraceContext{}.Extract(ctx, inboxotel.NewHeaderCarrier(&m.Headers))
 	//	outcome, err := ib.Process(ctx, msg, handler)
 
-	err := inboxotel.InstrumentInbox(&icfg, opts)
-	fmt.Println(errors.Is(err, inboxotel.ErrAlreadyInstrumented))
 	// Output:
-	// trace hooks: true event hook: true
-	// true
+	// hooks: 1
 }
 
 // The producer's side: the trace context of the request that emits an
@@ -63,7 +60,7 @@ func ExampleNewHeaderCarrier() {
 	ctx := trace.ContextWithSpanContext(context.Background(), sc)
 
 	msg := kafka.Message{Topic: "orders", Key: []byte("order-42"), Headers: []kafka.Header{
-		{Key: consumer.HeaderEventID, Value: []byte("order-42-placed")},
+		{Key: header.EventID, Value: []byte("order-42-placed")},
 	}}
 	propagation.TraceContext{}.Inject(ctx, inboxotel.NewHeaderCarrier(&msg.Headers))
 	for _, h := range msg.Headers {

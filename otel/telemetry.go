@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -13,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxgo/inbox/consumer"
-	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -36,9 +37,6 @@ const (
 	keyClaimNew           = attribute.Key("inbox.claim.new")
 	keyHandlerMessages    = attribute.Key("inbox.handler.messages")
 	outcomeFailed         = "failed"
-	retryKindTransaction  = "transaction"
-	retryKindMessage      = "message"
-	retryKindBatch        = "batch"
 	spanNameClaim         = "inbox claim"
 	spanNameHandler       = "inbox handler"
 	spanNameProcessPrefix = "process"
@@ -46,10 +44,9 @@ const (
 
 // telemetry is one instrumentation: its tracer, propagator and instruments.
 type telemetry struct {
-	tracer   trace.Tracer
-	prop     propagation.TextMapPropagator
-	consumer string // the inbox consumer name, with InstrumentConsumer
-	group    string // the consumer group, with InstrumentConsumer
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	group  string // Options.ConsumerGroup
 
 	messages    metric.Int64Counter
 	retries     metric.Int64Counter
@@ -58,7 +55,7 @@ type telemetry struct {
 	lag         metric.Int64Gauge
 }
 
-func newTelemetry(opts Options, consumerName, group string) (*telemetry, error) {
+func newTelemetry(opts Options) (*telemetry, error) {
 	tp := opts.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
@@ -68,10 +65,9 @@ func newTelemetry(opts Options, consumerName, group string) (*telemetry, error) 
 		mp = otel.GetMeterProvider()
 	}
 	t := &telemetry{
-		tracer:   tp.Tracer(ScopeName),
-		prop:     opts.Propagator,
-		consumer: consumerName,
-		group:    group,
+		tracer: tp.Tracer(ScopeName),
+		prop:   opts.Propagator,
+		group:  opts.ConsumerGroup,
 	}
 	if t.prop == nil {
 		t.prop = defaultPropagator()
@@ -94,18 +90,14 @@ func newTelemetry(opts Options, consumerName, group string) (*telemetry, error) 
 	return t, nil
 }
 
-// trace returns the inbox hooks opening this instrumentation's spans.
-func (t *telemetry) trace() *inbox.Trace {
-	return &inbox.Trace{Message: t.startMessage, Claim: t.startClaim, Handler: t.startHandler}
-}
-
-func (t *telemetry) startMessage(ctx context.Context, m inbox.Message) (context.Context, func(inbox.Outcome, error)) {
+func (t *telemetry) startMessage(ctx context.Context, m storage.InboxRow) (context.Context, func(hooks.Kind, error)) {
+	start := time.Now()
 	name := spanNameProcessPrefix
 	attrs := make([]attribute.KeyValue, 0, 12)
 	attrs = append(attrs,
 		keyOperationType.String("process"),
 		keyOperationName.String("process"),
-		keyMessageID.String(m.ID),
+		keyMessageID.String(m.EventID),
 		keyConsumer.String(m.Consumer),
 	)
 	if m.Topic != "" {
@@ -123,9 +115,11 @@ func (t *telemetry) startMessage(ctx context.Context, m inbox.Message) (context.
 		attrs = append(attrs, keyConsumerGroup.String(t.group))
 	}
 	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
-	return ctx, func(o inbox.Outcome, err error) {
+	return ctx, func(o hooks.Kind, err error) {
 		span.SetAttributes(keyOutcome.String(o.String()))
 		endSpan(span, err)
+		t.duration.Record(context.Background(), time.Since(start).Seconds(),
+			metric.WithAttributes(t.messageAttrs(m.Consumer, m.Topic, keyOutcome.String(o.String()))...))
 	}
 }
 
@@ -145,7 +139,7 @@ func (t *telemetry) startClaim(ctx context.Context, rows []storage.InboxRow) (co
 	}
 }
 
-func (t *telemetry) startHandler(ctx context.Context, msgs []inbox.Message) (context.Context, func(error)) {
+func (t *telemetry) startHandler(ctx context.Context, msgs []storage.InboxRow) (context.Context, func(error)) {
 	ctx, span := t.tracer.Start(ctx, spanNameHandler, trace.WithAttributes(keyHandlerMessages.Int(len(msgs))))
 	return ctx, func(err error) { endSpan(span, err) }
 }
@@ -159,50 +153,27 @@ func endSpan(span trace.Span, err error) {
 	span.End()
 }
 
-// onInboxEvent records an inbox event: its duration, a transaction retry,
-// and, if countOutcomes (the inbox is used without the consumer), the
-// message's outcome.
-func (t *telemetry) onInboxEvent(ev inbox.Event, countOutcomes bool) {
+// onEvent counts an event: the message outcomes (each reported once, by
+// the inbox used alone or by the consumer), retries, dead letters and lag.
+func (t *telemetry) onEvent(ev hooks.Event) {
 	ctx := context.Background()
 	switch ev.Kind {
-	case inbox.EventRetry:
-		// The event names no message: the consumer name is known only with
-		// InstrumentConsumer.
-		t.retries.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(t.consumer, "", keyRetryKind.String(retryKindTransaction))...))
-	case inbox.EventProcessed, inbox.EventDuplicate, inbox.EventFailed:
-		attrs := metric.WithAttributes(t.messageAttrs(ev.Message.Consumer, ev.Message.Topic, keyOutcome.String(ev.Kind.String()))...)
-		t.duration.Record(ctx, ev.Duration.Seconds(), attrs)
-		if countOutcomes {
-			t.messages.Add(ctx, 1, attrs)
-		}
-	}
-}
-
-// onConsumerEvent records a consumer event: the message outcomes, the
-// consumer's retries, dead letters and lag.
-func (t *telemetry) onConsumerEvent(ev consumer.Event) {
-	ctx := context.Background()
-	switch ev.Kind {
-	case consumer.EventProcessed, consumer.EventDuplicate:
-		t.messages.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(t.consumer, ev.Topic, keyOutcome.String(ev.Kind.String()))...))
-	case consumer.EventDeadLettered:
-		t.deadLetters.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(t.consumer, ev.Topic)...))
-		t.messages.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(t.consumer, ev.Topic, keyOutcome.String(outcomeFailed))...))
-	case consumer.EventPartitionStopped:
+	case hooks.Processed, hooks.Duplicate, hooks.Failed:
+		t.messages.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(ev.Consumer, ev.Topic, keyOutcome.String(ev.Kind.String()))...))
+	case hooks.DeadLettered:
+		t.deadLetters.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(ev.Consumer, ev.Topic)...))
+		t.messages.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(ev.Consumer, ev.Topic, keyOutcome.String(outcomeFailed))...))
+	case hooks.PartitionStopped:
 		// A partition stopped at its start offset stopped at no message.
 		var pe *consumer.PartitionStoppedError
 		if errors.As(ev.Err, &pe) && pe.Reason == consumer.ReasonOffsetBeyondLogEnd {
 			return
 		}
-		t.messages.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(t.consumer, ev.Topic, keyOutcome.String(outcomeFailed))...))
-	case consumer.EventRetry:
-		kind := retryKindMessage
-		if ev.Offset < 0 {
-			kind = retryKindBatch
-		}
-		t.retries.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(t.consumer, ev.Topic, keyRetryKind.String(kind))...))
-	case consumer.EventLag:
-		t.lag.Record(ctx, ev.Lag, metric.WithAttributes(t.messageAttrs(t.consumer, ev.Topic,
+		t.messages.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(ev.Consumer, ev.Topic, keyOutcome.String(outcomeFailed))...))
+	case hooks.Retry:
+		t.retries.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(ev.Consumer, ev.Topic, keyRetryKind.String(ev.Scope.String()))...))
+	case hooks.Lag:
+		t.lag.Record(ctx, ev.Lag, metric.WithAttributes(t.messageAttrs(ev.Consumer, ev.Topic,
 			keyPartitionID.String(strconv.Itoa(ev.Partition)))...))
 	}
 }

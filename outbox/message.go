@@ -13,6 +13,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -52,19 +53,11 @@ const (
 	CloudEventsHeaders
 )
 
-// Header names; the consumer package reads the same ones.
-const (
-	HeaderEventID     = "event_id"
-	HeaderEventTime   = "event_time"
-	HeaderCloudEvID   = "ce_id"
-	HeaderCloudEvTime = "ce_time"
-)
-
 func (s HeaderStyle) keys() (id, at string) {
 	if s == CloudEventsHeaders {
-		return HeaderCloudEvID, HeaderCloudEvTime
+		return header.CloudEventsID, header.CloudEventsTime
 	}
-	return HeaderEventID, HeaderEventTime
+	return header.EventID, header.EventTime
 }
 
 // Limits on messages. MaxMessageBytes is kafka-go's Writer limit (its
@@ -141,7 +134,7 @@ func prepare(m Message, style HeaderStyle, now time.Time) (prepared, error) {
 	// Every id and time header the consumer may read must agree with the
 	// outbox's: the consumer reads event_id before ce_id, so a stray
 	// header of the other style would be ambiguous.
-	id, err := agree("event id", m.ID, m.Headers, HeaderEventID, HeaderCloudEvID)
+	id, err := agree("event id", m.ID, m.Headers, header.EventID, header.CloudEventsID)
 	if err != nil {
 		return prepared{}, err
 	}
@@ -218,7 +211,7 @@ func agreeTime(given string, hs []kafka.Header) (string, error) {
 		valAt, _ = time.Parse(time.RFC3339Nano, given)
 	}
 	for _, h := range hs {
-		if h.Key != HeaderEventTime && h.Key != HeaderCloudEvTime {
+		if h.Key != header.EventTime && h.Key != header.CloudEventsTime {
 			continue
 		}
 		at, err := time.Parse(time.RFC3339Nano, string(h.Value))

@@ -6,13 +6,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxgo/inbox/header"
+
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
 )
 
-func header(hs []kafka.Header, key string) (string, int) {
+func headerOf(hs []kafka.Header, key string) (string, int) {
 	val, n := "", 0
 	for _, h := range hs {
 		if h.Key == key {
@@ -33,11 +35,11 @@ func TestPrepareSetsHeaders(t *testing.T) {
 		wantTime      string
 		idKey, timeAt string
 	}{
-		{"given id and time", Message{Topic: "t", ID: "e1", Time: at}, EventHeaders, "e1", "2026-11-30T22:59:59.000000005Z", HeaderEventID, HeaderEventTime},
-		{"cloudevents", Message{Topic: "t", ID: "e1", Time: at}, CloudEventsHeaders, "e1", "2026-11-30T22:59:59.000000005Z", HeaderCloudEvID, HeaderCloudEvTime},
-		{"id from the caller's header", Message{Topic: "t", Headers: []kafka.Header{{Key: HeaderEventID, Value: []byte("h1")}}}, EventHeaders, "h1", now.Format(time.RFC3339Nano), HeaderEventID, HeaderEventTime},
-		{"same id in header and field", Message{Topic: "t", ID: "h1", Headers: []kafka.Header{{Key: HeaderEventID, Value: []byte("h1")}}}, EventHeaders, "h1", now.Format(time.RFC3339Nano), HeaderEventID, HeaderEventTime},
-		{"time from the caller's ce_time", Message{Topic: "t", ID: "e", Headers: []kafka.Header{{Key: HeaderCloudEvTime, Value: []byte("2026-01-02T03:04:05+01:00")}}}, EventHeaders, "e", "2026-01-02T03:04:05+01:00", HeaderEventID, HeaderEventTime},
+		{"given id and time", Message{Topic: "t", ID: "e1", Time: at}, EventHeaders, "e1", "2026-11-30T22:59:59.000000005Z", header.EventID, header.EventTime},
+		{"cloudevents", Message{Topic: "t", ID: "e1", Time: at}, CloudEventsHeaders, "e1", "2026-11-30T22:59:59.000000005Z", header.CloudEventsID, header.CloudEventsTime},
+		{"id from the caller's header", Message{Topic: "t", Headers: []kafka.Header{{Key: header.EventID, Value: []byte("h1")}}}, EventHeaders, "h1", now.Format(time.RFC3339Nano), header.EventID, header.EventTime},
+		{"same id in header and field", Message{Topic: "t", ID: "h1", Headers: []kafka.Header{{Key: header.EventID, Value: []byte("h1")}}}, EventHeaders, "h1", now.Format(time.RFC3339Nano), header.EventID, header.EventTime},
+		{"time from the caller's ce_time", Message{Topic: "t", ID: "e", Headers: []kafka.Header{{Key: header.CloudEventsTime, Value: []byte("2026-01-02T03:04:05+01:00")}}}, EventHeaders, "e", "2026-01-02T03:04:05+01:00", header.EventID, header.EventTime},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -48,10 +50,10 @@ func TestPrepareSetsHeaders(t *testing.T) {
 			if p.id != tc.wantID {
 				t.Errorf("id %q, want %q", p.id, tc.wantID)
 			}
-			if v, n := header(p.headers, tc.idKey); v != tc.wantID || n != 1 {
+			if v, n := headerOf(p.headers, tc.idKey); v != tc.wantID || n != 1 {
 				t.Errorf("header %s = %q (%d times), want %q once", tc.idKey, v, n, tc.wantID)
 			}
-			if v, n := header(p.headers, tc.timeAt); n != 1 {
+			if v, n := headerOf(p.headers, tc.timeAt); n != 1 {
 				t.Errorf("header %s present %d times", tc.timeAt, n)
 			} else if got, _ := time.Parse(time.RFC3339Nano, v); !got.Equal(mustTime(t, tc.wantTime)) {
 				t.Errorf("header %s = %q, want %q", tc.timeAt, v, tc.wantTime)
@@ -98,10 +100,10 @@ func TestPrepareRefuses(t *testing.T) {
 		"dot topic":               {Topic: ".."},
 		"empty header name":       {Topic: "t", Headers: []kafka.Header{{Key: ""}}},
 		"header name not UTF-8":   {Topic: "t", Headers: []kafka.Header{{Key: "\xff"}}},
-		"conflicting event_id":    {Topic: "t", ID: "a", Headers: []kafka.Header{{Key: HeaderEventID, Value: []byte("b")}}},
-		"conflicting ce_id":       {Topic: "t", Headers: []kafka.Header{{Key: HeaderEventID, Value: []byte("a")}, {Key: HeaderCloudEvID, Value: []byte("b")}}},
-		"conflicting event_time":  {Topic: "t", Time: time.Unix(1e9, 0), Headers: []kafka.Header{{Key: HeaderEventTime, Value: []byte("2020-01-01T00:00:00Z")}}},
-		"unreadable event_time":   {Topic: "t", Headers: []kafka.Header{{Key: HeaderEventTime, Value: []byte("now")}}},
+		"conflicting event_id":    {Topic: "t", ID: "a", Headers: []kafka.Header{{Key: header.EventID, Value: []byte("b")}}},
+		"conflicting ce_id":       {Topic: "t", Headers: []kafka.Header{{Key: header.EventID, Value: []byte("a")}, {Key: header.CloudEventsID, Value: []byte("b")}}},
+		"conflicting event_time":  {Topic: "t", Time: time.Unix(1e9, 0), Headers: []kafka.Header{{Key: header.EventTime, Value: []byte("2020-01-01T00:00:00Z")}}},
+		"unreadable event_time":   {Topic: "t", Headers: []kafka.Header{{Key: header.EventTime, Value: []byte("now")}}},
 		"event time before 1970":  {Topic: "t", Time: time.Date(1969, 1, 1, 0, 0, 0, 0, time.UTC)},
 		"id too long":             {Topic: "t", ID: strings.Repeat("i", storage.MaxEventIDBytes+1)},
 		"id with NUL":             {Topic: "t", ID: "a\x00"},

@@ -14,6 +14,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxgo/inbox/hooks"
+	"github.com/inboxgo/inbox/internal/hooklist"
 	"github.com/inboxgo/inbox/internal/kafkaerr"
 	"github.com/inboxgo/inbox/storage"
 
@@ -48,18 +50,10 @@ type RelayConfig struct {
 	// PollInterval is the pause after a cycle that found less than a full
 	// batch. Default DefaultPollInterval.
 	PollInterval time.Duration
-	// OnEvent, if set, is called synchronously after every cycle that did
-	// something or failed; it must be fast.
-	OnEvent func(RelayEvent)
-}
-
-// RelayEvent reports one relay cycle.
-type RelayEvent struct {
-	Claimed   int   // rows claimed
-	Published int   // messages acknowledged by the broker and marked published
-	Err       error // what went wrong, if anything
-	LeaseLost bool  // another relay took over shards this cycle published
-	Duration  time.Duration
+	// Hooks receive a hooks.RelayCycle event after every cycle that did
+	// something or failed (hooks.EventHook); they stack, each called in
+	// order, and must be fast.
+	Hooks []hooks.Hook
 }
 
 // RelayCounters are a relay's totals since it was made.
@@ -78,6 +72,7 @@ type Relay struct {
 	cfg      RelayConfig
 	maxBytes int
 	log      *slog.Logger
+	hooks    *hooklist.List
 
 	cycles, published, failures, leasesLost atomic.Uint64
 }
@@ -111,7 +106,7 @@ func (o *Outbox) NewRelay(pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if len(cfg.ID) > 128 {
 		return nil, fmt.Errorf("%w: relay id longer than 128 bytes", inbox.ErrInvalidConfig)
 	}
-	return &Relay{o: o, pub: pub, cfg: cfg, maxBytes: maxBytes, log: o.log.With("relay", cfg.ID)}, nil
+	return &Relay{o: o, pub: pub, cfg: cfg, maxBytes: maxBytes, log: o.log.With("relay", cfg.ID), hooks: hooklist.New(cfg.Hooks)}, nil
 }
 
 func defaultRelayID() string {
@@ -194,20 +189,20 @@ func (r *Relay) release() {
 // shard, the messages before the first that failed.
 func (r *Relay) PublishOnce(ctx context.Context) (int, error) {
 	start := time.Now()
-	ev := RelayEvent{}
+	ev := hooks.Event{Kind: hooks.RelayCycle, Offset: -1}
 	defer func() {
 		r.cycles.Add(1)
-		if r.cfg.OnEvent != nil && (ev.Claimed > 0 || ev.Err != nil) {
+		if ev.Relay.Claimed > 0 || ev.Err != nil {
 			ev.Duration = time.Since(start)
-			r.cfg.OnEvent(ev)
+			r.hooks.Emit(ev)
 		}
 	}()
-	n, err := r.cycle(ctx, &ev)
-	ev.Published, ev.Err = n, err
+	n, err := r.cycle(ctx, &ev.Relay)
+	ev.Relay.Published, ev.Err = n, err
 	return n, err
 }
 
-func (r *Relay) cycle(ctx context.Context, ev *RelayEvent) (int, error) {
+func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, error) {
 	var rows []storage.OutboxRow
 	claimedAt := time.Now()
 	req := storage.ClaimRequest{Relay: r.cfg.ID, Lease: r.cfg.Lease, MaxShards: r.cfg.MaxShards, MaxRows: r.cfg.MaxMessages}

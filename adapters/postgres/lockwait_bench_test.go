@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/conformance/testservers"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -48,11 +49,11 @@ func BenchmarkExpiryLockWait(b *testing.B) {
 		var retries atomic.Int64
 		ib, err := inbox.New(workersDB, store, inbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxAttempts: 100, Expired: inbox.ProcessExpired,
 			MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
-			OnEvent: func(e inbox.Event) {
-				if e.Kind == inbox.EventRetry {
+			Hooks: []hooks.Hook{hooks.EventFunc(func(e hooks.Event) {
+				if e.Kind == hooks.Retry {
 					retries.Add(1)
 				}
-			}})
+			})}})
 		if err != nil {
 			b.Fatal(err)
 		}

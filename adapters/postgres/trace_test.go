@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -21,19 +22,19 @@ func TestPipelinedClaimIsTraced(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{})
 	var got []string
 	type key struct{}
-	tr := &inbox.Trace{
-		Message: func(ctx context.Context, m inbox.Message) (context.Context, func(inbox.Outcome, error)) {
-			return context.WithValue(ctx, key{}, m.ID), func(o inbox.Outcome, err error) { got = append(got, "message "+o.String()) }
+	tr := &hooks.Funcs{
+		Message: func(ctx context.Context, m storage.InboxRow) (context.Context, func(hooks.Kind, error)) {
+			return context.WithValue(ctx, key{}, m.EventID), func(o hooks.Kind, err error) { got = append(got, "message "+o.String()) }
 		},
 		Claim: func(ctx context.Context, rows []storage.InboxRow) (context.Context, func([]bool, error)) {
 			parent, _ := ctx.Value(key{}).(string)
 			return ctx, func(ins []bool, err error) { got = append(got, fmt.Sprintf("claim under %s: %v %v", parent, ins, err)) }
 		},
-		Handler: func(ctx context.Context, msgs []inbox.Message) (context.Context, func(error)) {
+		Handler: func(ctx context.Context, msgs []storage.InboxRow) (context.Context, func(error)) {
 			return ctx, func(err error) { got = append(got, fmt.Sprintf("handler %v", err)) }
 		},
 	}
-	ib, err := inbox.New(db, store, inbox.Config{Trace: tr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ib, err := inbox.New(db, store, inbox.Config{Hooks: []hooks.Hook{tr}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,15 +56,15 @@ func TestPipelinedTxGoesByTheMessageContext(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{})
 	type msgKey struct{}
 	type claimKey struct{}
-	tr := &inbox.Trace{
-		Message: func(ctx context.Context, m inbox.Message) (context.Context, func(inbox.Outcome, error)) {
-			return context.WithValue(ctx, msgKey{}, m.ID), nil
+	tr := &hooks.Funcs{
+		Message: func(ctx context.Context, m storage.InboxRow) (context.Context, func(hooks.Kind, error)) {
+			return context.WithValue(ctx, msgKey{}, m.EventID), nil
 		},
 		Claim: func(ctx context.Context, rows []storage.InboxRow) (context.Context, func([]bool, error)) {
 			return context.WithValue(ctx, claimKey{}, true), nil
 		},
 	}
-	ib, err := inbox.New(db, store, inbox.Config{Trace: tr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ib, err := inbox.New(db, store, inbox.Config{Hooks: []hooks.Hook{tr}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

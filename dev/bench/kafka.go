@@ -14,6 +14,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
 )
@@ -191,8 +193,8 @@ func produceEvents(ctx context.Context, brokers []string, topic string, evs []Ev
 				Key:   []byte(strconv.FormatInt(e.SKU, 10)),
 				Value: []byte(strconv.FormatInt(e.Seq, 10)),
 				Headers: []kafka.Header{
-					{Key: consumer.HeaderEventID, Value: []byte(e.ID)},
-					{Key: consumer.HeaderEventTime, Value: []byte(e.Time.UTC().Format(time.RFC3339Nano))},
+					{Key: header.EventID, Value: []byte(e.ID)},
+					{Key: header.EventTime, Value: []byte(e.Time.UTC().Format(time.RFC3339Nano))},
 				},
 			})
 		}
@@ -242,8 +244,8 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 		},
 		BatchSize: 1,
 		Logger:    discardLogger,
-		OnEvent: func(e consumer.Event) {
-			if e.Kind != consumer.EventProcessed {
+		Hooks: []hooks.Hook{hooks.EventFunc(func(e hooks.Event) {
+			if e.Kind != hooks.Processed {
 				return
 			}
 			now := time.Now()
@@ -256,7 +258,7 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 			if processed.Add(1) == int64(n) {
 				doneOnce.Do(func() { close(done) })
 			}
-		},
+		})},
 	}
 	switch mode {
 	case KafkaPlain:

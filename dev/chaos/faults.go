@@ -25,6 +25,8 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/dev/inventory"
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
 )
@@ -529,8 +531,8 @@ func (rr *faultRound) handler() consumer.Handler {
 // onEvent keeps what the consumer reports about retries: the evidence of a
 // message that is retried without its attempts being counted. A message's
 // retry error names its event id.
-func (rr *faultRound) onEvent(e consumer.Event) {
-	if e.Kind != consumer.EventRetry {
+func (rr *faultRound) onEvent(e hooks.Event) {
+	if e.Kind != hooks.Retry {
 		return
 	}
 	errText := ""
@@ -651,7 +653,7 @@ func (rr *faultRound) partitionOf(m kafka.Message, partitions ...int) int {
 
 // consumerConfig is the consumer of the fault phase: dead letters, a small
 // MaxAttempts and short backoffs.
-func (rr *faultRound) consumerConfig(onEvent func(consumer.Event)) consumer.Config {
+func (rr *faultRound) consumerConfig(onEvent func(hooks.Event)) consumer.Config {
 	session := rr.cfg.Session
 	return consumer.Config{
 		Brokers: rr.cfg.Brokers, GroupID: rr.group, Topics: []string{rr.topic},
@@ -661,7 +663,7 @@ func (rr *faultRound) consumerConfig(onEvent func(consumer.Event)) consumer.Conf
 		OnFailure: consumer.DeadLetter, DeadLetterTopic: rr.dlq,
 		CommitInterval: 200 * time.Millisecond, MaxWait: 200 * time.Millisecond,
 		SessionTimeout: session, HeartbeatInterval: session / 4, RebalanceTimeout: 2 * session,
-		Logger: rr.log, OnEvent: onEvent,
+		Logger: rr.log, Hooks: []hooks.Hook{hooks.EventFunc(onEvent)},
 	}
 }
 
@@ -970,13 +972,13 @@ func (d *dlqReader) run(ctx context.Context) {
 		var s deadLetterSeen
 		for _, h := range m.Headers {
 			switch h.Key {
-			case consumer.HeaderDLQEventID:
+			case header.DLQEventID:
 				id = string(h.Value)
-			case consumer.HeaderDLQAttempts:
+			case header.DLQAttempts:
 				s.attempts, _ = strconv.Atoi(string(h.Value))
-			case consumer.HeaderDLQReason:
+			case header.DLQReason:
 				s.reason = string(h.Value)
-			case consumer.HeaderDLQError:
+			case header.DLQError:
 				s.err = string(h.Value)
 			}
 		}

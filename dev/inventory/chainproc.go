@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
 )
@@ -136,7 +137,7 @@ func RunChainProcess(ctx context.Context, cfg ChainProcessConfig, stderr io.Writ
 		cons, err := consumer.New(consumer.Config{
 			Brokers: cfg.Brokers, GroupID: cfg.Group, Topics: []string{topic}, Inbox: ib, Consumer: cfg.Stage, Handler: h,
 			BatchWait: 20 * time.Millisecond, SessionTimeout: cfg.Session, HeartbeatInterval: cfg.Session / 4, RebalanceTimeout: 2 * cfg.Session,
-			Logger: log, OnEvent: logOutcome(events),
+			Logger: log, Hooks: []hooks.Hook{hooks.EventFunc(logOutcome(events))},
 		})
 		if err != nil {
 			return err

@@ -18,6 +18,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -134,7 +135,7 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 		HeartbeatInterval: cfg.Session / 4,
 		RebalanceTimeout:  2 * cfg.Session,
 		Logger:            log,
-		OnEvent:           logOutcome(events),
+		Hooks:             []hooks.Hook{hooks.EventFunc(logOutcome(events))},
 		StoreOffsets:      cfg.StoreOffsets,
 		OffsetsTable:      cfg.Backend.OffsetsTable(),
 		OnFailure:         onFailure,
@@ -195,16 +196,16 @@ func Handler(b Backend) consumer.Handler {
 // partition assignment and "R" per repositioning after a database failover,
 // one unbuffered write each, so a killed process loses at most the line of
 // the message it was on.
-func logOutcome(w io.Writer) func(consumer.Event) {
-	return func(e consumer.Event) {
+func logOutcome(w io.Writer) func(hooks.Event) {
+	return func(e hooks.Event) {
 		switch e.Kind {
-		case consumer.EventProcessed:
+		case hooks.Processed:
 			_, _ = w.Write([]byte("P\n"))
-		case consumer.EventDuplicate:
+		case hooks.Duplicate:
 			_, _ = w.Write([]byte("D\n"))
-		case consumer.EventAssigned:
+		case hooks.Assigned:
 			_, _ = w.Write([]byte("A\n"))
-		case consumer.EventRepositioned:
+		case hooks.Repositioned:
 			_, _ = w.Write([]byte("R\n"))
 		}
 	}

@@ -22,6 +22,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/dev/inventory"
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/outbox"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -87,7 +89,7 @@ func Direct(ctx context.Context, brokers []string, o Options) (Result, error) {
 	for i, m := range msgs {
 		// The same headers the outbox adds.
 		kms[i] = kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: []kafka.Header{
-			{Key: outbox.HeaderEventID, Value: []byte(outbox.NewEventID(time.Now()))}, {Key: outbox.HeaderEventTime, Value: []byte(at)}}}
+			{Key: header.EventID, Value: []byte(outbox.NewEventID(time.Now()))}, {Key: header.EventTime, Value: []byte(at)}}}
 	}
 	start := time.Now()
 	for lo := 0; lo < len(kms); lo += o.Batch {
@@ -134,10 +136,10 @@ type counting struct {
 	want int
 }
 
-func (c *counting) event(ev outbox.RelayEvent) {
+func (c *counting) event(ev hooks.Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.n += ev.Published
+	c.n += ev.Relay.Published
 	if c.n >= c.want && c.done != nil {
 		close(c.done)
 		c.done = nil
@@ -216,7 +218,7 @@ func Relay(ctx context.Context, db *gorm.DB, store storage.OutboxStore, brokers 
 				stop()
 				return nil, err
 			}
-			r, err := ob.NewRelay(pub, outbox.RelayConfig{ID: fmt.Sprintf("bench-%d", i), MaxMessages: o.Batch, PollInterval: 5 * time.Millisecond, OnEvent: c.event})
+			r, err := ob.NewRelay(pub, outbox.RelayConfig{ID: fmt.Sprintf("bench-%d", i), MaxMessages: o.Batch, PollInterval: 5 * time.Millisecond, Hooks: []hooks.Hook{hooks.EventFunc(c.event)}})
 			if err != nil {
 				stop()
 				return nil, err

@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxgo/inbox/header"
+
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
@@ -21,7 +24,7 @@ import (
 // skipped.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	header := func(m kafka.Message, key, value string) kafka.Message {
+	withHeader := func(m kafka.Message, key, value string) kafka.Message {
 		var hs []kafka.Header
 		for _, h := range m.Headers {
 			if h.Key != key {
@@ -44,29 +47,29 @@ func TestBadInput(t *testing.T) {
 		// be processed like any other.
 		reason, errText string
 	}{
-		{name: "missing id", bad: func(m kafka.Message) kafka.Message { return header(m, consumer.HeaderEventID, "\x00drop") },
+		{name: "missing id", bad: func(m kafka.Message) kafka.Message { return withHeader(m, header.EventID, "\x00drop") },
 			reason: consumer.ReasonNoEventID, errText: "no event id"},
-		{name: "empty id", bad: func(m kafka.Message) kafka.Message { return header(m, consumer.HeaderEventID, "") },
+		{name: "empty id", bad: func(m kafka.Message) kafka.Message { return withHeader(m, header.EventID, "") },
 			reason: consumer.ReasonNoEventID, errText: "no event id"},
 		{name: "ambiguous id", bad: func(m kafka.Message) kafka.Message {
-			m.Headers = append(m.Headers, kafka.Header{Key: consumer.HeaderEventID, Value: []byte("another")})
+			m.Headers = append(m.Headers, kafka.Header{Key: header.EventID, Value: []byte("another")})
 			return m
 		}, reason: consumer.ReasonNoEventID, errText: "repeated with different values"},
 		{name: "over-long id", bad: func(m kafka.Message) kafka.Message {
-			return header(m, consumer.HeaderEventID, strings.Repeat("x", 256))
+			return withHeader(m, header.EventID, strings.Repeat("x", 256))
 		},
 			reason: consumer.ReasonInvalid, errText: "longer than the 255 allowed"},
-		{name: "invalid UTF-8 id", bad: func(m kafka.Message) kafka.Message { return header(m, consumer.HeaderEventID, "evt-\xff\xfe") },
+		{name: "invalid UTF-8 id", bad: func(m kafka.Message) kafka.Message { return withHeader(m, header.EventID, "evt-\xff\xfe") },
 			reason: consumer.ReasonInvalid, errText: "not valid UTF-8"},
-		{name: "missing event time", bad: func(m kafka.Message) kafka.Message { return header(m, consumer.HeaderEventTime, "\x00drop") },
+		{name: "missing event time", bad: func(m kafka.Message) kafka.Message { return withHeader(m, header.EventTime, "\x00drop") },
 			reason: consumer.ReasonNoEventID, errText: "no event time"},
-		{name: "malformed event time", bad: func(m kafka.Message) kafka.Message { return header(m, consumer.HeaderEventTime, "yesterday") },
+		{name: "malformed event time", bad: func(m kafka.Message) kafka.Message { return withHeader(m, header.EventTime, "yesterday") },
 			reason: consumer.ReasonNoEventID, errText: "not an RFC 3339 time"},
 		{name: "event older than retention", bad: func(m kafka.Message) kafka.Message {
-			return header(m, consumer.HeaderEventTime, time.Now().AddDate(0, 0, -90).UTC().Format(time.RFC3339))
+			return withHeader(m, header.EventTime, time.Now().AddDate(0, 0, -90).UTC().Format(time.RFC3339))
 		}, reason: consumer.ReasonExpired, errText: "older than the retention window"},
 		{name: "SQL metacharacters in id", bad: func(m kafka.Message) kafka.Message {
-			return header(m, consumer.HeaderEventID, `evt'; DROP TABLE stock; -- "@x" ? $1`)
+			return withHeader(m, header.EventID, `evt'; DROP TABLE stock; -- "@x" ? $1`)
 		}},
 		{name: "SQL metacharacters in consumer name", bad: func(m kafka.Message) kafka.Message { return m },
 			consumer: `reserve'; DROP TABLE reservations; --`},
@@ -125,7 +128,7 @@ func TestBadInput(t *testing.T) {
 				wantDead = 1
 			}
 			waitUntil(t, 30*time.Second, "all three messages to be resolved", func() bool {
-				return ev.count(consumer.EventProcessed) == 3-wantDead && ev.count(consumer.EventDeadLettered) == wantDead
+				return ev.count(hooks.Processed) == 3-wantDead && ev.count(hooks.DeadLettered) == wantDead
 			})
 			if err := r.stop(t); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -134,7 +137,7 @@ func TestBadInput(t *testing.T) {
 				t.Fatalf("committed offset %d, want 3: every message resolved", got[0])
 			}
 			if tc.reason == "" {
-				if n := ev.count(consumer.EventDeadLettered); n != 0 {
+				if n := ev.count(hooks.DeadLettered); n != 0 {
 					t.Fatalf("%d dead letters for valid input", n)
 				}
 				s.checkExactlyOnce(t, 3, nil)
@@ -146,9 +149,9 @@ func TestBadInput(t *testing.T) {
 			for _, x := range dl.Headers {
 				h[x.Key] = string(x.Value)
 			}
-			if h[consumer.HeaderDLQReason] != tc.reason || !strings.Contains(h[consumer.HeaderDLQError], tc.errText) || h[consumer.HeaderDLQOffset] != "1" {
+			if h[header.DLQReason] != tc.reason || !strings.Contains(h[header.DLQError], tc.errText) || h[header.DLQOffset] != "1" {
 				t.Fatalf("dead letter reason %q error %q offset %q; want %q, an error containing %q, offset 1",
-					h[consumer.HeaderDLQReason], h[consumer.HeaderDLQError], h[consumer.HeaderDLQOffset], tc.reason, tc.errText)
+					h[header.DLQReason], h[header.DLQError], h[header.DLQOffset], tc.reason, tc.errText)
 			}
 			if string(dl.Value) != string(msgs[1].Value) {
 				t.Fatalf("dead letter lost the payload: %q", dl.Value)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/seam"
 
 	"github.com/segmentio/kafka-go"
@@ -31,7 +33,7 @@ func baseConfig(t *testing.T, brokers []string, topic, group string, s *shop, ev
 		MaxWait:        100 * time.Millisecond,
 		SessionTimeout: 6 * time.Second,
 		Logger:         testLogger(t),
-		OnEvent:        ev.on,
+		Hooks:          []hooks.Hook{hooks.EventFunc(ev.on)},
 	}
 }
 
@@ -57,13 +59,13 @@ func TestConsumeExactlyOnceWithProducerDuplicates(t *testing.T) {
 	ev := newEvents()
 	r := start(t, baseConfig(t, brokers, "orders", "inventory", s, ev))
 	waitUntil(t, 30*time.Second, "23 messages", func() bool {
-		return ev.count(consumer.EventProcessed)+ev.count(consumer.EventDuplicate) == 23
+		return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 23
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	s.checkExactlyOnce(t, 20, nil)
-	if d := ev.count(consumer.EventDuplicate); d != 3 {
+	if d := ev.count(hooks.Duplicate); d != 3 {
 		t.Errorf("%d duplicates, want 3", d)
 	}
 	got := committed(t, brokers, "inventory", "orders", 2)
@@ -90,7 +92,7 @@ func TestStopPartitionOnMissingID(t *testing.T) {
 	ev := newEvents()
 	r := start(t, baseConfig(t, brokers, "orders", "inventory", s, ev))
 	waitUntil(t, 30*time.Second, "the partition to stop and the other to finish", func() bool {
-		return ev.count(consumer.EventPartitionStopped) == 1 && ev.count(consumer.EventProcessed) == 7
+		return ev.count(hooks.PartitionStopped) == 1 && ev.count(hooks.Processed) == 7
 	})
 	time.Sleep(300 * time.Millisecond) // nothing more may happen
 	stoppedList := r.c.Stopped()
@@ -102,7 +104,7 @@ func TestStopPartitionOnMissingID(t *testing.T) {
 	if !errors.As(err, &pse) || !errors.Is(err, consumer.ErrPartitionStopped) || !errors.Is(err, consumer.ErrNoEventID) {
 		t.Fatalf("Run returned %v, want the stopped partition", err)
 	}
-	if got := ev.count(consumer.EventProcessed); got != 7 {
+	if got := ev.count(hooks.Processed); got != 7 {
 		t.Fatalf("%d processed, want 7 (orders 0, 2 on partition 0; all 5 of partition 1)", got)
 	}
 	got := committed(t, brokers, "inventory", "orders", 2)
@@ -131,12 +133,12 @@ func TestDeadLetterAfterRetries(t *testing.T) {
 	}
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "5 processed and 1 dead letter", func() bool {
-		return ev.count(consumer.EventProcessed) == 5 && ev.count(consumer.EventDeadLettered) == 1
+		return ev.count(hooks.Processed) == 5 && ev.count(hooks.DeadLettered) == 1
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	if n := ev.count(consumer.EventRetry); n != 2 {
+	if n := ev.count(hooks.Retry); n != 2 {
 		t.Errorf("%d retries, want 2 (3 attempts)", n)
 	}
 	s.checkExactlyOnce(t, 6, map[int]bool{2: true})
@@ -148,19 +150,19 @@ func TestDeadLetterAfterRetries(t *testing.T) {
 	for _, x := range dl.Headers {
 		h[x.Key] = string(x.Value)
 	}
-	if string(dl.Key) != "order-2" || !strings.Contains(string(dl.Value), `"order-2"`) || h[consumer.HeaderEventID] != "evt-order-2" {
+	if string(dl.Key) != "order-2" || !strings.Contains(string(dl.Value), `"order-2"`) || h[header.EventID] != "evt-order-2" {
 		t.Errorf("dead letter lost the original message: key %q value %q headers %v", dl.Key, dl.Value, h)
 	}
-	for k, v := range map[string]string{consumer.HeaderDLQTopic: "orders", consumer.HeaderDLQPartition: "0", consumer.HeaderDLQOffset: "2",
-		consumer.HeaderDLQReason: consumer.ReasonHandlerError, consumer.HeaderDLQAttempts: "3", consumer.HeaderDLQGroup: "inventory", consumer.HeaderDLQConsumer: "reserve-stock"} {
+	for k, v := range map[string]string{header.DLQTopic: "orders", header.DLQPartition: "0", header.DLQOffset: "2",
+		header.DLQReason: consumer.ReasonHandlerError, header.DLQAttempts: "3", header.DLQGroup: "inventory", header.DLQConsumer: "reserve-stock"} {
 		if h[k] != v {
 			t.Errorf("dead letter header %s = %q, want %q", k, h[k], v)
 		}
 	}
-	if !strings.Contains(h[consumer.HeaderDLQError], "sku-2 is not sold here") {
-		t.Errorf("dead letter error header %q", h[consumer.HeaderDLQError])
+	if !strings.Contains(h[header.DLQError], "sku-2 is not sold here") {
+		t.Errorf("dead letter error header %q", h[header.DLQError])
 	}
-	if _, err := time.Parse(time.RFC3339Nano, h[consumer.HeaderDLQTime]); err != nil {
+	if _, err := time.Parse(time.RFC3339Nano, h[header.DLQTime]); err != nil {
 		t.Errorf("dead letter time header: %v", err)
 	}
 }
@@ -187,12 +189,12 @@ func TestBatchIsolatesPoison(t *testing.T) {
 	cfg.BatchSize, cfg.BatchWait = 31, 2*time.Second
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "all messages finished", func() bool {
-		return ev.count(consumer.EventProcessed)+ev.count(consumer.EventDuplicate)+ev.count(consumer.EventDeadLettered) == 31
+		return ev.count(hooks.Processed)+ev.count(hooks.Duplicate)+ev.count(hooks.DeadLettered) == 31
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	if p, d, dl, re := ev.count(consumer.EventProcessed), ev.count(consumer.EventDuplicate), ev.count(consumer.EventDeadLettered), ev.count(consumer.EventRetry); p != 27 || d != 1 || dl != 3 || re != 1 {
+	if p, d, dl, re := ev.count(hooks.Processed), ev.count(hooks.Duplicate), ev.count(hooks.DeadLettered), ev.count(hooks.Retry); p != 27 || d != 1 || dl != 3 || re != 1 {
 		t.Errorf("processed %d duplicates %d dead-lettered %d retries %d; want 27, 1, 3, 1 (only the handler error is retried)", p, d, dl, re)
 	}
 	s.checkExactlyOnce(t, 30, map[int]bool{7: true, 15: true, 21: true})
@@ -204,9 +206,9 @@ func TestBatchIsolatesPoison(t *testing.T) {
 		var off, reason string
 		for _, h := range m.Headers {
 			switch h.Key {
-			case consumer.HeaderDLQOffset:
+			case header.DLQOffset:
 				off = string(h.Value)
-			case consumer.HeaderDLQReason:
+			case header.DLQReason:
 				reason = string(h.Value)
 			}
 		}
@@ -260,7 +262,7 @@ func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 			}
 
 			ev2 := newEvents()
-			cfg.OnEvent = ev2.on
+			cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev2.on)}
 			seam.SetAfterDB(&cfg, nil)
 			second := start(t, cfg)
 			waitUntil(t, 30*time.Second, "the second consumer to finish", func() bool {
@@ -271,7 +273,7 @@ func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 				t.Fatal(err)
 			}
 			s.checkExactlyOnce(t, 20, nil)
-			dups := ev2.count(consumer.EventDuplicate)
+			dups := ev2.count(hooks.Duplicate)
 			if storeOffsets && dups != 0 {
 				t.Errorf("%d redeliveries reached the inbox; the stored offsets should have prevented them", dups)
 			}
@@ -303,14 +305,14 @@ func TestDeadLetterPublishFailureHoldsTheOffset(t *testing.T) {
 		return s.reserve(ctx, tx, msg)
 	}
 	r := start(t, cfg)
-	waitUntil(t, 20*time.Second, "the partition to stop at the message", func() bool { return ev.count(consumer.EventPartitionStopped) == 1 })
+	waitUntil(t, 20*time.Second, "the partition to stop at the message", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
 	if st := r.c.Stopped(); len(st) != 1 || st[0].Offset != 1 || st[0].Reason != consumer.ReasonDeadLetterFailed || !errors.Is(st[0], kafka.UnknownTopicOrPartition) {
 		t.Fatalf("Stopped() = %v, want offset 1 stopped for the missing dead-letter topic", st)
 	}
 	if got := committed(t, brokers, "inventory", "orders", 1); got[0] > 1 {
 		t.Fatalf("committed %v while the dead letter could not be published", got)
 	}
-	if n := ev.count(consumer.EventProcessed); n != 1 {
+	if n := ev.count(hooks.Processed); n != 1 {
 		t.Fatalf("%d processed while held at the poison message, want 1", n)
 	}
 	if err := r.stop(t); !errors.Is(err, consumer.ErrPartitionStopped) {
@@ -323,10 +325,10 @@ func TestDeadLetterPublishFailureHoldsTheOffset(t *testing.T) {
 		t.Fatalf("create the dead-letter topic: %v %v", err, resp)
 	}
 	ev2 := newEvents()
-	cfg.OnEvent = ev2.on
+	cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev2.on)}
 	r2 := start(t, cfg)
 	waitUntil(t, 20*time.Second, "the dead letter and the rest", func() bool {
-		return ev2.count(consumer.EventDeadLettered) == 1 && ev2.count(consumer.EventProcessed) == 2
+		return ev2.count(hooks.DeadLettered) == 1 && ev2.count(hooks.Processed) == 2
 	})
 	if err := r2.stop(t); err != nil {
 		t.Fatal(err)
@@ -363,11 +365,11 @@ func TestBatchStopStoresNoOffsetPastThePoison(t *testing.T) {
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
 			cfg.BatchSize, cfg.BatchWait, cfg.MaxAttempts, cfg.StoreOffsets = 10, time.Second, 2, true
 			r := start(t, cfg)
-			waitUntil(t, 20*time.Second, "the partition to stop", func() bool { return ev.count(consumer.EventPartitionStopped) == 1 })
+			waitUntil(t, 20*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
 			if err := r.stop(t); !errors.Is(err, consumer.ErrPartitionStopped) {
 				t.Fatalf("Run = %v, want the stopped partition", err)
 			}
-			if n := ev.count(consumer.EventProcessed); n != 9 {
+			if n := ev.count(hooks.Processed); n != 9 {
 				t.Fatalf("%d processed, want the 9 others of the batch", n)
 			}
 			if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 3 {
@@ -380,7 +382,7 @@ func TestBatchStopStoresNoOffsetPastThePoison(t *testing.T) {
 
 			// The cause is fixed (here: the handler and the inbox accept it).
 			ev2 := newEvents()
-			cfg.OnEvent = ev2.on
+			cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev2.on)}
 			cfg.Extract = func(m *kafka.Message) (string, time.Time, error) {
 				if m.Offset == 3 {
 					return "evt-order-3", eventBase.Add(3 * time.Second), nil
@@ -395,9 +397,9 @@ func TestBatchStopStoresNoOffsetPastThePoison(t *testing.T) {
 			}
 			r2 := start(t, cfg)
 			waitUntil(t, 20*time.Second, "the rest", func() bool {
-				return ev2.count(consumer.EventProcessed)+ev2.count(consumer.EventDuplicate) == 7
+				return ev2.count(hooks.Processed)+ev2.count(hooks.Duplicate) == 7
 			})
-			if p := ev2.count(consumer.EventProcessed); p != 1 {
+			if p := ev2.count(hooks.Processed); p != 1 {
 				t.Errorf("%d processed after the fix, want only the former poison", p)
 			}
 			if err := r2.stop(t); err != nil {

@@ -18,6 +18,8 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 )
 
@@ -51,8 +53,8 @@ func Example_deadLetter() {
 		{"order-3", `{"order_id":"order-3","cents":990}`},
 	} {
 		if err := w.WriteMessages(context.Background(), kafka.Message{Key: []byte(p.id), Value: []byte(p.value), Headers: []kafka.Header{
-			{Key: consumer.HeaderEventID, Value: []byte("charge/" + p.id)},
-			{Key: consumer.HeaderEventTime, Value: []byte(at)},
+			{Key: header.EventID, Value: []byte("charge/" + p.id)},
+			{Key: header.EventTime, Value: []byte(at)},
 		}}); err != nil {
 			log.Fatal(err)
 		}
@@ -85,11 +87,11 @@ func Example_deadLetter() {
 		DeadLetterTopic: "payments.dlq",
 		MaxAttempts:     3,
 		MinBackoff:      10 * time.Millisecond,
-		OnEvent: func(ev consumer.Event) {
-			if ev.Kind == consumer.EventDeadLettered {
+		Hooks: []hooks.Hook{hooks.EventFunc(func(ev hooks.Event) {
+			if ev.Kind == hooks.DeadLettered {
 				deadLettered.Add(1)
 			}
-		},
+		})},
 		Logger: slog.New(slog.DiscardHandler), // the dead letter is logged at Error
 	})
 	if err != nil {
@@ -115,8 +117,8 @@ func Example_deadLetter() {
 	fmt.Printf("key=%s value=%s\n", dl.Key, dl.Value)
 	for _, h := range dl.Headers {
 		switch h.Key {
-		case consumer.HeaderDLQReason, consumer.HeaderDLQError, consumer.HeaderDLQAttempts,
-			consumer.HeaderDLQTopic, consumer.HeaderDLQPartition, consumer.HeaderDLQOffset, consumer.HeaderDLQEventID:
+		case header.DLQReason, header.DLQError, header.DLQAttempts,
+			header.DLQTopic, header.DLQPartition, header.DLQOffset, header.DLQEventID:
 			fmt.Printf("%s: %s\n", h.Key, h.Value)
 		}
 	}

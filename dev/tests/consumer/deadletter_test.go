@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/seam"
 
 	"github.com/segmentio/kafka-go"
@@ -70,7 +71,7 @@ func TestDeadLetterOfALargeMessage(t *testing.T) {
 	}
 	r := start(t, cfg)
 	waitUntil(t, 20*time.Second, "the large message to be dead-lettered and the rest processed", func() bool {
-		return ev.count(consumer.EventDeadLettered) == 1 && ev.count(consumer.EventProcessed) == 2
+		return ev.count(hooks.DeadLettered) == 1 && ev.count(hooks.Processed) == 2
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
@@ -159,7 +160,7 @@ func TestDeadLetterPermanentErrorStopsThePartition(t *testing.T) {
 			ev := newEvents()
 			w := &fakeWriter{errs: c.errs}
 			r := start(t, deadLetterConfig(t, brokers, "orders", "inventory", s, ev, w))
-			waitUntil(t, 20*time.Second, "the partition to stop", func() bool { return ev.count(consumer.EventPartitionStopped) == 1 })
+			waitUntil(t, 20*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
 			if n := w.count(); n != c.calls {
 				t.Errorf("the dead letter was tried %d times, want %d", n, c.calls)
 			}
@@ -174,8 +175,8 @@ func TestDeadLetterPermanentErrorStopsThePartition(t *testing.T) {
 			if !errors.Is(err, consumer.ErrPartitionStopped) || !errors.Is(err, c.want) {
 				t.Errorf("Run = %v, want the stopped partition", err)
 			}
-			if n := ev.count(consumer.EventProcessed); n != 1 || ev.count(consumer.EventDeadLettered) != 0 {
-				t.Errorf("%d processed, %d dead-lettered; want only order-0 processed", n, ev.count(consumer.EventDeadLettered))
+			if n := ev.count(hooks.Processed); n != 1 || ev.count(hooks.DeadLettered) != 0 {
+				t.Errorf("%d processed, %d dead-lettered; want only order-0 processed", n, ev.count(hooks.DeadLettered))
 			}
 			if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 1 {
 				t.Errorf("committed %v, want 1 (held at the message)", got)
@@ -201,7 +202,7 @@ func TestDeadLetterTransientErrorsAreRetried(t *testing.T) {
 	}}
 	r := start(t, deadLetterConfig(t, brokers, "orders", "inventory", s, ev, w))
 	waitUntil(t, 20*time.Second, "the dead letter and the rest", func() bool {
-		return ev.count(consumer.EventDeadLettered) == 1 && ev.count(consumer.EventProcessed) == 2
+		return ev.count(hooks.DeadLettered) == 1 && ev.count(hooks.Processed) == 2
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
@@ -209,7 +210,7 @@ func TestDeadLetterTransientErrorsAreRetried(t *testing.T) {
 	if n := w.count(); n != 6 {
 		t.Errorf("%d publish attempts, want 6", n)
 	}
-	if ev.count(consumer.EventPartitionStopped) != 0 {
+	if ev.count(hooks.PartitionStopped) != 0 {
 		t.Error("a transient producer error stopped the partition")
 	}
 	if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 3 {
@@ -230,7 +231,7 @@ func TestDeadLetterRefusedByTheBrokerStopsThePartition(t *testing.T) {
 		sendOrders(t, k.brokers, k.topic, 1, 3, nil)
 		ev := newEvents()
 		r := start(t, deadLetterConfig(t, k.brokers, k.topic, k.group, s, ev, nil))
-		waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(consumer.EventPartitionStopped) == 1 })
+		waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
 		st := r.c.Stopped()
 		if len(st) != 1 || st[0].Offset != 1 || st[0].Reason != consumer.ReasonDeadLetterFailed || !errors.Is(st[0], kafka.MessageSizeTooLarge) {
 			t.Fatalf("Stopped() = %v, want offset 1 stopped for a too large dead letter", st)

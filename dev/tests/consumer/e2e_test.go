@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/seam"
 
 	"github.com/segmentio/kafka-go"
@@ -212,7 +213,7 @@ func runEndToEnd(t *testing.T, brokers []string, s *shop, batch int, storeOffset
 			HeartbeatInterval: 200 * time.Millisecond,
 			RebalanceTimeout:  10 * time.Second,
 			Logger:            testLogger(t),
-			OnEvent:           ev.on,
+			Hooks:             []hooks.Hook{hooks.EventFunc(ev.on)},
 		}
 	}
 	applied := func() int { return len(s.counts(t)) }
@@ -243,14 +244,14 @@ func runEndToEnd(t *testing.T, brokers []string, s *shop, batch int, storeOffset
 	t.Logf("A crashed after %d database commits; %d orders applied", dbCommits.Load(), afterCrash)
 	// The gap: the last database commit's orders are applied, but A never
 	// finished them, so the group's offsets do not cover them.
-	if finished := evA.count(consumer.EventProcessed); afterCrash <= finished {
+	if finished := evA.count(hooks.Processed); afterCrash <= finished {
 		t.Fatalf("A applied %d orders and finished %d: the crash did not fall between the two commits", afterCrash, finished)
 	}
 	var kafkaCommitted int64
 	for _, off := range committed(t, brokers, group, topic, partitions) {
 		kafkaCommitted += max(off, 0)
 	}
-	if finished := int64(evA.count(consumer.EventProcessed) + evA.count(consumer.EventDuplicate)); kafkaCommitted > finished {
+	if finished := int64(evA.count(hooks.Processed) + evA.count(hooks.Duplicate)); kafkaCommitted > finished {
 		t.Fatalf("the group committed %d offsets but A finished only %d messages", kafkaCommitted, finished)
 	}
 
@@ -259,7 +260,7 @@ func runEndToEnd(t *testing.T, brokers []string, s *shop, batch int, storeOffset
 	b := start(t, cfg(evB))
 	waitUntil(t, 30*time.Second, "B to make progress", func() bool { return applied() >= afterCrash+n/4 })
 	c := start(t, cfg(evC))
-	waitUntil(t, 30*time.Second, "C to be assigned partitions", func() bool { return evC.count(consumer.EventAssigned) > 0 })
+	waitUntil(t, 30*time.Second, "C to be assigned partitions", func() bool { return evC.count(hooks.Assigned) > 0 })
 	rebalancedAt := applied()
 	close(cJoined)
 	<-produced
@@ -273,11 +274,11 @@ func runEndToEnd(t *testing.T, brokers []string, s *shop, batch int, storeOffset
 		t.Errorf("consumer C: %v", err)
 	}
 	t.Logf("C joined with %d orders applied; B processed %d (dups %d, revoked %d), C processed %d (dups %d)",
-		rebalancedAt, evB.count(consumer.EventProcessed), evB.count(consumer.EventDuplicate), evB.count(consumer.EventRevoked),
-		evC.count(consumer.EventProcessed), evC.count(consumer.EventDuplicate))
-	if evB.count(consumer.EventRevoked) == 0 || evC.count(consumer.EventProcessed)+evC.count(consumer.EventDuplicate) == 0 {
+		rebalancedAt, evB.count(hooks.Processed), evB.count(hooks.Duplicate), evB.count(hooks.Revoked),
+		evC.count(hooks.Processed), evC.count(hooks.Duplicate))
+	if evB.count(hooks.Revoked) == 0 || evC.count(hooks.Processed)+evC.count(hooks.Duplicate) == 0 {
 		t.Errorf("no rebalance mid-stream: B revoked %d times, C handled %d messages",
-			evB.count(consumer.EventRevoked), evC.count(consumer.EventProcessed)+evC.count(consumer.EventDuplicate))
+			evB.count(hooks.Revoked), evC.count(hooks.Processed)+evC.count(hooks.Duplicate))
 	}
 	s.checkExactlyOnce(t, n, nil)
 
@@ -288,12 +289,12 @@ func runEndToEnd(t *testing.T, brokers []string, s *shop, batch int, storeOffset
 	cfgD.StartOffset = kafka.FirstOffset
 	d := start(t, cfgD)
 	waitUntil(t, 40*time.Second, "the replay", func() bool {
-		return evD.count(consumer.EventProcessed)+evD.count(consumer.EventDuplicate) == total
+		return evD.count(hooks.Processed)+evD.count(hooks.Duplicate) == total
 	})
 	if err := d.stop(t); err != nil {
 		t.Errorf("replay consumer: %v", err)
 	}
-	if p := evD.count(consumer.EventProcessed); p != 0 {
+	if p := evD.count(hooks.Processed); p != 0 {
 		t.Errorf("the replay applied %d messages again", p)
 	}
 	s.checkExactlyOnce(t, n, nil)

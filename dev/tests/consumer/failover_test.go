@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/seam"
 
 	"gorm.io/gorm"
@@ -74,7 +75,7 @@ func TestStoredOffsetBehindTheGroupAfterAFailover(t *testing.T) {
 	cfg := baseConfig(t, brokers, "orders", "inventory", primary, ev)
 	cfg.StoreOffsets = true
 	a := start(t, cfg)
-	waitUntil(t, 30*time.Second, "orders 0-5", func() bool { return ev.count(consumer.EventProcessed) == 6 })
+	waitUntil(t, 30*time.Second, "orders 0-5", func() bool { return ev.count(hooks.Processed) == 6 })
 	if err := a.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -84,9 +85,9 @@ func TestStoredOffsetBehindTheGroupAfterAFailover(t *testing.T) {
 	// The last commits reach only the primary (and Kafka's group offset).
 	produce(t, brokers, "orders", orderMessage(6, 0), orderMessage(7, 0), orderMessage(8, 0), orderMessage(9, 0))
 	ev2 := newEvents()
-	cfg.OnEvent = ev2.on
+	cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev2.on)}
 	b := start(t, cfg)
-	waitUntil(t, 30*time.Second, "orders 6-9 on the primary", func() bool { return ev2.count(consumer.EventProcessed) == 4 })
+	waitUntil(t, 30*time.Second, "orders 6-9 on the primary", func() bool { return ev2.count(hooks.Processed) == 4 })
 	if err := b.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestStoredOffsetBehindTheGroupAfterAFailover(t *testing.T) {
 	// The primary dies; the consumers reconnect to the promoted standby.
 	ev3 := newEvents()
 	rec := newRecorder(t)
-	cfg.Inbox, cfg.OnEvent, cfg.Logger = standby.ib, ev3.on, slog.New(rec)
+	cfg.Inbox, cfg.Hooks, cfg.Logger = standby.ib, []hooks.Hook{hooks.EventFunc(ev3.on)}, slog.New(rec)
 	c := start(t, cfg)
 	deadline := time.Now().Add(20 * time.Second)
 	for len(standby.counts(t)) < 10 && time.Now().Before(deadline) {
@@ -112,7 +113,7 @@ func TestStoredOffsetBehindTheGroupAfterAFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	standby.checkExactlyOnce(t, 10, nil)
-	if n := ev3.count(consumer.EventProcessed); n != 4 {
+	if n := ev3.count(hooks.Processed); n != 4 {
 		t.Errorf("%d processed after the failover, want the 4 the standby lacked", n)
 	}
 	if got := storedOffset(t, standby, "inventory", "orders", 0); got != 10 {
@@ -145,7 +146,7 @@ func TestDeadLetteredOffsetIsStored(t *testing.T) {
 	}
 	a := start(t, cfg)
 	waitUntil(t, 30*time.Second, "4 processed and 1 dead letter", func() bool {
-		return ev.count(consumer.EventProcessed) == 4 && ev.count(consumer.EventDeadLettered) == 1
+		return ev.count(hooks.Processed) == 4 && ev.count(hooks.DeadLettered) == 1
 	})
 	if err := a.stop(t); err != nil {
 		t.Fatal(err)
@@ -158,14 +159,14 @@ func TestDeadLetteredOffsetIsStored(t *testing.T) {
 
 	commitOffset(t, brokers, "inventory", "orders", 0, 0)
 	ev2 := newEvents()
-	cfg.OnEvent = ev2.on
+	cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev2.on)}
 	b := start(t, cfg)
-	waitUntil(t, 30*time.Second, "the partition to be assigned", func() bool { return ev2.count(consumer.EventAssigned) == 1 })
+	waitUntil(t, 30*time.Second, "the partition to be assigned", func() bool { return ev2.count(hooks.Assigned) == 1 })
 	time.Sleep(500 * time.Millisecond)
 	if err := b.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	if n := ev2.count(consumer.EventDeadLettered) + ev2.count(consumer.EventProcessed) + ev2.count(consumer.EventDuplicate); n != 0 {
+	if n := ev2.count(hooks.DeadLettered) + ev2.count(hooks.Processed) + ev2.count(hooks.Duplicate); n != 0 {
 		t.Errorf("%d messages handled again after resuming from the stored offset, want 0", n)
 	}
 	if got := readAll(t, brokers, "orders.dlq", 1, 1); len(got) != 1 {
@@ -226,7 +227,7 @@ func TestRunningConsumerResumesFromTheDatabaseAfterAFailover(t *testing.T) {
 				seam.SetPosCheckInterval(&cfg, 200*time.Millisecond)
 			}
 			r := start(t, cfg)
-			waitUntil(t, 30*time.Second, "10 processed", func() bool { return ev.count(consumer.EventProcessed) == 10 })
+			waitUntil(t, 30*time.Second, "10 processed", func() bool { return ev.count(hooks.Processed) == 10 })
 
 			loseTail(t, s, "inventory", 6, 10)
 			n := 10
@@ -243,7 +244,7 @@ func TestRunningConsumerResumesFromTheDatabaseAfterAFailover(t *testing.T) {
 				t.Fatal(err)
 			}
 			s.checkExactlyOnce(t, n, nil)
-			if got := ev.count(consumer.EventRepositioned); got != 1 {
+			if got := ev.count(hooks.Repositioned); got != 1 {
 				t.Errorf("%d repositionings, want 1", got)
 			}
 			if got := storedOffset(t, s, "inventory", "orders", 0); got != int64(n) {

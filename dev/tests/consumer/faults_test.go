@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/seam"
 	"github.com/inboxgo/inbox/storage"
 
@@ -123,7 +125,7 @@ func TestHandlerFaultsReachTheFailurePolicy(t *testing.T) {
 	}
 	r := start(t, cfg)
 	waitUntil(t, 60*time.Second, "5 processed and 5 dead letters", func() bool {
-		return ev.count(consumer.EventProcessed) == 5 && ev.count(consumer.EventDeadLettered) == 5
+		return ev.count(hooks.Processed) == 5 && ev.count(hooks.DeadLettered) == 5
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
@@ -139,12 +141,12 @@ func TestHandlerFaultsReachTheFailurePolicy(t *testing.T) {
 		}
 		key := string(dl.Key)
 		if poisons[key] == nil {
-			t.Errorf("healthy %s dead-lettered: %v", key, h[consumer.HeaderDLQError])
+			t.Errorf("healthy %s dead-lettered: %v", key, h[header.DLQError])
 		}
-		if h[consumer.HeaderDLQAttempts] != "3" || h[consumer.HeaderDLQReason] != consumer.ReasonHandlerError {
-			t.Errorf("%s: dead-lettered after %s attempts (%s), want 3 (%s): %s", key, h[consumer.HeaderDLQAttempts], h[consumer.HeaderDLQReason], consumer.ReasonHandlerError, h[consumer.HeaderDLQError])
+		if h[header.DLQAttempts] != "3" || h[header.DLQReason] != consumer.ReasonHandlerError {
+			t.Errorf("%s: dead-lettered after %s attempts (%s), want 3 (%s): %s", key, h[header.DLQAttempts], h[header.DLQReason], consumer.ReasonHandlerError, h[header.DLQError])
 		}
-		if stack := h[consumer.HeaderDLQPanicStack]; (key == "order-6") != strings.Contains(stack, "faults_test.go") {
+		if stack := h[header.DLQPanicStack]; (key == "order-6") != strings.Contains(stack, "faults_test.go") {
 			t.Errorf("%s: panic stack header %.200q", key, stack)
 		}
 	}
@@ -181,13 +183,13 @@ func TestNaturallyIdempotentRetriesAFailingDatabase(t *testing.T) {
 	}
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "the message processed or dead-lettered", func() bool {
-		return ev.count(consumer.EventProcessed)+ev.count(consumer.EventDeadLettered) == 1
+		return ev.count(hooks.Processed)+ev.count(hooks.DeadLettered) == 1
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	if ev.count(consumer.EventProcessed) != 1 || calls != 6 {
-		t.Fatalf("processed %d, dead-lettered %d after %d calls; want processed after 6", ev.count(consumer.EventProcessed), ev.count(consumer.EventDeadLettered), calls)
+	if ev.count(hooks.Processed) != 1 || calls != 6 {
+		t.Fatalf("processed %d, dead-lettered %d after %d calls; want processed after 6", ev.count(hooks.Processed), ev.count(hooks.DeadLettered), calls)
 	}
 }
 
@@ -225,7 +227,7 @@ func TestStoredOffsetNeverPassesAMessageExpiredMidBatch(t *testing.T) {
 	cfg.MaintenanceInterval = -1 // maintenance reads the clock too
 	r := start(t, cfg)
 	waitUntil(t, 20*time.Second, "the batch decided", func() bool {
-		return ev.count(consumer.EventProcessed) == 3 || ev.count(consumer.EventPartitionStopped) == 1
+		return ev.count(hooks.Processed) == 3 || ev.count(hooks.PartitionStopped) == 1
 	})
 	_ = r.stop(t)
 	stored, err := seam.OffsetsOf(r.c).Load(context.Background(), s.db, "orders", 0)
@@ -235,8 +237,8 @@ func TestStoredOffsetNeverPassesAMessageExpiredMidBatch(t *testing.T) {
 	if s.counts(t)["order-1"] == 0 && stored > 1 {
 		t.Fatalf("stored offset %d passes offset 1, which was neither processed nor dead-lettered", stored)
 	}
-	if ev.count(consumer.EventProcessed) != 3 || stored != 3 {
-		t.Fatalf("%d processed, stored offset %d; want all 3 admitted from the one clock reading, offset 3", ev.count(consumer.EventProcessed), stored)
+	if ev.count(hooks.Processed) != 3 || stored != 3 {
+		t.Fatalf("%d processed, stored offset %d; want all 3 admitted from the one clock reading, offset 3", ev.count(hooks.Processed), stored)
 	}
 }
 
@@ -292,7 +294,7 @@ func TestBatchHandler(t *testing.T) {
 	cfg.OnFailure, cfg.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
 	r := start(t, cfg)
 	waitUntil(t, 60*time.Second, "39 processed, 3 duplicates, 1 dead letter", func() bool {
-		return ev.count(consumer.EventProcessed) == 39 && ev.count(consumer.EventDuplicate) == 3 && ev.count(consumer.EventDeadLettered) == 1
+		return ev.count(hooks.Processed) == 39 && ev.count(hooks.Duplicate) == 3 && ev.count(hooks.DeadLettered) == 1
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
@@ -301,7 +303,7 @@ func TestBatchHandler(t *testing.T) {
 	dl := readAll(t, brokers, "orders.dlq", 1, 1)[0] // the Hash balancer puts order-13 on partition 0
 	attempts := ""
 	for _, h := range dl.Headers {
-		if h.Key == consumer.HeaderDLQAttempts {
+		if h.Key == header.DLQAttempts {
 			attempts = string(h.Value)
 		}
 	}
@@ -347,7 +349,7 @@ func TestNaturallyIdempotentBatchHandler(t *testing.T) {
 	}
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "19 processed and 1 dead letter", func() bool {
-		return ev.count(consumer.EventProcessed) == 19 && ev.count(consumer.EventDeadLettered) == 1
+		return ev.count(hooks.Processed) == 19 && ev.count(hooks.DeadLettered) == 1
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
@@ -398,14 +400,14 @@ func TestRunMaintainsTheInbox(t *testing.T) {
 			cfg.MaintenanceInterval = c.interval
 			r := start(t, cfg)
 			if c.interval > 0 {
-				waitUntil(t, 10*time.Second, "three maintenance runs", func() bool { return ev.count(consumer.EventMaintenance) >= 3 })
+				waitUntil(t, 10*time.Second, "three maintenance runs", func() bool { return ev.count(hooks.Maintenance) >= 3 })
 			} else {
 				time.Sleep(300 * time.Millisecond) // long enough for a run at start, far shorter than the default interval
 			}
 			if err := r.stop(t); err != nil {
 				t.Fatal(err)
 			}
-			runs := ev.filter(consumer.EventMaintenance)
+			runs := ev.filter(hooks.Maintenance)
 			switch {
 			case c.name == "off" && len(runs) != 0:
 				t.Errorf("%d maintenance runs with maintenance off", len(runs))

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/storage"
 
 	"github.com/segmentio/kafka-go"
@@ -77,8 +79,8 @@ func orderMessage(n, partition int) kafka.Message {
 		Key:       []byte(o.OrderID),
 		Value:     v,
 		Headers: []kafka.Header{
-			{Key: consumer.HeaderEventID, Value: []byte("evt-" + o.OrderID)},
-			{Key: consumer.HeaderEventTime, Value: []byte(at.Format(time.RFC3339Nano))},
+			{Key: header.EventID, Value: []byte("evt-" + o.OrderID)},
+			{Key: header.EventTime, Value: []byte(at.Format(time.RFC3339Nano))},
 		},
 	}
 }
@@ -260,14 +262,14 @@ func (s *shop) checkExactlyOnce(t *testing.T, n int, skip map[int]bool) {
 // events counts a consumer's events by kind.
 type events struct {
 	mu   sync.Mutex
-	byK  map[consumer.EventKind]int
-	all  []consumer.Event
-	hook atomic.Pointer[func(consumer.Event)]
+	byK  map[hooks.Kind]int
+	all  []hooks.Event
+	hook atomic.Pointer[func(hooks.Event)]
 }
 
-func newEvents() *events { return &events{byK: make(map[consumer.EventKind]int)} }
+func newEvents() *events { return &events{byK: make(map[hooks.Kind]int)} }
 
-func (e *events) on(ev consumer.Event) {
+func (e *events) on(ev hooks.Event) {
 	e.mu.Lock()
 	e.byK[ev.Kind]++
 	e.all = append(e.all, ev)
@@ -277,16 +279,16 @@ func (e *events) on(ev consumer.Event) {
 	}
 }
 
-func (e *events) count(k consumer.EventKind) int {
+func (e *events) count(k hooks.Kind) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.byK[k]
 }
 
-func (e *events) filter(k consumer.EventKind) []consumer.Event {
+func (e *events) filter(k hooks.Kind) []hooks.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var out []consumer.Event
+	var out []hooks.Event
 	for _, ev := range e.all {
 		if ev.Kind == k {
 			out = append(out, ev)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 
 	"gorm.io/gorm"
 )
@@ -55,7 +56,7 @@ func TestRunLeavesNoKafkaGoroutines(t *testing.T) {
 	}
 	r := start(t, cfg)
 	waitUntil(t, 20*time.Second, "a dead letter", func() bool {
-		return ev.count(consumer.EventDeadLettered) == 1 && ev.count(consumer.EventProcessed) == 1
+		return ev.count(hooks.DeadLettered) == 1 && ev.count(hooks.Processed) == 1
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)

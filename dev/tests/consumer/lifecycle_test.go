@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/seam"
 
 	"github.com/segmentio/kafka-go"
@@ -107,7 +108,7 @@ func TestNaturallyIdempotentHandler(t *testing.T) {
 			Create(&orderStatus{OrderID: o.OrderID, SKU: o.SKU, Qty: o.Qty}).Error
 	}
 	r := start(t, cfg)
-	waitUntil(t, 20*time.Second, "13 deliveries", func() bool { return ev.count(consumer.EventProcessed) == 13 })
+	waitUntil(t, 20*time.Second, "13 deliveries", func() bool { return ev.count(hooks.Processed) == 13 })
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestNaturallyIdempotentHandler(t *testing.T) {
 	if err := s.db.Model(&orderStatus{}).Count(&n).Error; err != nil || n != 10 {
 		t.Fatalf("%d order states (%v), want 10", n, err)
 	}
-	if ev.count(consumer.EventDuplicate) != 0 {
+	if ev.count(hooks.Duplicate) != 0 {
 		t.Fatal("a consumer without inbox reported duplicates")
 	}
 	for p, want := range map[int]int64{0: 6, 1: 7} {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/seam"
 
 	"github.com/segmentio/kafka-go"
@@ -151,7 +152,7 @@ func TestLastOffsetStartSurvivesARestart(t *testing.T) {
 		cfg := baseConfig(t, k.brokers, k.topic, k.group, s, ev)
 		cfg.StartOffset = kafka.LastOffset
 		a := start(t, cfg)
-		waitUntil(t, 30*time.Second, "the partition to be assigned", func() bool { return ev.count(consumer.EventAssigned) == 1 })
+		waitUntil(t, 30*time.Second, "the partition to be assigned", func() bool { return ev.count(hooks.Assigned) == 1 })
 		if err := a.stop(t); err != nil {
 			t.Fatal(err)
 		}
@@ -160,9 +161,9 @@ func TestLastOffsetStartSurvivesARestart(t *testing.T) {
 		}
 		produce(t, k.brokers, k.topic, orderMessage(2, 0)) // while no consumer runs
 		ev2 := newEvents()
-		cfg.OnEvent = ev2.on
+		cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev2.on)}
 		b := start(t, cfg)
-		waitUntil(t, 30*time.Second, "order-2 to be processed", func() bool { return ev2.count(consumer.EventProcessed) == 1 })
+		waitUntil(t, 30*time.Second, "order-2 to be processed", func() bool { return ev2.count(hooks.Processed) == 1 })
 		if err := b.stop(t); err != nil {
 			t.Fatal(err)
 		}
@@ -186,7 +187,7 @@ func TestRecreatedTopicWithStoredOffsetsStopsThePartition(t *testing.T) {
 		cfg := baseConfig(t, k.brokers, k.topic, k.group, s, ev)
 		cfg.StoreOffsets = true
 		a := start(t, cfg)
-		waitUntil(t, 30*time.Second, "5 processed", func() bool { return ev.count(consumer.EventProcessed) == 5 })
+		waitUntil(t, 30*time.Second, "5 processed", func() bool { return ev.count(hooks.Processed) == 5 })
 		if err := a.stop(t); err != nil {
 			t.Fatal(err)
 		}
@@ -194,9 +195,9 @@ func TestRecreatedTopicWithStoredOffsetsStopsThePartition(t *testing.T) {
 		recreateTopic(t, k.brokers, k.topic)
 		produce(t, k.brokers, k.topic, orderMessage(5, 0), orderMessage(6, 0))
 		ev2 := newEvents()
-		cfg.OnEvent = ev2.on
+		cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev2.on)}
 		b := start(t, cfg)
-		waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev2.count(consumer.EventPartitionStopped) == 1 })
+		waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev2.count(hooks.PartitionStopped) == 1 })
 		st := b.c.Stopped()
 		if len(st) != 1 || st[0].Offset != 5 || st[0].Reason != consumer.ReasonOffsetBeyondLogEnd || !errors.Is(st[0], consumer.ErrOffsetBeyondLogEnd) {
 			t.Fatalf("Stopped() = %v, want offset 5 stopped for %s", st, consumer.ReasonOffsetBeyondLogEnd)
@@ -207,7 +208,7 @@ func TestRecreatedTopicWithStoredOffsetsStopsThePartition(t *testing.T) {
 		if err := b.stop(t); !errors.Is(err, consumer.ErrOffsetBeyondLogEnd) {
 			t.Errorf("Run = %v, want the stopped partition", err)
 		}
-		if n := ev2.count(consumer.EventProcessed); n != 0 {
+		if n := ev2.count(hooks.Processed); n != 0 {
 			t.Errorf("%d processed past the log end", n)
 		}
 
@@ -220,9 +221,9 @@ func TestRecreatedTopicWithStoredOffsetsStopsThePartition(t *testing.T) {
 			t.Fatal(err)
 		}
 		ev3 := newEvents()
-		cfg.OnEvent = ev3.on
+		cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev3.on)}
 		c := start(t, cfg)
-		waitUntil(t, 30*time.Second, "the new messages", func() bool { return ev3.count(consumer.EventProcessed) == 2 })
+		waitUntil(t, 30*time.Second, "the new messages", func() bool { return ev3.count(hooks.Processed) == 2 })
 		if err := c.stop(t); err != nil {
 			t.Fatal(err)
 		}
@@ -241,7 +242,7 @@ func TestCommittedOffsetBeyondLogEndStopsThePartition(t *testing.T) {
 		commitOffset(t, k.brokers, k.group, k.topic, 0, 10)
 		ev := newEvents()
 		r := start(t, baseConfig(t, k.brokers, k.topic, k.group, s, ev))
-		waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(consumer.EventPartitionStopped) == 1 })
+		waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
 		st := r.c.Stopped()
 		if len(st) != 1 || st[0].Offset != 10 || st[0].Reason != consumer.ReasonOffsetBeyondLogEnd || !strings.Contains(st[0].Error(), "committed") {
 			t.Fatalf("Stopped() = %v, want offset 10 stopped for %s", st, consumer.ReasonOffsetBeyondLogEnd)
@@ -294,7 +295,7 @@ func TestOffsetBelowLogStartIsSkippedLoudly(t *testing.T) {
 	rec := newRecorder(t)
 	cfg.Logger = slog.New(rec)
 	r := start(t, cfg)
-	waitUntil(t, 20*time.Second, "orders 3 and 4", func() bool { return ev.count(consumer.EventProcessed) == 2 })
+	waitUntil(t, 20*time.Second, "orders 3 and 4", func() bool { return ev.count(hooks.Processed) == 2 })
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -323,15 +324,15 @@ func TestTopicRecreatedWhileRunningStopsThePartition(t *testing.T) {
 		cfg.StoreOffsets = true
 		seam.SetLogCheckInterval(&cfg, 200*time.Millisecond)
 		r := start(t, cfg)
-		waitUntil(t, 30*time.Second, "5 processed", func() bool { return ev.count(consumer.EventProcessed) == 5 })
+		waitUntil(t, 30*time.Second, "5 processed", func() bool { return ev.count(hooks.Processed) == 5 })
 		recreateTopic(t, k.brokers, k.topic)
 		produce(t, k.brokers, k.topic, orderMessage(5, 0), orderMessage(6, 0))
-		waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(consumer.EventPartitionStopped) == 1 })
+		waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
 		st := r.c.Stopped()
 		if len(st) != 1 || st[0].Offset != 5 || st[0].Reason != consumer.ReasonOffsetBeyondLogEnd || !errors.Is(st[0], consumer.ErrOffsetBeyondLogEnd) {
 			t.Fatalf("Stopped() = %v, want offset 5 stopped for %s", st, consumer.ReasonOffsetBeyondLogEnd)
 		}
-		if n := ev.count(consumer.EventAssigned); n != 1 {
+		if n := ev.count(hooks.Assigned); n != 1 {
 			t.Logf("%d assignments: the group rebalanced", n)
 		}
 		if err := r.stop(t); !errors.Is(err, consumer.ErrOffsetBeyondLogEnd) {

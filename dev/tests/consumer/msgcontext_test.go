@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 
 	"gorm.io/gorm"
 )
@@ -37,7 +38,7 @@ func TestMessageContextReachesTheHandler(t *testing.T) {
 			sendOrders(t, brokers, "orders", 1, 10, nil)
 			ev := newEvents()
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-			cfg.MessageContext = withOrderKey
+			cfg.Hooks = append(cfg.Hooks, consumer.ContextFunc(withOrderKey))
 			cfg.BatchSize = 4
 			var mu sync.Mutex
 			var wrong []string
@@ -69,7 +70,7 @@ func TestMessageContextReachesTheHandler(t *testing.T) {
 				cfg.NaturallyIdempotent, cfg.DB, cfg.Classifier, cfg.Inbox = true, s.db, s.ib.Store(), nil
 			}
 			r := start(t, cfg)
-			waitUntil(t, 30*time.Second, "10 messages", func() bool { return ev.count(consumer.EventProcessed) == 10 })
+			waitUntil(t, 30*time.Second, "10 messages", func() bool { return ev.count(hooks.Processed) == 10 })
 			if err := r.stop(t); err != nil {
 				t.Fatalf("Run: %v", err)
 			}

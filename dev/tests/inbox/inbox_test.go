@@ -17,6 +17,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -168,11 +169,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 
 func TestRetriesTransientErrors(t *testing.T) {
 	var retries atomic.Int32
-	ib, store := newTestInbox(t, inbox.Config{OnEvent: func(e inbox.Event) {
-		if e.Kind == inbox.EventRetry {
+	ib, store := newTestInbox(t, inbox.Config{Hooks: []hooks.Hook{hooks.EventFunc(func(e hooks.Event) {
+		if e.Kind == hooks.Retry {
 			retries.Add(1)
 		}
-	}})
+	})}})
 	store.failClaims.Store(2)
 	out, err := ib.Process(t.Context(), msg("r1"), noop)
 	if err != nil || out != inbox.Processed {

@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/dev/faulttest"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -56,11 +57,11 @@ func (r *recordingTrace) end(s *span, result string, err error) {
 	}
 }
 
-func (r *recordingTrace) trace() *inbox.Trace {
-	return &inbox.Trace{
-		Message: func(ctx context.Context, m inbox.Message) (context.Context, func(inbox.Outcome, error)) {
-			ctx, s := r.start(ctx, "message "+m.ID)
-			return ctx, func(o inbox.Outcome, err error) { r.end(s, o.String(), err) }
+func (r *recordingTrace) trace() *hooks.Funcs {
+	return &hooks.Funcs{
+		Message: func(ctx context.Context, m storage.InboxRow) (context.Context, func(hooks.Kind, error)) {
+			ctx, s := r.start(ctx, "message "+m.EventID)
+			return ctx, func(o hooks.Kind, err error) { r.end(s, o.String(), err) }
 		},
 		Claim: func(ctx context.Context, rows []storage.InboxRow) (context.Context, func([]bool, error)) {
 			ids := make([]string, len(rows))
@@ -70,10 +71,10 @@ func (r *recordingTrace) trace() *inbox.Trace {
 			ctx, s := r.start(ctx, "claim "+strings.Join(ids, ","))
 			return ctx, func(ins []bool, err error) { r.end(s, fmt.Sprint(ins), err) }
 		},
-		Handler: func(ctx context.Context, msgs []inbox.Message) (context.Context, func(error)) {
+		Handler: func(ctx context.Context, msgs []storage.InboxRow) (context.Context, func(error)) {
 			ids := make([]string, len(msgs))
 			for i, m := range msgs {
-				ids[i] = m.ID
+				ids[i] = m.EventID
 			}
 			ctx, s := r.start(ctx, "handler "+strings.Join(ids, ","))
 			return ctx, func(err error) { r.end(s, "ok", err) }
@@ -117,7 +118,7 @@ func checkTree(t *testing.T, r *recordingTrace, want ...string) {
 
 func TestTraceNestsClaimAndHandlerUnderTheMessage(t *testing.T) {
 	rec := &recordingTrace{}
-	ib, store := newTestInbox(t, inbox.Config{Trace: rec.trace()})
+	ib, store := newTestInbox(t, inbox.Config{Hooks: []hooks.Hook{rec.trace()}})
 	handler := func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
 		if err := inSpan(ctx, "handler "+m.ID); err != nil {
 			return err
@@ -162,7 +163,7 @@ func TestTraceNestsClaimAndHandlerUnderTheMessage(t *testing.T) {
 
 func TestTraceProcessTx(t *testing.T) {
 	rec := &recordingTrace{}
-	ib, _ := newTestInbox(t, inbox.Config{Trace: rec.trace()})
+	ib, _ := newTestInbox(t, inbox.Config{Hooks: []hooks.Hook{rec.trace()}})
 	err := ib.DB().Transaction(func(tx *gorm.DB) error {
 		_, err := ib.ProcessTx(t.Context(), tx, msg("a"), func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
 			return inSpan(ctx, "handler a")
@@ -191,7 +192,7 @@ func batchParents(rec *recordingTrace, msgs []inbox.Message) inbox.BatchOption {
 
 func TestTraceProcessBatch(t *testing.T) {
 	rec := &recordingTrace{}
-	ib, _ := newTestInbox(t, inbox.Config{Trace: rec.trace()})
+	ib, _ := newTestInbox(t, inbox.Config{Hooks: []hooks.Hook{rec.trace()}})
 	if _, err := ib.Process(t.Context(), msg("seen"), noop); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func TestTraceProcessBatch(t *testing.T) {
 
 func TestTraceProcessBatchFunc(t *testing.T) {
 	rec := &recordingTrace{}
-	ib, db := newFaultInbox(t, inbox.Config{Trace: rec.trace()}, faulttest.PostgresLike, nil)
+	ib, db := newFaultInbox(t, inbox.Config{Hooks: []hooks.Hook{rec.trace()}}, faulttest.PostgresLike, nil)
 	if _, err := ib.Process(t.Context(), msg("seen"), writeEffect); err != nil {
 		t.Fatal(err)
 	}
@@ -268,12 +269,12 @@ func TestTraceProcessBatchFunc(t *testing.T) {
 
 func TestTraceHooksMayBeLeftOut(t *testing.T) {
 	var messages int
-	ib, _ := newTestInbox(t, inbox.Config{Trace: &inbox.Trace{
-		Message: func(ctx context.Context, m inbox.Message) (context.Context, func(inbox.Outcome, error)) {
+	ib, _ := newTestInbox(t, inbox.Config{Hooks: []hooks.Hook{&hooks.Funcs{
+		Message: func(ctx context.Context, m storage.InboxRow) (context.Context, func(hooks.Kind, error)) {
 			messages++
 			return nil, nil // keep the context, no end
 		},
-	}})
+	}}})
 	if _, err := ib.Process(t.Context(), msg("a"), noop); err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	inboxotel "github.com/inboxgo/inbox/otel"
 )
@@ -80,7 +81,7 @@ func testConsumer(t *testing.T, batch bool, broker string) {
 		MaxWait:         100 * time.Millisecond,
 		SessionTimeout:  6 * time.Second,
 		Logger:          slog.New(slog.DiscardHandler),
-		OnEvent:         ev.on, // the user's own hook, still called
+		Hooks:           []hooks.Hook{hooks.EventFunc(ev.on)}, // the user's own hook, still called
 	}
 	if batch {
 		ccfg.BatchSize, ccfg.BatchWait = 10, 200*time.Millisecond
@@ -95,9 +96,14 @@ func testConsumer(t *testing.T, batch bool, broker string) {
 	} else {
 		ccfg.Handler = effect
 	}
-	if err := inboxotel.InstrumentConsumer(&icfg, &ccfg, tel.opts); err != nil {
+	otelOpts := tel.opts
+	otelOpts.ConsumerGroup = ccfg.GroupID
+	otelHook, err := inboxotel.New(otelOpts)
+	if err != nil {
 		t.Fatal(err)
 	}
+	icfg.Hooks = append(icfg.Hooks, otelHook)
+	ccfg.Hooks = append(ccfg.Hooks, otelHook)
 	ib, err := inbox.New(db, store, icfg)
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +119,7 @@ func testConsumer(t *testing.T, batch bool, broker string) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(context.Background()) }()
 	waitUntil(t, 30*time.Second, "4 messages decided", func() bool {
-		return ev.count(consumer.EventProcessed, consumer.EventDuplicate, consumer.EventDeadLettered) == 4
+		return ev.count(hooks.Processed, hooks.Duplicate, hooks.DeadLettered) == 4
 	})
 	_ = c.Close()
 	if err := <-done; err != nil {
@@ -238,36 +244,6 @@ func traceOf(sent []sent, key string) trace.TraceID {
 	return trace.TraceID{}
 }
 
-// Instrumenting an inbox configuration twice, by either function, is
-// refused: the inbox's outcomes would be counted twice.
-func TestInstrumentingTwiceIsRefused(t *testing.T) {
-	ccfg := consumer.Config{Consumer: "c", GroupID: "g"}
-	var icfg inbox.Config
-	if err := inboxotel.InstrumentInbox(&icfg, inboxotel.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := inboxotel.InstrumentConsumer(&icfg, &ccfg, inboxotel.Options{}); !errors.Is(err, inboxotel.ErrAlreadyInstrumented) {
-		t.Errorf("InstrumentConsumer after InstrumentInbox: %v, want ErrAlreadyInstrumented", err)
-	}
-	copied := icfg
-	if err := inboxotel.InstrumentInbox(&copied, inboxotel.Options{}); !errors.Is(err, inboxotel.ErrAlreadyInstrumented) {
-		t.Errorf("InstrumentInbox on a copy: %v, want ErrAlreadyInstrumented", err)
-	}
-	if ccfg.OnEvent != nil || ccfg.MessageContext != nil {
-		t.Error("a refused InstrumentConsumer changed the consumer's configuration")
-	}
-	if err := inboxotel.InstrumentConsumer(nil, &ccfg, inboxotel.Options{}); err == nil {
-		t.Error("InstrumentConsumer without the inbox's configuration accepted")
-	}
-	ccfg.Inbox = &inbox.Inbox{}
-	if err := inboxotel.InstrumentConsumer(&inbox.Config{}, &ccfg, inboxotel.Options{}); err == nil {
-		t.Error("InstrumentConsumer with the inbox already built accepted")
-	}
-	if err := inboxotel.InstrumentInbox(&inbox.Config{Trace: &inbox.Trace{}}, inboxotel.Options{}); err == nil {
-		t.Error("InstrumentInbox over a Trace of the user's accepted")
-	}
-}
-
 // A naturally idempotent consumer has no inbox: InstrumentConsumer takes a
 // nil inbox.Config, the handler still runs in the producer's trace, and
 // the consumer's events are counted.
@@ -296,18 +272,22 @@ func TestNaturallyIdempotentConsumer(t *testing.T) {
 		MaxWait:        100 * time.Millisecond,
 		SessionTimeout: 6 * time.Second,
 		Logger:         slog.New(slog.DiscardHandler),
-		OnEvent:        ev.on,
+		Hooks:          []hooks.Hook{hooks.EventFunc(ev.on)},
 	}
-	if err := inboxotel.InstrumentConsumer(nil, &ccfg, tel.opts); err != nil {
+	otelOpts := tel.opts
+	otelOpts.ConsumerGroup = ccfg.GroupID
+	otelHook, err := inboxotel.New(otelOpts)
+	if err != nil {
 		t.Fatal(err)
 	}
+	ccfg.Hooks = append(ccfg.Hooks, otelHook)
 	c, err := consumer.New(ccfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- c.Run(context.Background()) }()
-	waitUntil(t, 30*time.Second, "2 messages", func() bool { return ev.count(consumer.EventProcessed) == 2 })
+	waitUntil(t, 30*time.Second, "2 messages", func() bool { return ev.count(hooks.Processed) == 2 })
 	_ = c.Close()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)

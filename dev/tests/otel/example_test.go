@@ -31,7 +31,7 @@ import (
 // the producer's trace, and the metrics count one processed message and
 // one duplicate. In a service the providers are the global ones (leave
 // Options empty) with real exporters.
-func ExampleInstrumentConsumer() {
+func ExampleNew_consumer() {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	reader := sdkmetric.NewManualReader()
@@ -77,9 +77,14 @@ func ExampleInstrumentConsumer() {
 		Logger: slog.New(slog.DiscardHandler),
 	}
 	opts := inboxotel.Options{TracerProvider: tp, MeterProvider: mp}
-	if err := inboxotel.InstrumentConsumer(&icfg, &ccfg, opts); err != nil {
+	otelOpts := opts
+	otelOpts.ConsumerGroup = ccfg.GroupID
+	otelHook, err := inboxotel.New(otelOpts)
+	if err != nil {
 		log.Fatal(err)
 	}
+	icfg.Hooks = append(icfg.Hooks, otelHook)
+	ccfg.Hooks = append(ccfg.Hooks, otelHook)
 	store, _ := inboxsqlite.New(inboxsqlite.Options{})
 	ib, err := inbox.New(db, store, icfg)
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/storage"
 
 	"github.com/segmentio/kafka-go"
@@ -25,7 +27,6 @@ import (
 	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
-	"github.com/inboxgo/inbox/consumer"
 	inboxotel "github.com/inboxgo/inbox/otel"
 )
 
@@ -172,8 +173,8 @@ func produce(t *testing.T, brokers []string, topic string, keys ...string) []sen
 	for _, k := range keys {
 		ctx, span := producer.Start(context.Background(), "send "+topic, trace.WithSpanKind(trace.SpanKindProducer))
 		m := kafka.Message{Key: []byte(k), Value: []byte(k), Headers: []kafka.Header{
-			{Key: consumer.HeaderEventID, Value: []byte("evt-" + k)},
-			{Key: consumer.HeaderEventTime, Value: []byte(at)},
+			{Key: header.EventID, Value: []byte("evt-" + k)},
+			{Key: header.EventTime, Value: []byte(at)},
 		}}
 		propagation.TraceContext{}.Inject(ctx, inboxotel.NewHeaderCarrier(&m.Headers))
 		span.End()
@@ -222,19 +223,19 @@ func newDB(t *testing.T) (*gorm.DB, storage.InboxStore) {
 // eventCounts counts a consumer's events by kind.
 type eventCounts struct {
 	mu sync.Mutex
-	n  map[consumer.EventKind]int
+	n  map[hooks.Kind]int
 }
 
-func (e *eventCounts) on(ev consumer.Event) {
+func (e *eventCounts) on(ev hooks.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.n == nil {
-		e.n = map[consumer.EventKind]int{}
+		e.n = map[hooks.Kind]int{}
 	}
 	e.n[ev.Kind]++
 }
 
-func (e *eventCounts) count(kinds ...consumer.EventKind) int {
+func (e *eventCounts) count(kinds ...hooks.Kind) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := 0

@@ -23,9 +23,11 @@ func TestInboxAloneTracesAndCountsEachCall(t *testing.T) {
 	tel := newTelemetry(t)
 	db, store := newDB(t)
 	icfg := inbox.Config{}
-	if err := inboxotel.InstrumentInbox(&icfg, tel.opts); err != nil {
+	otelHook, err := inboxotel.New(tel.opts)
+	if err != nil {
 		t.Fatal(err)
 	}
+	icfg.Hooks = append(icfg.Hooks, otelHook)
 	ib, err := inbox.New(db, store, icfg)
 	if err != nil {
 		t.Fatal(err)
@@ -83,9 +85,11 @@ func TestInboxTransactionRetry(t *testing.T) {
 	tel := newTelemetry(t)
 	db, store := newDB(t)
 	icfg := inbox.Config{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
-	if err := inboxotel.InstrumentInbox(&icfg, tel.opts); err != nil {
+	otelHook, err := inboxotel.New(tel.opts)
+	if err != nil {
 		t.Fatal(err)
 	}
+	icfg.Hooks = append(icfg.Hooks, otelHook)
 	flaky := &failOnce{InboxStore: store}
 	ib, err := inbox.New(db, flaky, icfg)
 	if err != nil {
