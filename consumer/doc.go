@@ -114,12 +114,13 @@
 // # Observability
 //
 // Logs go to Config.Logger (log/slog): retries and transient failures at
-// Warn, dead letters and stopped partitions at Error. Config.OnEvent receives
-// every [Event]: processed, duplicate, retry, dead-lettered,
-// partition-stopped, committed, lag per partition, assigned and revoked.
-// Config.MessageContext gives each message the context its handler and its
-// inbox work run under, for tracing. The module
-// github.com/inboxgo/inbox/otel plugs OpenTelemetry into both hooks and
-// into inbox.Config.Trace; its InstrumentConsumer counts each message once,
-// although the inbox's OnEvent reports outcomes too.
+// Warn, dead letters and stopped partitions at Error. Config.Hooks receive
+// every hooks.Event (processed, duplicate, retry, dead-lettered,
+// partition-stopped, committed, lag per partition, assigned, revoked,
+// maintenance, repositioned), and a [ContextHook] among them gives each
+// message the context its handler and its inbox work run under, for
+// tracing. The consumer reports each message's outcome once it is decided;
+// the inbox it drives reports none of them (see package hooks), so the same
+// hooks can go into both Configs. The module github.com/inboxgo/inbox/otel
+// is such a hook.
 package consumer

@@ -20,8 +20,11 @@
 // from the event and never from the processing time, every redelivery of an
 // event lands on the same key.
 //
-// Config.OnEvent and [Inbox.Counters] report every outcome and retry, and
-// Config.Trace lets a tracing system open a span per message with child
-// spans for its claim and its handler; the module
-// github.com/inboxgo/inbox/otel does both for OpenTelemetry.
+// Config.Hooks (see package hooks) receive every outcome and retry and let a
+// tracing system open a span per message with child spans for its claim and
+// its handler; the module github.com/inboxgo/inbox/otel does both for
+// OpenTelemetry. [Inbox.Counters] keeps the totals.
+//
+// This package is for applications. Adapter authors implement the contract
+// in package storage and prove it with package conformance.
 package inbox

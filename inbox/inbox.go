@@ -436,7 +436,7 @@ func (ib *Inbox) handleClaimed(ctx context.Context, tx *gorm.DB, msg Message, h 
 // commits it (see runTx). A storage.InboxStore that is a storage.ClaimBeginner opens the
 // transaction and claims in one round trip.
 //
-// The Claim hook of Config.Trace surrounds the claim, with BEGIN when the
+// The ClaimTracer hooks surround the claim, with BEGIN when the
 // two go together; its context reaches the storage.InboxStore's claim, not the
 // transaction, whose statements belong to the message.
 func (ib *Inbox) claimTx(ctx context.Context, rows []storage.InboxRow, fn func(tx *gorm.DB, inserted []bool) error) error {
@@ -537,7 +537,7 @@ func callBatchHandler(ctx context.Context, tx *gorm.DB, msgs []Message, h BatchH
 	return h(ctx, tx, msgs)
 }
 
-// handle calls h for msg inside the Handler hook of Config.Trace, if any.
+// handle calls h for msg inside the HandlerTracer hooks, if any.
 func (ib *Inbox) handle(ctx context.Context, tx *gorm.DB, msg Message, h Handler) error {
 	if !ib.hooks.HasHandlerTracers() {
 		return callHandler(ctx, tx, msg, h)
@@ -548,7 +548,7 @@ func (ib *Inbox) handle(ctx context.Context, tx *gorm.DB, msg Message, h Handler
 	return err
 }
 
-// handleBatch calls h for msgs inside the Handler hook of Config.Trace, if
+// handleBatch calls h for msgs inside the HandlerTracer hooks, if
 // any.
 func (ib *Inbox) handleBatch(ctx context.Context, tx *gorm.DB, msgs []Message, h BatchHandler) error {
 	hctx, end := ib.startHandler(ctx, msgs)
