@@ -109,8 +109,8 @@ func Drain(ctx context.Context, r *outbox.Relay) (int, error) {
 	}
 }
 
-// HeaderValue returns the value of the first header key of m.
-func HeaderValue(m kafka.Message, key string) (string, bool) {
+// headerValue returns the value of the first header key of m.
+func headerValue(m kafka.Message, key string) (string, bool) {
 	for _, h := range m.Headers {
 		if h.Key == key {
 			return string(h.Value), true

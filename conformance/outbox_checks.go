@@ -91,20 +91,20 @@ func checkCommitPublishes(ctx context.Context, env *Env) error {
 	if !ok || string(m1.Key) != "k1" || m1.Topic != "orders" {
 		return fmt.Errorf("message v1 published as %+v", m1)
 	}
-	if id, _ := HeaderValue(m1, outbox.HeaderEventID); id != "id-1" {
+	if id, _ := headerValue(m1, outbox.HeaderEventID); id != "id-1" {
 		return fmt.Errorf("message v1: event_id header %q, want id-1", id)
 	}
-	if ts, _ := HeaderValue(m1, outbox.HeaderEventTime); ts != "2026-03-04T05:06:07.89Z" {
+	if ts, _ := headerValue(m1, outbox.HeaderEventTime); ts != "2026-03-04T05:06:07.89Z" {
 		return fmt.Errorf("message v1: event_time header %q, want 2026-03-04T05:06:07.89Z", ts)
 	}
-	if tr, _ := HeaderValue(m1, "trace"); tr != "\x00\x01\x02" {
+	if tr, _ := headerValue(m1, "trace"); tr != "\x00\x01\x02" {
 		return fmt.Errorf("message v1: header trace %q, want the bytes 0 1 2", tr)
 	}
 	m2 := byValue["v2"]
 	if m2.Key != nil {
 		return fmt.Errorf("message v2 had no key and was published with key %q", m2.Key)
 	}
-	if id, ok := HeaderValue(m2, outbox.HeaderEventID); !ok || len(id) != 36 || id[14] != '7' {
+	if id, ok := headerValue(m2, outbox.HeaderEventID); !ok || len(id) != 36 || id[14] != '7' {
 		return fmt.Errorf("message v2: generated event id %q is not a UUIDv7", id)
 	}
 	m3, ok := byValue[""]
