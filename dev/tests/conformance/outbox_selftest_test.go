@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
@@ -114,18 +113,4 @@ func TestOutboxSuiteFailsBrokenStores(t *testing.T) {
 
 func TestOutboxSuitePassesHealthyStore(t *testing.T) {
 	conformance.Run(t, outboxHarnessWith(t, func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return s }))
-}
-
-func openSQLiteAt(t *testing.T, path string) *gorm.DB {
-	t.Helper()
-	db, err := gorm.Open(inboxsqlite.Open(path), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if sqlDB, err := db.DB(); err == nil {
-			sqlDB.Close()
-		}
-	})
-	return db
 }

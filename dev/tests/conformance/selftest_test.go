@@ -119,9 +119,16 @@ func (s neverExpiring) Maintain(context.Context, *gorm.DB, storage.MaintenancePl
 	return storage.MaintenanceReport{}, nil
 }
 
+// openSQLite opens a new database file name in a directory of its own.
 func openSQLite(t *testing.T, name string) *gorm.DB {
 	t.Helper()
-	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), name)), &gorm.Config{Logger: logger.Discard})
+	return openSQLiteAt(t, filepath.Join(t.TempDir(), name))
+}
+
+// openSQLiteAt opens the database file at path, closed when t ends.
+func openSQLiteAt(t *testing.T, path string) *gorm.DB {
+	t.Helper()
+	db, err := gorm.Open(inboxsqlite.Open(path), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		t.Fatal(err)
 	}
