@@ -12,9 +12,6 @@ import (
 	"github.com/inboxgo/inbox/inbox"
 )
 
-// Concurrency is how many deliveries the concurrency checks run at once.
-var Concurrency = 16
-
 type tally struct {
 	mu         sync.Mutex
 	processed  int
@@ -46,7 +43,7 @@ var concurrencyChecks = []Check{
 			var t tally
 			var wg sync.WaitGroup
 			start := make(chan struct{})
-			for range Concurrency {
+			for range env.H.Concurrency {
 				wg.Go(func() {
 					<-start
 					t.add(ib.Process(ctx, msg, env.Apply))
@@ -54,9 +51,9 @@ var concurrencyChecks = []Check{
 			}
 			close(start)
 			wg.Wait()
-			if len(t.errs) > 0 || t.processed != 1 || t.duplicates != Concurrency-1 {
+			if len(t.errs) > 0 || t.processed != 1 || t.duplicates != env.H.Concurrency-1 {
 				return fmt.Errorf("%d concurrent deliveries: %d processed, %d duplicates, errors %v; want 1 processed, %d duplicates, no error",
-					Concurrency, t.processed, t.duplicates, errors.Join(t.errs...), Concurrency-1)
+					env.H.Concurrency, t.processed, t.duplicates, errors.Join(t.errs...), env.H.Concurrency-1)
 			}
 			return env.expectEffects(ctx, msg, 1)
 		}},
@@ -94,7 +91,7 @@ var concurrencyChecks = []Check{
 			}
 			var t tally
 			var wg sync.WaitGroup
-			for range Concurrency - 1 {
+			for range env.H.Concurrency - 1 {
 				wg.Go(func() { t.add(ib.Process(ctx, msg, env.Apply)) })
 			}
 			firstDone.Wait()
@@ -102,9 +99,9 @@ var concurrencyChecks = []Check{
 			if !errors.Is(firstErr, errHandler) {
 				return fmt.Errorf("the rolled-back delivery returned %v, want the handler's error", firstErr)
 			}
-			if len(t.errs) > 0 || t.processed != 1 || t.duplicates != Concurrency-2 {
+			if len(t.errs) > 0 || t.processed != 1 || t.duplicates != env.H.Concurrency-2 {
 				return fmt.Errorf("after the first rolled back, %d deliveries: %d processed, %d duplicates, errors %v; want 1 processed, %d duplicates",
-					Concurrency-1, t.processed, t.duplicates, errors.Join(t.errs...), Concurrency-2)
+					env.H.Concurrency-1, t.processed, t.duplicates, errors.Join(t.errs...), env.H.Concurrency-2)
 			}
 			return env.expectEffects(ctx, msg, 1)
 		}},
@@ -115,7 +112,7 @@ var concurrencyChecks = []Check{
 			const ids = 40
 			var t tally
 			var wg sync.WaitGroup
-			for w := range Concurrency {
+			for w := range env.H.Concurrency {
 				wg.Go(func() {
 					// Each worker walks the ids from its own starting point.
 					for i := range ids {
@@ -124,9 +121,9 @@ var concurrencyChecks = []Check{
 				})
 			}
 			wg.Wait()
-			if len(t.errs) > 0 || t.processed != ids || t.duplicates != ids*(Concurrency-1) {
+			if len(t.errs) > 0 || t.processed != ids || t.duplicates != ids*(env.H.Concurrency-1) {
 				return fmt.Errorf("%d processed, %d duplicates, errors %v; want %d processed, %d duplicates",
-					t.processed, t.duplicates, errors.Join(t.errs...), ids, ids*(Concurrency-1))
+					t.processed, t.duplicates, errors.Join(t.errs...), ids, ids*(env.H.Concurrency-1))
 			}
 			for i := range ids {
 				if err := env.expectEffects(ctx, env.Msg(fmt.Sprintf("mix-%d", i)), 1); err != nil {

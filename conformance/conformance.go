@@ -1,23 +1,57 @@
-// Package conformance is the executable contract of storage.InboxStore: a suite of
-// checks every adapter, ours and third parties', runs to show that the inbox
-// row and the business effect commit atomically and that duplicates are
-// caught, under concurrency, failure, expiry and hostile ids.
+// Package conformance is the executable contract of package storage: a
+// suite of checks that shows a storage.InboxStore keeps the inbox row and
+// the business effect atomic and catches duplicates, under concurrency,
+// failure, expiry and hostile ids, and that a storage.OutboxStore publishes
+// what committed, once, in commit order per key, across relays that fail,
+// restart or take over.
 //
-// An adapter's test runs it with a HarnessMaker that returns a fresh,
-// isolated Store and database for every check:
+// It is for adapter authors, ours and third parties': an adapter's test
+// hands Run a HarnessMaker, which returns a fresh, isolated database and
+// stores for every check. Operators run the same checks against a live
+// database with inboxctl check.
 //
 //	func TestConformance(t *testing.T) {
 //		conformance.Run(t, func(ctx context.Context) (*conformance.Harness, error) {
-//			...
+//			path := filepath.Join(t.TempDir(), "check.db") // a database per check
+//			open := func(context.Context) (*gorm.DB, error) {
+//				return gorm.Open(inboxsqlite.Open(path), &gorm.Config{Logger: logger.Discard})
+//			}
+//			db, err := open(ctx)
+//			if err != nil {
+//				return nil, err
+//			}
+//			store, err := inboxsqlite.New(inboxsqlite.Options{})
+//			if err != nil {
+//				return nil, err
+//			}
+//			ob, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{})
+//			if err != nil {
+//				return nil, err
+//			}
+//			return &conformance.Harness{
+//				DB:       db,
+//				Open:     open, // another connection pool, as another process has
+//				Store:    store,
+//				Outbox:   ob, // nil skips the outbox checks
+//				Features: conformance.Features{ExpiryCountsRows: true},
+//				Close: func() error {
+//					sqlDB, err := db.DB()
+//					if err != nil {
+//						return err
+//					}
+//					return sqlDB.Close()
+//				},
+//			}, nil
 //		})
 //	}
 //
 // Each check returns an error rather than failing a *testing.T, so the suite
-// can be run outside tests (inboxctl check does) and can itself be tested
-// against deliberately broken stores.
+// can be run outside tests (RunCheck; inboxctl check does) and can itself be
+// tested against deliberately broken stores.
 package conformance
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -27,6 +61,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -42,20 +77,30 @@ type Harness struct {
 	// DB is a connection to a database in which the suite may create and
 	// drop its own scratch tables.
 	DB *gorm.DB
-	// Store is a fresh Store whose table no other harness uses. The suite
-	// calls Migrate itself.
+	// Store is a fresh inbox Store whose table no other harness uses; nil
+	// skips the inbox checks. The suite calls Migrate itself.
 	Store storage.InboxStore
+	// Outbox is a fresh outbox Store whose tables no other harness uses; nil
+	// skips the outbox checks. The suite calls Migrate itself.
+	Outbox storage.OutboxStore
 	// TxOptions are used for every inbox transaction (e.g. an isolation
 	// level); nil for the database default.
 	TxOptions *sql.TxOptions
 	// Open, if set, opens another independent connection pool to the same
-	// database, as a second process would. Checks of concurrent migration use
-	// it; without it they share DB.
+	// database, as a second process (or another relay) would. Checks of
+	// concurrent migration and of several relays use it; without it they
+	// share DB.
 	Open func(ctx context.Context) (*gorm.DB, error)
 	// Features describes what the Store does, for checks whose expectations
 	// depend on it.
 	Features Features
-	// Close releases the harness; it may drop the Store's table.
+	// CheckTimeout bounds the check, from its setup to its end; zero means
+	// 3 minutes.
+	CheckTimeout time.Duration
+	// Concurrency is how many deliveries the concurrency checks run at once;
+	// zero means 16.
+	Concurrency int
+	// Close releases the harness; it may drop the stores' tables.
 	Close func() error
 }
 
@@ -70,39 +115,52 @@ type Features struct {
 // HarnessMaker returns a fresh harness. It is called once per check.
 type HarnessMaker func(ctx context.Context) (*Harness, error)
 
-// Check is one named property of a Store.
+// Check is one named property of an inbox Store or, for an outbox check,
+// of an outbox Store.
 type Check struct {
 	Area string
 	Name string
 	// What it proves, in one sentence.
 	Doc string
-	// Unmigrated checks start before the Store's Migrate has run.
+	// Outbox checks run against the harness's Outbox, the others against
+	// its Store.
+	Outbox bool
+	// Unmigrated checks start before the store's Migrate has run.
 	Unmigrated bool
 	Run        func(ctx context.Context, env *Env) error
 }
 
-// ID returns "area/name", the stable name of the check.
-func (c Check) ID() string { return c.Area + "/" + c.Name }
-
-// Checks returns every check in its fixed order.
-func Checks() []Check {
-	var all []Check
-	for _, area := range [][]Check{schemaChecks, atomicityChecks, scopeChecks, idChecks, concurrencyChecks, batchChecks, retentionChecks} {
-		all = append(all, area...)
+// ID returns the stable name of the check: "area/name", and
+// "outbox-area/name" for an outbox check.
+func (c Check) ID() string {
+	if c.Outbox {
+		return "outbox-" + c.Area + "/" + c.Name
 	}
-	return all
+	return c.Area + "/" + c.Name
 }
 
-// CheckTimeout bounds one check.
-var CheckTimeout = 3 * time.Minute
+// Checks returns every check in its fixed order: the inbox checks, then the
+// outbox checks.
+func Checks() []Check {
+	return slices.Concat(schemaChecks, atomicityChecks, scopeChecks, idChecks, concurrencyChecks, batchChecks, retentionChecks,
+		outboxEnqueueChecks, outboxOrderChecks, outboxRelayChecks, outboxExpiryChecks)
+}
+
+// ErrSkipped is wrapped by the error of RunCheck for a check of a store the
+// harness does not have.
+var ErrSkipped = errors.New("skipped")
 
 // Run runs every check as a subtest named by its ID, each with a fresh
-// harness.
+// harness; a check of a store the harness does not have is skipped.
 func Run(t *testing.T, newHarness HarnessMaker) {
 	t.Helper()
 	for _, c := range Checks() {
 		t.Run(c.ID(), func(t *testing.T) {
-			if err := RunCheck(t.Context(), newHarness, c); err != nil {
+			err := RunCheck(t.Context(), newHarness, c)
+			if errors.Is(err, ErrSkipped) {
+				t.Skip(err)
+			}
+			if err != nil {
 				t.Error(err)
 			}
 		})
@@ -110,21 +168,56 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 }
 
 // RunCheck runs one check with a fresh harness and returns what the check
-// found wrong, or nil.
+// found wrong, or nil; an error wrapping ErrSkipped if the harness does not
+// have the store the check is about.
 func RunCheck(ctx context.Context, newHarness HarnessMaker, c Check) (err error) {
-	ctx, cancel := context.WithTimeout(ctx, CheckTimeout)
-	defer cancel()
 	h, err := newHarness(ctx)
 	if err != nil {
 		return fmt.Errorf("%s: harness: %w", c.ID(), err)
 	}
+	h.CheckTimeout = cmp.Or(h.CheckTimeout, 3*time.Minute)
+	h.Concurrency = cmp.Or(h.Concurrency, 16)
+	ctx, cancel := context.WithTimeout(ctx, h.CheckTimeout)
+	defer cancel()
 	defer closeHarness(c.ID(), h.Close, &err)
-	env, err := newEnv(ctx, h, !c.Unmigrated)
-	if err != nil {
-		return fmt.Errorf("%s: setup: %w", c.ID(), err)
+	if err := c.runsOn(h); err != nil {
+		return fmt.Errorf("%s: %w", c.ID(), err)
 	}
-	defer env.dropEffects()
+	now := time.Now().UTC()
+	env := &Env{H: h, Clock: &Clock{now: now}, Today: storage.DayOf(now), effects: "conformance_effects_" + randomHex(6)}
+	if err := h.DB.WithContext(ctx).Table(env.effects).Migrator().CreateTable(&effectRow{}); err != nil {
+		return fmt.Errorf("%s: setup: create effects table %s: %w", c.ID(), env.effects, err)
+	}
+	defer func() { _ = h.DB.Migrator().DropTable(env.effects) }()
+	if !c.Unmigrated {
+		if err := env.migrate(ctx, c); err != nil {
+			return fmt.Errorf("%s: setup: migrate: %w", c.ID(), err)
+		}
+	}
 	return runRecovered(c.ID(), func() error { return c.Run(ctx, env) })
+}
+
+// runsOn returns why c cannot run on h, or nil.
+func (c Check) runsOn(h *Harness) error {
+	switch {
+	case h.DB == nil:
+		return errors.New("setup: harness without DB")
+	case h.Store == nil && h.Outbox == nil:
+		return errors.New("setup: harness with neither Store nor Outbox")
+	case c.Outbox && h.Outbox == nil:
+		return fmt.Errorf("%w: the harness has no Outbox store", ErrSkipped)
+	case !c.Outbox && h.Store == nil:
+		return fmt.Errorf("%w: the harness has no inbox Store", ErrSkipped)
+	}
+	return nil
+}
+
+// migrate runs the Migrate of the store c is about.
+func (env *Env) migrate(ctx context.Context, c Check) error {
+	if c.Outbox {
+		return env.Outbox().Migrate(ctx)
+	}
+	return env.H.Store.Migrate(ctx, env.H.DB.WithContext(ctx))
 }
 
 // closeHarness closes a check's harness; the check's own error comes first.
@@ -152,7 +245,8 @@ func runRecovered(id string, run func() error) (err error) {
 
 // Env is what a check works with: the harness, a controllable clock, and a
 // scratch table of business effects whose rows are counted to tell how often
-// an effect was applied.
+// an effect was applied. Its outbox methods (Outbox, OutboxOn, Relay) are for
+// the outbox checks, the others for the inbox checks.
 type Env struct {
 	H     *Harness
 	Clock *Clock
@@ -167,28 +261,6 @@ const (
 	RetentionDays = 3
 	PrepareDays   = 2
 )
-
-func newEnv(ctx context.Context, h *Harness, migrate bool) (*Env, error) {
-	if h == nil || h.DB == nil || h.Store == nil {
-		return nil, errors.New("harness without DB or Store")
-	}
-	now := time.Now().UTC()
-	env := &Env{H: h, Clock: &Clock{now: now}, Today: storage.DayOf(now), effects: "conformance_effects_" + randomHex(6)}
-	if err := h.DB.WithContext(ctx).Table(env.effects).Migrator().CreateTable(&effectRow{}); err != nil {
-		return nil, fmt.Errorf("create effects table %s: %w", env.effects, err)
-	}
-	if !migrate {
-		return env, nil
-	}
-	if err := h.Store.Migrate(ctx, h.DB.WithContext(ctx)); err != nil {
-		return nil, fmt.Errorf("migrate: %w", err)
-	}
-	return env, nil
-}
-
-func (env *Env) dropEffects() {
-	_ = env.H.DB.Migrator().DropTable(env.effects)
-}
 
 // effectRow is one application of a business effect. Label is a hash of the
 // consumer and event id, so counting does not depend on the database's

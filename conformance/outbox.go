@@ -7,131 +7,40 @@ import (
 	"io"
 	"log/slog"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
-	"github.com/inboxgo/inbox/storage"
 )
-
-// OutboxHarness is one isolated environment for one outbox check.
-type OutboxHarness struct {
-	// DB is a connection to a database in which the suite may create and
-	// drop its own scratch tables.
-	DB *gorm.DB
-	// Store is a fresh outbox Store whose tables no other harness uses. The
-	// suite calls Migrate itself.
-	Store storage.OutboxStore
-	// Open, if set, opens another connection pool to the same database, as
-	// another relay process would.
-	Open func(ctx context.Context) (*gorm.DB, error)
-	// Close releases the harness; it may drop the Store's tables.
-	Close func() error
-}
-
-// OutboxHarnessMaker returns a fresh outbox harness. It is called once per
-// check.
-type OutboxHarnessMaker func(ctx context.Context) (*OutboxHarness, error)
-
-// OutboxCheck is one named property of an outbox Store.
-type OutboxCheck struct {
-	Area, Name string
-	Doc        string // what it proves, in one sentence
-	Run        func(ctx context.Context, env *OutboxEnv) error
-}
-
-// ID returns "outbox-area/name".
-func (c OutboxCheck) ID() string { return "outbox-" + c.Area + "/" + c.Name }
-
-// OutboxChecks returns every outbox check in its fixed order.
-func OutboxChecks() []OutboxCheck {
-	var all []OutboxCheck
-	for _, area := range [][]OutboxCheck{outboxEnqueueChecks, outboxOrderChecks, outboxRelayChecks, outboxExpiryChecks} {
-		all = append(all, area...)
-	}
-	return all
-}
-
-// RunOutbox runs every outbox check as a subtest named by its ID, each with
-// a fresh harness.
-func RunOutbox(t *testing.T, newHarness OutboxHarnessMaker) {
-	t.Helper()
-	for _, c := range OutboxChecks() {
-		t.Run(c.ID(), func(t *testing.T) {
-			if err := RunOutboxCheck(t.Context(), newHarness, c); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-}
-
-// RunOutboxCheck runs one outbox check with a fresh harness and returns what
-// it found wrong, or nil.
-func RunOutboxCheck(ctx context.Context, newHarness OutboxHarnessMaker, c OutboxCheck) (err error) {
-	ctx, cancel := context.WithTimeout(ctx, CheckTimeout)
-	defer cancel()
-	h, err := newHarness(ctx)
-	if err != nil {
-		return fmt.Errorf("%s: harness: %w", c.ID(), err)
-	}
-	defer closeHarness(c.ID(), h.Close, &err)
-	if h.DB == nil || h.Store == nil {
-		return fmt.Errorf("%s: harness without DB or Store", c.ID())
-	}
-	now := time.Now().UTC()
-	env := &OutboxEnv{H: h, Clock: &Clock{now: now}, Today: storage.DayOf(now), effects: "conformance_effects_" + randomHex(6)}
-	if err := h.DB.WithContext(ctx).Table(env.effects).Migrator().CreateTable(&effectRow{}); err != nil {
-		return fmt.Errorf("%s: create effects table: %w", c.ID(), err)
-	}
-	defer func() { _ = h.DB.Migrator().DropTable(env.effects) }()
-	if err := env.Outbox().Migrate(ctx); err != nil {
-		return fmt.Errorf("%s: migrate: %w", c.ID(), err)
-	}
-	return runRecovered(c.ID(), func() error { return c.Run(ctx, env) })
-}
-
-// OutboxEnv is what an outbox check works with.
-type OutboxEnv struct {
-	H     *OutboxHarness
-	Clock *Clock
-	Today time.Time
-
-	effects string
-}
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// Outbox returns an outbox over the harness with the env's clock.
-func (env *OutboxEnv) Outbox(adjust ...func(*outbox.Config)) *outbox.Outbox {
+// Outbox returns an outbox over the harness's Outbox store with the env's
+// clock; adjust changes its configuration.
+func (env *Env) Outbox(adjust ...func(*outbox.Config)) *outbox.Outbox {
 	return env.OutboxOn(env.H.DB, adjust...)
 }
 
 // OutboxOn is Outbox over another connection pool.
-func (env *OutboxEnv) OutboxOn(db *gorm.DB, adjust ...func(*outbox.Config)) *outbox.Outbox {
+func (env *Env) OutboxOn(db *gorm.DB, adjust ...func(*outbox.Config)) *outbox.Outbox {
 	cfg := outbox.Config{Logger: quiet, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 50, Now: env.Clock.Now}
 	for _, f := range adjust {
 		f(&cfg)
 	}
-	ob, err := outbox.New(db, env.H.Store, cfg)
+	ob, err := outbox.New(db, env.H.Outbox, cfg)
 	if err != nil {
 		panic(err) // the suite's own configuration is valid
 	}
 	return ob
 }
 
-// Effect records one application of an effect labelled name through tx.
-func (env *OutboxEnv) Effect(tx *gorm.DB, name string) error {
-	return tx.Table(env.effects).Create(&effectRow{Label: label("outbox", name)}).Error
-}
-
-// Effects counts the committed effects labelled name.
-func (env *OutboxEnv) Effects(ctx context.Context, name string) (int64, error) {
-	var n int64
-	err := env.H.DB.WithContext(ctx).Table(env.effects).Where("label = ?", label("outbox", name)).Count(&n).Error
-	return n, err
+// outboxEffect is the message whose effect (Env.Apply, Env.Effects) the
+// outbox checks label name.
+func outboxEffect(name string) inbox.Message {
+	return inbox.Message{Consumer: "outbox", ID: name}
 }
 
 // Recorder is a Publisher that keeps what it was given, in order, standing
@@ -172,7 +81,7 @@ func (r *Recorder) Messages() []kafka.Message {
 }
 
 // Relay returns a relay of ob through pub with the suite's settings.
-func (env *OutboxEnv) Relay(ob *outbox.Outbox, pub outbox.Publisher, id string, adjust ...func(*outbox.RelayConfig)) *outbox.Relay {
+func (env *Env) Relay(ob *outbox.Outbox, pub outbox.Publisher, id string, adjust ...func(*outbox.RelayConfig)) *outbox.Relay {
 	cfg := outbox.RelayConfig{ID: id, Lease: 10 * time.Second, PollInterval: 5 * time.Millisecond, MaxMessages: 50}
 	for _, f := range adjust {
 		f(&cfg)
@@ -200,8 +109,8 @@ func Drain(ctx context.Context, r *outbox.Relay) (int, error) {
 	}
 }
 
-// HeaderValue returns the value of the first header key of m.
-func HeaderValue(m kafka.Message, key string) (string, bool) {
+// headerValue returns the value of the first header key of m.
+func headerValue(m kafka.Message, key string) (string, bool) {
 	for _, h := range m.Headers {
 		if h.Key == key {
 			return string(h.Value), true

@@ -18,28 +18,28 @@ import (
 	"github.com/inboxgo/inbox/storage"
 )
 
-var outboxEnqueueChecks = []OutboxCheck{
-	{Area: "enqueue", Name: "verify-after-migrate", Doc: "a Store that verifies settings (storage.Verifier) accepts the harness's database after Migrate", Run: checkOutboxVerify},
-	{Area: "enqueue", Name: "commit-publishes", Doc: "messages enqueued in a committed transaction are published once each, with their key, value, headers and event id", Run: checkCommitPublishes},
-	{Area: "enqueue", Name: "rollback-removes", Doc: "a rolled-back transaction leaves neither its effect nor its messages", Run: checkRollbackRemoves},
-	{Area: "enqueue", Name: "invalid-stores-nothing", Doc: "an invalid message, or a *gorm.DB that is no transaction, fails Enqueue before anything is stored", Run: checkInvalidStoresNothing},
+var outboxEnqueueChecks = []Check{
+	{Outbox: true, Area: "enqueue", Name: "verify-after-migrate", Doc: "a Store that verifies settings (storage.Verifier) accepts the harness's database after Migrate", Run: checkOutboxVerify},
+	{Outbox: true, Area: "enqueue", Name: "commit-publishes", Doc: "messages enqueued in a committed transaction are published once each, with their key, value, headers and event id", Run: checkCommitPublishes},
+	{Outbox: true, Area: "enqueue", Name: "rollback-removes", Doc: "a rolled-back transaction leaves neither its effect nor its messages", Run: checkRollbackRemoves},
+	{Outbox: true, Area: "enqueue", Name: "invalid-stores-nothing", Doc: "an invalid message, or a *gorm.DB that is no transaction, fails Enqueue before anything is stored", Run: checkInvalidStoresNothing},
 }
 
-var outboxOrderChecks = []OutboxCheck{
-	{Area: "order", Name: "per-key", Doc: "messages of one key enqueued by concurrent writers are published in commit order", Run: checkPerKeyOrder},
-	{Area: "order", Name: "commit-gap", Doc: "a transaction that enqueues for a key after another one did cannot commit, or be published, before it", Run: checkCommitGap},
+var outboxOrderChecks = []Check{
+	{Outbox: true, Area: "order", Name: "per-key", Doc: "messages of one key enqueued by concurrent writers are published in commit order", Run: checkPerKeyOrder},
+	{Outbox: true, Area: "order", Name: "commit-gap", Doc: "a transaction that enqueues for a key after another one did cannot commit, or be published, before it", Run: checkCommitGap},
 }
 
-var outboxRelayChecks = []OutboxCheck{
-	{Area: "relay", Name: "lease-excludes", Doc: "a shard one relay leases is not claimed by another until the lease expires, and the old relay's acknowledgement is then refused", Run: checkLeaseExcludes},
-	{Area: "relay", Name: "hot-key-does-not-starve", Doc: "a claim smaller than one key's backlog still hands out the oldest rows of every other leased shard", Run: checkHotKey},
-	{Area: "relay", Name: "publish-failure", Doc: "messages the broker did not acknowledge are published again, in order, and the acknowledged ones are not", Run: checkPublishFailure},
-	{Area: "relay", Name: "restart", Doc: "a relay that restarts (or another that takes over) continues where the last acknowledgement left off", Run: checkRelayRestart},
-	{Area: "relay", Name: "several-relays", Doc: "several relays running while writers enqueue publish every message, in order per key, without publishing any twice", Run: checkSeveralRelays},
+var outboxRelayChecks = []Check{
+	{Outbox: true, Area: "relay", Name: "lease-excludes", Doc: "a shard one relay leases is not claimed by another until the lease expires, and the old relay's acknowledgement is then refused", Run: checkLeaseExcludes},
+	{Outbox: true, Area: "relay", Name: "hot-key-does-not-starve", Doc: "a claim smaller than one key's backlog still hands out the oldest rows of every other leased shard", Run: checkHotKey},
+	{Outbox: true, Area: "relay", Name: "publish-failure", Doc: "messages the broker did not acknowledge are published again, in order, and the acknowledged ones are not", Run: checkPublishFailure},
+	{Outbox: true, Area: "relay", Name: "restart", Doc: "a relay that restarts (or another that takes over) continues where the last acknowledgement left off", Run: checkRelayRestart},
+	{Outbox: true, Area: "relay", Name: "several-relays", Doc: "several relays running while writers enqueue publish every message, in order per key, without publishing any twice", Run: checkSeveralRelays},
 }
 
-var outboxExpiryChecks = []OutboxCheck{
-	{Area: "expiry", Name: "never-unpublished", Doc: "expiry removes published rows of expired days and keeps, and reports, a day that still holds unpublished rows", Run: checkExpiry},
+var outboxExpiryChecks = []Check{
+	{Outbox: true, Area: "expiry", Name: "never-unpublished", Doc: "expiry removes published rows of expired days and keeps, and reports, a day that still holds unpublished rows", Run: checkExpiry},
 }
 
 func msgOf(topic, key, value string) outbox.Message {
@@ -49,10 +49,10 @@ func msgOf(topic, key, value string) outbox.Message {
 // enqueueTx enqueues msgs in a new transaction together with an effect
 // named name, and runs the transaction again after a transient failure, as
 // an application does.
-func (env *OutboxEnv) enqueueTx(ctx context.Context, ob *outbox.Outbox, name string, msgs ...outbox.Message) error {
+func (env *Env) enqueueTx(ctx context.Context, ob *outbox.Outbox, name string, msgs ...outbox.Message) error {
 	for attempt := 1; ; attempt++ {
 		err := ob.DB().WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			if err := env.Effect(tx, name); err != nil {
+			if err := env.Apply(ctx, tx, outboxEffect(name)); err != nil {
 				return err
 			}
 			return ob.Enqueue(ctx, tx, msgs...)
@@ -64,7 +64,7 @@ func (env *OutboxEnv) enqueueTx(ctx context.Context, ob *outbox.Outbox, name str
 	}
 }
 
-func checkCommitPublishes(ctx context.Context, env *OutboxEnv) error {
+func checkCommitPublishes(ctx context.Context, env *Env) error {
 	ob := env.Outbox()
 	at := time.Date(2026, 3, 4, 5, 6, 7, 890_000_000, time.UTC)
 	msgs := []outbox.Message{
@@ -92,20 +92,20 @@ func checkCommitPublishes(ctx context.Context, env *OutboxEnv) error {
 	if !ok || string(m1.Key) != "k1" || m1.Topic != "orders" {
 		return fmt.Errorf("message v1 published as %+v", m1)
 	}
-	if id, _ := HeaderValue(m1, header.EventID); id != "id-1" {
+	if id, _ := headerValue(m1, header.EventID); id != "id-1" {
 		return fmt.Errorf("message v1: event_id header %q, want id-1", id)
 	}
-	if ts, _ := HeaderValue(m1, header.EventTime); ts != "2026-03-04T05:06:07.89Z" {
+	if ts, _ := headerValue(m1, header.EventTime); ts != "2026-03-04T05:06:07.89Z" {
 		return fmt.Errorf("message v1: event_time header %q, want 2026-03-04T05:06:07.89Z", ts)
 	}
-	if tr, _ := HeaderValue(m1, "trace"); tr != "\x00\x01\x02" {
+	if tr, _ := headerValue(m1, "trace"); tr != "\x00\x01\x02" {
 		return fmt.Errorf("message v1: header trace %q, want the bytes 0 1 2", tr)
 	}
 	m2 := byValue["v2"]
 	if m2.Key != nil {
 		return fmt.Errorf("message v2 had no key and was published with key %q", m2.Key)
 	}
-	if id, ok := HeaderValue(m2, header.EventID); !ok || len(id) != 36 || id[14] != '7' {
+	if id, ok := headerValue(m2, header.EventID); !ok || len(id) != 36 || id[14] != '7' {
 		return fmt.Errorf("message v2: generated event id %q is not a UUIDv7", id)
 	}
 	m3, ok := byValue[""]
@@ -118,11 +118,11 @@ func checkCommitPublishes(ctx context.Context, env *OutboxEnv) error {
 	return nil
 }
 
-func checkRollbackRemoves(ctx context.Context, env *OutboxEnv) error {
+func checkRollbackRemoves(ctx context.Context, env *Env) error {
 	ob := env.Outbox()
 	errAbort := errors.New("abort")
 	err := env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := env.Effect(tx, "rolled-back"); err != nil {
+		if err := env.Apply(ctx, tx, outboxEffect("rolled-back")); err != nil {
 			return err
 		}
 		if err := ob.Enqueue(ctx, tx, msgOf("orders", "k", "lost")); err != nil {
@@ -140,13 +140,13 @@ func checkRollbackRemoves(ctx context.Context, env *OutboxEnv) error {
 	if _, err := Drain(ctx, env.Relay(ob, rec, "r1")); err != nil {
 		return err
 	}
-	if n, err := env.Effects(ctx, "rolled-back"); err != nil || n != 0 {
+	if n, err := env.Effects(ctx, outboxEffect("rolled-back")); err != nil || n != 0 {
 		return fmt.Errorf("rolled-back effect committed %d times (err %v)", n, err)
 	}
 	return checkKeyOrder(rec.Messages(), map[string][]string{"orders/k": {"kept"}})
 }
 
-func checkInvalidStoresNothing(ctx context.Context, env *OutboxEnv) error {
+func checkInvalidStoresNothing(ctx context.Context, env *Env) error {
 	ob := env.Outbox()
 	if err := ob.Enqueue(ctx, env.H.DB.WithContext(ctx), msgOf("orders", "k", "no-tx")); !errors.Is(err, inbox.ErrInvalidConfig) {
 		return fmt.Errorf("enqueue on a plain *gorm.DB: %v, want an error wrapping inbox.ErrInvalidConfig", err)
@@ -181,7 +181,7 @@ func checkInvalidStoresNothing(ctx context.Context, env *OutboxEnv) error {
 	return nil
 }
 
-func checkPerKeyOrder(ctx context.Context, env *OutboxEnv) error {
+func checkPerKeyOrder(ctx context.Context, env *Env) error {
 	ob := env.Outbox()
 	const writers, keysPerWriter, perKey = 4, 3, 8
 	want := map[string][]string{}
@@ -249,7 +249,7 @@ func checkPerKeyOrder(ctx context.Context, env *OutboxEnv) error {
 // number, T2 a later one; if T2 could commit first, a relay reading "after
 // the last published" would publish T2's message and never T1's, or
 // publish T1's after it.
-func checkCommitGap(ctx context.Context, env *OutboxEnv) error {
+func checkCommitGap(ctx context.Context, env *Env) error {
 	ob := env.Outbox()
 	// Whichever way the check returns, T2 and the early relay cycle are
 	// stopped and gone, T1 rolled back (which T2 may be waiting for), and
@@ -334,14 +334,14 @@ func checkCommitGap(ctx context.Context, env *OutboxEnv) error {
 	return checkKeyOrder(rec.Messages(), map[string][]string{"orders/gap": {"first", "second"}})
 }
 
-func checkLeaseExcludes(ctx context.Context, env *OutboxEnv) error {
+func checkLeaseExcludes(ctx context.Context, env *Env) error {
 	ob := env.Outbox()
 	for i := range 5 {
 		if err := env.enqueueTx(ctx, ob, "lease", msgOf("orders", "k"+strconv.Itoa(i), "v")); err != nil {
 			return err
 		}
 	}
-	store, db := env.H.Store, env.H.DB.WithContext(ctx)
+	store, db := env.H.Outbox, env.H.DB.WithContext(ctx)
 	lease := 400 * time.Millisecond
 	a, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: "relay-a", Lease: lease, MaxRows: 100})
 	if err != nil || len(a) != 5 {
@@ -385,7 +385,7 @@ func marksFor(rows []storage.OutboxRow) []storage.Mark {
 	return marks
 }
 
-func checkPublishFailure(ctx context.Context, env *OutboxEnv) error {
+func checkPublishFailure(ctx context.Context, env *Env) error {
 	ob := env.Outbox()
 	want := map[string][]string{}
 	for i := range 6 {
@@ -441,7 +441,7 @@ func checkPublishFailure(ctx context.Context, env *OutboxEnv) error {
 	return nil
 }
 
-func checkRelayRestart(ctx context.Context, env *OutboxEnv) error {
+func checkRelayRestart(ctx context.Context, env *Env) error {
 	ob := env.Outbox()
 	want := map[string][]string{}
 	for i := range 10 {
@@ -472,7 +472,7 @@ func checkRelayRestart(ctx context.Context, env *OutboxEnv) error {
 	return checkKeyOrder(got, want)
 }
 
-func checkSeveralRelays(ctx context.Context, env *OutboxEnv) error {
+func checkSeveralRelays(ctx context.Context, env *Env) error {
 	const writers, keys, perKey, relays = 3, 12, 10, 3
 	want := map[string][]string{}
 	// Whichever way the check returns, its writers and relays are stopped
@@ -557,7 +557,7 @@ func distinct(msgs []kafka.Message) map[string]bool {
 	return seen
 }
 
-func checkExpiry(ctx context.Context, env *OutboxEnv) error {
+func checkExpiry(ctx context.Context, env *Env) error {
 	// Days: today-6 holds only published rows, today-5 one published and
 	// one unpublished row; the retention is 3 days.
 	env.Clock.AddDays(-6)
@@ -595,7 +595,7 @@ func checkExpiry(ctx context.Context, env *OutboxEnv) error {
 	if !slices.ContainsFunc(report.Expired, oldest.Equal) {
 		return fmt.Errorf("maintenance report expired %v, want the published day %s", report.Expired, oldest.Format(time.DateOnly))
 	}
-	if sr, ok := env.H.Store.(storage.StatsReporter); ok {
+	if sr, ok := env.H.Outbox.(storage.StatsReporter); ok {
 		stats, err := sr.Stats(ctx, env.H.DB.WithContext(ctx))
 		if err != nil {
 			return err
@@ -626,7 +626,7 @@ func checkExpiry(ctx context.Context, env *OutboxEnv) error {
 	return nil
 }
 
-func checkHotKey(ctx context.Context, env *OutboxEnv) error {
+func checkHotKey(ctx context.Context, env *Env) error {
 	ob := env.Outbox()
 	hot := make([]outbox.Message, 60)
 	for i := range hot {
@@ -642,7 +642,7 @@ func checkHotKey(ctx context.Context, env *OutboxEnv) error {
 			return err
 		}
 	}
-	rows, err := env.H.Store.Claim(ctx, env.H.DB.WithContext(ctx), storage.ClaimRequest{Relay: "r1", Lease: 10 * time.Second, MaxRows: 20})
+	rows, err := env.H.Outbox.Claim(ctx, env.H.DB.WithContext(ctx), storage.ClaimRequest{Relay: "r1", Lease: 10 * time.Second, MaxRows: 20})
 	if err != nil {
 		return err
 	}
@@ -659,8 +659,8 @@ func checkHotKey(ctx context.Context, env *OutboxEnv) error {
 	return nil
 }
 
-func checkOutboxVerify(ctx context.Context, env *OutboxEnv) error {
-	v, ok := env.H.Store.(storage.Verifier)
+func checkOutboxVerify(ctx context.Context, env *Env) error {
+	v, ok := env.H.Outbox.(storage.Verifier)
 	if !ok {
 		return nil
 	}

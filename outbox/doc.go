@@ -71,7 +71,7 @@
 // # What adapters do
 //
 // The database-specific part is the small [storage.OutboxStore] interface, whose doc
-// comments are the contract; the conformance package's RunOutbox is its
+// comments are the contract; the conformance package's outbox checks are its
 // executable form. The Outbox and Relay own validation, retries, logging
 // and metrics; adapters own their dialect SQL and reuse the inbox adapters'
 // classification of transient errors.

@@ -72,8 +72,10 @@ func preparedGORM(dsn string) (*gorm.DB, error) {
 
 func openDB(dsn string, open opener) (*gorm.DB, error) { return open(dsn) }
 
-// newHarness gives every check its own table, dropped again in Close.
-func newHarness(dsn string, open opener, txOptions *sql.TxOptions) conformance.HarnessMaker {
+// newHarness gives every check its own inbox table, dropped again in
+// Close. withOutbox adds the outbox Store, on tables of its own (the
+// outbox's, with their _shards and _relay tables), dropped in Close too.
+func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bool) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		db, err := openDB(dsn, open)
 		if err != nil {
@@ -83,14 +85,20 @@ func newHarness(dsn string, open opener, txOptions *sql.TxOptions) conformance.H
 		if err != nil {
 			return nil, err
 		}
-		return &conformance.Harness{
+		tables := []string{store.Table()} // to drop in Close
+		h := &conformance.Harness{
 			DB:        db,
 			Store:     store,
 			TxOptions: txOptions,
 			Open:      func(context.Context) (*gorm.DB, error) { return openDB(dsn, open) },
 			Features:  conformance.Features{ExpiryCountsRows: false},
 			Close: func() error {
-				dropErr := db.Exec("DROP TABLE IF EXISTS `" + store.Table() + "`").Error
+				var dropErr error
+				for _, table := range tables {
+					if err := db.Exec("DROP TABLE IF EXISTS `" + table + "`").Error; err != nil && dropErr == nil {
+						dropErr = err
+					}
+				}
 				sqlDB, err := db.DB()
 				if err != nil {
 					return err
@@ -100,7 +108,16 @@ func newHarness(dsn string, open opener, txOptions *sql.TxOptions) conformance.H
 				}
 				return dropErr
 			},
-		}, nil
+		}
+		if withOutbox {
+			ob, err := inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: "outbox_" + conformance.RandomSuffix(), Shards: 16})
+			if err != nil {
+				return nil, err
+			}
+			h.Outbox = ob
+			tables = append(tables, ob.Table(), ob.Table()+"_shards", ob.Table()+"_relay")
+		}
+		return h, nil
 	}
 }
 
@@ -109,26 +126,30 @@ func newHarness(dsn string, open opener, txOptions *sql.TxOptions) conformance.H
 // with interpolated parameters (RETURNING left on by GORM), with GORM's
 // prepared statement cache, with times left unparsed in a local time zone
 // on both sides, and at the isolation levels other than the default
-// REPEATABLE READ that users choose.
+// REPEATABLE READ that users choose. The outbox checks run with the
+// recommended Open and with GORM's plain dialector and interpolated
+// parameters; the other settings are the inbox's (the outbox's transactions
+// take no TxOptions, and it reads no affected-row counts of UPDATEs).
 func TestConformance(t *testing.T) {
 	dsn := testservers.MySQLDSN(t)
 	for _, v := range []struct {
-		name   string
-		params map[string]string
-		open   opener
-		tx     *sql.TxOptions
+		name       string
+		params     map[string]string
+		open       opener
+		tx         *sql.TxOptions
+		withOutbox bool
 	}{
-		{"clientFoundRows=false", map[string]string{"clientFoundRows": "false"}, recommended, nil},
-		{"clientFoundRows=true", map[string]string{"clientFoundRows": "true"}, recommended, nil},
-		{"plain-gorm+interpolateParams+clientFoundRows", map[string]string{"clientFoundRows": "true", "interpolateParams": "true"}, plainGORM, nil},
-		{"plain-gorm+PrepareStmt", nil, preparedGORM, nil},
-		{"plain-gorm, server-side prepared statements", map[string]string{"interpolateParams": "false"}, plainGORM, nil},
-		{"parseTime=false+loc=Asia/Tokyo+time_zone=-10:00", map[string]string{"parseTime": "false", "loc": "Asia/Tokyo", "time_zone": "'-10:00'"}, recommended, nil},
-		{"READ-COMMITTED", nil, recommended, &sql.TxOptions{Isolation: sql.LevelReadCommitted}},
-		{"SERIALIZABLE", nil, recommended, &sql.TxOptions{Isolation: sql.LevelSerializable}},
+		{"clientFoundRows=false", map[string]string{"clientFoundRows": "false"}, recommended, nil, true},
+		{"clientFoundRows=true", map[string]string{"clientFoundRows": "true"}, recommended, nil, false},
+		{"plain-gorm+interpolateParams+clientFoundRows", map[string]string{"clientFoundRows": "true", "interpolateParams": "true"}, plainGORM, nil, true},
+		{"plain-gorm+PrepareStmt", nil, preparedGORM, nil, false},
+		{"plain-gorm, server-side prepared statements", map[string]string{"interpolateParams": "false"}, plainGORM, nil, false},
+		{"parseTime=false+loc=Asia/Tokyo+time_zone=-10:00", map[string]string{"parseTime": "false", "loc": "Asia/Tokyo", "time_zone": "'-10:00'"}, recommended, nil, false},
+		{"READ-COMMITTED", nil, recommended, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, false},
+		{"SERIALIZABLE", nil, recommended, &sql.TxOptions{Isolation: sql.LevelSerializable}, false},
 	} {
 		t.Run(v.name, func(t *testing.T) {
-			conformance.Run(t, newHarness(withParams(t, dsn, v.params), v.open, v.tx))
+			conformance.Run(t, newHarness(withParams(t, dsn, v.params), v.open, v.tx, v.withOutbox))
 		})
 	}
 }

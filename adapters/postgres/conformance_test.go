@@ -26,12 +26,6 @@ func closeDB(db *gorm.DB) error {
 	return sqlDB.Close()
 }
 
-// newHarness gives every check its own schema (and so its own inbox table
-// and partitions) on its own connection pool, and drops the schema in Close.
-func newHarness(dsn string, txOpts *sql.TxOptions) conformance.HarnessMaker {
-	return newHarnessWith(dsn, txOpts, openDB)
-}
-
 // genericPool hides the *sql.DB behind a pool type of its own, as a user's
 // custom connection pool would: the Store then cannot tell that pgx is the
 // driver and takes its generic claim path (multi-row VALUES scanned by GORM).
@@ -47,7 +41,12 @@ func openGeneric(dsn string) (*gorm.DB, error) {
 	return gorm.Open(postgres.New(postgres.Config{Conn: genericPool{sqlDB}}), &gorm.Config{Logger: logger.Discard})
 }
 
-func newHarnessWith(dsn string, txOpts *sql.TxOptions, openDB func(string) (*gorm.DB, error)) conformance.HarnessMaker {
+// newHarness gives every check its own schema (and so its own inbox and
+// outbox tables and partitions) on its own connection pool opened by
+// openDB, and drops the schema in Close. withOutbox adds the outbox Store:
+// its transactions take no TxOptions, so its checks need to run in one
+// variant only.
+func newHarness(dsn string, txOpts *sql.TxOptions, openDB func(string) (*gorm.DB, error), withOutbox bool) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		db, err := openDB(dsn)
 		if err != nil {
@@ -59,7 +58,7 @@ func newHarnessWith(dsn string, txOpts *sql.TxOptions, openDB func(string) (*gor
 			_ = closeDB(db)
 			return nil, err
 		}
-		return &conformance.Harness{
+		h := &conformance.Harness{
 			DB:        db,
 			Store:     store,
 			TxOptions: txOpts,
@@ -72,25 +71,32 @@ func newHarnessWith(dsn string, txOpts *sql.TxOptions, openDB func(string) (*gor
 				}
 				return err
 			},
-		}, nil
+		}
+		if withOutbox {
+			if h.Outbox, err = inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Shards: 16}); err != nil {
+				_ = closeDB(db)
+				return nil, err
+			}
+		}
+		return h, nil
 	}
 }
 
 func TestConformance(t *testing.T) {
 	dsn := testservers.PostgresDSN(t)
-	for _, level := range []struct {
-		name string
-		opts *sql.TxOptions
+	for _, v := range []struct {
+		name       string
+		opts       *sql.TxOptions
+		open       func(string) (*gorm.DB, error)
+		withOutbox bool
 	}{
-		{"read-committed", &sql.TxOptions{Isolation: sql.LevelReadCommitted}},
-		{"repeatable-read", &sql.TxOptions{Isolation: sql.LevelRepeatableRead}},
-		{"serializable", &sql.TxOptions{Isolation: sql.LevelSerializable}},
+		{"read-committed", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, openDB, true},
+		{"repeatable-read", &sql.TxOptions{Isolation: sql.LevelRepeatableRead}, openDB, false},
+		{"serializable", &sql.TxOptions{Isolation: sql.LevelSerializable}, openDB, false},
+		{"generic-claim-path", nil, openGeneric, false},
 	} {
-		t.Run(level.name, func(t *testing.T) {
-			conformance.Run(t, newHarness(dsn, level.opts))
+		t.Run(v.name, func(t *testing.T) {
+			conformance.Run(t, newHarness(dsn, v.opts, v.open, v.withOutbox))
 		})
 	}
-	t.Run("generic-claim-path", func(t *testing.T) {
-		conformance.Run(t, newHarnessWith(dsn, nil, openGeneric))
-	})
 }

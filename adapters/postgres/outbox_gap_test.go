@@ -62,8 +62,8 @@ func (s *numberedAtInsert) Append(ctx context.Context, tx *gorm.DB, rows []stora
 // transactions of a key.
 func TestCommitGapCheckCatchesNumberingAtInsert(t *testing.T) {
 	dsn := testservers.PostgresDSN(t)
-	healthy := newOutboxHarness(dsn)
-	broken := func(ctx context.Context) (*conformance.OutboxHarness, error) {
+	healthy := newHarness(dsn, nil, openDB, true)
+	broken := func(ctx context.Context) (*conformance.Harness, error) {
 		h, err := healthy(ctx)
 		if err != nil {
 			return nil, err
@@ -72,22 +72,22 @@ func TestCommitGapCheckCatchesNumberingAtInsert(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		inner := h.Store.(*inboxpg.OutboxStore)
-		h.Store = &numberedAtInsert{OutboxStore: inner, db: own, next: map[int32]int64{}}
+		inner := h.Outbox.(*inboxpg.OutboxStore)
+		h.Outbox = &numberedAtInsert{OutboxStore: inner, db: own, next: map[int32]int64{}}
 		closeHarness := h.Close
 		h.Close = func() error { _ = closeDB(own); return closeHarness() }
 		return h, nil
 	}
-	for _, c := range conformance.OutboxChecks() {
+	for _, c := range conformance.Checks() {
 		if c.ID() != "outbox-order/commit-gap" {
 			continue
 		}
-		err := conformance.RunOutboxCheck(t.Context(), broken, c)
+		err := conformance.RunCheck(t.Context(), broken, c)
 		if err == nil {
 			t.Fatal("the commit-gap check passed a store that numbers rows at INSERT")
 		}
 		t.Logf("caught: %v", err)
-		if err := conformance.RunOutboxCheck(t.Context(), healthy, c); err != nil {
+		if err := conformance.RunCheck(t.Context(), healthy, c); err != nil {
 			t.Fatalf("the healthy store failed: %v", err)
 		}
 		return

@@ -16,17 +16,17 @@ import (
 	"github.com/inboxgo/inbox/conformance"
 )
 
-// An adapter, ours or a third party's, proves its Store with the
+// An adapter, ours or a third party's, proves its stores with the
 // conformance suite. Its tests hand the suite a HarnessMaker, which returns
-// a fresh Store and database for every check, and run every check as a
-// subtest:
+// a fresh database with a fresh inbox Store and, if the adapter has one,
+// outbox Store for every check, and run every check as a subtest:
 //
 //	func TestConformance(t *testing.T) {
 //		conformance.Run(t, newHarness)
 //	}
 //
 // The checks return errors rather than failing a *testing.T, so they also
-// run outside a test, as here against the SQLite Store (inboxctl check does
+// run outside a test, as here against the SQLite stores (inboxctl check does
 // the same for a live database).
 func Example_conformance() {
 	ctx := context.Background()
@@ -48,9 +48,14 @@ func Example_conformance() {
 		if err != nil {
 			return nil, err
 		}
+		ob, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{})
+		if err != nil {
+			return nil, err
+		}
 		return &conformance.Harness{
 			DB:       db,
 			Store:    store,
+			Outbox:   ob,   // nil skips the outbox checks
 			Open:     open, // a second connection pool, as another process would have
 			Features: conformance.Features{ExpiryCountsRows: true},
 			Close: func() error {

@@ -13,7 +13,7 @@ import (
 )
 
 // newHarness gives every check its own database file, opened with GORM's
-// prepared statements or without.
+// prepared statements or without, with the inbox Store and the outbox Store.
 func newHarness(t *testing.T, prepared bool) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		path := filepath.Join(t.TempDir(), "inbox.db")
@@ -28,9 +28,14 @@ func newHarness(t *testing.T, prepared bool) conformance.HarnessMaker {
 		if err != nil {
 			return nil, err
 		}
+		ob, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Shards: 16})
+		if err != nil {
+			return nil, err
+		}
 		return &conformance.Harness{
 			DB:       db,
 			Store:    store,
+			Outbox:   ob,
 			Open:     open,
 			Features: conformance.Features{ExpiryCountsRows: true},
 			Close: func() error {

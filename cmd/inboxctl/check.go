@@ -116,7 +116,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	checks := selectChecks(*all, re)
 	if *list {
 		for _, c := range checks {
-			fmt.Fprintf(stdout, "%-50s %s\n", c.ID, c.Doc)
+			fmt.Fprintf(stdout, "%-50s %s\n", c.ID(), c.Doc)
 		}
 		return exitOK
 	}
@@ -179,10 +179,13 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			break
 		}
 		t0 := time.Now()
-		r := checkResult{Check: c.ID, Doc: c.Doc, Status: statusPass}
-		if err := c.run(ctx, ck); err != nil {
+		r := checkResult{Check: c.ID(), Doc: c.Doc, Status: statusPass}
+		if err := conformance.RunCheck(ctx, ck.harness, c); err != nil {
 			r.Status = statusFail
-			r.Reason = strings.TrimPrefix(err.Error(), c.ID+": ")
+			if errors.Is(err, conformance.ErrSkipped) {
+				r.Status = statusSkip
+			}
+			r.Reason = strings.TrimPrefix(err.Error(), c.ID()+": ")
 			if ctx.Err() != nil {
 				report.Interrupted = true
 				// What the check saw after the interrupt is noise.
@@ -210,18 +213,10 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return exitOK
 }
 
-// suiteCheck is one check of the run: an inbox check (conformance.Check)
-// or an outbox check (conformance.OutboxCheck), each with its harness.
-type suiteCheck struct {
-	ID, Doc string
-	run     func(ctx context.Context, ck *checker) error
-}
-
-// selectChecks returns the checks to run: the inbox suite's, all with all,
-// else every area but retention, then the outbox suite's; filtered by re
-// (on the IDs) when set.
-func selectChecks(all bool, re *regexp.Regexp) []suiteCheck {
-	var out []suiteCheck
+// selectChecks returns the checks to run: the suite's, all with all, else
+// every area but retention; filtered by re (on the IDs) when set.
+func selectChecks(all bool, re *regexp.Regexp) []conformance.Check {
+	var out []conformance.Check
 	for _, c := range conformance.Checks() {
 		if !all && c.Area == "retention" {
 			continue
@@ -229,17 +224,7 @@ func selectChecks(all bool, re *regexp.Regexp) []suiteCheck {
 		if re != nil && !re.MatchString(c.ID()) {
 			continue
 		}
-		out = append(out, suiteCheck{ID: c.ID(), Doc: c.Doc, run: func(ctx context.Context, ck *checker) error {
-			return conformance.RunCheck(ctx, ck.harness, c)
-		}})
-	}
-	for _, c := range conformance.OutboxChecks() {
-		if re != nil && !re.MatchString(c.ID()) {
-			continue
-		}
-		out = append(out, suiteCheck{ID: c.ID(), Doc: c.Doc, run: func(ctx context.Context, ck *checker) error {
-			return conformance.RunOutboxCheck(ctx, ck.outboxHarness, c)
-		}})
+		out = append(out, c)
 	}
 	return out
 }
@@ -346,11 +331,16 @@ func (ck *checker) verify(ctx context.Context, db *gorm.DB) (r checkResult) {
 	return r
 }
 
-// harness is the conformance.HarnessMaker: a fresh scratch table and a fresh
-// connection pool from the DSN for every check.
+// harness is the conformance.HarnessMaker: a fresh inbox Store and a fresh
+// outbox Store on scratch tables of their own (the check migrates the one it
+// is about), and a fresh connection pool from the DSN, for every check.
 func (ck *checker) harness(ctx context.Context) (*conformance.Harness, error) {
-	table := scratchPrefix + conformance.RandomSuffix()
+	table, outboxTable := scratchPrefix+conformance.RandomSuffix(), scratchPrefix+conformance.RandomSuffix()
 	store, err := ck.b.newStore(table, ck.o.schema)
+	if err != nil {
+		return nil, err
+	}
+	ob, err := ck.b.newOutboxStore(outboxTable, ck.o.schema, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -366,6 +356,7 @@ func (ck *checker) harness(ctx context.Context) (*conformance.Harness, error) {
 	return &conformance.Harness{
 		DB:        db,
 		Store:     store,
+		Outbox:    ob,
 		TxOptions: ck.txOpts,
 		Open:      func(ctx context.Context) (*gorm.DB, error) { return openDB(ctx, ck.b, ck.o.dsn) },
 		Features:  ck.b.features,
@@ -374,40 +365,9 @@ func (ck *checker) harness(ctx context.Context) (*conformance.Harness, error) {
 			// Clean up even when ctx was cancelled: that is when it matters.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer cancel()
-			err := ck.dropScratch(cctx, db, table)
-			ck.warnEffects(cctx, db, effectsBefore)
-			return err
-		},
-	}, nil
-}
-
-// outboxHarness is the conformance.OutboxHarnessMaker: a fresh outbox
-// Store on scratch tables and a fresh connection pool for every check.
-func (ck *checker) outboxHarness(ctx context.Context) (*conformance.OutboxHarness, error) {
-	table := scratchPrefix + conformance.RandomSuffix()
-	store, err := ck.b.newOutboxStore(table, ck.o.schema, 0)
-	if err != nil {
-		return nil, err
-	}
-	db, err := openDB(ctx, ck.b, ck.o.dsn)
-	if err != nil {
-		return nil, err
-	}
-	effectsBefore, err := ck.b.tables(ctx, db, "", effectsPrefix)
-	if err != nil {
-		closeDB(db)
-		return nil, fmt.Errorf("list tables: %w", err)
-	}
-	return &conformance.OutboxHarness{
-		DB:    db,
-		Store: store,
-		Open:  func(ctx context.Context) (*gorm.DB, error) { return openDB(ctx, ck.b, ck.o.dsn) },
-		Close: func() error {
-			defer closeDB(db)
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			// table_shards, table_relay and the partitions share the prefix.
-			err := ck.dropScratch(cctx, db, table)
+			// The outbox's _shards and _relay tables and the partitions
+			// share their table's prefix.
+			err := errors.Join(ck.dropScratch(cctx, db, table), ck.dropScratch(cctx, db, outboxTable))
 			ck.warnEffects(cctx, db, effectsBefore)
 			return err
 		},

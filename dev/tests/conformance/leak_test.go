@@ -37,7 +37,7 @@ func checkGoroutines() []string {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
-	// The first stack is the caller's own, inside the suite's Run*Check.
+	// The first stack is the caller's own, inside the suite's RunCheck.
 	stacks := strings.Split(string(buf), "\n\n")[1:]
 	var out []string
 	for _, g := range stacks {
@@ -107,17 +107,6 @@ func (p *leakProbe) expectNone(t *testing.T, err error) {
 	}
 }
 
-func findOutboxCheck(t *testing.T, id string) conformance.OutboxCheck {
-	t.Helper()
-	for _, c := range conformance.OutboxChecks() {
-		if c.ID() == id {
-			return c
-		}
-	}
-	t.Fatalf("no outbox check %s", id)
-	return conformance.OutboxCheck{}
-}
-
 func findCheck(t *testing.T, id string) conformance.Check {
 	t.Helper()
 	for _, c := range conformance.Checks() {
@@ -129,14 +118,14 @@ func findCheck(t *testing.T, id string) conformance.Check {
 	return conformance.Check{}
 }
 
-func leakOutboxHarness(t *testing.T, p *leakProbe, wrap func(s *inboxsqlite.OutboxStore) storage.OutboxStore) conformance.OutboxHarnessMaker {
-	return func(context.Context) (*conformance.OutboxHarness, error) {
+func leakOutboxHarness(t *testing.T, p *leakProbe, wrap func(s *inboxsqlite.OutboxStore) storage.OutboxStore) conformance.HarnessMaker {
+	return func(context.Context) (*conformance.Harness, error) {
 		path := filepath.Join(t.TempDir(), "outbox.db")
 		s, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Shards: 8})
 		if err != nil {
 			return nil, err
 		}
-		return &conformance.OutboxHarness{DB: p.attach(t, openSQLiteAt(t, path)), Store: wrap(s),
+		return &conformance.Harness{DB: p.attach(t, openSQLiteAt(t, path)), Outbox: wrap(s),
 			Open: func(context.Context) (*gorm.DB, error) { return openSQLiteAt(t, path), nil }}, nil
 	}
 }
@@ -199,7 +188,7 @@ func TestOutboxChecksFailingEarlyLeaveNothingRunning(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.check, func(t *testing.T) {
 			p := &leakProbe{}
-			err := conformance.RunOutboxCheck(t.Context(), leakOutboxHarness(t, p, tc.wrap), findOutboxCheck(t, tc.check))
+			err := conformance.RunCheck(t.Context(), leakOutboxHarness(t, p, tc.wrap), findCheck(t, tc.check))
 			p.expectNone(t, err)
 		})
 	}

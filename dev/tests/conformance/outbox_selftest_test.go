@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
@@ -71,15 +70,15 @@ func (s appendsElsewhere) Migrate(ctx context.Context, db *gorm.DB) error {
 	return s.OutboxStore.Migrate(ctx, s.own)
 }
 
-func outboxHarnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore) conformance.OutboxHarnessMaker {
-	return func(ctx context.Context) (*conformance.OutboxHarness, error) {
+func outboxHarnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore) conformance.HarnessMaker {
+	return func(ctx context.Context) (*conformance.Harness, error) {
 		path := filepath.Join(t.TempDir(), "outbox.db")
 		db := openSQLiteAt(t, path)
 		s, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Shards: 8})
 		if err != nil {
 			return nil, err
 		}
-		return &conformance.OutboxHarness{DB: db, Store: wrap(t, s),
+		return &conformance.Harness{DB: db, Outbox: wrap(t, s),
 			Open: func(context.Context) (*gorm.DB, error) { return openSQLiteAt(t, path), nil }}, nil
 	}
 }
@@ -107,40 +106,11 @@ func TestOutboxSuiteFailsBrokenStores(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			requireCaught(t, conformance.OutboxChecks(), tc.mustFail, tc.name, func(c conformance.OutboxCheck) error {
-				return conformance.RunOutboxCheck(t.Context(), outboxHarnessWith(t, tc.wrap), c)
-			})
+			requireCaught(t, outboxHarnessWith(t, tc.wrap), tc.mustFail, tc.name)
 		})
 	}
 }
 
 func TestOutboxSuitePassesHealthyStore(t *testing.T) {
-	conformance.RunOutbox(t, outboxHarnessWith(t, func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return s }))
-}
-
-func TestOutboxChecksHaveStableUniqueNames(t *testing.T) {
-	seen := map[string]bool{}
-	for _, c := range conformance.OutboxChecks() {
-		if seen[c.ID()] {
-			t.Errorf("duplicate check %s", c.ID())
-		}
-		seen[c.ID()] = true
-		if c.Doc == "" || c.Run == nil {
-			t.Errorf("check %s lacks Doc or Run", c.ID())
-		}
-	}
-}
-
-func openSQLiteAt(t *testing.T, path string) *gorm.DB {
-	t.Helper()
-	db, err := gorm.Open(inboxsqlite.Open(path), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if sqlDB, err := db.DB(); err == nil {
-			sqlDB.Close()
-		}
-	})
-	return db
+	conformance.Run(t, outboxHarnessWith(t, func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return s }))
 }
