@@ -182,7 +182,7 @@ func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox"), hooks: hooklist.New(cfg.Hooks)}, nil
 }
 
-// storage.InboxStore returns the storage.InboxStore the inbox writes through.
+// Store returns the store the inbox writes through.
 func (ib *Inbox) Store() storage.InboxStore { return ib.store }
 
 // DB returns the database handle the inbox opens transactions on.
