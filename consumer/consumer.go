@@ -15,6 +15,7 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/txn"
 )
 
 var (
@@ -103,7 +104,7 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	cfg.setDefaults()
 	if cfg.DB != nil {
-		if err := inbox.TrackStatements(cfg.DB); err != nil {
+		if err := txn.TrackStatements(cfg.DB); err != nil {
 			return nil, err
 		}
 	}

@@ -8,12 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/txn"
 )
 
 // process handles a batch in order and reports whether the partition must
@@ -233,7 +235,7 @@ func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
 func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolution {
 	for {
 		it.attempts++
-		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
+		err := w.transact(dbCtx, func(tx *gorm.DB) error {
 			if err := w.callAny(w.messageContext(dbCtx, it), tx, it.msg); err != nil {
 				return err
 			}
@@ -284,7 +286,7 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 	}
 	next := items[len(items)-1].msg.Offset + 1
 	for attempt := 1; ; attempt++ {
-		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
+		err := w.transact(dbCtx, func(tx *gorm.DB) error {
 			if err := w.withTimeout(w.messageContext(dbCtx, items[0]), tx, func(ctx context.Context, tx *gorm.DB) error {
 				return w.c.cfg.BatchHandler(ctx, tx, batch)
 			}); err != nil {
@@ -320,6 +322,25 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 	}
 }
 
+// transact runs fn in one transaction without an inbox row, with the
+// inbox's fault model (see inbox.IsDatabaseFailure): a panic in fn is
+// returned as an *inbox.PanicError, a COMMIT the database refused as an
+// *inbox.CommitError.
+func (w *worker) transact(ctx context.Context, fn func(tx *gorm.DB) error) error {
+	err := txn.Transact(ctx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = &inbox.PanicError{Value: r, Stack: debug.Stack()}
+			}
+		}()
+		return fn(tx)
+	})
+	if r, ok := err.(*txn.CommitRefused); ok {
+		return &inbox.CommitError{Err: r.Err}
+	}
+	return err
+}
+
 // messageContext is the context the processing of it runs under: ctx, or what
 // Config.MessageContext made of it.
 func (w *worker) messageContext(ctx context.Context, it *item) context.Context {
@@ -344,7 +365,7 @@ func (w *worker) callAny(ctx context.Context, tx *gorm.DB, msg Message) error {
 }
 
 // callHandler runs the user's handler, enforcing Config.HandlerTimeout. A
-// panic is left to the inbox (or inbox.Transact), which recovers it as an
+// panic is left to the inbox (or worker.transact), which recovers it as an
 // *inbox.PanicError with its stack.
 func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) error {
 	return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
 )
@@ -293,16 +294,16 @@ func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow
 				}
 			}
 		} else {
-			st := lookupState(tx)
+			st := txn.StatementsOf(tx)
 			firstFailure := -1 // the message during whose handler a statement failed first
 			for j, idx := range group {
 				if !inserted[j] {
 					outcomes[idx] = Duplicate
 					continue
 				}
-				_, before := st.state()
+				before := st.FirstFailure()
 				err := ib.handle(b.ctxOf(ctx, idx), tx, b.msgs[idx], b.h)
-				if _, after := st.state(); before == nil && after != nil {
+				if after := st.FirstFailure(); before == nil && after != nil {
 					firstFailure = idx
 				}
 				if err != nil {
@@ -320,7 +321,7 @@ func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow
 		}
 		if b.opts.beforeCommit != nil {
 			if err := b.opts.beforeCommit(ctx, tx, b.view(outcomes)); err != nil {
-				return &dbError{op: "before-commit", err: err}
+				return txn.DatabaseFailure("before-commit", err)
 			}
 		}
 		return nil

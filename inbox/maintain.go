@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -47,7 +48,7 @@ func (ib *Inbox) MaintainPlan(ctx context.Context, plan storage.MaintenancePlan)
 	err := ib.retry(ctx, func(int) error {
 		var err error
 		report, err = ib.store.Maintain(ctx, ib.db.WithContext(ctx), plan)
-		return databaseFailure("maintain", err)
+		return txn.DatabaseFailure("maintain", err)
 	})
 	if err != nil {
 		return report, fmt.Errorf("inbox: maintain: %w", err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -96,8 +97,8 @@ func New(db *gorm.DB, store storage.OutboxStore, cfg Config) (*Outbox, error) {
 		log = slog.Default()
 	}
 	// Enqueue's statements run in the caller's transaction; tracked, a
-	// transient failure of one dooms that transaction (see inbox.Transact).
-	if err := inbox.TrackStatements(db); err != nil {
+	// transient failure of one dooms that transaction (see txn.Transact).
+	if err := txn.TrackStatements(db); err != nil {
 		return nil, err
 	}
 	return &Outbox{db: db, store: store, cfg: cfg, log: log.With("component", "outbox")}, nil
