@@ -15,6 +15,7 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/batchopt"
 	"github.com/inboxgo/inbox/internal/txn"
 )
 
@@ -121,15 +122,15 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	if len(msgs) == 0 {
 		return results, true
 	}
-	var opts []inbox.BatchOption
+	var opts batchopt.Options[inbox.Outcome]
 	if w.c.cfg.MessageContext != nil {
-		opts = append(opts, inbox.MessageContext(func(ctx context.Context, j int) context.Context {
+		opts.MessageContext = func(ctx context.Context, j int) context.Context {
 			return w.messageContext(ctx, items[idx[j]])
-		}))
+		}
 	}
 	written := int64(-1) // the highest stored offset this call wrote
 	if w.c.cfg.StoreOffsets {
-		opts = append(opts, inbox.BeforeCommit(func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
+		opts.BeforeCommit = func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
 			next := int64(-1)
 			for i, it := range items {
 				j := msgIndex[i]
@@ -146,15 +147,19 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			}
 			written = max(written, next)
 			return nil
-		}))
+		}
+	}
+	batchCtx := dbCtx
+	if opts.MessageContext != nil || opts.BeforeCommit != nil {
+		batchCtx = batchopt.With(dbCtx, &opts)
 	}
 	for attempt := 1; ; attempt++ {
 		var rs []inbox.Result
 		var err error
 		if w.c.cfg.BatchHandler != nil {
-			rs, err = w.c.cfg.Inbox.ProcessBatchFunc(dbCtx, msgs, w.wrapBatch(items), opts...)
+			rs, err = w.c.cfg.Inbox.ProcessBatchFunc(batchCtx, msgs, w.wrapBatch(items))
 		} else {
-			rs, err = w.c.cfg.Inbox.ProcessBatch(dbCtx, msgs, w.wrap(items), opts...)
+			rs, err = w.c.cfg.Inbox.ProcessBatch(batchCtx, msgs, w.wrap(items))
 		}
 		if err == nil {
 			// Every transaction of a call that succeeded committed, but for

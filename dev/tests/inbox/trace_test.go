@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxgo/inbox/dev/faulttest"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/batchopt"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -181,12 +182,12 @@ func TestTraceProcessTx(t *testing.T) {
 
 // batchParent is the span the consumer puts into each message's context
 // with the MessageContext batch option (the producer's, in a real trace).
-func batchParents(rec *recordingTrace, msgs []inbox.Message) inbox.BatchOption {
-	return inbox.MessageContext(func(ctx context.Context, i int) context.Context {
+func batchParents(ctx context.Context, rec *recordingTrace, msgs []inbox.Message) context.Context {
+	return batchopt.With(ctx, &batchopt.Options[inbox.Outcome]{MessageContext: func(ctx context.Context, i int) context.Context {
 		ctx, s := rec.start(ctx, "producer "+msgs[i].ID)
 		s.ended, s.result = true, "sent"
 		return ctx
-	})
+	}})
 }
 
 func TestTraceProcessBatch(t *testing.T) {
@@ -206,7 +207,7 @@ func TestTraceProcessBatch(t *testing.T) {
 		}
 		return nil
 	}
-	res, err := ib.ProcessBatch(t.Context(), msgs, handler, batchParents(rec, msgs))
+	res, err := ib.ProcessBatch(batchParents(t.Context(), rec, msgs), msgs, handler)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +247,7 @@ func TestTraceProcessBatchFunc(t *testing.T) {
 		}
 		return setEffect(ctx, tx, ms)
 	}
-	if _, err := ib.ProcessBatchFunc(t.Context(), msgs, h, batchParents(rec, msgs)); err != nil {
+	if _, err := ib.ProcessBatchFunc(batchParents(t.Context(), rec, msgs), msgs, h); err != nil {
 		t.Fatal(err)
 	}
 	if got := countRows(t, db, "effects"); got != 3 {
