@@ -301,13 +301,10 @@ func (ib *Inbox) IsRetryable(err error) bool {
 	return errors.As(err, &f) && ib.store.IsRetryable(f.Err)
 }
 
-// Admit reports the error Process would return for msg before opening a
-// transaction: an invalid message (wrapping ErrInvalidMessage), or, under the
-// RejectExpired policy, an event older than the retention window (wrapping
-// ErrExpired). A nil error means msg would reach the database.
-func (ib *Inbox) Admit(msg Message) error { return ib.admit(msg, ib.cfg.Now()) }
-
-// admit validates msg and applies the expired policy as of now.
+// admit reports the error Process returns for msg, as of now, before
+// opening a transaction: an invalid message (wrapping ErrInvalidMessage),
+// or, under the RejectExpired policy, an event older than the retention
+// window (wrapping ErrExpired). A nil error means msg reaches the database.
 func (ib *Inbox) admit(msg Message, now time.Time) error {
 	if err := msg.Validate(); err != nil {
 		return err
@@ -327,10 +324,8 @@ func (ib *Inbox) admit(msg Message, now time.Time) error {
 	return nil
 }
 
-// OldestCheckedDay is the oldest event day whose inbox rows are guaranteed to
-// be kept: events of earlier days are expired.
-func (ib *Inbox) OldestCheckedDay() time.Time { return ib.oldestCheckedDay(ib.cfg.Now()) }
-
+// oldestCheckedDay is the oldest event day, as of now, whose inbox rows are
+// guaranteed to be kept: events of earlier days are expired.
 func (ib *Inbox) oldestCheckedDay(now time.Time) time.Time {
 	return storage.DayOf(now).AddDate(0, 0, -ib.cfg.RetentionDays)
 }
