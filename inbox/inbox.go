@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -144,27 +145,12 @@ func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if cfg.TxOptions != nil && cfg.TxOptions.ReadOnly {
 		return nil, fmt.Errorf("%w: read-only transactions cannot hold inbox rows", ErrInvalidConfig)
 	}
-	if cfg.RetentionDays == 0 {
-		cfg.RetentionDays = DefaultRetentionDays
-	}
-	if cfg.PrepareDays == 0 {
-		cfg.PrepareDays = DefaultPrepareDays
-	}
-	if cfg.MaxFutureDays == 0 {
-		cfg.MaxFutureDays = DefaultMaxFutureDays
-	}
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = DefaultMaxAttempts
-	}
-	if cfg.MinBackoff == 0 {
-		cfg.MinBackoff = DefaultMinBackoff
-	}
-	if cfg.MaxBackoff == 0 {
-		cfg.MaxBackoff = DefaultMaxBackoff
-	}
-	if cfg.MaxBackoff < cfg.MinBackoff {
-		cfg.MaxBackoff = cfg.MinBackoff
-	}
+	cfg.RetentionDays = cmp.Or(cfg.RetentionDays, DefaultRetentionDays)
+	cfg.PrepareDays = cmp.Or(cfg.PrepareDays, DefaultPrepareDays)
+	cfg.MaxFutureDays = cmp.Or(cfg.MaxFutureDays, DefaultMaxFutureDays)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
+	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, DefaultMinBackoff)
+	cfg.MaxBackoff = max(cmp.Or(cfg.MaxBackoff, DefaultMaxBackoff), cfg.MinBackoff)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
