@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
 	"github.com/inboxgo/inbox/storage"
@@ -92,10 +93,10 @@ func checkCommitPublishes(ctx context.Context, env *OutboxEnv) error {
 	if !ok || string(m1.Key) != "k1" || m1.Topic != "orders" {
 		return fmt.Errorf("message v1 published as %+v", m1)
 	}
-	if id, _ := HeaderValue(m1, outbox.HeaderEventID); id != "id-1" {
+	if id, _ := HeaderValue(m1, consumer.HeaderEventID); id != "id-1" {
 		return fmt.Errorf("message v1: event_id header %q, want id-1", id)
 	}
-	if ts, _ := HeaderValue(m1, outbox.HeaderEventTime); ts != "2026-03-04T05:06:07.89Z" {
+	if ts, _ := HeaderValue(m1, consumer.HeaderEventTime); ts != "2026-03-04T05:06:07.89Z" {
 		return fmt.Errorf("message v1: event_time header %q, want 2026-03-04T05:06:07.89Z", ts)
 	}
 	if tr, _ := HeaderValue(m1, "trace"); tr != "\x00\x01\x02" {
@@ -105,7 +106,7 @@ func checkCommitPublishes(ctx context.Context, env *OutboxEnv) error {
 	if m2.Key != nil {
 		return fmt.Errorf("message v2 had no key and was published with key %q", m2.Key)
 	}
-	if id, ok := HeaderValue(m2, outbox.HeaderEventID); !ok || len(id) != 36 || id[14] != '7' {
+	if id, ok := HeaderValue(m2, consumer.HeaderEventID); !ok || len(id) != 36 || id[14] != '7' {
 		return fmt.Errorf("message v2: generated event id %q is not a UUIDv7", id)
 	}
 	m3, ok := byValue[""]
@@ -154,12 +155,12 @@ func checkInvalidStoresNothing(ctx context.Context, env *OutboxEnv) error {
 	bad := []outbox.Message{
 		{Topic: "", Value: []byte("x")},
 		{Topic: "bad topic", Value: []byte("x")},
-		{Topic: "t", Value: make([]byte, outbox.MaxMessageBytes)},
+		{Topic: "t", Value: make([]byte, 1<<20)}, // with its framing, over kafka-go's Writer's 1 MiB
 		{Topic: "t", Headers: []kafka.Header{{Key: "", Value: []byte("x")}}},
-		{Topic: "t", ID: "a", Headers: []kafka.Header{{Key: outbox.HeaderEventID, Value: []byte("b")}}},
-		{Topic: "t", ID: "a", Headers: []kafka.Header{{Key: outbox.HeaderCloudEvID, Value: []byte("b")}}},
-		{Topic: "t", Time: time.Unix(0, 0).Add(time.Hour), Headers: []kafka.Header{{Key: outbox.HeaderEventTime, Value: []byte("2020-01-01T00:00:00Z")}}},
-		{Topic: "t", Headers: []kafka.Header{{Key: outbox.HeaderEventTime, Value: []byte("yesterday")}}},
+		{Topic: "t", ID: "a", Headers: []kafka.Header{{Key: consumer.HeaderEventID, Value: []byte("b")}}},
+		{Topic: "t", ID: "a", Headers: []kafka.Header{{Key: consumer.HeaderCloudEvID, Value: []byte("b")}}},
+		{Topic: "t", Time: time.Unix(0, 0).Add(time.Hour), Headers: []kafka.Header{{Key: consumer.HeaderEventTime, Value: []byte("2020-01-01T00:00:00Z")}}},
+		{Topic: "t", Headers: []kafka.Header{{Key: consumer.HeaderEventTime, Value: []byte("yesterday")}}},
 		{Topic: "t", ID: "nul\x00id"},
 	}
 	for i, m := range bad {

@@ -52,27 +52,28 @@ const (
 	CloudEventsHeaders
 )
 
-// Header names; the consumer package reads the same ones.
+// Header names: those of the consumer package (consumer.HeaderEventID and
+// the others), which reads them.
 const (
-	HeaderEventID     = "event_id"
-	HeaderEventTime   = "event_time"
-	HeaderCloudEvID   = "ce_id"
-	HeaderCloudEvTime = "ce_time"
+	headerEventID     = "event_id"
+	headerEventTime   = "event_time"
+	headerCloudEvID   = "ce_id"
+	headerCloudEvTime = "ce_time"
 )
 
 func (s HeaderStyle) keys() (id, at string) {
 	if s == CloudEventsHeaders {
-		return HeaderCloudEvID, HeaderCloudEvTime
+		return headerCloudEvID, headerCloudEvTime
 	}
-	return HeaderEventID, HeaderEventTime
+	return headerEventID, headerEventTime
 }
 
-// Limits on messages. MaxMessageBytes is kafka-go's Writer limit (its
-// default BatchBytes), counted as [MessageBytes] counts.
+// Limits on messages. maxMessageBytes is kafka-go's Writer limit (its
+// default BatchBytes), counted as messageBytes counts.
 const (
 	maxTopicBytes      = 249
-	MaxHeaderKeyBytes  = 255
-	MaxMessageBytes    = 1 << 20
+	maxHeaderKeyBytes  = 255
+	maxMessageBytes    = 1 << 20
 	messageOverhead    = 40 // a record's framing, generously
 	headerOverhead     = 12
 	maxEventTimeYear   = 9999
@@ -80,9 +81,9 @@ const (
 	eventTimeLayoutOut = time.RFC3339Nano
 )
 
-// MessageBytes is an upper bound of the bytes kafka-go's Writer counts for a
+// messageBytes is an upper bound of the bytes kafka-go's Writer counts for a
 // message against its BatchBytes.
-func MessageBytes(key, value []byte, headers []kafka.Header) int {
+func messageBytes(key, value []byte, headers []kafka.Header) int {
 	n := messageOverhead + len(key) + len(value)
 	for _, h := range headers {
 		n += headerOverhead + len(h.Key) + len(h.Value)
@@ -133,15 +134,15 @@ func prepare(m Message, style HeaderStyle, now time.Time) (prepared, error) {
 		return prepared{}, err
 	}
 	for _, h := range m.Headers {
-		if h.Key == "" || len(h.Key) > MaxHeaderKeyBytes || !utf8.ValidString(h.Key) || strings.IndexByte(h.Key, 0) >= 0 {
-			return prepared{}, invalid("header name", h.Key, fmt.Sprintf("must be 1-%d bytes of UTF-8 without NUL", MaxHeaderKeyBytes))
+		if h.Key == "" || len(h.Key) > maxHeaderKeyBytes || !utf8.ValidString(h.Key) || strings.IndexByte(h.Key, 0) >= 0 {
+			return prepared{}, invalid("header name", h.Key, fmt.Sprintf("must be 1-%d bytes of UTF-8 without NUL", maxHeaderKeyBytes))
 		}
 	}
 	idKey, timeKey := style.keys()
 	// Every id and time header the consumer may read must agree with the
 	// outbox's: the consumer reads event_id before ce_id, so a stray
 	// header of the other style would be ambiguous.
-	id, err := agree("event id", m.ID, m.Headers, HeaderEventID, HeaderCloudEvID)
+	id, err := agree("event id", m.ID, m.Headers, headerEventID, headerCloudEvID)
 	if err != nil {
 		return prepared{}, err
 	}
@@ -177,8 +178,8 @@ func prepare(m Message, style HeaderStyle, now time.Time) (prepared, error) {
 	if !hasHeader(m.Headers, timeKey) {
 		headers = append(headers, kafka.Header{Key: timeKey, Value: []byte(timeText)})
 	}
-	if n := MessageBytes(m.Key, m.Value, headers); n > MaxMessageBytes {
-		return prepared{}, invalid("message size", "", fmt.Sprintf("%d bytes with key and headers, over the %d a Kafka writer sends", n, MaxMessageBytes))
+	if n := messageBytes(m.Key, m.Value, headers); n > maxMessageBytes {
+		return prepared{}, invalid("message size", "", fmt.Sprintf("%d bytes with key and headers, over the %d a Kafka writer sends", n, maxMessageBytes))
 	}
 	return prepared{id: id, headers: headers}, nil
 }
@@ -218,7 +219,7 @@ func agreeTime(given string, hs []kafka.Header) (string, error) {
 		valAt, _ = time.Parse(time.RFC3339Nano, given)
 	}
 	for _, h := range hs {
-		if h.Key != HeaderEventTime && h.Key != HeaderCloudEvTime {
+		if h.Key != headerEventTime && h.Key != headerCloudEvTime {
 			continue
 		}
 		at, err := time.Parse(time.RFC3339Nano, string(h.Value))

@@ -33,11 +33,11 @@ func TestPrepareSetsHeaders(t *testing.T) {
 		wantTime      string
 		idKey, timeAt string
 	}{
-		{"given id and time", Message{Topic: "t", ID: "e1", Time: at}, EventHeaders, "e1", "2026-11-30T22:59:59.000000005Z", HeaderEventID, HeaderEventTime},
-		{"cloudevents", Message{Topic: "t", ID: "e1", Time: at}, CloudEventsHeaders, "e1", "2026-11-30T22:59:59.000000005Z", HeaderCloudEvID, HeaderCloudEvTime},
-		{"id from the caller's header", Message{Topic: "t", Headers: []kafka.Header{{Key: HeaderEventID, Value: []byte("h1")}}}, EventHeaders, "h1", now.Format(time.RFC3339Nano), HeaderEventID, HeaderEventTime},
-		{"same id in header and field", Message{Topic: "t", ID: "h1", Headers: []kafka.Header{{Key: HeaderEventID, Value: []byte("h1")}}}, EventHeaders, "h1", now.Format(time.RFC3339Nano), HeaderEventID, HeaderEventTime},
-		{"time from the caller's ce_time", Message{Topic: "t", ID: "e", Headers: []kafka.Header{{Key: HeaderCloudEvTime, Value: []byte("2026-01-02T03:04:05+01:00")}}}, EventHeaders, "e", "2026-01-02T03:04:05+01:00", HeaderEventID, HeaderEventTime},
+		{"given id and time", Message{Topic: "t", ID: "e1", Time: at}, EventHeaders, "e1", "2026-11-30T22:59:59.000000005Z", headerEventID, headerEventTime},
+		{"cloudevents", Message{Topic: "t", ID: "e1", Time: at}, CloudEventsHeaders, "e1", "2026-11-30T22:59:59.000000005Z", headerCloudEvID, headerCloudEvTime},
+		{"id from the caller's header", Message{Topic: "t", Headers: []kafka.Header{{Key: headerEventID, Value: []byte("h1")}}}, EventHeaders, "h1", now.Format(time.RFC3339Nano), headerEventID, headerEventTime},
+		{"same id in header and field", Message{Topic: "t", ID: "h1", Headers: []kafka.Header{{Key: headerEventID, Value: []byte("h1")}}}, EventHeaders, "h1", now.Format(time.RFC3339Nano), headerEventID, headerEventTime},
+		{"time from the caller's ce_time", Message{Topic: "t", ID: "e", Headers: []kafka.Header{{Key: headerCloudEvTime, Value: []byte("2026-01-02T03:04:05+01:00")}}}, EventHeaders, "e", "2026-01-02T03:04:05+01:00", headerEventID, headerEventTime},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -98,14 +98,14 @@ func TestPrepareRefuses(t *testing.T) {
 		"dot topic":               {Topic: ".."},
 		"empty header name":       {Topic: "t", Headers: []kafka.Header{{Key: ""}}},
 		"header name not UTF-8":   {Topic: "t", Headers: []kafka.Header{{Key: "\xff"}}},
-		"conflicting event_id":    {Topic: "t", ID: "a", Headers: []kafka.Header{{Key: HeaderEventID, Value: []byte("b")}}},
-		"conflicting ce_id":       {Topic: "t", Headers: []kafka.Header{{Key: HeaderEventID, Value: []byte("a")}, {Key: HeaderCloudEvID, Value: []byte("b")}}},
-		"conflicting event_time":  {Topic: "t", Time: time.Unix(1e9, 0), Headers: []kafka.Header{{Key: HeaderEventTime, Value: []byte("2020-01-01T00:00:00Z")}}},
-		"unreadable event_time":   {Topic: "t", Headers: []kafka.Header{{Key: HeaderEventTime, Value: []byte("now")}}},
+		"conflicting event_id":    {Topic: "t", ID: "a", Headers: []kafka.Header{{Key: headerEventID, Value: []byte("b")}}},
+		"conflicting ce_id":       {Topic: "t", Headers: []kafka.Header{{Key: headerEventID, Value: []byte("a")}, {Key: headerCloudEvID, Value: []byte("b")}}},
+		"conflicting event_time":  {Topic: "t", Time: time.Unix(1e9, 0), Headers: []kafka.Header{{Key: headerEventTime, Value: []byte("2020-01-01T00:00:00Z")}}},
+		"unreadable event_time":   {Topic: "t", Headers: []kafka.Header{{Key: headerEventTime, Value: []byte("now")}}},
 		"event time before 1970":  {Topic: "t", Time: time.Date(1969, 1, 1, 0, 0, 0, 0, time.UTC)},
 		"id too long":             {Topic: "t", ID: strings.Repeat("i", storage.MaxEventIDBytes+1)},
 		"id with NUL":             {Topic: "t", ID: "a\x00"},
-		"message over the writer": {Topic: "t", Value: make([]byte, MaxMessageBytes-20)},
+		"message over the writer": {Topic: "t", Value: make([]byte, maxMessageBytes-20)},
 	}
 	for name, m := range cases {
 		t.Run(name, func(t *testing.T) {

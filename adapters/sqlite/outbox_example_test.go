@@ -16,6 +16,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
 )
@@ -33,7 +34,7 @@ func (printer) Publish(_ context.Context, msgs []kafka.Message) error {
 	for _, m := range msgs {
 		var id string
 		for _, h := range m.Headers {
-			if h.Key == outbox.HeaderEventID {
+			if h.Key == consumer.HeaderEventID { // the id header the consumer reads
 				id = string(h.Value)
 			}
 		}

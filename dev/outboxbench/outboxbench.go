@@ -21,6 +21,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/dev/inventory"
 	"github.com/inboxgo/inbox/outbox"
 	"github.com/inboxgo/inbox/storage"
@@ -87,7 +88,7 @@ func Direct(ctx context.Context, brokers []string, o Options) (Result, error) {
 	for i, m := range msgs {
 		// The same headers the outbox adds.
 		kms[i] = kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: []kafka.Header{
-			{Key: outbox.HeaderEventID, Value: []byte(outbox.NewEventID(time.Now()))}, {Key: outbox.HeaderEventTime, Value: []byte(at)}}}
+			{Key: consumer.HeaderEventID, Value: []byte(outbox.NewEventID(time.Now()))}, {Key: consumer.HeaderEventTime, Value: []byte(at)}}}
 	}
 	start := time.Now()
 	for lo := 0; lo < len(kms); lo += o.Batch {
