@@ -46,18 +46,19 @@ func msgOf(topic, key, value string) outbox.Message {
 	return outbox.Message{Topic: topic, Key: []byte(key), Value: []byte(value)}
 }
 
-// enqueueTx enqueues msgs in a new transaction together with an effect
-// named name, and runs the transaction again after a transient failure, as
+// enqueueTx enqueues msgs through ob, an outbox over the harness's
+// database, in a new transaction together with an effect named name, and
+// runs the transaction again after a failure the Store calls transient, as
 // an application does.
 func (env *Env) enqueueTx(ctx context.Context, ob *outbox.Outbox, name string, msgs ...outbox.Message) error {
 	for attempt := 1; ; attempt++ {
-		err := ob.DB().WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		err := env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			if err := env.Apply(ctx, tx, outboxEffect(name)); err != nil {
 				return err
 			}
 			return ob.Enqueue(ctx, tx, msgs...)
 		})
-		if err == nil || !ob.IsRetryable(err) || attempt == 20 || ctx.Err() != nil {
+		if err == nil || !env.H.Store.IsRetryable(err) || attempt == 20 || ctx.Err() != nil {
 			return err
 		}
 		time.Sleep(time.Duration(attempt) * 5 * time.Millisecond)
@@ -154,7 +155,7 @@ func checkInvalidStoresNothing(ctx context.Context, env *Env) error {
 	bad := []outbox.Message{
 		{Topic: "", Value: []byte("x")},
 		{Topic: "bad topic", Value: []byte("x")},
-		{Topic: "t", Value: make([]byte, outbox.MaxMessageBytes)},
+		{Topic: "t", Value: make([]byte, 1<<20)}, // with its framing, over kafka-go's Writer's 1 MiB
 		{Topic: "t", Headers: []kafka.Header{{Key: "", Value: []byte("x")}}},
 		{Topic: "t", ID: "a", Headers: []kafka.Header{{Key: header.EventID, Value: []byte("b")}}},
 		{Topic: "t", ID: "a", Headers: []kafka.Header{{Key: header.CloudEventsID, Value: []byte("b")}}},

@@ -128,7 +128,7 @@ type Config struct {
 	// a lost connection): those are retried without counting an attempt
 	// (see inbox.IsDatabaseFailure). Pass the adapter's Store. Default
 	// Inbox.Store(); required with NaturallyIdempotent when Inbox is nil.
-	Classifier inbox.ErrorClassifier
+	Classifier interface{ IsRetryable(err error) bool }
 
 	// Extract finds the event id and time of a message. Default
 	// HeaderExtractor(nil, nil): event_id/event_time, then ce_id/ce_time.

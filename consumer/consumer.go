@@ -14,9 +14,9 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/hooklist"
+	"github.com/inboxgo/inbox/internal/txn"
 )
 
 var (
@@ -108,7 +108,7 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	cfg.setDefaults()
 	if cfg.DB != nil {
-		if err := inbox.TrackStatements(cfg.DB); err != nil {
+		if err := txn.TrackStatements(cfg.DB); err != nil {
 			return nil, err
 		}
 	}
@@ -431,7 +431,7 @@ func (c *Consumer) startGeneration(runCtx context.Context, gen *kafka.Generation
 
 func (c *Consumer) db() *gorm.DB { return c.cfg.DB }
 
-func (c *Consumer) classifier() inbox.ErrorClassifier { return c.cfg.Classifier }
+func (c *Consumer) classifier() txn.ErrorClassifier { return c.cfg.Classifier }
 
 func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
 	return kafka.LoggerFunc(func(format string, args ...any) {

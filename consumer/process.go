@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
@@ -15,7 +16,8 @@ import (
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
-	"github.com/inboxgo/inbox/internal/hooklist"
+	"github.com/inboxgo/inbox/internal/batchopt"
+	"github.com/inboxgo/inbox/internal/txn"
 )
 
 // process handles a batch in order and reports whether the partition must
@@ -121,15 +123,15 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	if len(msgs) == 0 {
 		return results, true
 	}
-	var opts []inbox.BatchOption
+	var opts batchopt.Options[inbox.Outcome]
 	if len(w.c.contexts) > 0 {
-		opts = append(opts, inbox.MessageContext(func(ctx context.Context, j int) context.Context {
+		opts.MessageContext = func(ctx context.Context, j int) context.Context {
 			return w.messageContext(ctx, items[idx[j]])
-		}))
+		}
 	}
 	written := int64(-1) // the highest stored offset this call wrote
 	if w.c.cfg.StoreOffsets {
-		opts = append(opts, inbox.BeforeCommit(func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
+		opts.BeforeCommit = func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
 			next := int64(-1)
 			for i, it := range items {
 				j := msgIndex[i]
@@ -146,17 +148,18 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			}
 			written = max(written, next)
 			return nil
-		}))
+		}
 	}
 	// The consumer reports each message's outcome once it is decided.
-	callCtx := hooklist.CallerReportsOutcomes(dbCtx)
+	opts.CallerReportsOutcomes = true
+	batchCtx := batchopt.With(dbCtx, &opts)
 	for attempt := 1; ; attempt++ {
 		var rs []inbox.Result
 		var err error
 		if w.c.cfg.BatchHandler != nil {
-			rs, err = w.c.cfg.Inbox.ProcessBatchFunc(callCtx, msgs, w.wrapBatch(items), opts...)
+			rs, err = w.c.cfg.Inbox.ProcessBatchFunc(batchCtx, msgs, w.wrapBatch(items))
 		} else {
-			rs, err = w.c.cfg.Inbox.ProcessBatch(callCtx, msgs, w.wrap(items), opts...)
+			rs, err = w.c.cfg.Inbox.ProcessBatch(batchCtx, msgs, w.wrap(items))
 		}
 		if err == nil {
 			// Every transaction of a call that succeeded committed, but for
@@ -237,7 +240,7 @@ func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
 func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolution {
 	for {
 		it.attempts++
-		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
+		err := w.transact(dbCtx, func(tx *gorm.DB) error {
 			if err := w.callAny(w.messageContext(dbCtx, it), tx, it.msg); err != nil {
 				return err
 			}
@@ -288,7 +291,7 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 	}
 	next := items[len(items)-1].msg.Offset + 1
 	for attempt := 1; ; attempt++ {
-		err := inbox.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) error {
+		err := w.transact(dbCtx, func(tx *gorm.DB) error {
 			if err := w.withTimeout(w.messageContext(dbCtx, items[0]), tx, func(ctx context.Context, tx *gorm.DB) error {
 				return w.c.cfg.BatchHandler(ctx, tx, batch)
 			}); err != nil {
@@ -324,6 +327,25 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 	}
 }
 
+// transact runs fn in one transaction without an inbox row, with the
+// inbox's fault model (see inbox.IsDatabaseFailure): a panic in fn is
+// returned as an *inbox.PanicError, a COMMIT the database refused as an
+// *inbox.CommitError.
+func (w *worker) transact(ctx context.Context, fn func(tx *gorm.DB) error) error {
+	err := txn.Transact(ctx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = &inbox.PanicError{Value: r, Stack: debug.Stack()}
+			}
+		}()
+		return fn(tx)
+	})
+	if r, ok := err.(*txn.CommitRefused); ok {
+		return &inbox.CommitError{Err: r.Err}
+	}
+	return err
+}
+
 // messageContext is the context the processing of it runs under: ctx, as
 // the ContextHooks made it.
 func (w *worker) messageContext(ctx context.Context, it *item) context.Context {
@@ -346,7 +368,7 @@ func (w *worker) callAny(ctx context.Context, tx *gorm.DB, msg Message) error {
 }
 
 // callHandler runs the user's handler, enforcing Config.HandlerTimeout. A
-// panic is left to the inbox (or inbox.Transact), which recovers it as an
+// panic is left to the inbox (or worker.transact), which recovers it as an
 // *inbox.PanicError with its stack.
 func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) error {
 	return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {

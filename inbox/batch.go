@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/inboxgo/inbox/internal/batchopt"
+	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 	"gorm.io/gorm"
 )
@@ -15,27 +17,6 @@ import (
 type Result struct {
 	Outcome Outcome
 	Err     error
-}
-
-// BatchOption changes how ProcessBatch runs.
-type BatchOption func(*batchOptions)
-
-type batchOptions struct {
-	beforeCommit   func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) error
-	messageContext func(ctx context.Context, i int) context.Context
-}
-
-// BeforeCommit makes ProcessBatch call fn in each transaction it is about to
-// commit, after the handlers ran, so that fn's writes commit with the batch
-// (a consumer stores its offset this way). outcomes[i] is what msgs[i] will
-// be once this transaction commits: Processed or Duplicate for the messages
-// of this transaction and of transactions the same call committed before,
-// Failed for messages that failed (rejected before any transaction, or
-// isolated after failing), and zero for messages still to be run. An error
-// from fn fails the whole transaction like a failed claim: a database
-// failure, reported for the batch.
-func BeforeCommit(fn func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) error) BatchOption {
-	return func(o *batchOptions) { o.beforeCommit = fn }
 }
 
 // BatchHandler applies the effect of msgs, every one of them seen for the
@@ -72,11 +53,11 @@ type BatchHandler func(ctx context.Context, tx *gorm.DB, msgs []Message) error
 // message not already decided is Failed with that error, and nothing of the
 // transaction that failed was committed (messages of earlier transactions
 // of the same call, after a split, keep their outcome).
-func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler, opts ...BatchOption) ([]Result, error) {
+func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler) ([]Result, error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: ProcessBatch needs a handler", ErrInvalidConfig)
 	}
-	return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, h: h}, opts)
+	return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, h: h})
 }
 
 // ProcessBatchFunc is ProcessBatch with a batch handler: h is called once
@@ -87,18 +68,17 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler, op
 // transaction, until the failing messages are alone: they fail, all others
 // commit. A failing batch of n messages thus costs about 2·log2(n) more
 // transactions per poison message.
-func (ib *Inbox) ProcessBatchFunc(ctx context.Context, msgs []Message, h BatchHandler, opts ...BatchOption) ([]Result, error) {
+func (ib *Inbox) ProcessBatchFunc(ctx context.Context, msgs []Message, h BatchHandler) ([]Result, error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: ProcessBatchFunc needs a batch handler", ErrInvalidConfig)
 	}
-	return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, bh: h}, opts)
+	return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, bh: h})
 }
 
-func (ib *Inbox) processBatch(ctx context.Context, b *batchRun, opts []BatchOption) ([]Result, error) {
+// processBatch runs b with the options ctx carries (see package batchopt).
+func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error) {
 	start := time.Now()
-	for _, opt := range opts {
-		opt(&b.opts)
-	}
+	ctx, b.opts = batchopt.Take[Outcome](ctx)
 	msgs := b.msgs
 	ends := b.startMessages(ctx)
 	now := ib.cfg.Now()
@@ -185,16 +165,16 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun, opts []BatchOpti
 		if ends != nil {
 			end = ends[i]
 		}
-		ib.record(b.ctxOf(ctx, i), msgs[i], r.Outcome, r.Err, start, end)
+		ib.record(b.ctxOf(ctx, i), msgs[i], r.Outcome, r.Err, start, end, !b.opts.CallerReportsOutcomes)
 	}
 	return results, batchErr
 }
 
-// startMessages gives each message its context (BatchOption MessageContext)
+// startMessages gives each message its context (batchopt's MessageContext)
 // and starts its Message hook (Config.Trace). ends[i] ends msgs[i]'s hook;
 // it is nil, and so is b.ctxs, when neither is in use.
 func (b *batchRun) startMessages(ctx context.Context) (ends []func(Outcome, error)) {
-	mc := b.opts.messageContext
+	mc := b.opts.MessageContext
 	traced := b.ib.hooks.HasMessageTracers()
 	if mc == nil && !traced {
 		return nil
@@ -233,7 +213,7 @@ type batchRun struct {
 	msgs     []Message
 	h        Handler      // per message; nil with bh
 	bh       BatchHandler // per transaction; nil with h
-	opts     batchOptions
+	opts     batchopt.Options[Outcome]
 	ctxs     []context.Context // ctxs[i] is msgs[i]'s context; nil if all use the call's
 	results  []Result          // final results so far
 	copiesOf map[int][]int
@@ -292,16 +272,16 @@ func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow
 				}
 			}
 		} else {
-			st := lookupState(tx)
+			st := txn.StatementsOf(tx)
 			firstFailure := -1 // the message during whose handler a statement failed first
 			for j, idx := range group {
 				if !inserted[j] {
 					outcomes[idx] = Duplicate
 					continue
 				}
-				_, before := st.state()
+				before := st.FirstFailure()
 				err := ib.handle(b.ctxOf(ctx, idx), tx, b.msgs[idx], b.h)
-				if _, after := st.state(); before == nil && after != nil {
+				if after := st.FirstFailure(); before == nil && after != nil {
 					firstFailure = idx
 				}
 				if err != nil {
@@ -317,9 +297,9 @@ func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow
 				outcomes[idx] = Processed
 			}
 		}
-		if b.opts.beforeCommit != nil {
-			if err := b.opts.beforeCommit(ctx, tx, b.view(outcomes)); err != nil {
-				return &dbError{op: "before-commit", err: err}
+		if b.opts.BeforeCommit != nil {
+			if err := b.opts.BeforeCommit(ctx, tx, b.view(outcomes)); err != nil {
+				return txn.DatabaseFailure("before-commit", err)
 			}
 		}
 		return nil

@@ -97,9 +97,9 @@ func Retryable(err error) error {
 	return retryableError{err: err}
 }
 
-// IsMarkedRetryable reports whether err, or an error it wraps, was marked
+// isMarkedRetryable reports whether err, or an error it wraps, was marked
 // with [Retryable].
-func IsMarkedRetryable(err error) bool {
+func isMarkedRetryable(err error) bool {
 	var r retryableError
 	return errors.As(err, &r)
 }

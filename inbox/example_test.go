@@ -12,22 +12,19 @@ import (
 // A handler marks the failures that another run of the transaction may
 // cure (a lock it could not get, a service that answered 503): the inbox
 // then rolls back and runs the transaction again, within
-// Config.MaxAttempts. Unmarked errors are returned at once. The mark keeps
-// the error's chain, so errors.Is and errors.As still find the cause.
+// Config.MaxAttempts. Unmarked errors (a malformed payload, which fails the
+// same way every time) are returned at once. The mark keeps the error's
+// text and chain, so errors.Is and errors.As still find the cause; it never
+// makes the error a database failure: each run counts as an attempt.
 func ExampleRetryable() {
 	errUnavailable := errors.New("warehouse API: 503 Service Unavailable")
 
 	err := fmt.Errorf("reserve sku-7: %w", inbox.Retryable(errUnavailable))
 	fmt.Println(err)
-	fmt.Println(inbox.IsMarkedRetryable(err), errors.Is(err, errUnavailable))
-
-	// A malformed payload will fail the same way every time: not marked.
-	err = errors.New("order-42: unknown SKU")
-	fmt.Println(inbox.IsMarkedRetryable(err))
+	fmt.Println(errors.Is(err, errUnavailable), inbox.IsDatabaseFailure(err))
 	// Output:
 	// reserve sku-7: warehouse API: 503 Service Unavailable
-	// true true
-	// false
+	// true false
 }
 
 // The inbox key holds the UTC calendar day of the producer's event time, so

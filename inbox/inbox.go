@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/hooklist"
+	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -145,27 +147,12 @@ func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if cfg.TxOptions != nil && cfg.TxOptions.ReadOnly {
 		return nil, fmt.Errorf("%w: read-only transactions cannot hold inbox rows", ErrInvalidConfig)
 	}
-	if cfg.RetentionDays == 0 {
-		cfg.RetentionDays = DefaultRetentionDays
-	}
-	if cfg.PrepareDays == 0 {
-		cfg.PrepareDays = DefaultPrepareDays
-	}
-	if cfg.MaxFutureDays == 0 {
-		cfg.MaxFutureDays = DefaultMaxFutureDays
-	}
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = DefaultMaxAttempts
-	}
-	if cfg.MinBackoff == 0 {
-		cfg.MinBackoff = DefaultMinBackoff
-	}
-	if cfg.MaxBackoff == 0 {
-		cfg.MaxBackoff = DefaultMaxBackoff
-	}
-	if cfg.MaxBackoff < cfg.MinBackoff {
-		cfg.MaxBackoff = cfg.MinBackoff
-	}
+	cfg.RetentionDays = cmp.Or(cfg.RetentionDays, DefaultRetentionDays)
+	cfg.PrepareDays = cmp.Or(cfg.PrepareDays, DefaultPrepareDays)
+	cfg.MaxFutureDays = cmp.Or(cfg.MaxFutureDays, DefaultMaxFutureDays)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
+	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, DefaultMinBackoff)
+	cfg.MaxBackoff = max(cmp.Or(cfg.MaxBackoff, DefaultMaxBackoff), cfg.MinBackoff)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -176,7 +163,7 @@ func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if c, ok := db.Statement.ConnPool.(gorm.TxCommitter); ok && c != nil {
 		return nil, fmt.Errorf("%w: New needs the database, not a transaction (use ProcessTx to process inside one)", ErrInvalidConfig)
 	}
-	if err := TrackStatements(db); err != nil {
+	if err := txn.TrackStatements(db); err != nil {
 		return nil, err
 	}
 	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox"), hooks: hooklist.New(cfg.Hooks)}, nil
@@ -192,7 +179,7 @@ func (ib *Inbox) DB() *gorm.DB { return ib.db }
 // It does not prepare partitions: call Maintain (or start RunMaintenance)
 // after it.
 func (ib *Inbox) Migrate(ctx context.Context) error {
-	err := ib.retry(ctx, func(int) error { return databaseFailure("migrate", ib.store.Migrate(ctx, ib.db.WithContext(ctx))) })
+	err := ib.retry(ctx, func(int) error { return txn.DatabaseFailure("migrate", ib.store.Migrate(ctx, ib.db.WithContext(ctx))) })
 	if err != nil {
 		return fmt.Errorf("inbox: migrate: %w", err)
 	}
@@ -212,7 +199,7 @@ func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, 
 	start := time.Now()
 	ctx, end := ib.startMessage(ctx, msg)
 	if err := ib.admit(msg, ib.cfg.Now()); err != nil {
-		ib.record(ctx, msg, Failed, err, start, end)
+		ib.record(ctx, msg, Failed, err, start, end, true)
 		return Failed, err
 	}
 	var out Outcome
@@ -229,10 +216,10 @@ func (ib *Inbox) Process(ctx context.Context, msg Message, h Handler) (Outcome, 
 	})
 	if err != nil {
 		err = fmt.Errorf("inbox: consumer %q event %q: %w", msg.Consumer, msg.ID, err)
-		ib.record(ctx, msg, Failed, err, start, end)
+		ib.record(ctx, msg, Failed, err, start, end, true)
 		return Failed, err
 	}
-	ib.record(ctx, msg, out, nil, start, end)
+	ib.record(ctx, msg, out, nil, start, end, true)
 	return out, nil
 }
 
@@ -255,19 +242,19 @@ func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Hand
 	start := time.Now()
 	ctx, end := ib.startMessage(ctx, msg)
 	if err := ib.admit(msg, ib.cfg.Now()); err != nil {
-		ib.record(ctx, msg, Failed, err, start, end)
+		ib.record(ctx, msg, Failed, err, start, end, true)
 		return Failed, err
 	}
 	if tx == nil {
 		err := fmt.Errorf("%w: ProcessTx needs a transaction, got nil", ErrInvalidConfig)
-		ib.record(ctx, msg, Failed, err, start, end)
+		ib.record(ctx, msg, Failed, err, start, end, true)
 		return Failed, err
 	}
 	var out Outcome
 	// A day without storage is made on the inbox's own handle while tx
 	// stays open, and the claim runs again in a new savepoint.
 	err := ib.newDays([]storage.InboxRow{msg.row()}).run(ctx, func() error {
-		return inSavepoint(ctx, tx, ib.store, func(sp *gorm.DB) error {
+		return txn.InSavepoint(ctx, tx, ib.store, func(sp *gorm.DB) error {
 			var err error
 			out, err = ib.claimAndHandle(ctx, sp, msg, h)
 			return err
@@ -275,10 +262,10 @@ func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Hand
 	})
 	if err != nil {
 		err = fmt.Errorf("inbox: consumer %q event %q: %w", msg.Consumer, msg.ID, err)
-		ib.record(ctx, msg, Failed, err, start, end)
+		ib.record(ctx, msg, Failed, err, start, end, true)
 		return Failed, err
 	}
-	ib.record(ctx, msg, out, nil, start, end)
+	ib.record(ctx, msg, out, nil, start, end, true)
 	return out, nil
 }
 
@@ -290,20 +277,17 @@ func (ib *Inbox) IsRetryable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if IsMarkedRetryable(err) || errors.As(err, new(dayUnseenError)) {
+	if isMarkedRetryable(err) || errors.As(err, new(dayUnseenError)) {
 		return true
 	}
-	var de *dbError
-	return errors.As(err, &de) && ib.store.IsRetryable(de.err)
+	var f *txn.Failure
+	return errors.As(err, &f) && ib.store.IsRetryable(f.Err)
 }
 
-// Admit reports the error Process would return for msg before opening a
-// transaction: an invalid message (wrapping ErrInvalidMessage), or, under the
-// RejectExpired policy, an event older than the retention window (wrapping
-// ErrExpired). A nil error means msg would reach the database.
-func (ib *Inbox) Admit(msg Message) error { return ib.admit(msg, ib.cfg.Now()) }
-
-// admit validates msg and applies the expired policy as of now.
+// admit reports the error Process returns for msg, as of now, before
+// opening a transaction: an invalid message (wrapping ErrInvalidMessage),
+// or, under the RejectExpired policy, an event older than the retention
+// window (wrapping ErrExpired). A nil error means msg reaches the database.
 func (ib *Inbox) admit(msg Message, now time.Time) error {
 	if err := msg.Validate(); err != nil {
 		return err
@@ -323,10 +307,8 @@ func (ib *Inbox) admit(msg Message, now time.Time) error {
 	return nil
 }
 
-// OldestCheckedDay is the oldest event day whose inbox rows are guaranteed to
-// be kept: events of earlier days are expired.
-func (ib *Inbox) OldestCheckedDay() time.Time { return ib.oldestCheckedDay(ib.cfg.Now()) }
-
+// oldestCheckedDay is the oldest event day, as of now, whose inbox rows are
+// guaranteed to be kept: events of earlier days are expired.
 func (ib *Inbox) oldestCheckedDay(now time.Time) time.Time {
 	return storage.DayOf(now).AddDate(0, 0, -ib.cfg.RetentionDays)
 }
@@ -395,11 +377,11 @@ func (e dayUnseenError) Unwrap() error { return e.err }
 // a row's day has no storage (the storage.InboxStore decides, by error code), with
 // nothing of the caller's transaction left in doubt.
 func (d *dayRuns) missingDay(err error) bool {
-	var de *dbError
-	if errors.Is(err, errRollbackToFailed) || !errors.As(err, &de) || (de.op != "claim" && de.op != "begin and claim") {
+	var f *txn.Failure
+	if errors.Is(err, txn.ErrRollbackToFailed) || !errors.As(err, &f) || (f.Op != "claim" && f.Op != "begin and claim") {
 		return false
 	}
-	return d.dp.IsMissingDay(de.err)
+	return d.dp.IsMissingDay(f.Err)
 }
 
 func (d *dayRuns) prepare(ctx context.Context) error {
@@ -414,7 +396,7 @@ func (d *dayRuns) prepare(ctx context.Context) error {
 	slices.SortFunc(days, time.Time.Compare)
 	start := time.Now()
 	if err := d.dp.PrepareDays(ctx, d.ib.db.WithContext(ctx), days); err != nil {
-		return &dbError{op: "prepare days", err: err}
+		return txn.DatabaseFailure("prepare days", err)
 	}
 	d.ib.log.Info("inbox: made storage for days a claim found none for", "days", len(days),
 		"first", days[0].Format(time.DateOnly), "last", days[len(days)-1].Format(time.DateOnly), "took", time.Since(start))
@@ -433,7 +415,7 @@ func (ib *Inbox) handleClaimed(ctx context.Context, tx *gorm.DB, msg Message, h 
 }
 
 // claimTx runs fn in a new transaction that holds the claim of rows, and
-// commits it (see runTx). A storage.InboxStore that is a storage.ClaimBeginner opens the
+// commits it (see txn.Transact). A storage.InboxStore that is a storage.ClaimBeginner opens the
 // transaction and claims in one round trip.
 //
 // The ClaimTracer hooks surround the claim, with BEGIN when the
@@ -455,19 +437,19 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []storage.InboxRo
 		defer ct.done(nil, errClaimNotRun)
 	}
 	// tctx is ctx carrying the transaction's statement state (see
-	// runTxFrom): the transaction's own context.
+	// txn.RunFrom): the transaction's own context.
 	open := func(tctx context.Context) (*gorm.DB, func(), error) {
 		if cb, ok := ib.store.(storage.ClaimBeginner); ok {
 			tx, ins, ok, err := cb.BeginClaim(cctx, ib.db.WithContext(tctx), ib.cfg.TxOptions, rows)
 			if err != nil {
-				err = &dbError{op: "begin and claim", err: err}
+				err = txn.DatabaseFailure("begin and claim", err)
 				ct.done(nil, err)
 				return nil, nil, err
 			}
 			if ok {
 				if len(ins) != len(rows) {
 					_ = tx.Rollback().Error
-					err := &dbError{op: "claim", err: fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(ins), len(rows))}
+					err := txn.DatabaseFailure("claim", fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(ins), len(rows)))
 					ct.done(nil, err)
 					return nil, nil, err
 				}
@@ -476,13 +458,13 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []storage.InboxRo
 				return tx, nil, nil
 			}
 		}
-		tx, release, err := begin(tctx, ib.db, ib.cfg.TxOptions)
+		tx, release, err := txn.Begin(tctx, ib.db, ib.cfg.TxOptions)
 		if err != nil {
 			ct.done(nil, err)
 		}
 		return tx, release, err
 	}
-	return runTxFrom(ctx, open, ib.store, func(tx *gorm.DB) error {
+	return fromTxn(txn.RunFrom(ctx, open, ib.store, func(tx *gorm.DB) error {
 		if inserted == nil {
 			var err error
 			inserted, err = ib.claim(cctx, tx, rows)
@@ -492,7 +474,7 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []storage.InboxRo
 			}
 		}
 		return fn(tx, inserted)
-	})
+	}))
 }
 
 // claimTrace ends a claim's Trace hook once, whichever step ends the claim
@@ -520,10 +502,10 @@ var errStoreContract = errors.New("inbox: store broke the Claim contract")
 func (ib *Inbox) claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	inserted, err := ib.store.Claim(ctx, tx, rows)
 	if err != nil {
-		return nil, &dbError{op: "claim", err: err}
+		return nil, txn.DatabaseFailure("claim", err)
 	}
 	if len(inserted) != len(rows) {
-		return nil, &dbError{op: "claim", err: fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(inserted), len(rows))}
+		return nil, txn.DatabaseFailure("claim", fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(inserted), len(rows)))
 	}
 	return inserted, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -19,7 +20,7 @@ func (ib *Inbox) Plan() storage.MaintenancePlan {
 	return storage.MaintenancePlan{
 		Today:          today,
 		PrepareThrough: today.AddDate(0, 0, ib.cfg.PrepareDays),
-		ExpireBefore:   ib.OldestCheckedDay().AddDate(0, 0, -1),
+		ExpireBefore:   ib.oldestCheckedDay(ib.cfg.Now()).AddDate(0, 0, -1),
 	}
 }
 
@@ -33,13 +34,14 @@ func (ib *Inbox) Maintain(ctx context.Context) (storage.MaintenanceReport, error
 
 // MaintainPlan runs maintenance for an explicit plan; set plan.DryRun to see
 // what would be done. A plan that would expire a day the inbox still checks
-// duplicates on (ExpireBefore after OldestCheckedDay) is refused.
+// duplicates on (ExpireBefore after the first day of the retention window,
+// which is the day after [Inbox.Plan]'s ExpireBefore) is refused.
 func (ib *Inbox) MaintainPlan(ctx context.Context, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	if plan.PrepareThrough.Before(plan.Today) {
 		return storage.MaintenanceReport{}, fmt.Errorf("%w: maintenance plan prepares through %s, before today %s",
 			ErrInvalidConfig, plan.PrepareThrough.Format(time.DateOnly), plan.Today.Format(time.DateOnly))
 	}
-	if oldest := ib.OldestCheckedDay(); plan.ExpireBefore.After(oldest) {
+	if oldest := ib.oldestCheckedDay(ib.cfg.Now()); plan.ExpireBefore.After(oldest) {
 		return storage.MaintenanceReport{}, fmt.Errorf("%w: maintenance plan expires days before %s, but the inbox still checks duplicates from %s on",
 			ErrInvalidConfig, plan.ExpireBefore.Format(time.DateOnly), oldest.Format(time.DateOnly))
 	}
@@ -47,7 +49,7 @@ func (ib *Inbox) MaintainPlan(ctx context.Context, plan storage.MaintenancePlan)
 	err := ib.retry(ctx, func(int) error {
 		var err error
 		report, err = ib.store.Maintain(ctx, ib.db.WithContext(ctx), plan)
-		return databaseFailure("maintain", err)
+		return txn.DatabaseFailure("maintain", err)
 	})
 	if err != nil {
 		return report, fmt.Errorf("inbox: maintain: %w", err)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/hooklist"
 )
 
 // Counters is a snapshot of an Inbox's totals since it was created.
@@ -33,8 +32,8 @@ func (ib *Inbox) Counters() Counters {
 }
 
 // record reports msg's outcome to the counters, the log, the EventHooks
-// and, last, end, the MessageTracers' end.
-func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error, start time.Time, end func(Outcome, error)) {
+// (unless report is false) and, last, end, the MessageTracers' end.
+func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error, start time.Time, end func(Outcome, error), report bool) {
 	switch out {
 	case Processed:
 		ib.counters.processed.Add(1)
@@ -54,8 +53,8 @@ func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error
 			slog.String("consumer", msg.Consumer), slog.String("event_id", msg.ID), slog.Any("error", err))
 	}
 	// A consumer driving the inbox reports the outcome itself, once it is
-	// decided (see package hooks).
-	if ib.hooks.HasEvents() && !hooklist.OutcomesReportedByCaller(ctx) {
+	// decided (see package hooks): report is false then.
+	if report && ib.hooks.HasEvents() {
 		ib.hooks.Emit(hooks.Event{Kind: out.kind(), Consumer: msg.Consumer, EventID: msg.ID, Topic: msg.Topic,
 			Partition: int(msg.Partition), Offset: msg.Offset, Err: err, Duration: time.Since(start)})
 	}

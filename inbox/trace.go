@@ -46,13 +46,3 @@ func orContext(ctx, parent context.Context) context.Context {
 	}
 	return ctx
 }
-
-// MessageContext makes ProcessBatch and ProcessBatchFunc start the work on
-// msgs[i] from fn(ctx, i) instead of the call's ctx: its MessageTracer hooks, its handler call and its logs get that context. fn is called
-// once per message and call, before any transaction; it must return a
-// context derived from ctx (a consumer adds the trace context found in the
-// message's headers), or nil to keep ctx. A BatchHandler called with
-// several messages gets the context of the first of them.
-func MessageContext(fn func(ctx context.Context, i int) context.Context) BatchOption {
-	return func(o *batchOptions) { o.messageContext = fn }
-}

@@ -21,8 +21,11 @@ type Publisher interface {
 }
 
 // Limited is an optional Publisher capability: a call holds at most
-// maxMessages messages of at most maxBytes (counted by [MessageBytes]) in
-// all. The relay claims no more than that per cycle.
+// maxMessages messages of at most maxBytes in all, counted as kafka-go's
+// Writer counts them against its BatchBytes (a little generously: each
+// message's key, value and headers plus some framing). The relay claims no
+// more than that per cycle; maxBytes must be at least 1 MiB (1 << 20,
+// kafka-go's default BatchBytes), the largest message Enqueue accepts.
 type Limited interface {
 	Limits() (maxMessages, maxBytes int)
 }
@@ -30,7 +33,7 @@ type Limited interface {
 // Defaults of the writer NewKafkaWriter makes.
 const (
 	DefaultBatchMessages = 1000
-	DefaultBatchBytes    = MaxMessageBytes
+	DefaultBatchBytes    = maxMessageBytes
 )
 
 // NewKafkaWriter returns a kafka-go Writer fit for a relay: acknowledged by
@@ -101,7 +104,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, msgs []kafka.Message) erro
 	maxMessages, maxBytes := p.Limits()
 	total := 0
 	for i := range msgs {
-		total += MessageBytes(msgs[i].Key, msgs[i].Value, msgs[i].Headers)
+		total += messageBytes(msgs[i].Key, msgs[i].Value, msgs[i].Headers)
 	}
 	if len(msgs) > maxMessages || (total > maxBytes && len(msgs) > 1) {
 		return fmt.Errorf("outbox: %d messages of %d bytes exceed the writer's batch (%d messages, %d bytes): they could be split into batches that fail apart",

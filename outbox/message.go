@@ -60,12 +60,12 @@ func (s HeaderStyle) keys() (id, at string) {
 	return header.EventID, header.EventTime
 }
 
-// Limits on messages. MaxMessageBytes is kafka-go's Writer limit (its
-// default BatchBytes), counted as [MessageBytes] counts.
+// Limits on messages. maxMessageBytes is kafka-go's Writer limit (its
+// default BatchBytes), counted as messageBytes counts.
 const (
 	maxTopicBytes      = 249
-	MaxHeaderKeyBytes  = 255
-	MaxMessageBytes    = 1 << 20
+	maxHeaderKeyBytes  = 255
+	maxMessageBytes    = 1 << 20
 	messageOverhead    = 40 // a record's framing, generously
 	headerOverhead     = 12
 	maxEventTimeYear   = 9999
@@ -73,9 +73,9 @@ const (
 	eventTimeLayoutOut = time.RFC3339Nano
 )
 
-// MessageBytes is an upper bound of the bytes kafka-go's Writer counts for a
+// messageBytes is an upper bound of the bytes kafka-go's Writer counts for a
 // message against its BatchBytes.
-func MessageBytes(key, value []byte, headers []kafka.Header) int {
+func messageBytes(key, value []byte, headers []kafka.Header) int {
 	n := messageOverhead + len(key) + len(value)
 	for _, h := range headers {
 		n += headerOverhead + len(h.Key) + len(h.Value)
@@ -126,8 +126,8 @@ func prepare(m Message, style HeaderStyle, now time.Time) (prepared, error) {
 		return prepared{}, err
 	}
 	for _, h := range m.Headers {
-		if h.Key == "" || len(h.Key) > MaxHeaderKeyBytes || !utf8.ValidString(h.Key) || strings.IndexByte(h.Key, 0) >= 0 {
-			return prepared{}, invalid("header name", h.Key, fmt.Sprintf("must be 1-%d bytes of UTF-8 without NUL", MaxHeaderKeyBytes))
+		if h.Key == "" || len(h.Key) > maxHeaderKeyBytes || !utf8.ValidString(h.Key) || strings.IndexByte(h.Key, 0) >= 0 {
+			return prepared{}, invalid("header name", h.Key, fmt.Sprintf("must be 1-%d bytes of UTF-8 without NUL", maxHeaderKeyBytes))
 		}
 	}
 	idKey, timeKey := style.keys()
@@ -170,8 +170,8 @@ func prepare(m Message, style HeaderStyle, now time.Time) (prepared, error) {
 	if !hasHeader(m.Headers, timeKey) {
 		headers = append(headers, kafka.Header{Key: timeKey, Value: []byte(timeText)})
 	}
-	if n := MessageBytes(m.Key, m.Value, headers); n > MaxMessageBytes {
-		return prepared{}, invalid("message size", "", fmt.Sprintf("%d bytes with key and headers, over the %d a Kafka writer sends", n, MaxMessageBytes))
+	if n := messageBytes(m.Key, m.Value, headers); n > maxMessageBytes {
+		return prepared{}, invalid("message size", "", fmt.Sprintf("%d bytes with key and headers, over the %d a Kafka writer sends", n, maxMessageBytes))
 	}
 	return prepared{id: id, headers: headers}, nil
 }

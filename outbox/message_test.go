@@ -107,7 +107,7 @@ func TestPrepareRefuses(t *testing.T) {
 		"event time before 1970":  {Topic: "t", Time: time.Date(1969, 1, 1, 0, 0, 0, 0, time.UTC)},
 		"id too long":             {Topic: "t", ID: strings.Repeat("i", storage.MaxEventIDBytes+1)},
 		"id with NUL":             {Topic: "t", ID: "a\x00"},
-		"message over the writer": {Topic: "t", Value: make([]byte, MaxMessageBytes-20)},
+		"message over the writer": {Topic: "t", Value: make([]byte, maxMessageBytes-20)},
 	}
 	for name, m := range cases {
 		t.Run(name, func(t *testing.T) {

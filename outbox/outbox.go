@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -96,18 +97,12 @@ func New(db *gorm.DB, store storage.OutboxStore, cfg Config) (*Outbox, error) {
 		log = slog.Default()
 	}
 	// Enqueue's statements run in the caller's transaction; tracked, a
-	// transient failure of one dooms that transaction (see inbox.Transact).
-	if err := inbox.TrackStatements(db); err != nil {
+	// transient failure of one dooms that transaction (see txn.Transact).
+	if err := txn.TrackStatements(db); err != nil {
 		return nil, err
 	}
 	return &Outbox{db: db, store: store, cfg: cfg, log: log.With("component", "outbox")}, nil
 }
-
-// storage.OutboxStore returns the outbox's storage.OutboxStore.
-func (o *Outbox) Store() storage.OutboxStore { return o.store }
-
-// DB returns the database handle the outbox works on.
-func (o *Outbox) DB() *gorm.DB { return o.db }
 
 // Migrate creates or checks the outbox tables, retrying transient errors.
 // Call Maintain after it.
@@ -129,11 +124,11 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 // message that is invalid fails the whole call with an error wrapping
 // inbox.ErrInvalidMessage before anything is written. If a statement fails,
 // roll tx back: part of the call may be in it. Enqueue does not retry; a
-// transient failure (IsRetryable) means running the whole transaction
-// again. It locks the shards of the messages' keys until tx ends, so
-// concurrent transactions enqueuing for keys of one shard take turns;
-// enqueue all of a transaction's messages in one call, as late in the
-// transaction as possible.
+// transient failure (the store's IsRetryable) means running the whole
+// transaction again. It locks the shards of the messages' keys until tx
+// ends, so concurrent transactions enqueuing for keys of one shard take
+// turns; enqueue all of a transaction's messages in one call, as late in
+// the transaction as possible.
 func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) error {
 	err := o.enqueue(ctx, tx, msgs)
 	if err != nil {
@@ -179,11 +174,6 @@ func (o *Outbox) enqueue(ctx context.Context, tx *gorm.DB, msgs []Message) error
 	o.enqueued.Add(uint64(len(rows)))
 	return nil
 }
-
-// IsRetryable reports whether err, from Enqueue or another statement of
-// the same transaction, is a transient database failure after which the
-// transaction can run again.
-func (o *Outbox) IsRetryable(err error) bool { return err != nil && o.store.IsRetryable(err) }
 
 // Plan returns the maintenance plan for today: prepare today through
 // PrepareDays ahead, expire published rows of days before the retention

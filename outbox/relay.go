@@ -91,12 +91,12 @@ func (o *Outbox) NewRelay(pub Publisher, cfg RelayConfig) (*Relay, error) {
 	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
 	cfg.MaxMessages = cmp.Or(cfg.MaxMessages, DefaultMaxMessages)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
-	maxBytes := MaxMessageBytes
+	maxBytes := maxMessageBytes
 	if l, ok := pub.(Limited); ok {
 		m, b := l.Limits()
-		if m < 1 || b < MaxMessageBytes {
+		if m < 1 || b < maxMessageBytes {
 			return nil, fmt.Errorf("%w: the publisher takes %d messages, %d bytes at a time; a relay needs at least 1 message of %d bytes",
-				inbox.ErrInvalidConfig, m, b, MaxMessageBytes)
+				inbox.ErrInvalidConfig, m, b, maxMessageBytes)
 		}
 		cfg.MaxMessages, maxBytes = min(cfg.MaxMessages, m), b
 	}
@@ -236,7 +236,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 			continue
 		}
 		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.Value, Headers: hs}
-		size := MessageBytes(m.Key, m.Value, m.Headers)
+		size := messageBytes(m.Key, m.Value, m.Headers)
 		if len(msgs) > 0 && bytes+size > r.maxBytes {
 			break // what is left is a suffix of every shard's run
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/dev/bench"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/txn"
 )
 
 // backend opens the named backend for b; PostgreSQL and MariaDB come from
@@ -526,7 +527,7 @@ func BenchmarkTrackingPerStatement(b *testing.B) {
 					}
 				}
 				start := time.Now()
-				err := inbox.Transact(b.Context(), be.DB, noTransient{}, nil, func(tx *gorm.DB) error {
+				err := txn.Transact(b.Context(), be.DB, noTransient{}, nil, func(tx *gorm.DB) error {
 					var one int
 					for range statements {
 						if err := tx.Raw("SELECT 1").Row().Scan(&one); err != nil {
@@ -543,7 +544,7 @@ func BenchmarkTrackingPerStatement(b *testing.B) {
 					i = 1
 				}
 				perStmt[i] = float64(time.Since(start).Nanoseconds()) / statements
-				if err := inbox.TrackStatements(be.DB); err != nil {
+				if err := txn.TrackStatements(be.DB); err != nil {
 					b.Fatal(err)
 				}
 			}

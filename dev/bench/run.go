@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/txn"
 )
 
 // Options are the settings every variant of one comparison shares.
@@ -263,7 +264,7 @@ func runFresh(ctx context.Context, b *Backend, v Variant, evs []Event, o Options
 		if err := Untrack(b.DB); err != nil {
 			return Result{}, err
 		}
-		defer func() { _ = inbox.TrackStatements(b.DB) }()
+		defer func() { _ = txn.TrackStatements(b.DB) }()
 	}
 	res, err := Apply(ctx, f, v, evs, o.Workers, o.BatchSize)
 	if err != nil {
@@ -285,7 +286,7 @@ func runFresh(ctx context.Context, b *Backend, v Variant, evs []Event, o Options
 	return res, nil
 }
 
-// Untrack removes the callbacks inbox.TrackStatements registers, by their
+// Untrack removes the callbacks txn.TrackStatements registers, by their
 // names, until TrackStatements registers them again.
 func Untrack(db *gorm.DB) error {
 	cb := db.Callback()

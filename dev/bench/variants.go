@@ -82,7 +82,7 @@ type Variant struct {
 	// Idempotent: the effect is a set-to-state, not an increment.
 	Idempotent bool
 	// Untracked: run without the inbox's statement-tracking GORM callbacks
-	// (inbox.TrackStatements), to measure what that defence costs.
+	// (txn.TrackStatements), to measure what that defence costs.
 	Untracked bool
 	// apply applies evs in one operation and returns how many effects it
 	// applied.

@@ -2,7 +2,6 @@ package chaos_test
 
 import (
 	"context"
-	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -87,7 +86,7 @@ func TestConnectionLossClassification(t *testing.T) {
 					// A lost connection is the database's failure: the
 					// inbox must retry it on a fresh connection.
 					t.Errorf("    %s: the inbox gave up (Store.IsRetryable = %v; consumer treats as database failure = %v; %s)",
-						db.dialect, ib.IsRetryable(err), consumerInfrastructure(ib, err), describe(err))
+						db.dialect, ib.IsRetryable(err), consumerInfrastructure(err), describe(err))
 				}
 				again, err2 := ib.Process(ctx, msg, func(context.Context, *gorm.DB, inbox.Message) error { return nil })
 				if err2 != nil {
@@ -101,13 +100,10 @@ func TestConnectionLossClassification(t *testing.T) {
 	}
 }
 
-// consumerInfrastructure mirrors the consumer's rule (consumer/worker.go,
-// worker.infrastructure) for errors that do not use up a message's attempts.
-func consumerInfrastructure(ib *inbox.Inbox, err error) bool {
-	var ne net.Error
-	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || errors.As(err, &ne) ||
-		(!inbox.IsMarkedRetryable(err) && ib.Store().IsRetryable(err))
-}
+// consumerInfrastructure is the consumer's rule (consumer/failure.go,
+// worker.infrastructure) for errors that do not use up a message's
+// attempts.
+func consumerInfrastructure(err error) bool { return inbox.IsDatabaseFailure(err) }
 
 func describe(err error) string {
 	var pe *pgconn.PgError

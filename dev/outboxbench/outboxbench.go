@@ -184,7 +184,7 @@ func Relay(ctx context.Context, db *gorm.DB, store storage.OutboxStore, brokers 
 							if err == nil {
 								break
 							}
-							if !ob.IsRetryable(err) || attempt == 20 {
+							if !store.IsRetryable(err) || attempt == 20 {
 								errs <- err
 								return
 							}

@@ -155,19 +155,3 @@ func orContext(ctx, parent context.Context) context.Context {
 
 // HasMessageTracers reports whether any hook traces messages.
 func (l *List) HasMessageTracers() bool { return l != nil && len(l.messages) > 0 }
-
-type callerReportsKey struct{}
-
-// CallerReportsOutcomes returns ctx telling an inbox that its caller (a
-// consumer) reports the outcomes of the messages it processes under ctx, so
-// the inbox reports none of them.
-func CallerReportsOutcomes(ctx context.Context) context.Context {
-	return context.WithValue(ctx, callerReportsKey{}, true)
-}
-
-// OutcomesReportedByCaller reports whether ctx came from
-// CallerReportsOutcomes.
-func OutcomesReportedByCaller(ctx context.Context) bool {
-	v, _ := ctx.Value(callerReportsKey{}).(bool)
-	return v
-}

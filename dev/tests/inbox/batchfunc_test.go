@@ -12,6 +12,7 @@ import (
 
 	"github.com/inboxgo/inbox/dev/faulttest"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/batchopt"
 )
 
 // setEffect is a set-based batch handler: one statement for all messages.
@@ -92,10 +93,11 @@ func TestProcessBatchFuncIsolatesPoisonBySplitting(t *testing.T) {
 		}
 		return setEffect(ctx, tx, batch)
 	}
-	results, err := ib.ProcessBatchFunc(t.Context(), msgs, h, inbox.BeforeCommit(func(_ context.Context, _ *gorm.DB, o []inbox.Outcome) error {
+	ctx := batchopt.With(t.Context(), &batchopt.Options[inbox.Outcome]{BeforeCommit: func(_ context.Context, _ *gorm.DB, o []inbox.Outcome) error {
 		seen = append(seen, slices.Clone(o))
 		return nil
-	}))
+	}})
+	results, err := ib.ProcessBatchFunc(ctx, msgs, h)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -174,9 +174,6 @@ func TestEventsBeyondMaxFutureDaysAreInvalid(t *testing.T) {
 	ib, store, _ := newDayInbox(t)
 	today := storage.DayOf(time.Now())
 	last := today.AddDate(0, 0, inbox.DefaultMaxFutureDays).Add(23 * time.Hour)
-	if err := ib.Admit(inbox.Message{Consumer: "c", ID: "last", Time: last}); err != nil {
-		t.Fatalf("an event on the last allowed day: %v", err)
-	}
 	beyond := inbox.Message{Consumer: "c", ID: "beyond", Time: last.Add(time.Hour)}
 	if _, err := ib.Process(ctx, beyond, noop); !errors.Is(err, inbox.ErrInvalidMessage) {
 		t.Fatalf("Process of an event a day past MaxFutureDays: %v, want ErrInvalidMessage", err)
@@ -187,5 +184,11 @@ func TestEventsBeyondMaxFutureDaysAreInvalid(t *testing.T) {
 	}
 	if len(store.prepares) != 0 {
 		t.Fatalf("storage made for invalid events' days: %v", store.prepares)
+	}
+	if out, err := ib.Process(ctx, inbox.Message{Consumer: "c", ID: "last", Time: last}, noop); out != inbox.Processed || err != nil {
+		t.Fatalf("an event on the last allowed day: %v %v, want Processed", out, err)
+	}
+	if want := storage.DayOf(last); len(store.prepares) != 1 || !slices.Equal(store.prepares[0], []time.Time{want}) {
+		t.Fatalf("storage made for %v, want the last allowed day %v alone", store.prepares, want)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/dev/faulttest"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/batchopt"
 )
 
 func newFaultInbox(t *testing.T, cfg inbox.Config, transient func(error) bool, gcfg *gorm.Config) (*inbox.Inbox, *gorm.DB) {
@@ -303,10 +304,11 @@ func TestBatchAdmitsAgainstOneClockReading(t *testing.T) {
 		{Consumer: "c", ID: "today-2", Time: day},
 	}
 	var seen []inbox.Outcome
-	results, err := ib.ProcessBatch(t.Context(), msgs, noop, inbox.BeforeCommit(func(_ context.Context, _ *gorm.DB, o []inbox.Outcome) error {
+	ctx := batchopt.With(t.Context(), &batchopt.Options[inbox.Outcome]{BeforeCommit: func(_ context.Context, _ *gorm.DB, o []inbox.Outcome) error {
 		seen = o
 		return nil
-	}))
+	}})
+	results, err := ib.ProcessBatch(ctx, msgs, noop)
 	if err != nil || readings != 1 {
 		t.Fatalf("%v; %d clock readings, want 1", err, readings)
 	}

@@ -259,8 +259,14 @@ func TestPlanDates(t *testing.T) {
 	if !p.Today.Equal(day(11, 30)) || !p.PrepareThrough.Equal(day(12, 3)) || !p.ExpireBefore.Equal(day(11, 19)) {
 		t.Fatalf("plan %+v", p)
 	}
-	if got := ib.OldestCheckedDay(); !got.Equal(day(11, 20)) {
-		t.Fatalf("oldest checked day %v", got)
+	// The oldest checked day is the day after ExpireBefore: its events are
+	// processed, those of the day before are expired.
+	if out, err := ib.Process(t.Context(), inbox.Message{Consumer: "c", ID: "oldest", Time: day(11, 20)}, noop); out != inbox.Processed || err != nil {
+		t.Fatalf("an event of the oldest checked day: %v %v, want Processed", out, err)
+	}
+	var ee *inbox.ExpiredError
+	if _, err := ib.Process(t.Context(), inbox.Message{Consumer: "c", ID: "older", Time: day(11, 20).Add(-time.Nanosecond)}, noop); !errors.As(err, &ee) || !ee.Oldest.Equal(day(11, 20)) {
+		t.Fatalf("an event of the day before the oldest checked day: %v, want expired with oldest checked day %v", err, day(11, 20))
 	}
 }
 
@@ -298,11 +304,12 @@ func TestBatchTransientFailureOfWholeBatch(t *testing.T) {
 func TestMaintainPlanRefusesExpiringCheckedDays(t *testing.T) {
 	ib, _ := newTestInbox(t, inbox.Config{RetentionDays: 5})
 	plan := ib.Plan()
-	plan.ExpireBefore = ib.OldestCheckedDay().AddDate(0, 0, 1)
+	oldest := plan.ExpireBefore.AddDate(0, 0, 1) // Plan keeps a day of grace
+	plan.ExpireBefore = oldest.AddDate(0, 0, 1)
 	if _, err := ib.MaintainPlan(t.Context(), plan); !errors.Is(err, inbox.ErrInvalidConfig) {
 		t.Fatalf("MaintainPlan = %v, want ErrInvalidConfig", err)
 	}
-	plan.ExpireBefore = ib.OldestCheckedDay()
+	plan.ExpireBefore = oldest
 	if _, err := ib.MaintainPlan(t.Context(), plan); err != nil {
 		t.Fatalf("plan expiring up to the oldest checked day: %v", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/inboxgo/inbox/dev/faulttest"
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/batchopt"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -28,7 +29,7 @@ type span struct {
 
 type spanKey struct{}
 
-// recordingTrace is an inbox.Trace that keeps a tree of spans in the
+// recordingTrace is a hook (hooks.Funcs) that keeps a tree of spans in the
 // contexts it hands out, the way a tracing system does.
 type recordingTrace struct {
 	mu    sync.Mutex
@@ -182,12 +183,12 @@ func TestTraceProcessTx(t *testing.T) {
 
 // batchParent is the span the consumer puts into each message's context
 // with the MessageContext batch option (the producer's, in a real trace).
-func batchParents(rec *recordingTrace, msgs []inbox.Message) inbox.BatchOption {
-	return inbox.MessageContext(func(ctx context.Context, i int) context.Context {
+func batchParents(ctx context.Context, rec *recordingTrace, msgs []inbox.Message) context.Context {
+	return batchopt.With(ctx, &batchopt.Options[inbox.Outcome]{MessageContext: func(ctx context.Context, i int) context.Context {
 		ctx, s := rec.start(ctx, "producer "+msgs[i].ID)
 		s.ended, s.result = true, "sent"
 		return ctx
-	})
+	}})
 }
 
 func TestTraceProcessBatch(t *testing.T) {
@@ -207,7 +208,7 @@ func TestTraceProcessBatch(t *testing.T) {
 		}
 		return nil
 	}
-	res, err := ib.ProcessBatch(t.Context(), msgs, handler, batchParents(rec, msgs))
+	res, err := ib.ProcessBatch(batchParents(t.Context(), rec, msgs), msgs, handler)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +248,7 @@ func TestTraceProcessBatchFunc(t *testing.T) {
 		}
 		return setEffect(ctx, tx, ms)
 	}
-	if _, err := ib.ProcessBatchFunc(t.Context(), msgs, h, batchParents(rec, msgs)); err != nil {
+	if _, err := ib.ProcessBatchFunc(batchParents(t.Context(), rec, msgs), msgs, h); err != nil {
 		t.Fatal(err)
 	}
 	if got := countRows(t, db, "effects"); got != 3 {

@@ -31,7 +31,7 @@ const (
 	childIDVar     = "OUTBOX_TEST_RELAY_ID"
 )
 
-func openPostgresOutbox(t *testing.T, schema string) (*gorm.DB, *outbox.Outbox) {
+func openPostgresOutbox(t *testing.T, schema string) (*gorm.DB, storage.OutboxStore, *outbox.Outbox) {
 	t.Helper()
 	db, err := gorm.Open(gormpg.Open(testservers.PostgresDSN(t)), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
@@ -45,7 +45,7 @@ func openPostgresOutbox(t *testing.T, schema string) (*gorm.DB, *outbox.Outbox) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return db, ob
+	return db, store, ob
 }
 
 // TestRelayChild is the relay process TestRelaySIGKILL starts and kills;
@@ -55,7 +55,7 @@ func TestRelayChild(t *testing.T) {
 	if schema == "" {
 		t.Skip("only run as TestRelaySIGKILL's child process")
 	}
-	_, ob := openPostgresOutbox(t, schema)
+	_, _, ob := openPostgresOutbox(t, schema)
 	pub, err := outbox.NewKafkaPublisher(outbox.NewKafkaWriter(testservers.KafkaBrokers(t)...))
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +74,7 @@ func TestRelayChild(t *testing.T) {
 func TestRelaySIGKILL(t *testing.T) {
 	brokers := testservers.KafkaBrokers(t)
 	schema := "outbox_kill_" + conformance.RandomSuffix()
-	db, ob := openPostgresOutbox(t, schema)
+	db, store, ob := openPostgresOutbox(t, schema)
 	t.Cleanup(func() {
 		db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`)
 		if sqlDB, err := db.DB(); err == nil {
@@ -107,7 +107,7 @@ func TestRelaySIGKILL(t *testing.T) {
 		}
 	}
 	unpublished := func() int64 {
-		stats, err := ob.Store().(storage.StatsReporter).Stats(ctx, db)
+		stats, err := store.(storage.StatsReporter).Stats(ctx, db)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,63 @@
+// Package batchopt carries the options of inbox.ProcessBatch and
+// inbox.ProcessBatchFunc that only this module sets (package consumer: the
+// offsets it stores with a batch, its messages' contexts), in the context
+// of the call. Package inbox takes them out of that context before it runs
+// anything, so they apply to the one call they were set for, never to a
+// call made from one of its handlers.
+//
+// O is inbox.Outcome: package inbox imports this one, so it cannot be
+// named here.
+package batchopt
+
+import (
+	"context"
+
+	"gorm.io/gorm"
+)
+
+// Options change how one ProcessBatch or ProcessBatchFunc call runs.
+type Options[O any] struct {
+	// BeforeCommit, if set, is called in each transaction the call is
+	// about to commit, after the handlers ran, so that its writes commit
+	// with the batch (the consumer stores its offset this way).
+	// outcomes[i] is what msgs[i] will be once this transaction commits:
+	// Processed or Duplicate for the messages of this transaction and of
+	// transactions the same call committed before, Failed for messages that
+	// failed (rejected before any transaction, or isolated after failing),
+	// and zero for messages still to be run. An error from it fails the
+	// whole transaction like a failed claim: a database failure, reported
+	// for the batch.
+	BeforeCommit func(ctx context.Context, tx *gorm.DB, outcomes []O) error
+	// MessageContext, if set, makes the call start the work on msgs[i] from
+	// MessageContext(ctx, i) instead of the call's ctx: its Message hook
+	// (inbox.Config.Trace), its handler call and its logs get that context.
+	// It is called once per message and call, before any transaction; it
+	// must return a context derived from ctx (the consumer adds the trace
+	// context found in the message's headers), or nil to keep ctx. A
+	// BatchHandler called with several messages gets the context of the
+	// first of them.
+	MessageContext func(ctx context.Context, i int) context.Context
+	// CallerReportsOutcomes says that the caller (the consumer) reports the
+	// outcome of each message once it is decided, so the call reports none
+	// to the hooks' EventHooks (see package hooks): each outcome is then
+	// reported once. Tracers are still called.
+	CallerReportsOutcomes bool
+}
+
+type key[O any] struct{}
+
+// With returns ctx carrying opts for the ProcessBatch or ProcessBatchFunc
+// call it is passed to.
+func With[O any](ctx context.Context, opts *Options[O]) context.Context {
+	return context.WithValue(ctx, key[O]{}, opts)
+}
+
+// Take returns the options ctx carries (the zero Options if none) and ctx
+// without them.
+func Take[O any](ctx context.Context) (context.Context, Options[O]) {
+	opts, _ := ctx.Value(key[O]{}).(*Options[O])
+	if opts == nil {
+		return ctx, Options[O]{}
+	}
+	return context.WithValue(ctx, key[O]{}, (*Options[O])(nil)), *opts
+}
