@@ -58,7 +58,7 @@ func (env *Env) enqueueTx(ctx context.Context, ob *outbox.Outbox, name string, m
 			}
 			return ob.Enqueue(ctx, tx, msgs...)
 		})
-		if err == nil || !env.H.Store.IsRetryable(err) || attempt == 20 || ctx.Err() != nil {
+		if err == nil || !env.H.Outbox.IsRetryable(err) || attempt == 20 || ctx.Err() != nil {
 			return err
 		}
 		time.Sleep(time.Duration(attempt) * 5 * time.Millisecond)

@@ -152,6 +152,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	}
 	// The consumer reports each message's outcome once it is decided.
 	opts.CallerReportsOutcomes = true
+	// The consumer owns the retries of what it runs through the inbox (see
+	// the fault model in docs/RELIABILITY.md).
+	opts.CallerRetries = true
 	batchCtx := batchopt.With(dbCtx, &opts)
 	for attempt := 1; ; attempt++ {
 		var rs []inbox.Result

@@ -551,6 +551,12 @@ func callHandler(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (err 
 // retry runs fn until it succeeds, fails with a permanent error, the context
 // ends or the attempts are used up.
 func (ib *Inbox) retry(ctx context.Context, fn func(attempt int) error) error {
+	return ib.retryUpTo(ctx, ib.cfg.MaxAttempts, fn)
+}
+
+// retryUpTo is retry with at most maxAttempts runs in all; with one, fn's
+// error is returned as it is, for the caller to retry.
+func (ib *Inbox) retryUpTo(ctx context.Context, maxAttempts int, fn func(attempt int) error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn(attempt)
 		if err == nil {
@@ -559,10 +565,10 @@ func (ib *Inbox) retry(ctx context.Context, fn func(attempt int) error) error {
 		if ctx.Err() != nil {
 			return errors.Join(err, ctx.Err())
 		}
-		if !ib.IsRetryable(err) {
+		if !ib.IsRetryable(err) || maxAttempts == 1 {
 			return err
 		}
-		if attempt >= ib.cfg.MaxAttempts {
+		if attempt >= maxAttempts {
 			return fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 		}
 		ib.counters.retries.Add(1)

@@ -42,6 +42,12 @@ type Options[O any] struct {
 	// to the hooks' EventHooks (see package hooks): each outcome is then
 	// reported once. Tracers are still called.
 	CallerReportsOutcomes bool
+	// CallerRetries says that the caller (the consumer) owns every retry:
+	// each transaction of the call runs once, and a transient failure is
+	// returned (a database failure, as inbox.IsDatabaseFailure reports it)
+	// instead of being run again under inbox.Config.MaxAttempts; a handler
+	// error marked with inbox.Retryable is returned as any other.
+	CallerRetries bool
 }
 
 type key[O any] struct{}
