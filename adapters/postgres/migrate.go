@@ -43,12 +43,12 @@ func (s *Store) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 	return stmts, nil
 }
 
-// Migrate creates the schema if it is missing and the partitioned inbox
-// table, in one transaction under the store's advisory lock, checks that an
-// existing table has the expected layout, and makes the partitions of the
-// day before today through Options.InitialDays after it (UTC, by the wall
-// clock). Maintain makes later days' partitions, and the inbox any other
-// day's on demand ([Store.PrepareDays]).
+// Migrate creates the schema if it is missing (see createSchema) and the
+// partitioned inbox table, in one transaction under the store's advisory
+// lock, checks that an existing table has the expected layout, and makes
+// the partitions of the day before today through Options.InitialDays after
+// it (UTC, by the wall clock). Maintain makes later days' partitions, and
+// the inbox any other day's on demand ([Store.PrepareDays]).
 //
 // An existing table of another layout (not partitioned by RANGE (day), a
 // DEFAULT partition, another key, a nondeterministic collation) makes
@@ -56,17 +56,11 @@ func (s *Store) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 // Migrate never converts or drops such a table, nor makes partitions for it.
 func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := s.lock(tx); err != nil {
+		if err := s.createSchema(tx); err != nil {
 			return err
 		}
-		var exists bool
-		if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = ?)`, s.schema).Scan(&exists).Error; err != nil {
-			return fmt.Errorf("postgres: look up schema %s: %w", s.schema, err)
-		}
-		if !exists {
-			if err := tx.Exec(`CREATE SCHEMA ` + quoteIdent(s.schema)).Error; err != nil {
-				return fmt.Errorf("postgres: create schema %s: %w", s.schema, err)
-			}
+		if err := s.lock(tx); err != nil {
+			return err
 		}
 		for _, q := range s.createStatements() {
 			if err := tx.Exec(q).Error; err != nil {
@@ -89,6 +83,38 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 		}
 	}
 	return nil
+}
+
+// createSchema creates the store's schema in tx unless it exists, without
+// needing the CREATE privilege on the database when it does. The stores of
+// one schema (inbox tables, the outbox) migrate under advisory locks of
+// their own, and two transactions that create one schema at once fail in
+// all but one of them (SQLSTATE 23505, pg_namespace_nspname_index; CREATE
+// SCHEMA IF NOT EXISTS included): so a missing schema is created under a
+// lock of its own (schemaKey), held until tx ends, and looked up again once
+// it is held, for a schema that the previous holder created. tx must be
+// READ COMMITTED (each statement sees what committed before it), and this
+// must come before the store's lock, so that every Migrate takes the two
+// in the same order.
+func (s *Store) createSchema(tx *gorm.DB) error {
+	for locked := false; ; locked = true {
+		var exists bool
+		if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = ?)`, s.schema).Scan(&exists).Error; err != nil {
+			return fmt.Errorf("postgres: look up schema %s: %w", s.schema, err)
+		}
+		switch {
+		case exists:
+			return nil
+		case locked:
+			if err := tx.Exec(`CREATE SCHEMA ` + quoteIdent(s.schema)).Error; err != nil {
+				return fmt.Errorf("postgres: create schema %s: %w", s.schema, err)
+			}
+			return nil
+		}
+		if err := tx.Exec(`SELECT pg_advisory_xact_lock(?)`, s.schemaKey).Error; err != nil {
+			return fmt.Errorf("postgres: advisory lock for creating schema %s: %w", s.schema, err)
+		}
+	}
 }
 
 // checkLayout reports how the existing inbox table differs from what the

@@ -137,6 +137,7 @@ type Store struct {
 	initialDays   int
 	lockKey       int64 // transaction-level: Migrate, partition creation, drops
 	expiryKey     int64 // session-level: concurrent detaches
+	schemaKey     int64 // transaction-level: creating the schema, shared by every store in it
 
 	claimOneSQL, claimArraysSQL string
 }
@@ -176,6 +177,9 @@ func New(opts Options) (*Store, error) {
 	s := &Store{schema: opts.Schema, table: opts.Table, lockTimeout: opts.LockTimeout, initialDays: opts.InitialDays, lockKey: int64(h.Sum64())}
 	h.Write([]byte("\x00expiry"))
 	s.expiryKey = int64(h.Sum64())
+	h = fnv.New64a()
+	h.Write([]byte("github.com/inboxgo/inbox/adapters/postgres schema\x00" + opts.Schema))
+	s.schemaKey = int64(h.Sum64())
 	s.buildClaimSQL()
 	return s, nil
 }
