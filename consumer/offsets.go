@@ -3,8 +3,10 @@ package consumer
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"time"
 
@@ -34,7 +36,18 @@ type offsetStore struct {
 	group string
 }
 
-// migrate creates the offsets table if it does not exist.
+// migrate creates the offsets table if it does not exist. It is safe when
+// several processes run it at once (the replicas of a deployment starting
+// together), which GORM's AutoMigrate alone is not: it checks for the table
+// and then creates it, and all but the first creator fail (PostgreSQL:
+// SQLSTATE 23505 on pg_type; MySQL/MariaDB: error 1050; SQLite: "table
+// already exists"). On PostgreSQL and MySQL/MariaDB the callers take turns
+// under a lock of the database named after the table (a transaction-level
+// advisory lock; GET_LOCK), so the first creates the table and the others
+// find it; on SQLite, whose write lock already orders them, a caller whose
+// CREATE lost the race finds the table made and migrates it as an existing
+// table. The dialect is told by its name and the locks are plain SQL: this
+// package imports no database driver.
 //
 // On MySQL/MariaDB the table is created as InnoDB whatever the server's
 // default engine: a stored offset must roll back with the effect it
@@ -43,22 +56,65 @@ type offsetStore struct {
 // transactions makes migrate fail.
 func (s offsetStore) migrate(ctx context.Context, db *gorm.DB) error {
 	db = db.WithContext(ctx)
-	mysql := db.Name() == "mysql"
-	if mysql {
-		// Before AutoMigrate, whose ALTERs of a MyISAM table fail with
-		// errors that do not name the engine.
-		if err := s.checkTransactional(db); err != nil {
-			return err
+	autoMigrate := func(db *gorm.DB) error {
+		if err := db.Table(s.table).AutoMigrate(&offsetRow{}); err != nil {
+			return fmt.Errorf("consumer: migrate %s: %w", s.table, err)
 		}
-		db = db.Set("gorm:table_options", "ENGINE=InnoDB")
+		return nil
 	}
-	if err := db.Table(s.table).AutoMigrate(&offsetRow{}); err != nil {
-		return fmt.Errorf("consumer: migrate %s: %w", s.table, err)
+	switch db.Name() {
+	case "postgres":
+		h := fnv.New64a()
+		h.Write([]byte("github.com/inboxgo/inbox/consumer offsets table\x00" + s.table))
+		// READ COMMITTED, so that the check for the table, after the lock,
+		// sees a table that the previous holder committed.
+		return db.Transaction(func(tx *gorm.DB) error {
+			if err := tx.Exec(`SELECT pg_advisory_xact_lock(?)`, int64(h.Sum64())).Error; err != nil {
+				return fmt.Errorf("consumer: lock for migrating %s: %w", s.table, err)
+			}
+			return autoMigrate(tx)
+		}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	case "mysql":
+		// On one connection, which holds the named lock (the DDL commits
+		// by itself); the lock is released even when ctx has ended, and a
+		// connection that cannot release it is discarded, so that no pooled
+		// connection keeps it.
+		const lockName = "CONCAT('inbox-offsets:', LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), '.', ?), 256), 40))"
+		const lockWait = time.Minute
+		return db.Connection(func(pinned *gorm.DB) error {
+			conn := pinned.Session(&gorm.Session{}) // each statement on a copy of its own
+			var got sql.NullInt64
+			if err := conn.Raw("SELECT GET_LOCK("+lockName+", ?)", s.table, int(lockWait/time.Second)).Row().Scan(&got); err != nil {
+				return fmt.Errorf("consumer: lock for migrating %s: %w", s.table, err)
+			}
+			if !got.Valid || got.Int64 != 1 {
+				return fmt.Errorf("consumer: another process kept the lock for migrating %s for more than %v", s.table, lockWait)
+			}
+			defer func() {
+				cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				defer cancel()
+				if conn.WithContext(cleanup).Exec("SELECT RELEASE_LOCK("+lockName+")", s.table).Error != nil {
+					if c, ok := conn.Statement.ConnPool.(*sql.Conn); ok {
+						_ = c.Raw(func(any) error { return driver.ErrBadConn })
+					}
+				}
+			}()
+			// Before AutoMigrate, whose ALTERs of a MyISAM table fail with
+			// errors that do not name the engine.
+			if err := s.checkTransactional(conn); err != nil {
+				return err
+			}
+			if err := autoMigrate(conn.Set("gorm:table_options", "ENGINE=InnoDB")); err != nil {
+				return err
+			}
+			return s.checkTransactional(conn)
+		})
 	}
-	if mysql {
-		return s.checkTransactional(db)
+	err := autoMigrate(db)
+	if err != nil && db.Migrator().HasTable(s.table) {
+		err = autoMigrate(db) // the table is there now: made by another process
 	}
-	return nil
+	return err
 }
 
 // checkTransactional fails if the offsets table exists (in the current

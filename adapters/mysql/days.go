@@ -6,8 +6,7 @@ package mysql
 // on demand (PrepareDays) when a claim finds none: ADD PARTITION of a LIST
 // partition copies no row. Expired days leave with CONVERT PARTITION ... TO
 // TABLE, a rename, and the table is dropped afterwards without any lock on
-// the inbox table. Tables made by earlier versions (RANGE COLUMNS(day) with
-// a catch-all pmax) keep working as they were: see maintain.go.
+// the inbox table.
 
 import (
 	"context"
@@ -49,16 +48,18 @@ func (s *Store) IsMissingDay(err error) bool {
 	return (errors.As(err, &me) && me.Number == errNoPartition) || errors.As(err, &dm)
 }
 
-// listLayout reads the inbox table's partitions. list is false for a table
-// partitioned by RANGE COLUMNS(day) (an earlier version's layout, checked by
-// readPartitions); otherwise days maps each day to its partition. It
-// refreshes the Store's knowledge of the days (see Claim).
-func (s *Store) listLayout(db *gorm.DB) (list bool, days map[time.Time]string, err error) {
+// listLayout reads the inbox table's partitions: days maps each day to its
+// partition. A table of another layout (not partitioned, or partitioned
+// otherwise than by LIST COLUMNS(day) with one day per partition) is an
+// error naming the table and what it found. It refreshes the Store's
+// knowledge of the days (see Claim).
+func (s *Store) listLayout(db *gorm.DB) (map[time.Time]string, error) {
 	rows, err := db.Raw(`SELECT PARTITION_NAME, PARTITION_METHOD, PARTITION_EXPRESSION, PARTITION_DESCRIPTION
 		FROM information_schema.PARTITIONS
-		WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?`, nullIfEmpty(s.schema), s.name).Rows()
+		WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?
+		ORDER BY PARTITION_ORDINAL_POSITION`, nullIfEmpty(s.schema), s.name).Rows()
 	if err != nil {
-		return false, nil, fmt.Errorf("mysql: read partitions of %s: %w", s.name, err)
+		return nil, fmt.Errorf("mysql: read partitions of %s: %w", s.name, err)
 	}
 	type part struct{ name, method, expr, desc sql.NullString }
 	var parts []part
@@ -66,28 +67,29 @@ func (s *Store) listLayout(db *gorm.DB) (list bool, days map[time.Time]string, e
 		var p part
 		if err := rows.Scan(&p.name, &p.method, &p.expr, &p.desc); err != nil {
 			rows.Close()
-			return false, nil, fmt.Errorf("mysql: read partitions of %s: %w", s.name, err)
+			return nil, fmt.Errorf("mysql: read partitions of %s: %w", s.name, err)
 		}
 		parts = append(parts, p)
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return false, nil, fmt.Errorf("mysql: read partitions of %s: %w", s.name, err)
+		return nil, fmt.Errorf("mysql: read partitions of %s: %w", s.name, err)
 	}
 	if len(parts) == 0 {
-		return false, nil, fmt.Errorf("mysql: %s: %w", s.name, errNoTable)
+		return nil, fmt.Errorf("mysql: %s: %w", s.name, errNoTable)
 	}
-	days = map[time.Time]string{}
+	if !parts[0].name.Valid {
+		return nil, fmt.Errorf("mysql: inbox table %s is not partitioned; the inbox needs PARTITION BY LIST COLUMNS(day), one day per partition (drop it or use another table name, and run Migrate)", s.name)
+	}
+	days := map[time.Time]string{}
 	for _, p := range parts {
 		if p.method.String != "LIST COLUMNS" || strings.Trim(p.expr.String, "`") != "day" {
-			if _, err := s.readPartitions(db); err != nil {
-				return false, nil, err
-			}
-			s.list.Store(false)
-			return false, nil, nil
+			last := parts[len(parts)-1]
+			return nil, fmt.Errorf("mysql: inbox table %s is partitioned by %s(%s) (%d partitions, %s through %s, the last for values %s), a layout this version does not support; the inbox needs PARTITION BY LIST COLUMNS(day), one day per partition (Migrate does not convert a table: move its rows into a new one)",
+				s.name, p.method.String, p.expr.String, len(parts), parts[0].name.String, last.name.String, last.desc.String)
 		}
 		d, err := time.Parse(time.DateOnly, strings.Trim(p.desc.String, "'"))
 		if err != nil || strings.Contains(p.desc.String, ",") {
-			return false, nil, fmt.Errorf("mysql: partition %s of %s holds %q; the inbox needs one day per partition", p.name.String, s.name, p.desc.String)
+			return nil, fmt.Errorf("mysql: partition %s of %s holds %q; the inbox needs one day per partition", p.name.String, s.name, p.desc.String)
 		}
 		days[d] = p.name.String
 	}
@@ -101,16 +103,15 @@ func (s *Store) listLayout(db *gorm.DB) (list bool, days map[time.Time]string, e
 		s.known.Store(d, true)
 	}
 	s.list.Store(true)
-	return true, days, nil
+	return days, nil
 }
 
 // missingDay returns a *DayMissingError for the first row whose day the
 // Store knows has no partition; nil when every day has one, or when the
-// Store does not know the table's days (yet, or it is a RANGE table). So
-// a claim for a day without a partition usually fails before it touches
-// the table: under ProcessTx the caller's transaction then holds no
-// metadata lock on it, and PrepareDays's ADD PARTITION need not wait for
-// that transaction.
+// Store does not know the table's days yet. So a claim for a day without a
+// partition usually fails before it touches the table: under ProcessTx the
+// caller's transaction then holds no metadata lock on it, and PrepareDays's
+// ADD PARTITION need not wait for that transaction.
 func (s *Store) missingDay(rows []storage.InboxRow) error {
 	if !s.list.Load() {
 		return nil
@@ -157,13 +158,11 @@ func (s *Store) addDays(db *gorm.DB, days []time.Time) error {
 
 // PrepareDays adds the partitions of days that have none (see
 // [storage.DayPreparer]): the inbox calls it when a claim finds no partition
-// for a row's day. One ADD PARTITION, under the maintenance lock; on a
-// table of the earlier RANGE layout it does nothing (its catch-all takes
-// every day).
+// for a row's day. One ADD PARTITION, under the maintenance lock.
 func (s *Store) PrepareDays(ctx context.Context, db *gorm.DB, days []time.Time) error {
 	return s.withLock(ctx, db, func(conn *gorm.DB) error {
-		list, have, err := s.listLayout(conn)
-		if err != nil || !list {
+		have, err := s.listLayout(conn)
+		if err != nil {
 			return err
 		}
 		var add []time.Time

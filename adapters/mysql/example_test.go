@@ -39,8 +39,8 @@ func Example() {
 	if err := store.Verify(ctx, db); err != nil {
 		log.Fatal(err)
 	}
-	// Split the coming days out of the catch-all partition now, and keep
-	// doing it (and expiring old days) in the background.
+	// Add the coming days' partitions now, and keep doing it (and expiring
+	// old days) in the background.
 	if _, err := ib.Maintain(ctx); err != nil {
 		log.Fatal(err)
 	}

@@ -57,14 +57,14 @@ func (s *Store) createTableFor(first, last time.Time) string {
 // Migrate creates the inbox table, partitioned by LIST COLUMNS(day), with
 // partitions for yesterday through Options.InitialDays ahead (UTC, by the
 // wall clock), under the table's maintenance lock; on an existing table it
-// only checks its engine and partitioning. A table made by an earlier
-// version of this package (RANGE COLUMNS(day) with a catch-all pmax) is
-// kept as it is and keeps working as before: converting it would rebuild
-// the whole table with writes blocked (see the package documentation for
-// doing it in a maintenance window).
+// only checks its engine and partitioning. An existing table of another
+// layout (not partitioned, or partitioned otherwise than by LIST
+// COLUMNS(day), such as RANGE COLUMNS(day) with a catch-all partition)
+// makes Migrate fail with an error naming the table and what it found;
+// Migrate never converts or drops a table.
 func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 	return s.withLock(ctx, db, func(conn *gorm.DB) error {
-		if _, _, err := s.listLayout(conn); err == nil {
+		if _, err := s.listLayout(conn); err == nil {
 			return s.checkEngine(conn)
 		} else if !errors.Is(err, errNoTable) {
 			return err
@@ -72,7 +72,7 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 		if err := conn.Exec(s.createTable(storage.DayOf(time.Now()))).Error; err != nil {
 			return fmt.Errorf("mysql: create %s: %w", s.name, err)
 		}
-		if _, _, err := s.listLayout(conn); err != nil {
+		if _, err := s.listLayout(conn); err != nil {
 			return err
 		}
 		return s.checkEngine(conn)

@@ -63,16 +63,9 @@
 // far-future events spread over thousands of distinct days would exhaust
 // them.
 //
-// Tables made by earlier versions of this package are partitioned by RANGE
-// COLUMNS(day) with a catch-all pmax (VALUES LESS THAN MAXVALUE). They keep
-// working exactly as before: new days are split out of pmax with REORGANIZE
-// PARTITION, which copies what pmax holds (the far-future rows) while
-// writes wait; expired days are dropped or truncated, late rows of expired
-// days land in the lowest partition and are deleted in batches of
-// Options.DeleteBatch. Converting such a table to LIST rebuilds it with
-// writes blocked, so Migrate does not do it; in a maintenance window,
-// ALTER TABLE ... PARTITION BY LIST COLUMNS(day) with one partition per day
-// it holds converts it, and the Store then takes the LIST path.
+// Migrate refuses an existing table of another layout (RANGE COLUMNS(day)
+// with a catch-all among them) with an error naming the table and what it
+// found; it never converts a table.
 //
 // Migrate and Maintain take a named lock (GET_LOCK) so that concurrent
 // processes serialise, and DDL waits at most Options.DDLLockWait for the
@@ -120,9 +113,6 @@ type Options struct {
 	// Schema is the database holding the table; empty means the
 	// connection's current database.
 	Schema string
-	// DeleteBatch is how many rows one DELETE of late expired rows removes.
-	// Default 5000.
-	DeleteBatch int
 	// LockWait bounds how long Migrate and Maintain wait for another
 	// process's maintenance to finish. Default 60s.
 	LockWait time.Duration
@@ -142,13 +132,13 @@ type Store struct {
 	table       string // quoted, possibly schema-qualified
 	name        string
 	schema      string
-	deleteBatch int
+	deleteBatch int // the outbox table's: rows per DELETE of published expired rows
 	lockWait    time.Duration
 	ddlLockWait time.Duration
 	initialDays int
 
-	// On a LIST table: whether the Store has read the table's days (list),
-	// and the days it knows have a partition (known, time.Time keys).
+	// Whether the Store has read the table's days (list), and the days it
+	// knows have a partition (known, time.Time keys).
 	list  atomic.Bool
 	known sync.Map
 
@@ -170,11 +160,8 @@ func New(opts Options) (*Store, error) {
 		}
 		qualified = "`" + opts.Schema + "`." + qualified
 	}
-	if opts.DeleteBatch < 0 || opts.LockWait < 0 || opts.DDLLockWait < 0 || opts.InitialDays < 0 {
+	if opts.LockWait < 0 || opts.DDLLockWait < 0 || opts.InitialDays < 0 {
 		return nil, fmt.Errorf("%w: negative value in %+v", storage.ErrInvalidConfig, opts)
-	}
-	if opts.DeleteBatch == 0 {
-		opts.DeleteBatch = 5000
 	}
 	if opts.LockWait == 0 {
 		opts.LockWait = time.Minute
@@ -189,7 +176,6 @@ func New(opts Options) (*Store, error) {
 		table:       qualified,
 		name:        opts.Table,
 		schema:      opts.Schema,
-		deleteBatch: opts.DeleteBatch,
 		lockWait:    opts.LockWait,
 		ddlLockWait: opts.DDLLockWait,
 		initialDays: opts.InitialDays,

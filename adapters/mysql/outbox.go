@@ -33,9 +33,10 @@ type OutboxOptions struct {
 	// Shards is the number of shards, fixed when the tables are made.
 	// Default DefaultShards.
 	Shards int
-	// DeleteBatch, LockWait, DDLLockWait and InitialDays are as in
-	// Options.
+	// DeleteBatch is how many published rows of expired days one DELETE
+	// removes from a partition that Maintain keeps. Default 5000.
 	DeleteBatch int
+	// LockWait, DDLLockWait and InitialDays are as in Options.
 	LockWait    time.Duration
 	DDLLockWait time.Duration
 	InitialDays int
@@ -70,14 +71,18 @@ func NewOutbox(opts OutboxOptions) (*OutboxStore, error) {
 	if opts.Shards < 0 || opts.Shards > 1<<16 {
 		return nil, fmt.Errorf("%w: %d shards, want 1..65536", storage.ErrInvalidConfig, opts.Shards)
 	}
+	if opts.DeleteBatch < 0 {
+		return nil, fmt.Errorf("%w: negative delete batch %d", storage.ErrInvalidConfig, opts.DeleteBatch)
+	}
 	if err := storage.ValidateIdentifier("table name", opts.Table+"_shards"); err != nil {
 		return nil, err
 	}
-	tbl, err := New(Options{Table: opts.Table, Schema: opts.Schema, DeleteBatch: opts.DeleteBatch, LockWait: opts.LockWait,
+	tbl, err := New(Options{Table: opts.Table, Schema: opts.Schema, LockWait: opts.LockWait,
 		DDLLockWait: opts.DDLLockWait, InitialDays: opts.InitialDays})
 	if err != nil {
 		return nil, err
 	}
+	tbl.deleteBatch = cmp.Or(opts.DeleteBatch, 5000)
 	qualify := func(name string) string {
 		if opts.Schema != "" {
 			return "`" + opts.Schema + "`.`" + name + "`"

@@ -210,26 +210,6 @@ func isStored(t *testing.T, db *gorm.DB, store *inboxmysql.Store, m inbox.Messag
 	return !inserted[0]
 }
 
-// legacyRangeTable makes table as earlier versions of this package did:
-// RANGE COLUMNS(day), a partition per day from first through last and a
-// catch-all pmax.
-func legacyRangeTable(t *testing.T, db *gorm.DB, table string, first, last time.Time) {
-	t.Helper()
-	var b strings.Builder
-	b.WriteString("CREATE TABLE `" + table + "` (consumer VARBINARY(128) NOT NULL, event_id VARBINARY(255) NOT NULL, day DATE NOT NULL," +
-		" event_time DATETIME(6) NOT NULL, topic VARBINARY(1024) NOT NULL DEFAULT '', partition_no INT NOT NULL DEFAULT 0," +
-		" offset_no BIGINT NOT NULL DEFAULT 0, claim_token BIGINT NOT NULL, deliveries BIGINT UNSIGNED NOT NULL DEFAULT 1," +
-		" processed_at DATETIME(6) NOT NULL, PRIMARY KEY (consumer, event_id, day)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 PARTITION BY RANGE COLUMNS(day) (")
-	for d := first; !d.After(last); d = d.AddDate(0, 0, 1) {
-		fmt.Fprintf(&b, "PARTITION p%s VALUES LESS THAN ('%s'), ", d.Format("20060102"), d.AddDate(0, 0, 1).Format(time.DateOnly))
-	}
-	b.WriteString("PARTITION pmax VALUES LESS THAN (MAXVALUE))")
-	if err := db.Exec(b.String()).Error; err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Exec("DROP TABLE IF EXISTS `" + table + "`").Error })
-}
-
 // TestMaintainListPartitions follows the LIST layout through days of
 // maintenance: Migrate's days, a day beyond them and a late expired day made
 // on demand, the plan's new days added, expired days converted to tables
@@ -290,87 +270,47 @@ func TestMaintainListPartitions(t *testing.T) {
 	}
 }
 
-// TestLegacyRangeTableKeepsWorking: a table made by earlier versions (RANGE
-// with a catch-all pmax) is kept by Migrate and maintained as before, through
-// days of maintenance: new days split out of pmax, expired days dropped, the newest
-// expired one truncated into the lowest partition, late rows deleted, and a
-// repeated run changes nothing.
-func TestLegacyRangeTableKeepsWorking(t *testing.T) {
+// TestMigrateRefusesRangeTable: a table of the layout of versions before
+// the first release (RANGE COLUMNS(day) with a catch-all pmax) is refused by
+// Migrate, naming the table and its partitioning, and left as it is.
+func TestMigrateRefusesRangeTable(t *testing.T) {
 	db := testDB(t, nil)
-	ctx := t.Context()
 	today := storage.DayOf(time.Now())
 	table := "inbox_t_" + conformance.RandomSuffix()
-	legacyRangeTable(t, db, table, today.AddDate(0, 0, -1), today.AddDate(0, 0, 1))
-	store := newStore(t, db, inboxmysql.Options{Table: table, InitialDays: 1})
-	p := func(d time.Time) string { return "p" + d.Format("20060102") }
-	if got, want := names(partitions(t, db, store.Table())), []string{p(today.AddDate(0, 0, -1)), p(today), p(today.AddDate(0, 0, 1)), "pmax"}; !slices.Equal(got, want) {
-		t.Fatalf("after Migrate: partitions %v, want %v", got, want)
+	t.Cleanup(func() { _ = db.Exec("DROP TABLE IF EXISTS `" + table + "`").Error })
+	if err := db.Exec("CREATE TABLE `" + table + "` (consumer VARBINARY(128) NOT NULL, event_id VARBINARY(255) NOT NULL, day DATE NOT NULL," +
+		" event_time DATETIME(6) NOT NULL, topic VARBINARY(1024) NOT NULL DEFAULT '', partition_no INT NOT NULL DEFAULT 0," +
+		" offset_no BIGINT NOT NULL DEFAULT 0, claim_token BIGINT NOT NULL, deliveries BIGINT UNSIGNED NOT NULL DEFAULT 1," +
+		" processed_at DATETIME(6) NOT NULL, PRIMARY KEY (consumer, event_id, day)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4" +
+		" PARTITION BY RANGE COLUMNS(day) (PARTITION p" + today.Format("20060102") + " VALUES LESS THAN ('" + today.AddDate(0, 0, 1).Format(time.DateOnly) + "')," +
+		" PARTITION pmax VALUES LESS THAN (MAXVALUE))").Error; err != nil {
+		t.Fatal(err)
 	}
-	msg := func(id string, d time.Time) inbox.Message {
-		return inbox.Message{Consumer: "c", ID: id, Time: d.Add(time.Hour)}
+	if err := db.Exec("INSERT INTO `"+table+"` (consumer, event_id, day, event_time, claim_token, processed_at) VALUES ('c', 'kept', ?, UTC_TIMESTAMP(6), 0, UTC_TIMESTAMP(6))",
+		today.AddDate(0, 0, 30).Format(time.DateOnly)).Error; err != nil {
+		t.Fatal(err)
 	}
-	for i := -6; i <= 4; i++ {
-		if !claimOne(t, db, store, msg(fmt.Sprint("m", i), today.AddDate(0, 0, i))) {
-			t.Fatalf("row of day %+d not new", i)
-		}
-	}
-
-	// Day +2: prepare through +4, expire before -1.
-	plan := storage.MaintenancePlan{Today: today.AddDate(0, 0, 2), PrepareThrough: today.AddDate(0, 0, 4), ExpireBefore: today.AddDate(0, 0, -1)}
-	dry := plan
-	dry.DryRun = true
-	before := partitions(t, db, store.Table())
-	report, err := store.Maintain(ctx, db, dry)
+	before := partitions(t, db, table)
+	store, err := inboxmysql.New(inboxmysql.Options{Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(partitions(t, db, store.Table()), before) || len(report.Prepared) != 3 || len(report.Expired) != 5 || report.RowsRemoved != 5 {
-		t.Errorf("dry run: %+v, partitions %v; want nothing changed, 3 days to prepare, 5 days (5 rows) to expire", report, names(partitions(t, db, store.Table())))
-	}
-	report, err = store.Maintain(ctx, db, plan)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []string{p(today.AddDate(0, 0, -1)), p(today), p(today.AddDate(0, 0, 1)), p(today.AddDate(0, 0, 2)), p(today.AddDate(0, 0, 3)), p(today.AddDate(0, 0, 4)), "pmax"}
-	if got := names(partitions(t, db, store.Table())); !slices.Equal(got, want) || report.RowsRemoved != 5 || len(report.Expired) != 5 {
-		t.Errorf("day +2: partitions %v, report %+v; want %v, 5 rows of 5 days removed from the lowest partition", got, report, want)
-	}
-	for i := -6; i <= 4; i++ {
-		if stored := isStored(t, db, store, msg(fmt.Sprint("m", i), today.AddDate(0, 0, i))); stored != (i >= -1) {
-			t.Errorf("day %+d: stored %v after expiring before day -1", i, stored)
+	for range 2 {
+		err := store.Migrate(t.Context(), db)
+		if err == nil || !strings.Contains(err.Error(), table) || !strings.Contains(err.Error(), "RANGE COLUMNS") || !strings.Contains(err.Error(), "pmax") {
+			t.Fatalf("Migrate on a RANGE table: %v, want an error naming the table, its partitioning and its catch-all", err)
 		}
+		t.Logf("Migrate: %v", err)
 	}
-
-	// Day +4: expire before +1. Partitions -1 and 0 hold expired days only:
-	// the lowest (-1) is dropped, 0 truncated and becomes the lowest.
-	plan = storage.MaintenancePlan{Today: today.AddDate(0, 0, 4), PrepareThrough: today.AddDate(0, 0, 4), ExpireBefore: today.AddDate(0, 0, 1)}
-	if report, err = store.Maintain(ctx, db, plan); err != nil {
-		t.Fatal(err)
+	if after := partitions(t, db, table); !slices.Equal(after, before) {
+		t.Errorf("partitions after the refused Migrate: %v, want %v", names(after), names(before))
 	}
-	want = want[1:]
-	if got := names(partitions(t, db, store.Table())); !slices.Equal(got, want) || report.RowsRemoved != -1 || len(report.Prepared) != 0 ||
-		!slices.Equal(report.Expired, []time.Time{today.AddDate(0, 0, -1), today}) {
-		t.Errorf("day +4: partitions %v, report %+v; want %v, days -1 and 0 expired by partition", got, report, want)
+	var n int64
+	if err := db.Raw("SELECT COUNT(*) FROM `" + table + "` PARTITION (pmax)").Row().Scan(&n); err != nil || n != 1 {
+		t.Errorf("%d rows left in pmax (%v), want 1", n, err)
 	}
-	// A late row of an expired day lands in the lowest partition and goes
-	// with the next run, which needs no DDL.
-	if !claimOne(t, db, store, msg("late", today.AddDate(0, 0, -9))) {
-		t.Fatal("late row not new")
-	}
-	before = partitions(t, db, store.Table())
-	if report, err = store.Maintain(ctx, db, plan); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(partitions(t, db, store.Table()), before) || report.RowsRemoved != 1 || !slices.Equal(report.Expired, []time.Time{today.AddDate(0, 0, -9)}) {
-		t.Errorf("repeated run: report %+v, partitions %v -> %v; want 1 late row removed and no partition change", report, names(before), names(partitions(t, db, store.Table())))
-	}
-	for i := -6; i <= 4; i++ {
-		if stored := isStored(t, db, store, msg(fmt.Sprint("m", i), today.AddDate(0, 0, i))); stored != (i >= 1) {
-			t.Errorf("day %+d: stored %v after expiring before day +1", i, stored)
-		}
-	}
-	if stats, err := store.Stats(ctx, db); err != nil || len(stats) != 4 || !stats[0].Day.Equal(today.AddDate(0, 0, 1)) || stats[0].Rows != 1 {
-		t.Errorf("Stats: %+v, %v; want one row on each of days +1..+4", stats, err)
+	if err := store.Verify(t.Context(), db); err == nil || !strings.Contains(err.Error(), "RANGE COLUMNS") {
+		t.Errorf("Verify on a RANGE table: %v", err)
 	}
 }
 
@@ -485,11 +425,10 @@ func TestRetryableErrors(t *testing.T) {
 	})
 }
 
-// TestMaintainDDLWhileInserting runs every kind of partition change (split
-// of pmax, DROP, TRUNCATE, DELETE of late rows) while live events, some of
-// them in pmax while it is split, and late expired events are processed: no
-// live delivery fails or is applied twice, and a redelivery of each is a
-// duplicate. (The conformance suite's maintain-while-inserting runs after
+// TestMaintainDDLWhileInserting runs partition changes (days added ahead and
+// on demand, expired days converted to tables and dropped) while live
+// events and late expired events are processed: no live delivery fails or
+// is applied twice, and a redelivery of each is a duplicate. (The conformance suite's maintain-while-inserting runs after
 // Migrate has prepared the days it uses, so it issues no DDL here.)
 func TestMaintainDDLWhileInserting(t *testing.T) {
 	db := testDB(t, nil)

@@ -56,7 +56,7 @@ func parseVersion(version string) Server {
 // Verify checks the server version, that the session's sql_mode is strict
 // (a value too long for its column is an error, not silently cut), and that
 // the inbox table is InnoDB, stores consumer and event id as binary strings,
-// and is partitioned by RANGE COLUMNS(day) with a catch-all partition.
+// and is partitioned by LIST COLUMNS(day), one day per partition.
 func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	db = db.WithContext(ctx)
 	server, problems, err := sessionProblems(ctx, db)
@@ -69,7 +69,7 @@ func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	if err := s.checkEngine(db); err != nil {
 		problems = append(problems, err)
 	}
-	if _, _, err := s.listLayout(db); err != nil {
+	if _, err := s.listLayout(db); err != nil {
 		problems = append(problems, err)
 	}
 	rows, err := db.Raw(`SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS

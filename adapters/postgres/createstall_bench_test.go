@@ -27,14 +27,8 @@ func parkFarFuture(tb testing.TB, db *gorm.DB, store *inboxpg.Store, n, days int
 	for i := range days {
 		want = append(want, first.AddDate(0, 0, i))
 	}
-	// (The same benchmark runs against earlier versions of the Store, which
-	// had no PrepareDays: their DEFAULT partition took these rows.)
-	if p, ok := any(store).(interface {
-		PrepareDays(context.Context, *gorm.DB, []time.Time) error
-	}); ok {
-		if err := p.PrepareDays(tb.Context(), db, want); err != nil {
-			tb.Fatal(err)
-		}
+	if err := store.PrepareDays(tb.Context(), db, want); err != nil {
+		tb.Fatal(err)
 	}
 	fill := `INSERT INTO "` + store.Schema() + `"."` + store.Table() + `" (consumer, event_id, day, event_time, topic, partition_no, offset_no)
 		SELECT 'far', 'far-' || g, DATE '2100-01-01' + g % ?, TIMESTAMPTZ '2100-01-01 00:00:00Z' + (g % ?) * interval '1 day', 'far', 0, g

@@ -34,9 +34,8 @@ var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 // A detach that was interrupted (a lock timeout while it waited, a crash)
 // leaves the partition "detach pending"; the next Maintain finishes it with
 // DETACH PARTITION ... FINALIZE before anything else, and drops detached
-// tables that an interrupted run left behind. A table made by an earlier
-// version of this package, with a DEFAULT partition, has it retired first
-// (see Migrate). On PostgreSQL before 14, which has no concurrent detach,
+// tables that an interrupted run left behind. On PostgreSQL before 14,
+// which has no concurrent detach,
 // a partition is detached in a short transaction that holds ACCESS
 // EXCLUSIVE on the inbox table.
 //
@@ -44,11 +43,6 @@ var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 // that would cost a scan), 0 otherwise.
 func (s *Store) Maintain(ctx context.Context, db *gorm.DB, plan storage.MaintenancePlan) (storage.MaintenanceReport, error) {
 	db = db.WithContext(ctx)
-	if !plan.DryRun {
-		if err := s.retireDefault(db); err != nil {
-			return storage.MaintenanceReport{}, err
-		}
-	}
 	existing, err := s.dayPartitions(db)
 	if err != nil {
 		return storage.MaintenanceReport{}, err
@@ -233,17 +227,12 @@ func (s *Store) PrepareDays(ctx context.Context, db *gorm.DB, days []time.Time) 
 
 // IsMissingDay reports whether err is PostgreSQL's "no partition of relation
 // found for row" for the inbox table: SQLSTATE 23514 (check_violation)
-// naming the inbox table and no constraint, or the check violation of the
-// constraint that closes the DEFAULT partition of a table being converted
-// (see retireDefault). It reads the error's code and fields, never its
-// message.
+// naming the inbox table and no constraint. It reads the error's code and
+// fields, never its message.
 func (s *Store) IsMissingDay(err error) bool {
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != sqlstateCheckViolation || pe.SchemaName != s.schema {
-		return false
-	}
-	return (pe.TableName == s.table && pe.ConstraintName == "") ||
-		(pe.TableName == s.defaultPartition() && pe.ConstraintName == s.closedName())
+	return errors.As(err, &pe) && pe.Code == sqlstateCheckViolation && pe.SchemaName == s.schema &&
+		pe.TableName == s.table && pe.ConstraintName == ""
 }
 
 // DayBusyError says that a day's partition cannot be made now because its
@@ -258,14 +247,12 @@ func (e *DayBusyError) Error() string {
 }
 
 // makeDay creates day's partition unless it exists, and reports whether it
-// did. On a table that still has a DEFAULT partition it takes the steps of
-// createPartition. A table of the day's name that is not a partition (a
-// partition whose drop an interrupted Maintain did not finish) is attached
-// again: its rows are inbox rows. A partition whose concurrent detach is
-// under way fails with a *DayBusyError.
+// did. A table of the day's name that is not a partition (a partition whose
+// drop an interrupted Maintain did not finish) is attached again: its rows
+// are inbox rows. A partition whose concurrent detach is under way fails
+// with a *DayBusyError.
 func (s *Store) makeDay(db *gorm.DB, day time.Time) (created bool, err error) {
 	name := partitionName(s.table, day)
-	legacy := false
 	err = db.Transaction(func(tx *gorm.DB) error {
 		if err := s.lock(tx); err != nil {
 			return err
@@ -279,19 +266,10 @@ func (s *Store) makeDay(db *gorm.DB, day time.Time) (created bool, err error) {
 		case state == partPending:
 			return &DayBusyError{Table: s.parent(), Day: day}
 		}
-		if legacy, err = s.hasDefault(tx); err != nil || legacy {
-			return err
-		}
 		created = true
 		return s.attachDay(tx, day, state == partAbsent)
 	}, readCommitted)
-	if err != nil {
-		return false, err
-	}
-	if legacy {
-		return s.createPartition(db, day)
-	}
-	return created, nil
+	return created && err == nil, err
 }
 
 // attachDay creates day's table (unless create is false: it exists, not
@@ -342,20 +320,6 @@ func (s *Store) partitionState(tx *gorm.DB, name string) (int, error) {
 		return partAttached, nil
 	}
 	return partDetached, nil
-}
-
-// hasDefault reports whether the inbox table still has a DEFAULT partition
-// (a table made by an earlier version of this package).
-func (s *Store) hasDefault(tx *gorm.DB) (bool, error) {
-	var ok bool
-	err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM pg_partitioned_table pt
-		  JOIN pg_class c ON c.oid = pt.partrelid
-		  JOIN pg_namespace n ON n.oid = c.relnamespace
-		 WHERE n.nspname = ? AND c.relname = ? AND pt.partdefid <> 0)`, s.schema, s.table).Scan(&ok).Error
-	if err != nil {
-		return false, fmt.Errorf("postgres: look up the DEFAULT partition of %s: %w", s.parent(), err)
-	}
-	return ok, nil
 }
 
 // dayPartitions lists the days of the inbox table's partitions named
@@ -415,35 +379,6 @@ func (s *Store) lockTable(tx *gorm.DB) error {
 		return fmt.Errorf("postgres: lock %s: %w", s.parent(), err)
 	}
 	return nil
-}
-
-// partitionStep runs fn in a READ COMMITTED transaction that holds the
-// store's advisory lock, unless name is a partition of the inbox table
-// already: then it only reports done.
-func (s *Store) partitionStep(db *gorm.DB, name string, fn func(tx *gorm.DB) error) (done bool, err error) {
-	err = db.Transaction(func(tx *gorm.DB) error {
-		if err := s.lock(tx); err != nil {
-			return err
-		}
-		var err error
-		if done, err = s.isPartition(tx, name); err != nil || done {
-			return err
-		}
-		return fn(tx)
-	}, readCommitted)
-	return done, err
-}
-
-// relationExists reports whether the store's schema holds a relation named
-// name.
-func (s *Store) relationExists(tx *gorm.DB, name string) (bool, error) {
-	var ok bool
-	err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ? AND c.relname = ?)`,
-		s.schema, name).Scan(&ok).Error
-	if err != nil {
-		return false, fmt.Errorf("postgres: look up %s: %w", name, err)
-	}
-	return ok, nil
 }
 
 // dropPartition removes day's partition if it exists, in two steps. It

@@ -12,10 +12,6 @@ import (
 	"gorm.io/gorm"
 )
 
-// columns are the inbox table's columns in table order; moves between
-// partitions name them explicitly.
-const columns = `consumer, event_id, day, event_time, topic, partition_no, offset_no, processed_at`
-
 func (s *Store) createStatements() []string {
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + s.parent() + ` (
@@ -47,34 +43,24 @@ func (s *Store) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 	return stmts, nil
 }
 
-// Migrate creates the schema if it is missing and the partitioned inbox
-// table, in one transaction under the store's advisory lock, checks that an
-// existing table has the expected layout, and makes the partitions of the
-// day before today through Options.InitialDays after it (UTC, by the wall
-// clock). Maintain makes later days' partitions, and the inbox any other
-// day's on demand ([Store.PrepareDays]).
+// Migrate creates the schema if it is missing (see createSchema) and the
+// partitioned inbox table, in one transaction under the store's advisory
+// lock, checks that an existing table has the expected layout, and makes
+// the partitions of the day before today through Options.InitialDays after
+// it (UTC, by the wall clock). Maintain makes later days' partitions, and
+// the inbox any other day's on demand ([Store.PrepareDays]).
 //
-// A table made by an earlier version of this package has a DEFAULT
-// partition, which caught the rows of days without a partition: Migrate
-// converts it, moving those rows into day partitions and removing the
-// DEFAULT partition (see retireDefault; the inbox table is locked once, for
-// a few milliseconds, to detach it). Until that is done a table keeps
-// working as before; an interrupted conversion is finished by the next
-// Migrate or Maintain. A process of an earlier version started afterwards
-// makes an empty DEFAULT partition again; the next Maintain removes it.
+// An existing table of another layout (not partitioned by RANGE (day), a
+// DEFAULT partition, another key, a nondeterministic collation) makes
+// Migrate fail with an error that names the table and what it found;
+// Migrate never converts or drops such a table, nor makes partitions for it.
 func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := s.lock(tx); err != nil {
+		if err := s.createSchema(tx); err != nil {
 			return err
 		}
-		var exists bool
-		if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = ?)`, s.schema).Scan(&exists).Error; err != nil {
-			return fmt.Errorf("postgres: look up schema %s: %w", s.schema, err)
-		}
-		if !exists {
-			if err := tx.Exec(`CREATE SCHEMA ` + quoteIdent(s.schema)).Error; err != nil {
-				return fmt.Errorf("postgres: create schema %s: %w", s.schema, err)
-			}
+		if err := s.lock(tx); err != nil {
+			return err
 		}
 		for _, q := range s.createStatements() {
 			if err := tx.Exec(q).Error; err != nil {
@@ -90,9 +76,6 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 	if err := s.checkLayout(ctx, db); err != nil {
 		return err
 	}
-	if err := s.retireDefault(db); err != nil {
-		return err
-	}
 	today := storage.DayOf(time.Now())
 	for d := today.AddDate(0, 0, -1); !d.After(today.AddDate(0, 0, s.initialDays)); d = d.AddDate(0, 0, 1) {
 		if _, err := s.makeDay(db, d); err != nil {
@@ -102,11 +85,45 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 	return nil
 }
 
+// createSchema creates the store's schema in tx unless it exists, without
+// needing the CREATE privilege on the database when it does. The stores of
+// one schema (inbox tables, the outbox) migrate under advisory locks of
+// their own, and two transactions that create one schema at once fail in
+// all but one of them (SQLSTATE 23505, pg_namespace_nspname_index; CREATE
+// SCHEMA IF NOT EXISTS included): so a missing schema is created under a
+// lock of its own (schemaKey), held until tx ends, and looked up again once
+// it is held, for a schema that the previous holder created. tx must be
+// READ COMMITTED (each statement sees what committed before it), and this
+// must come before the store's lock, so that every Migrate takes the two
+// in the same order.
+func (s *Store) createSchema(tx *gorm.DB) error {
+	for locked := false; ; locked = true {
+		var exists bool
+		if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = ?)`, s.schema).Scan(&exists).Error; err != nil {
+			return fmt.Errorf("postgres: look up schema %s: %w", s.schema, err)
+		}
+		switch {
+		case exists:
+			return nil
+		case locked:
+			if err := tx.Exec(`CREATE SCHEMA ` + quoteIdent(s.schema)).Error; err != nil {
+				return fmt.Errorf("postgres: create schema %s: %w", s.schema, err)
+			}
+			return nil
+		}
+		if err := tx.Exec(`SELECT pg_advisory_xact_lock(?)`, s.schemaKey).Error; err != nil {
+			return fmt.Errorf("postgres: advisory lock for creating schema %s: %w", s.schema, err)
+		}
+	}
+}
+
 // checkLayout reports how the existing inbox table differs from what the
 // store relies on: a table partitioned by RANGE on a date column day, with
 // the key (consumer, event_id, day), whose id columns compare byte for
-// byte. A DEFAULT partition (an earlier version's layout) is allowed:
-// Migrate and Maintain retire it.
+// byte, and no DEFAULT partition (a day without a partition must fail its
+// claim, so that the inbox makes the day's partition; a DEFAULT partition
+// would take the row instead, and every partition made later would have to
+// scan it).
 func (s *Store) checkLayout(ctx context.Context, db *gorm.DB) error {
 	var layout struct {
 		Found         bool
@@ -151,8 +168,8 @@ func (s *Store) checkLayout(ctx context.Context, db *gorm.DB) error {
 	if layout.DayType != "date" {
 		problems = append(problems, fmt.Sprintf("column day has type %q, want date", layout.DayType))
 	}
-	if layout.DefaultName != "" && layout.DefaultName != s.defaultPartition() {
-		problems = append(problems, fmt.Sprintf("DEFAULT partition is %q; the only one Migrate can retire is %q", layout.DefaultName, s.defaultPartition()))
+	if layout.DefaultName != "" {
+		problems = append(problems, fmt.Sprintf("DEFAULT partition %q: not supported, every day needs a partition of its own (move its rows into day partitions and drop it)", layout.DefaultName))
 	}
 	if layout.PrimaryKey != "consumer,event_id,day" {
 		problems = append(problems, fmt.Sprintf("primary key is (%s), want (consumer,event_id,day)", layout.PrimaryKey))

@@ -96,7 +96,6 @@ func (s *OutboxStore) relayTable() string { return s.tbl.qualified(s.tbl.table +
 func (s *OutboxStore) createStatements() []string {
 	n := strconv.Itoa(s.shards - 1)
 	return []string{
-		`CREATE SCHEMA IF NOT EXISTS ` + quoteIdent(s.tbl.schema),
 		`CREATE TABLE IF NOT EXISTS ` + s.parent() + ` (
 			shard      integer     NOT NULL,
 			seq        bigint      NOT NULL,
@@ -127,11 +126,15 @@ func (s *OutboxStore) createStatements() []string {
 	}
 }
 
-// Migrate creates the schema, the tables and the shards in one transaction
-// under the store's advisory lock, and refuses tables made with another
-// number of shards.
+// Migrate creates the schema if it is missing (as the inbox Store's
+// Migrate does), the tables and the shards in one transaction under the
+// store's advisory lock, and refuses tables made with another number of
+// shards.
 func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := s.tbl.createSchema(tx); err != nil {
+			return err
+		}
 		if err := s.tbl.lock(tx); err != nil {
 			return err
 		}
@@ -159,7 +162,7 @@ func (s *OutboxStore) MigrationSQL(plan storage.MaintenancePlan) ([]string, erro
 	if plan.PrepareThrough.Before(plan.Today) {
 		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", storage.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(plan.Today))
 	}
-	stmts := s.createStatements()
+	stmts := append([]string{`CREATE SCHEMA IF NOT EXISTS ` + quoteIdent(s.tbl.schema)}, s.createStatements()...)
 	for d := storage.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
 		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.tbl.qualified(partitionName(s.tbl.table, d))+` PARTITION OF `+s.parent()+` `+bounds(d))
 	}

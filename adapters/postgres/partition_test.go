@@ -129,7 +129,6 @@ func TestIsMissingDay(t *testing.T) {
 		want bool
 	}{
 		{&pgconn.PgError{Code: "23514", SchemaName: "sch", TableName: "inbox"}, true},
-		{&pgconn.PgError{Code: "23514", SchemaName: "sch", TableName: "inbox_default", ConstraintName: "inbox_closed"}, true},
 		{&pgconn.PgError{Code: "23514", SchemaName: "sch", TableName: "inbox_default", ConstraintName: "other"}, false},
 		{&pgconn.PgError{Code: "23514", SchemaName: "sch", TableName: "inbox", ConstraintName: "a_check"}, false},
 		{&pgconn.PgError{Code: "23514", SchemaName: "other", TableName: "inbox"}, false},

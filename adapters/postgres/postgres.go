@@ -40,13 +40,9 @@
 // across processes with advisory locks; every step waits at most
 // Options.LockTimeout for its locks (a timeout is retryable).
 //
-// Tables made by earlier versions of this package have a DEFAULT partition
-// that caught the rows of days without a partition. Migrate (and Maintain)
-// convert them: the DEFAULT partition is closed to new rows (whose days are
-// then made on demand), its rows move into day partitions without scanning
-// it while inserts wait, and it is detached, once, in a transaction that
-// holds ACCESS EXCLUSIVE on the inbox table for a catalog change of a few
-// milliseconds, and dropped.
+// Migrate refuses an existing table of any other layout (a DEFAULT
+// partition among them) with an error naming the table and what differs;
+// it never converts a table.
 //
 // [Store.Claim] never raises a unique violation: it inserts with ON CONFLICT
 // DO NOTHING RETURNING and matches the returned keys. At REPEATABLE READ and
@@ -141,6 +137,7 @@ type Store struct {
 	initialDays   int
 	lockKey       int64 // transaction-level: Migrate, partition creation, drops
 	expiryKey     int64 // session-level: concurrent detaches
+	schemaKey     int64 // transaction-level: creating the schema, shared by every store in it
 
 	claimOneSQL, claimArraysSQL string
 }
@@ -180,6 +177,9 @@ func New(opts Options) (*Store, error) {
 	s := &Store{schema: opts.Schema, table: opts.Table, lockTimeout: opts.LockTimeout, initialDays: opts.InitialDays, lockKey: int64(h.Sum64())}
 	h.Write([]byte("\x00expiry"))
 	s.expiryKey = int64(h.Sum64())
+	h = fnv.New64a()
+	h.Write([]byte("github.com/inboxgo/inbox/adapters/postgres schema\x00" + opts.Schema))
+	s.schemaKey = int64(h.Sum64())
 	s.buildClaimSQL()
 	return s, nil
 }
@@ -196,7 +196,8 @@ func (s *Store) qualified(rel string) string { return quoteIdent(s.schema) + "."
 // parent is the quoted name of the partitioned inbox table.
 func (s *Store) parent() string { return s.qualified(s.table) }
 
-// defaultPartition is the unquoted name of the DEFAULT partition.
+// defaultPartition is the unquoted name of the outbox table's DEFAULT
+// partition.
 func (s *Store) defaultPartition() string { return s.table + "_default" }
 
 // quoteIdent quotes a name that storage.ValidateIdentifier accepted (so it

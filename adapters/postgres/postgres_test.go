@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
-	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -80,163 +78,6 @@ func rowsPerPartition(t *testing.T, db *gorm.DB, store *inboxpg.Store) map[strin
 		out[g.Part] = g.N
 	}
 	return out
-}
-
-// legacyTable makes an inbox table as earlier versions of this package did:
-// partitioned by day with a DEFAULT partition (and its day index) that
-// catches the rows of days without a partition, and partitions for days.
-func legacyTable(t *testing.T, db *gorm.DB, schema, table string, days ...time.Time) {
-	t.Helper()
-	q := `"` + schema + `"."` + table + `"`
-	stmts := []string{
-		`CREATE TABLE ` + q + ` (
-			consumer     text COLLATE "C" NOT NULL,
-			event_id     text COLLATE "C" NOT NULL,
-			day          date        NOT NULL,
-			event_time   timestamptz NOT NULL,
-			topic        text        NOT NULL DEFAULT '',
-			partition_no integer     NOT NULL DEFAULT 0,
-			offset_no    bigint      NOT NULL DEFAULT 0,
-			processed_at timestamptz NOT NULL DEFAULT now(),
-			CONSTRAINT "` + table + `_pkey" PRIMARY KEY (consumer, event_id, day)
-		) PARTITION BY RANGE (day)`,
-		`CREATE TABLE "` + schema + `"."` + table + `_default" PARTITION OF ` + q + ` DEFAULT`,
-		`CREATE INDEX "` + table + `_dday" ON "` + schema + `"."` + table + `_default" (day)`,
-	}
-	for _, d := range days {
-		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE "%s"."%s_p%s" PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
-			schema, table, d.Format("20060102"), q, d.Format(time.DateOnly), d.AddDate(0, 0, 1).Format(time.DateOnly)))
-	}
-	for _, st := range stmts {
-		if err := db.Exec(st).Error; err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// A table made by the earlier layout, with rows in its DEFAULT partition
-// (days about to be prepared, a far-future day, an expired day) and in a day
-// partition, is converted by Migrate: every row moves into its day's
-// partition and stays a duplicate, the DEFAULT partition is gone, a new
-// far-future day is made on demand, and Maintain expires by dropping
-// partitions.
-func TestMigrateConvertsDefaultPartition(t *testing.T) {
-	db, plain := fresh(t, inboxpg.Options{Table: "unused"})
-	schema := plain.Schema()
-	today := storage.DayOf(time.Now())
-	d := today.AddDate(0, 0, 30)
-	legacyTable(t, db, schema, "moves", today)
-	store, err := inboxpg.New(inboxpg.Options{Schema: schema, Table: "moves"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rows []storage.InboxRow
-	for i, off := range []int{0, 0, 1, 2, 2, 2, 900, -45} {
-		rows = append(rows, row(strings.Repeat("x", i+1), d.AddDate(0, 0, off)))
-	}
-	rows = append(rows, row("live", today))
-	if got := claim(t, db, store, rows...); slices.Contains(got, false) {
-		t.Fatalf("first claim %v", got)
-	}
-	if got := rowsPerPartition(t, db, store); got["moves_default"] != 8 || got["moves_p"+today.Format("20060102")] != 1 {
-		t.Fatalf("before the conversion: %v", got)
-	}
-	if err := store.Migrate(t.Context(), db); err != nil {
-		t.Fatal(err)
-	}
-	p := func(d time.Time) string { return "moves_p" + d.Format("20060102") }
-	want := map[string]int64{p(d): 2, p(d.AddDate(0, 0, 1)): 1, p(d.AddDate(0, 0, 2)): 3, p(d.AddDate(0, 0, 900)): 1, p(d.AddDate(0, 0, -45)): 1, p(today): 1}
-	if got := rowsPerPartition(t, db, store); !mapsEqual(got, want) {
-		t.Errorf("after the conversion: %v, want %v", got, want)
-	}
-	var left int64
-	if err := db.Raw(`SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ? AND c.relname IN ('moves_default', 'moves_busy')`, schema).Scan(&left).Error; err != nil || left != 0 {
-		t.Errorf("%d leftovers of the DEFAULT partition (%v)", left, err)
-	}
-	if got := claim(t, db, store, rows...); slices.Contains(got, true) {
-		t.Errorf("redelivery after the conversion: %v, want all duplicates", got)
-	}
-	if err := store.Verify(t.Context(), db); err != nil {
-		t.Errorf("Verify after the conversion: %v", err)
-	}
-	if err := store.Migrate(t.Context(), db); err != nil {
-		t.Errorf("Migrate again: %v", err)
-	}
-	// A new far-future day has no partition; the inbox makes it.
-	ib, err := inbox.New(db, store, inbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	far := inbox.Message{Consumer: "c", ID: "far", Time: d.AddDate(1, 0, 0)}
-	for _, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate} {
-		if out, err := ib.Process(t.Context(), far, func(context.Context, *gorm.DB, inbox.Message) error { return nil }); err != nil || out != want {
-			t.Fatalf("far-future event: %v %v, want %v", out, err, want)
-		}
-	}
-	// Expiring every day drops the partitions and reports -1 rows.
-	plan := storage.MaintenancePlan{Today: d.AddDate(3, 0, 0), PrepareThrough: d.AddDate(3, 0, 0), ExpireBefore: d.AddDate(3, 0, 0)}
-	report, err := store.Maintain(t.Context(), db, plan)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if report.RowsRemoved != -1 || !slices.ContainsFunc(report.Expired, d.AddDate(0, 0, -45).Equal) {
-		t.Errorf("expiry report %+v", report)
-	}
-	if got := rowsPerPartition(t, db, store); len(got) != 0 {
-		t.Errorf("after expiring everything: %v", got)
-	}
-}
-
-// While an earlier layout's DEFAULT partition is being retired (closed to
-// new rows, rows not yet moved), a row of a day without a partition makes
-// its day on demand, through the steps that move that day's rows out of the
-// DEFAULT partition, and the conversion then finishes.
-func TestClosedDefaultMakesDaysOnDemand(t *testing.T) {
-	db, plain := fresh(t, inboxpg.Options{Table: "unused"})
-	schema := plain.Schema()
-	d := storage.DayOf(time.Now()).AddDate(0, 0, 40)
-	legacyTable(t, db, schema, "closing")
-	store, err := inboxpg.New(inboxpg.Options{Schema: schema, Table: "closing"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	early := row("early", d)
-	claim(t, db, store, early)
-	// What retireDefault's first step does; the process stops there.
-	if err := db.Exec(`ALTER TABLE "` + schema + `".closing_default ADD CONSTRAINT closing_closed CHECK (false) NOT VALID`).Error; err != nil {
-		t.Fatal(err)
-	}
-	err = db.Transaction(func(tx *gorm.DB) error {
-		_, err := store.Claim(t.Context(), tx, []storage.InboxRow{row("late", d)})
-		return err
-	})
-	if !store.IsMissingDay(err) {
-		t.Fatalf("claim into the closed DEFAULT partition: %v, want a missing day", err)
-	}
-	if err := store.PrepareDays(t.Context(), db, []time.Time{d}); err != nil {
-		t.Fatal(err)
-	}
-	if got := claim(t, db, store, early, row("late", d)); !slices.Equal(got, []bool{false, true}) {
-		t.Errorf("claims after the day was made: %v, want [duplicate, new]", got)
-	}
-	if err := store.Migrate(t.Context(), db); err != nil {
-		t.Fatal(err)
-	}
-	if got := rowsPerPartition(t, db, store); got["closing_p"+d.Format("20060102")] != 2 || len(got) != 1 {
-		t.Errorf("rows per partition: %v", got)
-	}
-}
-
-func mapsEqual(a, b map[string]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // A concurrent detach waits for the transactions that use the inbox table;
@@ -341,6 +182,55 @@ func TestMigrateRejectsForeignLayout(t *testing.T) {
 	}
 	if err := plain.Verify(t.Context(), db); err == nil || !strings.Contains(err.Error(), "RANGE (day)") {
 		t.Errorf("Verify on an unpartitioned table: %v", err)
+	}
+}
+
+// A table with a DEFAULT partition (the layout of versions before the first
+// release) is refused by Migrate, naming the table and the partition, and
+// left as it is: no row moves, no partition is made.
+func TestMigrateRefusesDefaultPartition(t *testing.T) {
+	db, plain := fresh(t, inboxpg.Options{Table: "unused"})
+	schema := plain.Schema()
+	q := `"` + schema + `".old`
+	for _, st := range []string{
+		`CREATE TABLE ` + q + ` (
+			consumer     text COLLATE "C" NOT NULL,
+			event_id     text COLLATE "C" NOT NULL,
+			day          date        NOT NULL,
+			event_time   timestamptz NOT NULL,
+			topic        text        NOT NULL DEFAULT '',
+			partition_no integer     NOT NULL DEFAULT 0,
+			offset_no    bigint      NOT NULL DEFAULT 0,
+			processed_at timestamptz NOT NULL DEFAULT now(),
+			CONSTRAINT old_pkey PRIMARY KEY (consumer, event_id, day)
+		) PARTITION BY RANGE (day)`,
+		`CREATE TABLE "` + schema + `".old_default PARTITION OF ` + q + ` DEFAULT`,
+		`INSERT INTO ` + q + ` (consumer, event_id, day, event_time) VALUES ('c', 'kept', CURRENT_DATE, now())`,
+	} {
+		if err := db.Exec(st).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	store, err := inboxpg.New(inboxpg.Options{Schema: schema, Table: "old"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		err := store.Migrate(t.Context(), db)
+		if err == nil || !strings.Contains(err.Error(), `"`+schema+`"."old"`) || !strings.Contains(err.Error(), `DEFAULT partition "old_default"`) {
+			t.Fatalf("Migrate on a table with a DEFAULT partition: %v, want an error naming the table and its DEFAULT partition", err)
+		}
+		t.Logf("Migrate: %v", err)
+	}
+	if got := rowsPerPartition(t, db, store); len(got) != 1 || got["old_default"] != 1 {
+		t.Errorf("rows per partition after the refused Migrate: %v, want the one row left in old_default", got)
+	}
+	var parts int64
+	if err := db.Raw(`SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(?)`, q).Scan(&parts).Error; err != nil || parts != 1 {
+		t.Errorf("%d partitions after the refused Migrate (%v), want only the DEFAULT one", parts, err)
+	}
+	if err := store.Verify(t.Context(), db); err == nil || !strings.Contains(err.Error(), "DEFAULT partition") {
+		t.Errorf("Verify on a table with a DEFAULT partition: %v", err)
 	}
 }
 

@@ -59,7 +59,7 @@ func FuzzAdapterOptions(f *testing.F) {
 		}
 		check("postgres", err, plain(table) && plain(schema) && len(table) <= inboxpg.MaxTableBytes, got)
 
-		m, err := inboxmysql.New(inboxmysql.Options{Table: table, Schema: schema, DeleteBatch: int(n)})
+		m, err := inboxmysql.New(inboxmysql.Options{Table: table, Schema: schema, InitialDays: int(n)})
 		got = ""
 		if err == nil {
 			got = m.Table()

@@ -145,15 +145,18 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 		return err
 	}
 	if cfg.StoreOffsets {
-		// Processes starting together race to create the table (the losers
-		// fail once and find it on the next try), and the database may be
-		// restarting or failing over.
+		// The database may be restarting or failing over: Migrate is tried
+		// again while its error is transient or the database cannot be
+		// reached; any other error fails the process.
 		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
 			err := c.Migrate(ctx)
 			if err == nil {
 				break
 			}
-			log.Warn("offsets table not ready; waiting", "error", err, "retry_in", wait)
+			if !store.IsRetryable(err) && reachable(ctx, db) {
+				return err
+			}
+			log.Warn("database not reachable for the offsets table; waiting", "error", err, "retry_in", wait)
 			select {
 			case <-ctx.Done():
 				return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
@@ -162,6 +165,12 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 		}
 	}
 	return c.Run(ctx)
+}
+
+// reachable reports whether db answers a ping.
+func reachable(ctx context.Context, db *gorm.DB) bool {
+	sqlDB, err := db.DB()
+	return err == nil && sqlDB.PingContext(ctx) == nil
 }
 
 func openRetrying(ctx context.Context, b Backend, log *slog.Logger) (*gorm.DB, storage.InboxStore, error) {
