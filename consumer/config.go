@@ -259,15 +259,6 @@ type Config struct {
 	// outcomes to the consumer (see package hooks). Hooks stack: each is
 	// called, in order.
 	Hooks []hooks.Hook
-
-	// afterDB, set by tests, runs after each database commit; returning
-	// errCrash simulates a crash before the offset commit. processed is how
-	// many messages of that commit were applied (not duplicates).
-	afterDB func(topic string, partition int, next int64, processed int) error
-	// logCheckInterval, set by tests, replaces defaultLogCheckInterval.
-	logCheckInterval time.Duration
-	// posCheckInterval, set by tests, replaces defaultPosCheckInterval.
-	posCheckInterval time.Duration
 }
 
 var errInvalidConfig = inbox.ErrInvalidConfig

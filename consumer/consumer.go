@@ -16,6 +16,8 @@ import (
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/hooklist"
+	"github.com/inboxgo/inbox/internal/offsets"
+	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
 )
 
@@ -31,10 +33,6 @@ var (
 	ErrOffsetBeyondLogEnd = errors.New("consumer: start offset beyond the partition's log end")
 	// ErrPartitionStopped is wrapped by every *PartitionStoppedError.
 	ErrPartitionStopped = errors.New("consumer: partition stopped")
-	// errCrash is returned by the test seam Config.afterDB to simulate a
-	// process that dies after its database commit and before its offset
-	// commit.
-	errCrash = errors.New("consumer: simulated crash")
 	// errClosed is the cancellation cause used by Close.
 	errClosed = errors.New("consumer: closed")
 )
@@ -81,7 +79,8 @@ type topicPartition struct {
 type Consumer struct {
 	cfg     Config
 	log     *slog.Logger
-	offsets offsetStore
+	offsets offsets.Store
+	knobs   testhooks.Knobs // the tests' (see internal/testhooks), set by Run
 	dlq     MessageWriter
 	ownDLQ  *kafka.Writer
 	// transport carries the consumer's own requests (the default dead-letter
@@ -123,7 +122,7 @@ func New(cfg Config) (*Consumer, error) {
 	c := &Consumer{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "inbox-consumer", "group", cfg.GroupID),
-		offsets:  offsetStore{table: cfg.OffsetsTable, group: cfg.GroupID},
+		offsets:  offsets.Store{Table: cfg.OffsetsTable, Group: cfg.GroupID},
 		dlq:      cfg.DeadLetterWriter,
 		stopped:  make(map[topicPartition]*PartitionStoppedError),
 		done:     make(chan struct{}),
@@ -167,7 +166,7 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 	if !c.cfg.StoreOffsets {
 		return nil
 	}
-	return c.offsets.migrate(ctx, c.cfg.DB)
+	return c.offsets.Migrate(ctx, c.cfg.DB)
 }
 
 // Run joins the group and consumes until ctx ends or Close is called; it
@@ -195,6 +194,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		return ErrRunning
 	}
 	c.state = 1
+	c.knobs = testhooks.From(ctx)
 	runCtx, cancel := context.WithCancelCause(ctx)
 	c.cancel = cancel
 	c.mu.Unlock()
@@ -279,8 +279,8 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	case fatal != nil:
 		errs = append(errs, fatal)
 	case errors.Is(cause, errClosed):
-	case errors.Is(cause, errCrash):
-		errs = append(errs, errCrash)
+	case errors.Is(cause, testhooks.ErrCrash):
+		errs = append(errs, testhooks.ErrCrash)
 	default:
 		errs = append(errs, ctx.Err())
 	}
@@ -381,18 +381,18 @@ func (c *Consumer) clearStopped(topic string, partition int, next int64) {
 }
 
 // crash simulates a process death (tests only): workers return at once
-// without committing, Run leaves the group and returns errCrash.
+// without committing, Run leaves the group and returns testhooks.ErrCrash.
 func (c *Consumer) crash() {
 	c.mu.Lock()
 	cancel := c.cancel
 	c.mu.Unlock()
 	if cancel != nil {
-		cancel(errCrash)
+		cancel(testhooks.ErrCrash)
 	}
 }
 
 func (c *Consumer) crashed(ctx context.Context) bool {
-	return errors.Is(context.Cause(ctx), errCrash)
+	return errors.Is(context.Cause(ctx), testhooks.ErrCrash)
 }
 
 func (c *Consumer) emit(e hooks.Event) {

@@ -41,10 +41,6 @@ const ReasonDeadLetterFailed = "dead-letter-failed"
 // dlq_reason header.
 const ReasonOffsetBeyondLogEnd = "offset-beyond-log-end"
 
-// deadLetterUnknownTopicAttempts is how many publish attempts in a row must
-// find the dead-letter topic unknown before that counts as permanent: a topic
-// just created is unknown to some brokers for a moment.
-const deadLetterUnknownTopicAttempts = 10
 
 // deadLetter builds the dead letter of m: its key, value and headers, plus
 // headers saying what failed. The original timestamp is kept.

@@ -83,7 +83,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		permanent, unknown, perr := kafkaerr.Classify(err)
 		if unknown {
 			unknownTopic++
-			permanent = unknownTopic >= deadLetterUnknownTopicAttempts
+			permanent = unknownTopic >= kafkaerr.UnknownTopicAttempts
 		} else {
 			unknownTopic = 0
 		}

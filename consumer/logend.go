@@ -128,7 +128,7 @@ func (w *worker) pastLogEnd(ctx context.Context) *PartitionStoppedError {
 
 // logCheckInterval is how often an idle partition runs pastLogEnd.
 func (w *worker) logCheckInterval() time.Duration {
-	if d := w.c.cfg.logCheckInterval; d > 0 {
+	if d := w.c.knobs.LogCheckInterval; d > 0 {
 		return d
 	}
 	return defaultLogCheckInterval

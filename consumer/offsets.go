@@ -2,210 +2,17 @@ package consumer
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
-	"errors"
 	"fmt"
-	"hash/fnv"
-	"strings"
 	"time"
 
 	"github.com/inboxgo/inbox/hooks"
+	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/segmentio/kafka-go"
-
-	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 )
 
 // DefaultOffsetsTable is the table of stored offsets when
 // Config.OffsetsTable is empty.
 const DefaultOffsetsTable = "inbox_offsets"
-
-// offsetRow is one row of the offsets table: the next offset to read of one
-// partition for one group, written in the transaction of the effect that
-// made it so.
-type offsetRow struct {
-	GroupID    string `gorm:"column:group_id;primaryKey;size:255;not null"`
-	Topic      string `gorm:"column:topic;primaryKey;size:249;not null"`
-	Partition  int32  `gorm:"column:partition;primaryKey;autoIncrement:false;not null"`
-	NextOffset int64  `gorm:"column:next_offset;not null"`
-}
-
-type offsetStore struct {
-	table string
-	group string
-}
-
-// migrate creates the offsets table if it does not exist. It is safe when
-// several processes run it at once (the replicas of a deployment starting
-// together), which GORM's AutoMigrate alone is not: it checks for the table
-// and then creates it, and all but the first creator fail (PostgreSQL:
-// SQLSTATE 23505 on pg_type; MySQL/MariaDB: error 1050; SQLite: "table
-// already exists"). On PostgreSQL and MySQL/MariaDB the callers take turns
-// under a lock of the database named after the table (a transaction-level
-// advisory lock; GET_LOCK), so the first creates the table and the others
-// find it; on SQLite, whose write lock already orders them, a caller whose
-// CREATE lost the race finds the table made and migrates it as an existing
-// table. The dialect is told by its name and the locks are plain SQL: this
-// package imports no database driver.
-//
-// On MySQL/MariaDB the table is created as InnoDB whatever the server's
-// default engine: a stored offset must roll back with the effect it
-// belongs to, which MyISAM ignores (its 1000-byte key limit also refused
-// the table: error 1071). An existing table there on an engine without
-// transactions makes migrate fail.
-func (s offsetStore) migrate(ctx context.Context, db *gorm.DB) error {
-	db = db.WithContext(ctx)
-	autoMigrate := func(db *gorm.DB) error {
-		if err := db.Table(s.table).AutoMigrate(&offsetRow{}); err != nil {
-			return fmt.Errorf("consumer: migrate %s: %w", s.table, err)
-		}
-		return nil
-	}
-	switch db.Name() {
-	case "postgres":
-		h := fnv.New64a()
-		h.Write([]byte("github.com/inboxgo/inbox/consumer offsets table\x00" + s.table))
-		// READ COMMITTED, so that the check for the table, after the lock,
-		// sees a table that the previous holder committed.
-		return db.Transaction(func(tx *gorm.DB) error {
-			if err := tx.Exec(`SELECT pg_advisory_xact_lock(?)`, int64(h.Sum64())).Error; err != nil {
-				return fmt.Errorf("consumer: lock for migrating %s: %w", s.table, err)
-			}
-			return autoMigrate(tx)
-		}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	case "mysql":
-		// On one connection, which holds the named lock (the DDL commits
-		// by itself); the lock is released even when ctx has ended, and a
-		// connection that cannot release it is discarded, so that no pooled
-		// connection keeps it.
-		const lockName = "CONCAT('inbox-offsets:', LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), '.', ?), 256), 40))"
-		const lockWait = time.Minute
-		return db.Connection(func(pinned *gorm.DB) error {
-			conn := pinned.Session(&gorm.Session{}) // each statement on a copy of its own
-			var got sql.NullInt64
-			if err := conn.Raw("SELECT GET_LOCK("+lockName+", ?)", s.table, int(lockWait/time.Second)).Row().Scan(&got); err != nil {
-				return fmt.Errorf("consumer: lock for migrating %s: %w", s.table, err)
-			}
-			if !got.Valid || got.Int64 != 1 {
-				return fmt.Errorf("consumer: another process kept the lock for migrating %s for more than %v", s.table, lockWait)
-			}
-			defer func() {
-				cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-				defer cancel()
-				if conn.WithContext(cleanup).Exec("SELECT RELEASE_LOCK("+lockName+")", s.table).Error != nil {
-					if c, ok := conn.Statement.ConnPool.(*sql.Conn); ok {
-						_ = c.Raw(func(any) error { return driver.ErrBadConn })
-					}
-				}
-			}()
-			// Before AutoMigrate, whose ALTERs of a MyISAM table fail with
-			// errors that do not name the engine.
-			if err := s.checkTransactional(conn); err != nil {
-				return err
-			}
-			if err := autoMigrate(conn.Set("gorm:table_options", "ENGINE=InnoDB")); err != nil {
-				return err
-			}
-			return s.checkTransactional(conn)
-		})
-	}
-	err := autoMigrate(db)
-	if err != nil && db.Migrator().HasTable(s.table) {
-		err = autoMigrate(db) // the table is there now: made by another process
-	}
-	return err
-}
-
-// checkTransactional fails if the offsets table exists (in the current
-// MySQL/MariaDB database) on an engine without transactions.
-func (s offsetStore) checkTransactional(db *gorm.DB) error {
-	var rows []struct {
-		Engine       sql.NullString
-		Transactions sql.NullString
-	}
-	err := db.Raw(`SELECT t.ENGINE AS engine, e.TRANSACTIONS AS transactions
-		FROM information_schema.TABLES t LEFT JOIN information_schema.ENGINES e ON e.ENGINE = t.ENGINE
-		WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME = ?`, s.table).Scan(&rows).Error
-	if err != nil {
-		return fmt.Errorf("consumer: read the engine of the offsets table %s: %w", s.table, err)
-	}
-	if len(rows) == 0 {
-		return nil // not created yet
-	}
-	if r := rows[0]; !strings.EqualFold(r.Transactions.String, "YES") {
-		return fmt.Errorf("consumer: the offsets table %s uses engine %q, which has no transactions: a stored offset would survive the rollback of its effect, and the message would be skipped; convert it (ALTER TABLE %s ENGINE=InnoDB) or drop it and call Migrate again",
-			s.table, r.Engine.String, s.table)
-	}
-	return nil
-}
-
-// save records next as the partition's next offset inside tx. Moving an
-// offset backwards is harmless (the inbox absorbs the redelivery); the
-// consumer never writes one past a message that is not finished.
-func (s offsetStore) save(ctx context.Context, tx *gorm.DB, topic string, partition int, next int64) error {
-	row := offsetRow{GroupID: s.group, Topic: topic, Partition: int32(partition), NextOffset: next}
-	err := tx.WithContext(ctx).Table(s.table).Clauses(clause.OnConflict{
-		Columns:   []clause.Column{{Name: "group_id"}, {Name: "topic"}, {Name: "partition"}},
-		DoUpdates: clause.AssignmentColumns([]string{"next_offset"}),
-	}).Create(&row).Error
-	if err != nil {
-		return fmt.Errorf("consumer: store offset %d of %s/%d: %w", next, topic, partition, err)
-	}
-	return nil
-}
-
-// errPositionMoved reports that the partition's stored offset is no longer
-// at or past the last one this worker committed: the database lost commits
-// (a failover to a replica that lacked them) or the row was reset.
-var errPositionMoved = errors.New("consumer: the stored offset moved back since this worker committed it")
-
-// advance is save for a worker that has committed floor as the stored
-// offset (floor < 0: nothing yet): it writes next only if the stored
-// offset is still at least floor, and returns errPositionMoved otherwise,
-// so that the transaction rolls back instead of committing effects on top
-// of a database that lost the worker's earlier commits. The check rides on
-// the UPDATE; only an UPDATE that changes no row costs a second statement.
-func (s offsetStore) advance(ctx context.Context, tx *gorm.DB, topic string, partition int, floor, next int64) error {
-	if floor < 0 {
-		return s.save(ctx, tx, topic, partition, next)
-	}
-	key := map[string]any{"group_id": s.group, "topic": topic, "partition": partition}
-	res := tx.WithContext(ctx).Table(s.table).Where(key).Where("next_offset >= ?", floor).
-		Update("next_offset", next)
-	if res.Error != nil {
-		return fmt.Errorf("consumer: store offset %d of %s/%d: %w", next, topic, partition, res.Error)
-	}
-	if res.RowsAffected > 0 {
-		return nil
-	}
-	// MySQL/MariaDB report 0 rows for an UPDATE that leaves the value as it
-	// was: read it to tell that apart from a row that moved back.
-	cur, err := s.load(ctx, tx, topic, partition)
-	if err != nil {
-		return err
-	}
-	if cur >= floor {
-		return nil
-	}
-	return fmt.Errorf("%w: %s/%d is stored at %d, this worker committed %d (a database failover that lost commits, or a reset of the offsets table?)",
-		errPositionMoved, topic, partition, cur, floor)
-}
-
-// load returns the stored next offset of the partition, or -1 if none.
-func (s offsetStore) load(ctx context.Context, db *gorm.DB, topic string, partition int) (int64, error) {
-	var row offsetRow
-	err := db.WithContext(ctx).Table(s.table).
-		Where(map[string]any{"group_id": s.group, "topic": topic, "partition": partition}).
-		Take(&row).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return -1, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("consumer: load stored offset of %s/%d: %w", topic, partition, err)
-	}
-	return row.NextOffset, nil
-}
 
 // defaultPosCheckInterval is how often an idle partition with StoreOffsets
 // checks that the database still holds the offset it stored: a failover
@@ -215,7 +22,7 @@ const defaultPosCheckInterval = 5 * time.Second
 
 // posCheckInterval is how often an idle partition runs checkPosition.
 func (w *worker) posCheckInterval() time.Duration {
-	if d := w.c.cfg.posCheckInterval; d > 0 {
+	if d := w.c.knobs.PosCheckInterval; d > 0 {
 		return d
 	}
 	return defaultPosCheckInterval
@@ -229,14 +36,14 @@ func (w *worker) checkPosition(ctx, dbCtx context.Context) {
 	if w.floor < 0 || w.tracker.inFlight() > 0 {
 		return
 	}
-	stored, err := w.c.offsets.load(dbCtx, w.c.db(), w.topic, w.partition)
+	stored, err := w.c.offsets.Load(dbCtx, w.c.db(), w.topic, w.partition)
 	if err != nil {
 		w.log.Debug("cannot read the stored offset", "error", err)
 		return
 	}
 	if stored < w.floor {
 		w.lost = fmt.Errorf("%w: %s/%d is stored at %d, this worker committed %d (a database failover that lost commits, or a reset of the offsets table?)",
-			errPositionMoved, w.topic, w.partition, stored, w.floor)
+			offsets.ErrPositionMoved, w.topic, w.partition, stored, w.floor)
 	}
 }
 

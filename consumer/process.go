@@ -17,6 +17,7 @@ import (
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/batchopt"
+	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/txn"
 )
 
@@ -143,7 +144,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			if next < 0 {
 				return nil
 			}
-			if err := w.c.offsets.advance(ctx, tx, w.topic, w.partition, w.floor, next); err != nil {
+			if err := w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, next); err != nil {
 				return err
 			}
 			written = max(written, next)
@@ -185,7 +186,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		if dbCtx.Err() != nil || ctx.Err() != nil {
 			return nil, false // stopping: the batch was rolled back and will be redelivered
 		}
-		if errors.Is(err, errPositionMoved) {
+		if errors.Is(err, offsets.ErrPositionMoved) {
 			w.lost = err // rolled back; run resumes from the database's position
 			return nil, false
 		}
@@ -248,11 +249,11 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 				return err
 			}
 			if w.c.cfg.StoreOffsets {
-				return w.c.offsets.advance(dbCtx, tx, w.topic, w.partition, w.floor, it.msg.Offset+1)
+				return w.c.offsets.Advance(dbCtx, tx, w.topic, w.partition, w.floor, it.msg.Offset+1)
 			}
 			return nil
 		})
-		if errors.Is(err, errPositionMoved) {
+		if errors.Is(err, offsets.ErrPositionMoved) {
 			w.lost = err
 			return abandoned
 		}
@@ -301,7 +302,7 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 				return err
 			}
 			if w.c.cfg.StoreOffsets {
-				return w.c.offsets.save(dbCtx, tx, w.topic, w.partition, next)
+				return w.c.offsets.Save(dbCtx, tx, w.topic, w.partition, next)
 			}
 			return nil
 		})

@@ -17,6 +17,8 @@ import (
 
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/offsets"
+	"github.com/inboxgo/inbox/internal/testhooks"
 )
 
 // worker consumes one assigned partition for one generation.
@@ -197,7 +199,7 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 		return start, from, false, true
 	}
 	for attempt := 1; ; attempt++ {
-		stored, err := w.c.offsets.load(dbCtx, w.c.db(), w.topic, w.partition)
+		stored, err := w.c.offsets.Load(dbCtx, w.c.db(), w.topic, w.partition)
 		if err == nil {
 			if stored < 0 {
 				return start, from, false, true
@@ -223,7 +225,7 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 }
 
 // storeNext writes next as the partition's stored offset in a transaction
-// of its own (checked against floor, see offsetStore.advance), retrying
+// of its own (checked against floor, see offsets.Store.Advance), retrying
 // while the database fails; false if ctx ended first or the stored offset
 // moved back (w.lost is then set).
 //
@@ -235,13 +237,13 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next int64) bool {
 	for attempt := 1; ; attempt++ {
 		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
-			return w.c.offsets.advance(dbCtx, tx, w.topic, w.partition, floor, next)
+			return w.c.offsets.Advance(dbCtx, tx, w.topic, w.partition, floor, next)
 		})
 		if err == nil {
 			w.floor = max(w.floor, next)
 			return true
 		}
-		if errors.Is(err, errPositionMoved) {
+		if errors.Is(err, offsets.ErrPositionMoved) {
 			w.lost = err
 			return false
 		}
@@ -287,14 +289,14 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) []kafka.Message {
 	return batch
 }
 
-// afterCommit runs the test seam after a database commit and reports
+// afterCommit runs the tests' AfterDB knob (internal/testhooks) after a database commit and reports
 // whether it simulated a crash.
 func (w *worker) afterCommit(ctx context.Context, processed int) bool {
-	if w.c.cfg.afterDB == nil {
+	if w.c.knobs.AfterDB == nil {
 		return false
 	}
 	next, _ := w.tracker.committable()
-	if errors.Is(w.c.cfg.afterDB(w.topic, w.partition, next, processed), errCrash) {
+	if errors.Is(w.c.knobs.AfterDB(w.topic, w.partition, next, processed), testhooks.ErrCrash) {
 		w.c.crash()
 		<-ctx.Done()
 		return true

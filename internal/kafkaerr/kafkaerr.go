@@ -65,3 +65,8 @@ func Classify(err error) (permanent, unknownTopic bool, cause error) {
 	}
 	return false, unknownTopic, cause
 }
+
+// UnknownTopicAttempts is how many publish attempts in a row must find the
+// topic unknown before that counts as permanent: a topic just created is
+// unknown to some brokers for a moment.
+const UnknownTopicAttempts = 10

@@ -12,7 +12,7 @@ import (
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/seam"
+	"github.com/inboxgo/inbox/internal/testhooks"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
@@ -238,16 +238,16 @@ func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev1)
 			cfg.StoreOffsets = storeOffsets
 			var commits atomic.Int32
-			seam.SetAfterDB(&cfg, func(topic string, partition int, next int64, _ int) error {
+			knobs := &testhooks.Knobs{AfterDB: func(topic string, partition int, next int64, _ int) error {
 				if commits.Add(1) == 7 {
-					return seam.ErrCrash
+					return testhooks.ErrCrash
 				}
 				return nil
-			})
-			first := start(t, cfg)
+			}}
+			first := startWith(t, cfg, knobs)
 			select {
 			case err := <-first.done:
-				if !errors.Is(err, seam.ErrCrash) {
+				if !errors.Is(err, testhooks.ErrCrash) {
 					t.Fatalf("first consumer: Run = %v, want the simulated crash", err)
 				}
 			case <-time.After(30 * time.Second):
@@ -263,7 +263,6 @@ func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 
 			ev2 := newEvents()
 			cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev2.on)}
-			seam.SetAfterDB(&cfg, nil)
 			second := start(t, cfg)
 			waitUntil(t, 30*time.Second, "the second consumer to finish", func() bool {
 				return len(s.counts(t)) == 20
@@ -375,7 +374,7 @@ func TestBatchStopStoresNoOffsetPastThePoison(t *testing.T) {
 			if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 3 {
 				t.Fatalf("group committed %v, want 3 (the poison's offset)", got)
 			}
-			stored, err := seam.OffsetsOf(r.c).Load(context.Background(), s.db, "orders", 0)
+			stored, err := r.offsets().Load(context.Background(), s.db, "orders", 0)
 			if err != nil || stored != 3 {
 				t.Fatalf("stored offset %d (%v), want 3: the poison's offset, not past it", stored, err)
 			}

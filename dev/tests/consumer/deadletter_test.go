@@ -13,7 +13,7 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/seam"
+	"github.com/inboxgo/inbox/internal/kafkaerr"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -149,7 +149,7 @@ func TestDeadLetterPermanentErrorStopsThePartition(t *testing.T) {
 		{"topic authorization", []error{fmt.Errorf("produce: %w", kafka.TopicAuthorizationFailed)}, kafka.TopicAuthorizationFailed, 1},
 		{"invalid topic", []error{kafka.WriteErrors{kafka.InvalidTopic}}, kafka.InvalidTopic, 1},
 		{"writer closed", []error{io.ErrClosedPipe}, io.ErrClosedPipe, 1},
-		{"unknown topic that persists", unknown, kafka.UnknownTopicOrPartition, seam.DeadLetterUnknownTopicAttempts},
+		{"unknown topic that persists", unknown, kafka.UnknownTopicOrPartition, kafkaerr.UnknownTopicAttempts},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/seam"
+	"github.com/inboxgo/inbox/internal/testhooks"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/driver/postgres"
@@ -223,18 +223,18 @@ func runEndToEnd(t *testing.T, brokers []string, s *shop, batch int, storeOffset
 	evA := newEvents()
 	cfgA := cfg(evA)
 	var dbCommits atomic.Int32
-	seam.SetAfterDB(&cfgA, func(_ string, _ int, _ int64, processed int) error {
+	knobsA := &testhooks.Knobs{AfterDB: func(_ string, _ int, _ int64, processed int) error {
 		// Crash after a commit that applied an order (not one that only
 		// found duplicates), so the gap holds an applied, unfinished order.
 		if dbCommits.Add(1) >= 15 && processed > 0 {
-			return seam.ErrCrash
+			return testhooks.ErrCrash
 		}
 		return nil
-	})
-	a := start(t, cfgA)
+	}}
+	a := startWith(t, cfgA, knobsA)
 	select {
 	case err := <-a.done:
-		if !errors.Is(err, seam.ErrCrash) {
+		if !errors.Is(err, testhooks.ErrCrash) {
 			t.Fatalf("consumer A: Run = %v, want the simulated crash", err)
 		}
 	case <-time.After(30 * time.Second):

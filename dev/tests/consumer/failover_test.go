@@ -11,7 +11,8 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/seam"
+	"github.com/inboxgo/inbox/internal/offsets"
+	"github.com/inboxgo/inbox/internal/testhooks"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -52,7 +53,7 @@ func snapshotShop(t *testing.T, s *shop) *shop {
 // storedOffset reads the offsets table of s directly.
 func storedOffset(t *testing.T, s *shop, group, topic string, partition int) int64 {
 	t.Helper()
-	next, err := seam.NewOffsetStore(consumer.DefaultOffsetsTable, group).Load(context.Background(), s.db, topic, partition)
+	next, err := offsets.Store{Table: consumer.DefaultOffsetsTable, Group: group}.Load(context.Background(), s.db, topic, partition)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,11 +223,11 @@ func TestRunningConsumerResumesFromTheDatabaseAfterAFailover(t *testing.T) {
 			ev := newEvents()
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
 			cfg.StoreOffsets = true
-			seam.SetPosCheckInterval(&cfg, time.Hour)
+			knobs := &testhooks.Knobs{PosCheckInterval: time.Hour}
 			if idle {
-				seam.SetPosCheckInterval(&cfg, 200*time.Millisecond)
+				knobs.PosCheckInterval = 200 * time.Millisecond
 			}
-			r := start(t, cfg)
+			r := startWith(t, cfg, knobs)
 			waitUntil(t, 30*time.Second, "10 processed", func() bool { return ev.count(hooks.Processed) == 10 })
 
 			loseTail(t, s, "inventory", 6, 10)

@@ -17,7 +17,6 @@ import (
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/seam"
 	"github.com/inboxgo/inbox/storage"
 
 	"github.com/segmentio/kafka-go"
@@ -230,7 +229,7 @@ func TestStoredOffsetNeverPassesAMessageExpiredMidBatch(t *testing.T) {
 		return ev.count(hooks.Processed) == 3 || ev.count(hooks.PartitionStopped) == 1
 	})
 	_ = r.stop(t)
-	stored, err := seam.OffsetsOf(r.c).Load(context.Background(), s.db, "orders", 0)
+	stored, err := r.offsets().Load(context.Background(), s.db, "orders", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +360,7 @@ func TestNaturallyIdempotentBatchHandler(t *testing.T) {
 	if sizes[10] == 0 {
 		t.Errorf("no batch of 10 was handled in one call: %v", sizes)
 	}
-	if stored, err := seam.OffsetsOf(r.c).Load(context.Background(), s.db, "orders", 0); err != nil || stored != 20 {
+	if stored, err := r.offsets().Load(context.Background(), s.db, "orders", 0); err != nil || stored != 20 {
 		t.Errorf("stored offset %d (%v), want 20", stored, err)
 	}
 }

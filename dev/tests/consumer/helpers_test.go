@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,8 @@ import (
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/hooks"
+	"github.com/inboxgo/inbox/internal/offsets"
+	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/storage"
 
 	"github.com/segmentio/kafka-go"
@@ -300,10 +303,22 @@ func (e *events) filter(k hooks.Kind) []hooks.Event {
 // running is a consumer whose Run is in a goroutine.
 type running struct {
 	c    *consumer.Consumer
+	cfg  consumer.Config
 	done chan error
 }
 
+// offsets is the table of stored offsets r uses.
+func (r *running) offsets() offsets.Store {
+	return offsets.Store{Table: cmp.Or(r.cfg.OffsetsTable, consumer.DefaultOffsetsTable), Group: r.cfg.GroupID}
+}
+
 func start(t *testing.T, cfg consumer.Config) *running {
+	t.Helper()
+	return startWith(t, cfg, nil)
+}
+
+// startWith is start with the tests' knobs (nil for none) in Run's context.
+func startWith(t *testing.T, cfg consumer.Config, knobs *testhooks.Knobs) *running {
 	t.Helper()
 	c, err := consumer.New(cfg)
 	if err != nil {
@@ -312,8 +327,12 @@ func start(t *testing.T, cfg consumer.Config) *running {
 	if err := c.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	r := &running{c: c, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(context.Background()) }()
+	r := &running{c: c, cfg: cfg, done: make(chan error, 1)}
+	ctx := context.Background()
+	if knobs != nil {
+		ctx = testhooks.With(ctx, knobs)
+	}
+	go func() { r.done <- c.Run(ctx) }()
 	t.Cleanup(func() { _ = c.Close() })
 	return r
 }

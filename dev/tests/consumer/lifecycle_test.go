@@ -10,7 +10,6 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/seam"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -120,7 +119,7 @@ func TestNaturallyIdempotentHandler(t *testing.T) {
 		t.Fatal("a consumer without inbox reported duplicates")
 	}
 	for p, want := range map[int]int64{0: 6, 1: 7} {
-		got, err := seam.OffsetsOf(r.c).Load(context.Background(), s.db, "orders", p)
+		got, err := r.offsets().Load(context.Background(), s.db, "orders", p)
 		if err != nil || got != want {
 			t.Errorf("stored offset of partition %d = %d (%v), want %d", p, got, err, want)
 		}

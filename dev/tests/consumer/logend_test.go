@@ -11,7 +11,7 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/seam"
+	"github.com/inboxgo/inbox/internal/testhooks"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -322,8 +322,7 @@ func TestTopicRecreatedWhileRunningStopsThePartition(t *testing.T) {
 		ev := newEvents()
 		cfg := baseConfig(t, k.brokers, k.topic, k.group, s, ev)
 		cfg.StoreOffsets = true
-		seam.SetLogCheckInterval(&cfg, 200*time.Millisecond)
-		r := start(t, cfg)
+		r := startWith(t, cfg, &testhooks.Knobs{LogCheckInterval: 200 * time.Millisecond})
 		waitUntil(t, 30*time.Second, "5 processed", func() bool { return ev.count(hooks.Processed) == 5 })
 		recreateTopic(t, k.brokers, k.topic)
 		produce(t, k.brokers, k.topic, orderMessage(5, 0), orderMessage(6, 0))

@@ -12,8 +12,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/inboxgo/inbox/internal/seam"
-
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	gormsqlite "gorm.io/driver/sqlite"
@@ -23,6 +21,7 @@ import (
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
+	"github.com/inboxgo/inbox/internal/offsets"
 )
 
 // A deployment of several replicas of a consumer with StoreOffsets starts
@@ -79,7 +78,7 @@ func TestOffsetsMigrateAtTheSameInstant(t *testing.T) {
 				calls := make([]func() error, offsetsReplicas)
 				for i := range calls {
 					db := openOffsetsPool(t, name, where)
-					calls[i] = func() error { return seam.NewOffsetStore(table, "g").Migrate(context.Background(), db) }
+					calls[i] = func() error { return offsets.Store{Table: table, Group: "g"}.Migrate(context.Background(), db) }
 				}
 				if err := atOnce(calls...); err != nil {
 					t.Fatalf("round %d: %d Migrate calls at once without the offsets table: %v", round+1, len(calls), err)
@@ -119,7 +118,7 @@ func TestOffsetsMigrateReplica(t *testing.T) {
 	}
 	db := openOffsetsPool(t, name, os.Getenv(offsetsWhereVar))
 	awaitStart()
-	if err := seam.NewOffsetStore(os.Getenv(offsetsTableVar), "g").Migrate(context.Background(), db); err != nil {
+	if err := (offsets.Store{Table: os.Getenv(offsetsTableVar), Group: "g"}).Migrate(context.Background(), db); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/inboxgo/inbox/internal/seam"
-
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -17,6 +15,7 @@ import (
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
+	"github.com/inboxgo/inbox/internal/offsets"
 )
 
 // The offsets table on every database: created idempotently, upserted (the
@@ -35,9 +34,9 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			s := seam.NewOffsetStore("inbox_offsets_"+conformance.RandomSuffix(), "g1")
+			s := offsets.Store{Table: "inbox_offsets_" + conformance.RandomSuffix(), Group: "g1"}
 			t.Cleanup(func() {
-				_ = db.Exec(`DROP TABLE ` + s.Table()).Error
+				_ = db.Exec(`DROP TABLE ` + s.Table).Error
 				if sqlDB, err := db.DB(); err == nil {
 					sqlDB.Close()
 				}
@@ -47,9 +46,9 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			other := seam.NewOffsetStore(s.Table(), "g2")
+			other := offsets.Store{Table: s.Table, Group: "g2"}
 			for _, step := range []struct {
-				st   seam.OffsetStore
+				st   offsets.Store
 				p    int
 				next int64
 			}{{s, 0, 5}, {s, 1, 7}, {s, 0, 9}, {other, 0, 100}} {
@@ -76,7 +75,7 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 				moved       bool
 			}{{0, 7, 7, false}, {0, 5, 8, false}, {0, 9, 10, true}, {1, 0, 3, true}, {1, -1, 3, false}, {1, 3, 3, false}} {
 				err := db.Transaction(func(tx *gorm.DB) error { return s.Advance(ctx, tx, "advance", c.p, c.floor, c.next) })
-				if moved := errors.Is(err, seam.ErrPositionMoved); moved != c.moved || err != nil && !moved {
+				if moved := errors.Is(err, offsets.ErrPositionMoved); moved != c.moved || err != nil && !moved {
 					t.Errorf("advance(%d, floor %d, next %d) = %v, want moved %v", c.p, c.floor, c.next, err, c.moved)
 				}
 			}
@@ -84,7 +83,7 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 				t.Errorf("advance left %d (%v), want 8", got, err)
 			}
 			for _, c := range []struct {
-				st    seam.OffsetStore
+				st    offsets.Store
 				group string
 				topic string
 				p     int
@@ -121,10 +120,10 @@ func TestOffsetsTableIsTransactionalOnMySQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	fresh := seam.NewOffsetStore("inbox_offsets_"+conformance.RandomSuffix(), "g1")
-	myisam := seam.NewOffsetStore("inbox_offsets_"+conformance.RandomSuffix(), "g1")
+	fresh := offsets.Store{Table: "inbox_offsets_" + conformance.RandomSuffix(), Group: "g1"}
+	myisam := offsets.Store{Table: "inbox_offsets_" + conformance.RandomSuffix(), Group: "g1"}
 	t.Cleanup(func() {
-		for _, table := range []string{fresh.Table(), myisam.Table()} {
+		for _, table := range []string{fresh.Table, myisam.Table} {
 			_ = db.Exec("DROP TABLE IF EXISTS `" + table + "`").Error
 		}
 		if sqlDB, err := db.DB(); err == nil {
@@ -139,7 +138,7 @@ func TestOffsetsTableIsTransactionalOnMySQL(t *testing.T) {
 	if err := fresh.Migrate(ctx, db); err != nil {
 		t.Fatalf("migrate with MyISAM as the default engine: %v", err)
 	}
-	if err := db.Raw(`SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`, fresh.Table()).Scan(&engine).Error; err != nil {
+	if err := db.Raw(`SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`, fresh.Table).Scan(&engine).Error; err != nil {
 		t.Fatal(err)
 	}
 	if !strings.EqualFold(engine, "InnoDB") {
@@ -149,7 +148,7 @@ func TestOffsetsTableIsTransactionalOnMySQL(t *testing.T) {
 		t.Fatalf("migrate again: %v", err)
 	}
 
-	if err := db.Exec("CREATE TABLE `" + myisam.Table() + "` (group_id VARCHAR(100) NOT NULL, topic VARCHAR(100) NOT NULL, " +
+	if err := db.Exec("CREATE TABLE `" + myisam.Table + "` (group_id VARCHAR(100) NOT NULL, topic VARCHAR(100) NOT NULL, " +
 		"`partition` INT NOT NULL, next_offset BIGINT NOT NULL, PRIMARY KEY (group_id, topic, `partition`)) ENGINE=MyISAM").Error; err != nil {
 		t.Fatal(err)
 	}
