@@ -41,7 +41,6 @@ const ReasonDeadLetterFailed = "dead-letter-failed"
 // dlq_reason header.
 const ReasonOffsetBeyondLogEnd = "offset-beyond-log-end"
 
-
 // deadLetter builds the dead letter of m: its key, value and headers, plus
 // headers saying what failed. The original timestamp is kept.
 func deadLetter(topic string, m *Message, reason string, attempts int, cause error, group, consumer string, now time.Time) kafka.Message {

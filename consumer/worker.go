@@ -289,8 +289,8 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) []kafka.Message {
 	return batch
 }
 
-// afterCommit runs the tests' AfterDB knob (internal/testhooks) after a database commit and reports
-// whether it simulated a crash.
+// afterCommit runs the tests' AfterDB knob (internal/testhooks) after a
+// database commit and reports whether it simulated a crash.
 func (w *worker) afterCommit(ctx context.Context, processed int) bool {
 	if w.c.knobs.AfterDB == nil {
 		return false
