@@ -28,9 +28,9 @@ type Message struct {
 // for the first time; with Config.NaturallyIdempotent it runs for every
 // delivery. Every write that must be atomic with the inbox row (and the
 // stored offset) has to go through tx; the handler must not commit or roll
-// back tx. Returning an error (or panicking) rolls back everything of msg;
-// mark transient errors with [inbox.Retryable] to have the inbox retry the
-// transaction at once, before the consumer's own retries.
+// back tx. Returning an error (or panicking) rolls back everything of msg
+// and counts one of its Config.MaxAttempts: the consumer owns every retry,
+// so marking an error with inbox.Retryable changes nothing here.
 type Handler func(ctx context.Context, tx *gorm.DB, msg Message) error
 
 // BatchHandler applies the effect of msgs, all seen for the first time and

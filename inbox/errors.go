@@ -85,7 +85,9 @@ func (e retryableError) Unwrap() error { return e.err }
 
 // Retryable marks a handler error as transient: the inbox rolls the
 // transaction back and runs it again, within its attempt limit (each run
-// counts). Handler errors that are not marked are returned at once, unless a
+// counts). Under a consumer.Consumer, which owns the retries of what it
+// runs, every handler error counts an attempt of the consumer's, marked or
+// not. Handler errors that are not marked are returned at once, unless a
 // statement of the transaction failed with a transient database error (a
 // deadlock raised by the handler's own statement): that is a database
 // failure, see [IsDatabaseFailure]. Marking never makes an error a database

@@ -98,7 +98,9 @@ type Config struct {
 	// Expired is the policy for events older than RetentionDays.
 	Expired ExpiredPolicy
 	// MaxAttempts bounds how often one transaction is run in all, when it
-	// fails with a transient error. Default 10.
+	// fails with a transient error. Default 10. A consumer.Consumer driving
+	// the inbox owns the retries of its calls: each of their transactions
+	// runs once, and the consumer runs it again.
 	MaxAttempts int
 	// MinBackoff and MaxBackoff bound the jittered exponential wait between
 	// attempts. Defaults 5ms and 1s.
