@@ -293,14 +293,20 @@ func (env *Env) InboxOn(db *gorm.DB, adjust ...func(*inbox.Config)) *inbox.Inbox
 		MaxAttempts:   30,
 		Now:           env.Clock.Now,
 	}
+	return built(cfg, adjust, func(cfg inbox.Config) (*inbox.Inbox, error) { return inbox.New(db, env.H.Store, cfg) })
+}
+
+// built applies adjust to cfg and makes the value cfg configures. The
+// suite's own configurations are valid: an error is the suite's bug.
+func built[C, T any](cfg C, adjust []func(*C), make func(C) (T, error)) T {
 	for _, f := range adjust {
 		f(&cfg)
 	}
-	ib, err := inbox.New(db, env.H.Store, cfg)
+	v, err := make(cfg)
 	if err != nil {
-		panic(err) // the suite's own configuration is valid
+		panic(err)
 	}
-	return ib
+	return v
 }
 
 // Apply is the suite's business effect: it records one application of the

@@ -27,14 +27,7 @@ func (env *Env) Outbox(adjust ...func(*outbox.Config)) *outbox.Outbox {
 // OutboxOn is Outbox over another connection pool.
 func (env *Env) OutboxOn(db *gorm.DB, adjust ...func(*outbox.Config)) *outbox.Outbox {
 	cfg := outbox.Config{Logger: quiet, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 50, Now: env.Clock.Now}
-	for _, f := range adjust {
-		f(&cfg)
-	}
-	ob, err := outbox.New(db, env.H.Outbox, cfg)
-	if err != nil {
-		panic(err) // the suite's own configuration is valid
-	}
-	return ob
+	return built(cfg, adjust, func(cfg outbox.Config) (*outbox.Outbox, error) { return outbox.New(db, env.H.Outbox, cfg) })
 }
 
 // outboxEffect is the message whose effect (Env.Apply, Env.Effects) the

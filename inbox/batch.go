@@ -232,11 +232,7 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 		rows[j] = b.msgs[idx].row()
 	}
 	days := ib.newDays(rows)
-	attempts := ib.cfg.MaxAttempts
-	if b.opts.CallerRetries {
-		attempts = 1
-	}
-	err := ib.retryUpTo(ctx, attempts, func(int) error {
+	err := ib.retryUnless(ctx, b.opts.CallerRetries, func(int) error {
 		return days.run(ctx, func() error { return b.run(ctx, group, rows, &outcomes, &failedIdx) })
 	})
 	if err != nil && (ctx.Err() != nil || IsDatabaseFailure(err)) {

@@ -553,12 +553,12 @@ func callHandler(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (err 
 // retry runs fn until it succeeds, fails with a permanent error, the context
 // ends or the attempts are used up.
 func (ib *Inbox) retry(ctx context.Context, fn func(attempt int) error) error {
-	return ib.retryUpTo(ctx, ib.cfg.MaxAttempts, fn)
+	return ib.retryUnless(ctx, false, fn)
 }
 
-// retryUpTo is retry with at most maxAttempts runs in all; with one, fn's
-// error is returned as it is, for the caller to retry.
-func (ib *Inbox) retryUpTo(ctx context.Context, maxAttempts int, fn func(attempt int) error) error {
+// retryUnless is retry, or, when callerRetries, one run of fn whose error
+// is returned as it is, for the caller to retry.
+func (ib *Inbox) retryUnless(ctx context.Context, callerRetries bool, fn func(attempt int) error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn(attempt)
 		if err == nil {
@@ -567,10 +567,10 @@ func (ib *Inbox) retryUpTo(ctx context.Context, maxAttempts int, fn func(attempt
 		if ctx.Err() != nil {
 			return errors.Join(err, ctx.Err())
 		}
-		if !ib.IsRetryable(err) || maxAttempts == 1 {
+		if callerRetries || !ib.IsRetryable(err) {
 			return err
 		}
-		if attempt >= maxAttempts {
+		if attempt >= ib.cfg.MaxAttempts {
 			return fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 		}
 		ib.counters.retries.Add(1)

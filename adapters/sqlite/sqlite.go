@@ -19,6 +19,12 @@
 // its turn. Choose by what hurts you more; give readers a pool of their own
 // if they must not queue behind writes.
 //
+// A fresh database file is switched to WAL by its first connection, under an
+// exclusive lock the busy handler does not wait for: several processes
+// opening a new file at the same instant can see SQLITE_BUSY on their first
+// statement (retryable, and Migrate through the inbox retries it). Migrate
+// itself is safe with concurrent callers.
+//
 // SQLite has no partitions: expiry deletes expired days in small batches, each
 // in its own short transaction, through an index on the day column, so
 // concurrent inserts wait at most one batch.
