@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/segmentio/kafka-go"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -192,7 +191,7 @@ func (w *worker) checkPosition(ctx, dbCtx context.Context) {
 // the log, discards what the worker holds and moves the reader there. The
 // group's offset is not moved back: the database's position wins on the
 // next assignment anyway. It returns halt, as process does.
-func (w *worker) reposition(ctx, dbCtx context.Context, reader *kafka.Reader) (halt bool) {
+func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) (halt bool) {
 	cause := w.lost
 	w.lost = nil
 	prev, _ := w.tracker.committable()
@@ -216,7 +215,7 @@ func (w *worker) reposition(ctx, dbCtx context.Context, reader *kafka.Reader) (h
 		"stored", start, "worker_next", prev, "redelivered", max(prev-start, 0), "cause", cause)
 	w.c.emit(hooks.Event{Kind: hooks.Repositioned, Topic: w.topic, Partition: w.partition, Offset: start, Err: cause})
 	w.tracker = newOffsetTracker(start)
-	if err := reader.SetOffset(start); err != nil {
+	if err := reader.seek(start); err != nil {
 		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
 		return true
 	}
