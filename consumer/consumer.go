@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/hooks"
@@ -82,12 +81,9 @@ type Consumer struct {
 	offsets offsets.Store
 	knobs   testhooks.Knobs // the tests' (see internal/testhooks), set by Run
 	dlq     MessageWriter
-	ownDLQ  *kafka.Writer
-	// transport carries the consumer's own requests (the default dead-letter
-	// writer's, the log offset lookups). Its connections and metadata
-	// goroutine live until CloseIdleConnections, which Run calls when it
-	// ends: kafka.Writer.Close does not.
-	transport *kafka.Transport
+	// client is the Kafka client (transport.go): the group, the partition
+	// readers, the log offset lookups and the default dead-letter writer.
+	client transport
 
 	hooks    *hooklist.List
 	contexts []ContextHook
@@ -128,30 +124,10 @@ func New(cfg Config) (*Consumer, error) {
 		done:     make(chan struct{}),
 		hooks:    hooklist.New(cfg.Hooks),
 		contexts: contexts,
-		transport: &kafka.Transport{
-			Dial:     cfg.Dialer.DialFunc,
-			TLS:      cfg.Dialer.TLS,
-			SASL:     cfg.Dialer.SASLMechanism,
-			ClientID: cfg.Dialer.ClientID,
-			// kafka-go refreshes a transport's metadata only when this
-			// expires (default 6 s), not when a leader is unreachable:
-			// after a broker dies, every log-offset lookup of a partition
-			// starting up (and every dead letter) went to the dead leader
-			// until then (seen as ERROR lines in the cluster run).
-			MetadataTTL: transportMetadataTTL,
-		},
 	}
+	c.client = newKafkaGo(&c.cfg, c.log)
 	if cfg.OnFailure == DeadLetter && c.dlq == nil {
-		c.ownDLQ = &kafka.Writer{
-			Addr:         kafka.TCP(cfg.Brokers...),
-			Balancer:     &kafka.Hash{},
-			RequiredAcks: kafka.RequireAll,
-			MaxAttempts:  3,
-			BatchTimeout: 5 * time.Millisecond,
-			BatchBytes:   deadLetterMaxBytes,
-			Transport:    c.transport,
-		}
-		c.dlq = c.ownDLQ
+		c.dlq = c.client.deadLetterWriter()
 	}
 	return c, nil
 }
@@ -200,31 +176,13 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.mu.Unlock()
 	defer close(c.done)
 	defer cancel(nil)
-	// After the writer's Close, which flushes and needs the transport.
-	defer c.transport.CloseIdleConnections()
-	if c.ownDLQ != nil {
-		defer func() {
-			if cerr := c.ownDLQ.Close(); cerr != nil {
-				c.log.Warn("closing the dead-letter writer failed", "error", cerr)
-			}
-		}()
-	}
+	// Flushes and closes the default dead-letter writer, then the client's
+	// own connections.
+	defer c.client.close()
 
-	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                c.cfg.GroupID,
-		Brokers:           c.cfg.Brokers,
-		Dialer:            c.cfg.Dialer,
-		Topics:            c.cfg.Topics,
-		SessionTimeout:    c.cfg.SessionTimeout,
-		HeartbeatInterval: c.cfg.HeartbeatInterval,
-		RebalanceTimeout:  c.cfg.RebalanceTimeout,
-		JoinGroupBackoff:  c.cfg.MinBackoff,
-		StartOffset:       c.cfg.StartOffset,
-		Logger:            kafkaLogger(c.log, slog.LevelDebug),
-		ErrorLogger:       kafkaLogger(c.log, slog.LevelWarn),
-	})
+	group, err := c.client.group()
 	if err != nil {
-		return fmt.Errorf("%w: consumer: kafka-go rejected the group configuration: %w", errInvalidConfig, err)
+		return fmt.Errorf("%w: consumer: %w", errInvalidConfig, err)
 	}
 	c.log.Info("consumer started", "topics", c.cfg.Topics, "batch_size", c.cfg.BatchSize,
 		"on_failure", c.cfg.OnFailure.String(), "store_offsets", c.cfg.StoreOffsets)
@@ -244,11 +202,11 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	failures := 0
 	var fatal error
 	for {
-		gen, err := group.Next(runCtx)
+		gen, err := group.next(runCtx)
 		if runCtx.Err() != nil {
 			break
 		}
-		if err != nil && fatalGroupError(err) {
+		if err != nil && group.rejected(err) {
 			c.log.Error("the group rejected this consumer's configuration; stopping", "error", err)
 			fatal = fmt.Errorf("%w: consumer: group %q: %w", errInvalidConfig, c.cfg.GroupID, err)
 			cancel(fatal)
@@ -268,7 +226,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	}
 	// Close waits for the workers of the current generation (which commit
 	// what they finished) and then leaves the group.
-	if cerr := group.Close(); cerr != nil {
+	if cerr := group.close(); cerr != nil {
 		c.log.Warn("closing the consumer group failed", "error", cerr)
 	}
 	c.log.Info("consumer stopped", "cause", context.Cause(runCtx))
@@ -310,24 +268,6 @@ func (c *Consumer) maintain(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-// fatalGroupError reports the errors of the group protocol that retrying
-// cannot cure: the configuration (or the credentials and ACLs behind it) must
-// change.
-func fatalGroupError(err error) bool {
-	for _, e := range []kafka.Error{
-		kafka.InvalidSessionTimeout,
-		kafka.InvalidGroupId,
-		kafka.GroupAuthorizationFailed,
-		kafka.TopicAuthorizationFailed,
-		kafka.SASLAuthenticationFailed,
-	} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
 }
 
 // Close stops Run and waits for it to return. It is safe to call more than
@@ -405,38 +345,30 @@ func (c *Consumer) emit(e hooks.Event) {
 	c.hooks.Emit(e)
 }
 
-// startGeneration starts one worker per assigned partition. kafka-go ends
-// the generation when any of them returns, and does not hand out the next
-// generation before all of them returned.
-func (c *Consumer) startGeneration(runCtx context.Context, gen *kafka.Generation) {
+// startGeneration starts one worker per assigned partition. The generation
+// ends when any of them returns, and the next generation is not handed out
+// before all of them returned (see generation.start).
+func (c *Consumer) startGeneration(runCtx context.Context, gen generation) {
 	var commitMu sync.Mutex
 	n := 0
 	for _, topic := range c.cfg.Topics {
-		for _, pa := range gen.Assignments[topic] {
+		for _, pa := range gen.assignments(topic) {
 			w := &worker{
 				c:         c,
 				gen:       gen,
 				commitMu:  &commitMu,
 				topic:     topic,
-				partition: pa.ID,
-				assigned:  pa.Offset,
-				log:       c.log.With("topic", topic, "partition", pa.ID, "generation", gen.ID),
+				partition: pa.partition,
+				assigned:  pa.offset,
+				log:       c.log.With("topic", topic, "partition", pa.partition, "generation", gen.id()),
 			}
-			gen.Start(func(genCtx context.Context) { w.run(runCtx, genCtx) })
+			gen.start(func(genCtx context.Context) { w.run(runCtx, genCtx) })
 			n++
 		}
 	}
-	c.log.Info("generation started", "generation", gen.ID, "member", gen.MemberID, "partitions", n)
+	c.log.Info("generation started", "generation", gen.id(), "member", gen.memberID(), "partitions", n)
 }
 
 func (c *Consumer) db() *gorm.DB { return c.cfg.DB }
 
 func (c *Consumer) classifier() txn.ErrorClassifier { return c.cfg.Classifier }
-
-func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
-	return kafka.LoggerFunc(func(format string, args ...any) {
-		if log.Enabled(context.Background(), level) {
-			log.Log(context.Background(), level, "kafka-go: "+strings.TrimSpace(fmt.Sprintf(format, args...)))
-		}
-	})
-}

@@ -123,4 +123,16 @@
 // the inbox it drives reports none of them (see package hooks), so the same
 // hooks can go into both Configs. The module github.com/inboxgo/inbox/otel
 // is such a hook.
+//
+// # Transport
+//
+// The partition workers (order, offset commits, the failure policy, stored
+// offsets, dead letters, the log-end checks) reach Kafka only through a small
+// transport of the consumer's own: a group that yields generations, a
+// generation that starts the workers and commits their offsets, a reader per
+// partition and a lookup of a partition's log offsets (transport.go states
+// what each must guarantee). The kafka-go code behind it, the group, reader,
+// client and default dead-letter writer with their settings, is all in
+// transport_kafkago.go. Messages are kafka-go's kafka.Message whatever the
+// client, and dead letters go through a [MessageWriter].
 package consumer

@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/inboxgo/inbox/internal/backoff"
 )
 
@@ -15,32 +13,15 @@ import (
 // retention kept) and its log end offset (the offset the next message
 // produced will get).
 func (c *Consumer) logOffsets(ctx context.Context, topic string, partition int) (start, end int64, err error) {
-	cl := &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: c.transport, Timeout: 10 * time.Second}
-	resp, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
-		topic: {kafka.FirstOffsetOf(partition), kafka.LastOffsetOf(partition)},
-	}})
+	start, end, err = c.client.logOffsets(ctx, topic, partition)
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, p := range resp.Topics[topic] {
-		if p.Partition != partition {
-			continue
-		}
-		if p.Error != nil {
-			return 0, 0, p.Error
-		}
-		if p.FirstOffset < 0 || p.LastOffset < p.FirstOffset {
-			return 0, 0, fmt.Errorf("consumer: implausible log offsets %d..%d", p.FirstOffset, p.LastOffset)
-		}
-		return p.FirstOffset, p.LastOffset, nil
+	if start < 0 || end < start {
+		return 0, 0, fmt.Errorf("consumer: implausible log offsets %d..%d", start, end)
 	}
-	return 0, 0, fmt.Errorf("consumer: no log offsets for %s/%d in the broker's answer", topic, partition)
+	return start, end, nil
 }
-
-// transportMetadataTTL is how long the consumer's own transport (log-offset
-// lookups, the default dead-letter writer) trusts its view of the
-// partitions' leaders: one metadata request per interval in the background.
-const transportMetadataTTL = time.Second
 
 // beyondEndChecks is how many lookups, beyondEndSpacing apart, must all find
 // an offset past the log end before the partition stops: a newly elected
@@ -58,17 +39,17 @@ const defaultLogCheckInterval = 30 * time.Second
 // where it came from) with the partition's log, and returns the concrete
 // offset to start at:
 //
-//   - a kafka-go sentinel (no committed or stored offset) becomes the log
-//     start (FirstOffset) or the log end (LastOffset), and commit is true:
+//   - a sentinel (no committed or stored offset) becomes the log start
+//     (offsetFirst) or the log end (offsetLast), and commit is true:
 //     committing it at once makes a restart begin there, rather than at the
 //     log end of the moment, skipping what was produced in between;
 //   - an offset below the log start (retention deleted messages the group
 //     never processed) becomes the log start: they are gone; this is logged
 //     at Warn with how many were skipped, and commit is true;
 //   - an offset past the log end (the topic was deleted and recreated, or
-//     its log truncated) returns stop: kafka-go would wait there, silently,
-//     for the log to grow past it, and the messages below it would never be
-//     processed.
+//     its log truncated) returns stop: the reader would wait there,
+//     silently (kafka-go's does; see partitionReader.fetch), for the log to
+//     grow past it, and the messages below it would never be processed.
 //
 // The lookup is retried while it fails; ok is false if ctx ended first.
 func (w *worker) checkLog(ctx context.Context, start int64, from string) (next int64, commit bool, stop *PartitionStoppedError, ok bool) {
@@ -100,8 +81,9 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 
 // pastLogEnd checks, for a partition whose fetches come back empty, that
 // its next offset is not past the log end: the topic deleted and recreated
-// while consumed leaves kafka-go's reader waiting there, silently, while
-// the new messages below it are never fetched. It returns the stop to
+// while consumed leaves the reader (kafka-go's, see partitionReader.fetch)
+// waiting there, silently, while the new messages below it are never
+// fetched. It returns the stop to
 // apply, or nil. A failed lookup is only logged at Debug: the next idle
 // period tries again.
 func (w *worker) pastLogEnd(ctx context.Context) *PartitionStoppedError {
@@ -137,7 +119,7 @@ func (w *worker) logCheckInterval() time.Duration {
 // resolveStart is checkLog for a start offset not past the log end.
 func (w *worker) resolveStart(start, first, end int64) (int64, bool, *PartitionStoppedError, bool) {
 	switch {
-	case start == kafka.LastOffset:
+	case start == offsetLast:
 		w.log.Info("no committed offset: starting at the log end, committed at once", "log_end", end)
 		return end, true, nil, true
 	case start < 0:

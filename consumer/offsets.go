@@ -7,7 +7,6 @@ import (
 
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/offsets"
-	"github.com/segmentio/kafka-go"
 )
 
 // DefaultOffsetsTable is the table of stored offsets when
@@ -55,7 +54,7 @@ func (w *worker) checkPosition(ctx, dbCtx context.Context) {
 // the log, discards what the worker holds and moves the reader there. The
 // group's offset is not moved back: the database's position wins on the
 // next assignment anyway. It returns halt, as process does.
-func (w *worker) reposition(ctx, dbCtx context.Context, reader *kafka.Reader) (halt bool) {
+func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) (halt bool) {
 	cause := w.lost
 	w.lost = nil
 	prev, _ := w.tracker.committable()
@@ -79,7 +78,7 @@ func (w *worker) reposition(ctx, dbCtx context.Context, reader *kafka.Reader) (h
 		"stored", start, "worker_next", prev, "redelivered", max(prev-start, 0), "cause", cause)
 	w.c.emit(hooks.Event{Kind: hooks.Repositioned, Topic: w.topic, Partition: w.partition, Offset: start, Err: cause})
 	w.tracker = newOffsetTracker(start)
-	if err := reader.SetOffset(start); err != nil {
+	if err := reader.seek(start); err != nil {
 		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
 		return true
 	}

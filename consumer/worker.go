@@ -24,11 +24,11 @@ import (
 // worker consumes one assigned partition for one generation.
 type worker struct {
 	c         *Consumer
-	gen       *kafka.Generation
+	gen       generation
 	commitMu  *sync.Mutex // serialises the generation's offset commits
 	topic     string
 	partition int
-	assigned  int64 // the group's committed offset, or a kafka-go sentinel
+	assigned  int64 // the group's committed offset, or offsetFirst / offsetLast
 	log       *slog.Logger
 
 	tracker       *offsetTracker
@@ -62,11 +62,11 @@ const (
 )
 
 // run is the worker's whole life. It returns only when ctx or genCtx ends:
-// kafka-go ends the generation as soon as one started function returns.
+// the generation ends as soon as one started function returns.
 func (w *worker) run(runCtx, genCtx context.Context) {
 	ctx, cancel := context.WithCancelCause(runCtx)
 	defer cancel(nil)
-	stopAfter := context.AfterFunc(genCtx, func() { cancel(kafka.ErrGenerationEnded) })
+	stopAfter := context.AfterFunc(genCtx, func() { cancel(context.Cause(genCtx)) })
 	defer stopAfter()
 	// Database work in flight finishes when the generation ends (a rebalance)
 	// and is rolled back when Run ends.
@@ -109,28 +109,18 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		return
 	}
 
-	reader := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:     w.c.cfg.Brokers,
-		Topic:       w.topic,
-		Partition:   w.partition,
-		Dialer:      w.c.cfg.Dialer,
-		MinBytes:    1,
-		MaxBytes:    readerMaxBytes,
-		MaxWait:     w.c.cfg.MaxWait,
-		Logger:      kafkaLogger(w.log, slog.LevelDebug),
-		ErrorLogger: kafkaLogger(w.log, slog.LevelWarn),
-	})
+	reader := w.c.client.reader(w.topic, w.partition, w.log)
 	closeReader := func() {
 		if reader == nil {
 			return
 		}
-		if err := reader.Close(); err != nil {
+		if err := reader.close(); err != nil {
 			w.log.Debug("closing the partition reader failed", "error", err)
 		}
 		reader = nil
 	}
 	defer closeReader()
-	if err := reader.SetOffset(start); err != nil {
+	if err := reader.seek(start); err != nil {
 		// Only fails on a closed reader; nothing to fetch from.
 		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
 		<-ctx.Done()
@@ -182,8 +172,8 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 // for messages. ok is false if ctx ended first. checkLog then checks it
 // against the partition's log.
 //
-// Without StoreOffsets it is the group's committed offset (or a kafka-go
-// sentinel). With StoreOffsets it is the stored offset whenever the
+// Without StoreOffsets it is the group's committed offset (or offsetFirst /
+// offsetLast). With StoreOffsets it is the stored offset whenever the
 // database has one, also when it is behind the group's: the database's
 // position belongs to the state the effects are in. After a failover to an
 // asynchronous replica, the effects, inbox rows and stored offset of the
@@ -259,13 +249,13 @@ func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next int64) bool {
 // BatchWait after the first. It returns nothing when ctx ends, when an idle
 // period of CommitInterval passed (so the caller can commit), or after a
 // fetch error (logged, then retried after a backoff).
-func (w *worker) fetch(ctx context.Context, r *kafka.Reader) []kafka.Message {
+func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
 	idle := w.c.cfg.CommitInterval
 	if idle <= 0 {
 		idle = time.Second
 	}
 	fctx, cancel := context.WithTimeout(ctx, idle)
-	m, err := r.FetchMessage(fctx)
+	m, err := r.fetch(fctx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
@@ -279,7 +269,7 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) []kafka.Message {
 		bctx, cancel := context.WithTimeout(ctx, w.c.cfg.BatchWait)
 		defer cancel()
 		for len(batch) < w.c.cfg.BatchSize {
-			m, err := r.FetchMessage(bctx)
+			m, err := r.fetch(bctx)
 			if err != nil {
 				break
 			}
@@ -315,7 +305,7 @@ func (w *worker) commit(force bool) {
 		return
 	}
 	w.commitMu.Lock()
-	err := w.gen.CommitOffsets(map[string]map[int]int64{w.topic: {w.partition: next}})
+	err := w.gen.commit(w.topic, w.partition, next)
 	w.commitMu.Unlock()
 	if err != nil {
 		w.log.Warn("offset commit failed; the messages will be redelivered if it never succeeds (the inbox absorbs them)",
