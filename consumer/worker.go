@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -19,6 +20,7 @@ import (
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/testhooks"
+	"github.com/inboxgo/inbox/internal/txn"
 )
 
 // worker consumes one assigned partition for one generation.
@@ -43,6 +45,11 @@ type worker struct {
 	floor        int64
 	lost         error
 	lastPosCheck time.Time
+
+	// waitingSince (UnixNano; 0: not waiting) is when the worker began
+	// waiting for the database to answer its work: the watchdog's view of
+	// it (see Consumer.watch).
+	waitingSince atomic.Int64
 }
 
 // item is one fetched message on its way through the worker.
@@ -68,8 +75,10 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	defer cancel(nil)
 	stopAfter := context.AfterFunc(genCtx, func() { cancel(context.Cause(genCtx)) })
 	defer stopAfter()
-	// Database work in flight finishes when the generation ends (a rebalance)
-	// and is rolled back when Run ends.
+	// Database work in flight finishes when the generation ends (a
+	// rebalance), each step of the consumer's own within DatabaseTimeout,
+	// and is rolled back when Run ends, or when this member leaves the
+	// group over a stalled partition (runCtx is the membership's).
 	dbCtx := runCtx
 
 	start, from, hasStored, ok := w.position(ctx, dbCtx)
@@ -138,7 +147,9 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 				return
 			}
 		} else if w.c.cfg.StoreOffsets && time.Since(w.lastPosCheck) >= w.posCheckInterval() {
-			w.checkPosition(ctx, dbCtx)
+			pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
+			w.checkPosition(ctx, pctx)
+			cancel()
 		}
 		if w.lost != nil && !halted && ctx.Err() == nil {
 			halted = w.reposition(ctx, dbCtx, reader)
@@ -188,8 +199,13 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 	if !w.c.cfg.StoreOffsets {
 		return start, from, false, true
 	}
+	w.beginDB()
+	defer w.endDB()
 	for attempt := 1; ; attempt++ {
-		stored, err := w.c.offsets.Load(dbCtx, w.c.db(), w.topic, w.partition)
+		lctx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
+		stored, err := w.c.offsets.Load(lctx, w.c.db(), w.topic, w.partition)
+		cancel()
+		err = bounded(err)
 		if err == nil {
 			if stored < 0 {
 				return start, from, false, true
@@ -225,9 +241,13 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 // position at or below them instead of falling back to the group's, which
 // may be past them. And it stores the offset after a dead letter.
 func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next int64) bool {
+	w.beginDB()
+	defer w.endDB()
 	for attempt := 1; ; attempt++ {
-		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
-			return w.c.offsets.Advance(dbCtx, tx, w.topic, w.partition, floor, next)
+		err := txn.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, w.c.bound(), func(tx *gorm.DB) error {
+			actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
+			defer cancel()
+			return bounded(w.c.offsets.Advance(actx, tx, w.topic, w.partition, floor, next))
 		})
 		if err == nil {
 			w.floor = max(w.floor, next)
