@@ -298,9 +298,17 @@ func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow
 			}
 		}
 		if b.opts.BeforeCommit != nil {
+			// A handler that ignored a failed statement may have left the
+			// transaction unusable (PostgreSQL aborts it: 25P02), so that the
+			// writes before COMMIT fail too: that is the handler's doing, not
+			// the database's, and must not be retried as an outage.
+			ignored := txn.StatementsOf(tx).FirstFailure()
 			bctx, bounded, cancel := txn.WithBound(ctx, "the writes before COMMIT", b.opts.Bound)
 			err := b.opts.BeforeCommit(bctx, tx, b.view(outcomes))
 			cancel()
+			if err != nil && ignored != nil {
+				return &unclearBlame{err: fmt.Errorf("the writes before COMMIT failed after a handler ignored a failed statement (%w): %w", ignored, err)}
+			}
 			if err != nil {
 				return txn.DatabaseFailure("before-commit", bounded(err))
 			}
