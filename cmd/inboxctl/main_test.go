@@ -356,7 +356,7 @@ func TestCheckSQLite(t *testing.T) {
 	expectCode(t, r, exitOK)
 	n := len(selectChecks(false, nil)) + 1
 	for _, want := range []string{"PASS  settings/verify", "PASS  schema/table-is-transactional", "PASS  atomicity/handler-error-rolls-back",
-		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-expiry/never-unpublished",
+		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-sequence/relay-headers", "PASS  outbox-expiry/never-unpublished",
 		fmt.Sprintf("PASS: %d of %d checks passed against sqlite", n, n)} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("check output lacks %q:\n%v", want, r)
@@ -559,5 +559,27 @@ func TestCheckReportsLeftovers(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("check output lacks %q:\n%v", want, r)
 		}
+	}
+}
+
+// expectOutboxEpoch runs inboxctl outbox migrate, source and bump-epoch
+// with the connection flags common: the source id stays, the epoch goes
+// from 1 to 2.
+func expectOutboxEpoch(t *testing.T, common ...string) {
+	t.Helper()
+	args := func(action string, extra ...string) []string {
+		return append(append([]string{"outbox", action}, common...), extra...)
+	}
+	migrated := decodeJSON[outboxResult](t, runArgs(t, args("migrate", "--json")...))
+	if migrated.Source == "" || migrated.Epoch != 1 {
+		t.Fatalf("outbox migrate: %+v, want a source id and epoch 1", migrated)
+	}
+	bumped := decodeJSON[outboxResult](t, runArgs(t, args("bump-epoch", "--json")...))
+	if bumped.Source != migrated.Source || bumped.PreviousEpoch != 1 || bumped.Epoch != 2 {
+		t.Fatalf("outbox bump-epoch: %+v, want source %q epoch 2, was 1", bumped, migrated.Source)
+	}
+	expectCode(t, runArgs(t, args("migrate")...), exitOK)
+	if src := decodeJSON[outboxResult](t, runArgs(t, args("source", "--json")...)); src.Source != migrated.Source || src.Epoch != 2 {
+		t.Fatalf("outbox source after migrating again: %+v, want source %q epoch 2", src, migrated.Source)
 	}
 }
