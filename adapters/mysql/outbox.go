@@ -59,6 +59,9 @@ type OutboxOptions struct {
 // check and drop in one step: the guarantee rests on enqueuers' clocks being
 // within the retention window of the truth, so that no row is ever added to
 // an expired day.
+//
+// The table's source id and epoch (storage.Sequenced) are the one row of
+// <table>_source, made by Migrate under its maintenance lock.
 type OutboxStore struct {
 	tbl     *Store // the outbox table's names, lock and partition helpers
 	shards  int

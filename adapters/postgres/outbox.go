@@ -57,6 +57,9 @@ type OutboxOptions struct {
 // when none of its rows lies beyond its shard's published mark, checked under
 // the lock that detaches it (one index probe per shard): an unpublished row
 // is never dropped; such a day is reported in Held.
+//
+// The table's source id and epoch (storage.Sequenced) are the one row of
+// <table>_source, made by Migrate under its advisory lock.
 type OutboxStore struct {
 	tbl    *Store // the outbox table's names, advisory lock and partition helpers
 	shards int

@@ -42,7 +42,8 @@ type OutboxOptions struct {
 // row locks to skip; a claim waits for the write lock instead, within the
 // busy timeout). One relay is enough for SQLite's write rate; a second one
 // only stands by. Expiry deletes published rows of expired days in small
-// batches; unpublished rows are never deleted.
+// batches; unpublished rows are never deleted. The table's source id and
+// epoch (storage.Sequenced) are the one row of <table>_source.
 type OutboxStore struct {
 	table, shardsTable, sourceTable string
 	shards                          int
