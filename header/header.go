@@ -25,11 +25,12 @@
 //
 // Within one source and epoch a (shard, sequence number) pair names one
 // event, and a message carries the same four values every time it is
-// published. A shard holds keys of many topics and partitions, so the
+// published in that epoch. A shard holds keys of many topics and partitions, so the
 // numbers one partition sees of a shard go up (the first copy of each
-// message arrives after the first copy of the one before it) but are not
-// contiguous. Values are ASCII without sign, spaces or leading zeros,
-// except CloudEventsSequence.
+// message arrives after the first copies of the shard's earlier messages
+// to that partition) but are not contiguous. The numbers are written in
+// decimal without sign or leading zeros, except in CloudEventsSequence.
+// Messages without a key carry no sequence headers.
 //
 // In the CloudEvents header style (CloudEvents' Kafka binary mode) the
 // sequence number goes in CloudEvents' sequence extension attribute
