@@ -58,9 +58,10 @@
 // from the stored row and the source and epoch from the store, read on
 // every cycle, so every copy of a message carries the same four values
 // (within one epoch). Within a shard the numbers are those of the order
-// section above: gapless, in commit order, and the first copy of each
-// message reaches its partition after the first copy of every earlier
-// message of its shard there. A partition sees the numbers of many shards,
+// section above: gapless (counting the shard's messages without a key,
+// which carry none), in commit order, and the first copy of each message
+// reaches its partition after the first copy of every earlier message of
+// its shard there. A partition sees the numbers of many shards,
 // and of each only those of its own keys: they go up, with holes.
 //
 // A message without a key gets no sequence headers: the writer's balancer
