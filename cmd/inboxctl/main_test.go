@@ -562,24 +562,49 @@ func TestCheckReportsLeftovers(t *testing.T) {
 	}
 }
 
-// expectOutboxEpoch runs inboxctl outbox migrate, source and bump-epoch
-// with the connection flags common: the source id stays, the epoch goes
-// from 1 to 2.
-func expectOutboxEpoch(t *testing.T, common ...string) {
+// expectOutboxEpoch applies the outbox DDL that migrate --print-sql prints
+// for dialect to db, as a migration tool would, then runs inboxctl outbox
+// source, migrate and bump-epoch with the connection flags common (which
+// name the table): the DDL made a source id, migrate keeps it, the epoch
+// goes from 1 to 2.
+func expectOutboxEpoch(t *testing.T, dialect string, db *gorm.DB, common ...string) {
 	t.Helper()
 	args := func(action string, extra ...string) []string {
 		return append(append([]string{"outbox", action}, common...), extra...)
 	}
-	migrated := decodeJSON[outboxResult](t, runArgs(t, args("migrate", "--json")...))
-	if migrated.Source == "" || migrated.Epoch != 1 {
-		t.Fatalf("outbox migrate: %+v, want a source id and epoch 1", migrated)
+	ddl := runArgs(t, args("migrate", "--print-sql", "--dialect", dialect, "--shards", "8")...)
+	expectCode(t, ddl, exitOK)
+	for _, stmt := range strings.Split(ddl.stdout, ";\n") {
+		if q := strings.TrimSpace(stripComments(stmt)); q != "" {
+			if err := db.Exec(q).Error; err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+	made := decodeJSON[outboxResult](t, runArgs(t, args("source", "--json")...))
+	if err := storage.ValidSource(made.Source); err != nil || made.Epoch != 1 {
+		t.Fatalf("outbox source after the printed DDL: %+v (%v), want a source id and epoch 1", made, err)
+	}
+	migrated := decodeJSON[outboxResult](t, runArgs(t, args("migrate", "--shards", "8", "--json")...))
+	if migrated.Source != made.Source || migrated.Epoch != 1 {
+		t.Fatalf("outbox migrate: %+v, want the DDL's source %q and epoch 1", migrated, made.Source)
 	}
 	bumped := decodeJSON[outboxResult](t, runArgs(t, args("bump-epoch", "--json")...))
-	if bumped.Source != migrated.Source || bumped.PreviousEpoch != 1 || bumped.Epoch != 2 {
-		t.Fatalf("outbox bump-epoch: %+v, want source %q epoch 2, was 1", bumped, migrated.Source)
+	if bumped.Source != made.Source || bumped.PreviousEpoch != 1 || bumped.Epoch != 2 {
+		t.Fatalf("outbox bump-epoch: %+v, want source %q epoch 2, was 1", bumped, made.Source)
 	}
-	expectCode(t, runArgs(t, args("migrate")...), exitOK)
-	if src := decodeJSON[outboxResult](t, runArgs(t, args("source", "--json")...)); src.Source != migrated.Source || src.Epoch != 2 {
-		t.Fatalf("outbox source after migrating again: %+v, want source %q epoch 2", src, migrated.Source)
+	expectCode(t, runArgs(t, args("migrate", "--shards", "8")...), exitOK)
+	if src := decodeJSON[outboxResult](t, runArgs(t, args("source", "--json")...)); src.Source != made.Source || src.Epoch != 2 {
+		t.Fatalf("outbox source after migrating again: %+v, want source %q epoch 2", src, made.Source)
 	}
+}
+
+func stripComments(s string) string {
+	var keep []string
+	for _, line := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n")
 }

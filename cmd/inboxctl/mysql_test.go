@@ -160,7 +160,8 @@ func TestMySQLMigrateMaintainStats(t *testing.T) {
 	}
 }
 
-// TestMySQLOutboxEpoch: the outbox's source id and epoch, shown and bumped.
+// TestMySQLOutboxEpoch: the outbox's source id, made by the printed DDL,
+// kept by migrate; the epoch shown and bumped.
 func TestMySQLOutboxEpoch(t *testing.T) {
 	dsn := mysqlDSN(t, nil)
 	table := "inboxctl_t_" + conformance.RandomSuffix()
@@ -170,5 +171,5 @@ func TestMySQLOutboxEpoch(t *testing.T) {
 			db.Exec("DROP TABLE IF EXISTS `" + table + suffix + "`")
 		}
 	})
-	expectOutboxEpoch(t, "--dsn", dsn, "--table", table)
+	expectOutboxEpoch(t, dialectMySQL, db, "--dsn", dsn, "--table", table)
 }

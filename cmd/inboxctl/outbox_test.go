@@ -142,13 +142,3 @@ func TestOutboxPrintSQLThenUse(t *testing.T) {
 		t.Fatalf("migrate changed the source id the DDL made: %q, then %q", first, src.Source)
 	}
 }
-
-func stripComments(s string) string {
-	var keep []string
-	for _, line := range strings.Split(s, "\n") {
-		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
-			keep = append(keep, line)
-		}
-	}
-	return strings.Join(keep, "\n")
-}

@@ -155,12 +155,12 @@ func TestPostgresMigrateMaintainStats(t *testing.T) {
 	}
 }
 
-// TestPostgresOutboxEpoch: the outbox's source id and epoch, shown and
-// bumped.
+// TestPostgresOutboxEpoch: the outbox's source id, made by the printed
+// DDL, kept by migrate; the epoch shown and bumped.
 func TestPostgresOutboxEpoch(t *testing.T) {
 	dsn := testservers.PostgresDSN(t)
 	schema := "inboxctl_t_" + conformance.RandomSuffix()
 	db := openGorm(t, dialectPostgres, dsn)
 	t.Cleanup(func() { db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`) })
-	expectOutboxEpoch(t, "--dsn", dsn, "--schema", schema)
+	expectOutboxEpoch(t, dialectPostgres, db, "--dsn", dsn, "--schema", schema)
 }
