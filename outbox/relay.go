@@ -64,8 +64,9 @@ type RelayCounters struct {
 // Relay publishes stored messages to Kafka, at least once and in order per
 // topic and key. Several relays (in one process or many) share the work
 // through leases on shards. Each cycle claims the oldest unpublished rows of
-// the shards it leases, publishes them, and after the broker acknowledged
-// marks them published; a crash in between publishes them again.
+// the shards it leases, publishes them (with the sequence headers, see the
+// package doc), and after the broker acknowledged marks them published; a
+// crash in between publishes them again, with the same headers.
 type Relay struct {
 	o        *Outbox
 	pub      Publisher
