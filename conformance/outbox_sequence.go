@@ -29,10 +29,10 @@ func (env *Env) sequenced() storage.Sequenced { return env.H.Outbox.(storage.Seq
 func (env *Env) sourceOf(ctx context.Context, db *gorm.DB) (string, int64, error) {
 	id, epoch, err := env.sequenced().Source(ctx, db.WithContext(ctx))
 	if err != nil {
-		return "", 0, fmt.Errorf("Source: %w", err)
+		return "", 0, fmt.Errorf("source: %w", err)
 	}
 	if err := storage.ValidSource(id); err != nil {
-		return "", 0, fmt.Errorf("Source: %w", err)
+		return "", 0, fmt.Errorf("source: %w", err)
 	}
 	return id, epoch, nil
 }
@@ -43,7 +43,7 @@ func checkSourceStable(ctx context.Context, env *Env) error {
 	var seen []string
 	err := env.asProcesses(ctx, n, func(db *gorm.DB) error {
 		if err := env.H.Outbox.Migrate(ctx, db.WithContext(ctx)); err != nil {
-			return fmt.Errorf("Migrate: %w", err)
+			return fmt.Errorf("migrate: %w", err)
 		}
 		id, epoch, err := env.sourceOf(ctx, db)
 		if err != nil {
@@ -66,7 +66,7 @@ func checkSourceStable(ctx context.Context, env *Env) error {
 	}
 	for i := range 2 {
 		if err := env.H.Outbox.Migrate(ctx, env.H.DB.WithContext(ctx)); err != nil {
-			return fmt.Errorf("Migrate again: %w", err)
+			return fmt.Errorf("migrate again: %w", err)
 		}
 		id, epoch, err := env.sourceOf(ctx, env.H.DB)
 		if err != nil {
@@ -116,7 +116,7 @@ func checkEpochBump(ctx context.Context, env *Env) error {
 		}
 	}
 	if err := env.H.Outbox.Migrate(ctx, db.WithContext(ctx)); err != nil {
-		return fmt.Errorf("Migrate again: %w", err)
+		return fmt.Errorf("migrate again: %w", err)
 	}
 	if gotID, gotEpoch, err := env.sourceOf(ctx, db); err != nil || gotID != id || gotEpoch != 3 {
 		return fmt.Errorf("after Migrate ran again: source %q epoch %d (err %v), want %q epoch 3", gotID, gotEpoch, err, id)

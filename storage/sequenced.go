@@ -54,8 +54,7 @@ func ValidSource(id string) error {
 		return fmt.Errorf("outbox: source id %q must be 1-%d bytes", truncated(id), MaxSourceBytes)
 	}
 	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':') {
+		if c := id[i]; !sourceByte(c) {
 			return fmt.Errorf("outbox: source id %q may hold only ASCII letters, digits, '-', '_', '.' and ':'", truncated(id))
 		}
 	}
@@ -67,4 +66,9 @@ func truncated(s string) string {
 		return s[:MaxSourceBytes+8] + "..."
 	}
 	return s
+}
+
+// sourceByte reports whether c may appear in a source id.
+func sourceByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':'
 }
