@@ -94,8 +94,18 @@ type generation interface {
 	// commit commits next, the NEXT offset to read (the last finished
 	// offset + 1), as the group's offset of the partition. It is called
 	// only for partitions of this generation's assignments, and only while
-	// fn runs; the caller serialises the calls of one generation.
+	// fn runs; the caller serialises the calls of one generation. The group
+	// coordinator accepts it only from a member of its current generation,
+	// which makes it the consumer's way to ask whether this generation is
+	// still current (see over).
 	commit(topic string, partition int, next int64) error
+	// over reports whether an error of commit says that this generation is
+	// over for this member: the coordinator no longer knows the member (its
+	// session expired) or has moved on to a newer generation, which a
+	// member paused past its session timeout finds out this way before its
+	// heartbeats tell it. Any other error (the coordinator unreachable,
+	// moving, or in the middle of a rebalance) says nothing either way.
+	over(err error) bool
 }
 
 // assignment is one partition of a generation.
