@@ -88,6 +88,15 @@ func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) 
 	if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start, 0) {
 		return false
 	}
+	stop, ok := w.checkLast(ctx, reader, start)
+	if !ok {
+		return false
+	}
+	if stop != nil {
+		w.tracker = newOffsetTracker(start)
+		w.stopPartition(stop, "PARTITION STOPPED: the message before the database's position is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
+		return true
+	}
 	w.floor = start
 	if errors.Is(cause, offsets.ErrTakenOver) && start >= prev {
 		// The group was recreated and the row taken over (position): no

@@ -127,7 +127,11 @@ type partitionReader interface {
 	// An offset past the log end is not an error: fetch waits there, as
 	// for a message not produced yet (the worker's log-end checks catch
 	// that case; see checkLog and pastLogEnd); an offset below the log
-	// start (retention) moves on to the log start.
+	// start (retention) moves on to the log start. The message fetched
+	// carries its key, value, headers and timestamp as the producer (or,
+	// with LogAppendTime, the broker) set them, the same on every fetch:
+	// the worker's check of a recreated topic compares them (see
+	// checkLast).
 	fetch(ctx context.Context) (kafka.Message, error)
 	// close releases the reader; the worker calls it before its final
 	// commit.

@@ -49,8 +49,10 @@ type worker struct {
 	lost         error
 	takenBy      int32
 	lastPosCheck time.Time
-	// stored is the row the position was read from (Next -1: none).
-	stored offsets.Row
+	// stored is the row the position was read from (Next -1: none), and
+	// logStart the log start offset checkLog found.
+	stored   offsets.Row
+	logStart int64
 	// batch is the batch in process, for the fingerprint of the message
 	// before a stored offset (lastOf).
 	batch []*item
@@ -150,6 +152,16 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		reader = nil
 	}
 	defer closeReader()
+	if stop, ok := w.checkLast(ctx, reader, start); !ok {
+		return
+	} else if stop != nil {
+		w.stopPartition(stop, "PARTITION STOPPED: the message before its stored offset is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
+		closeReader()
+		<-ctx.Done()
+		w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
+		w.log.Info("partition released", "cause", context.Cause(ctx))
+		return
+	}
 	if err := reader.seek(start); err != nil {
 		// Only fails on a closed reader; nothing to fetch from.
 		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
