@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -421,50 +422,25 @@ func (c *Config) validate() error {
 }
 
 func (c *Config) setDefaults() {
-	if c.DB == nil && c.Inbox != nil {
-		c.DB = c.Inbox.DB()
-	}
-	if c.Classifier == nil && c.Inbox != nil {
-		c.Classifier = c.Inbox.Store()
+	if c.Inbox != nil {
+		c.DB = cmp.Or(c.DB, c.Inbox.DB())
+		if c.Classifier == nil {
+			c.Classifier = c.Inbox.Store()
+		}
 	}
 	if c.Extract == nil {
 		c.Extract = HeaderExtractor(nil, nil)
 	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.BatchWait == 0 {
-		c.BatchWait = DefaultBatchWait
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.MinBackoff == 0 {
-		c.MinBackoff = DefaultMinBackoff
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = DefaultMaxBackoff
-	}
-	c.MaxBackoff = max(c.MaxBackoff, c.MinBackoff)
-	if c.OffsetsTable == "" {
-		c.OffsetsTable = DefaultOffsetsTable
-	}
-	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
-	}
-	if c.StartOffset == 0 {
-		c.StartOffset = kafka.FirstOffset
-	}
-	if c.MaxWait == 0 {
-		c.MaxWait = DefaultMaxWait
-	}
-	if c.MaintenanceInterval == 0 {
-		c.MaintenanceInterval = DefaultMaintenanceInterval
-	}
-	if c.Dialer == nil {
-		c.Dialer = kafka.DefaultDialer
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.BatchWait = cmp.Or(c.BatchWait, DefaultBatchWait)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.MinBackoff = cmp.Or(c.MinBackoff, DefaultMinBackoff)
+	c.MaxBackoff = max(cmp.Or(c.MaxBackoff, DefaultMaxBackoff), c.MinBackoff)
+	c.OffsetsTable = cmp.Or(c.OffsetsTable, DefaultOffsetsTable)
+	c.CommitInterval = cmp.Or(c.CommitInterval, DefaultCommitInterval)
+	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
+	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
+	c.MaintenanceInterval = cmp.Or(c.MaintenanceInterval, DefaultMaintenanceInterval)
+	c.Dialer = cmp.Or(c.Dialer, kafka.DefaultDialer)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 }

@@ -2,6 +2,10 @@
 // through an [inbox.Inbox], so that each event's effect on the database
 // commits exactly once, whatever Kafka redelivers.
 //
+// This package is for applications: build a [Consumer] from a [Config] and
+// Run it. What differs between databases is behind the adapter the inbox
+// was built with (package storage is that contract).
+//
 // # What it guarantees
 //
 //   - The effect of a message and its inbox row commit in one transaction;

@@ -2,6 +2,9 @@
 // causes them: the transactional outbox, the producer half of the inbox
 // pattern.
 //
+// This package is for applications; the storage contract an adapter
+// implements is storage.OutboxStore.
+//
 // [Outbox.Enqueue] stores messages inside the caller's GORM transaction (a
 // handler's transaction from the inbox, or any transaction of the
 // application): they exist if and only if that transaction commits. A

@@ -1,20 +1,15 @@
 package mysql_test
 
 import (
-	"bufio"
 	"context"
-	"errors"
-	"fmt"
 	"os"
-	"os/exec"
-	"strings"
-	"sync"
 	"testing"
 
 	"gorm.io/gorm"
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/atonce"
 	"github.com/inboxgo/inbox/conformance/testservers"
 )
 
@@ -90,7 +85,7 @@ func TestMigrateAtTheSameInstant(t *testing.T) {
 		for r := range migrateReplicas {
 			calls = append(calls, migrateCalls(t, prefix, pools[3*r:3*r+3])...)
 		}
-		if err := atOnce(calls...); err != nil {
+		if err := atonce.Calls(calls...); err != nil {
 			t.Fatalf("round %d: %d Migrate calls at once on fresh tables: %v", round+1, len(calls), err)
 		}
 	}
@@ -102,7 +97,7 @@ func TestMigrateAtTheSameInstantFromProcesses(t *testing.T) {
 	for round := range migrateRounds {
 		prefix := "race_" + conformance.RandomSuffix()
 		dropMigrated(t, pools[0], prefix)
-		if err := processesAtOnce(t, migrateReplicas, "TestMigrateReplica", migratePrefixVar+"="+prefix); err != nil {
+		if err := atonce.Processes(t, migrateReplicas, "TestMigrateReplica", migratePrefixVar+"="+prefix); err != nil {
 			t.Fatalf("round %d: %d processes migrating fresh tables at once: %v", round+1, migrateReplicas, err)
 		}
 	}
@@ -118,89 +113,8 @@ func TestMigrateReplica(t *testing.T) {
 		t.Skip("only run as a process of TestMigrateAtTheSameInstantFromProcesses")
 	}
 	calls := migrateCalls(t, prefix, openPools(t, 3))
-	awaitStart()
-	if err := atOnce(calls...); err != nil {
+	atonce.Ready()
+	if err := atonce.Calls(calls...); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// atOnce runs fns, each in a goroutine of its own, released together once
-// all have started, and returns their errors.
-func atOnce(fns ...func() error) error {
-	var ready, done sync.WaitGroup
-	start := make(chan struct{})
-	errs := make([]error, len(fns))
-	for i, fn := range fns {
-		ready.Add(1)
-		done.Go(func() {
-			ready.Done()
-			<-start
-			errs[i] = fn()
-		})
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
-	return errors.Join(errs...)
-}
-
-// processesAtOnce runs n processes of this test binary that run only the
-// test child, with env added; each prepares, says so (awaitStart), and all
-// are released together. It returns the output of each that failed.
-func processesAtOnce(t *testing.T, n int, child string, env ...string) error {
-	t.Helper()
-	type proc struct {
-		cmd     *exec.Cmd
-		release *os.File
-		lines   *bufio.Scanner
-		out     strings.Builder
-	}
-	procs := make([]*proc, n)
-	for i := range procs {
-		p := &proc{cmd: exec.CommandContext(t.Context(), os.Args[0], "-test.run", "^"+child+"$", "-test.count=1", "-test.v")}
-		p.cmd.Env = append(os.Environ(), env...)
-		p.cmd.Stderr = &p.out
-		stdout, err := p.cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, w, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.cmd.Stdin, p.release = r, w
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		r.Close()
-		p.lines = bufio.NewScanner(stdout)
-		procs[i] = p
-	}
-	for _, p := range procs {
-		for p.lines.Scan() && p.lines.Text() != startLine {
-			fmt.Fprintln(&p.out, p.lines.Text())
-		}
-	}
-	for _, p := range procs {
-		p.release.Close() // releases it: awaitStart reads EOF
-	}
-	var errs []error
-	for i, p := range procs {
-		for p.lines.Scan() {
-			fmt.Fprintln(&p.out, p.lines.Text())
-		}
-		if err := p.cmd.Wait(); err != nil {
-			errs = append(errs, fmt.Errorf("process %d: %w:\n%s", i+1, err, p.out.String()))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-const startLine = "ready to start"
-
-// awaitStart tells processesAtOnce that this process is ready, and waits
-// until it releases every process together.
-func awaitStart() {
-	fmt.Println(startLine)
-	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 }

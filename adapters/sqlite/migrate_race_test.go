@@ -1,15 +1,9 @@
 package sqlite_test
 
 import (
-	"bufio"
 	"context"
-	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +12,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/conformance/atonce"
 )
 
 // A deployment of several replicas starts at once, and each replica runs
@@ -96,7 +91,7 @@ func TestMigrateAtTheSameInstant(t *testing.T) {
 				for range migrateReplicas {
 					calls = append(calls, migrateCalls(t, open, path)...)
 				}
-				if err := atOnce(calls...); err != nil {
+				if err := atonce.Calls(calls...); err != nil {
 					t.Fatalf("round %d: %d Migrate calls at once on a fresh database: %v", round+1, len(calls), err)
 				}
 			}
@@ -110,7 +105,7 @@ func TestMigrateAtTheSameInstantFromProcesses(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			for round := range migrateRounds {
 				path := filepath.Join(t.TempDir(), "race.db")
-				if err := processesAtOnce(t, migrateReplicas, "TestMigrateReplica", migratePathVar+"="+path, migrateOpenVar+"="+name); err != nil {
+				if err := atonce.Processes(t, migrateReplicas, "TestMigrateReplica", migratePathVar+"="+path, migrateOpenVar+"="+name); err != nil {
 					t.Fatalf("round %d: %d processes migrating a fresh database at once: %v", round+1, migrateReplicas, err)
 				}
 			}
@@ -128,89 +123,8 @@ func TestMigrateReplica(t *testing.T) {
 		t.Skip("only run as a process of TestMigrateAtTheSameInstantFromProcesses")
 	}
 	calls := migrateCalls(t, migrateOpeners[os.Getenv(migrateOpenVar)], path)
-	awaitStart()
-	if err := atOnce(calls...); err != nil {
+	atonce.Ready()
+	if err := atonce.Calls(calls...); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// atOnce runs fns, each in a goroutine of its own, released together once
-// all have started, and returns their errors.
-func atOnce(fns ...func() error) error {
-	var ready, done sync.WaitGroup
-	start := make(chan struct{})
-	errs := make([]error, len(fns))
-	for i, fn := range fns {
-		ready.Add(1)
-		done.Go(func() {
-			ready.Done()
-			<-start
-			errs[i] = fn()
-		})
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
-	return errors.Join(errs...)
-}
-
-// processesAtOnce runs n processes of this test binary that run only the
-// test child, with env added; each prepares, says so (awaitStart), and all
-// are released together. It returns the output of each that failed.
-func processesAtOnce(t *testing.T, n int, child string, env ...string) error {
-	t.Helper()
-	type proc struct {
-		cmd     *exec.Cmd
-		release *os.File
-		lines   *bufio.Scanner
-		out     strings.Builder
-	}
-	procs := make([]*proc, n)
-	for i := range procs {
-		p := &proc{cmd: exec.CommandContext(t.Context(), os.Args[0], "-test.run", "^"+child+"$", "-test.count=1", "-test.v")}
-		p.cmd.Env = append(os.Environ(), env...)
-		p.cmd.Stderr = &p.out
-		stdout, err := p.cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, w, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.cmd.Stdin, p.release = r, w
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		r.Close()
-		p.lines = bufio.NewScanner(stdout)
-		procs[i] = p
-	}
-	for _, p := range procs {
-		for p.lines.Scan() && p.lines.Text() != startLine {
-			fmt.Fprintln(&p.out, p.lines.Text())
-		}
-	}
-	for _, p := range procs {
-		p.release.Close() // releases it: awaitStart reads EOF
-	}
-	var errs []error
-	for i, p := range procs {
-		for p.lines.Scan() {
-			fmt.Fprintln(&p.out, p.lines.Text())
-		}
-		if err := p.cmd.Wait(); err != nil {
-			errs = append(errs, fmt.Errorf("process %d: %w:\n%s", i+1, err, p.out.String()))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-const startLine = "ready to start"
-
-// awaitStart tells processesAtOnce that this process is ready, and waits
-// until it releases every process together.
-func awaitStart() {
-	fmt.Println(startLine)
-	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 }

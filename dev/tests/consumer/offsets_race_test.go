@@ -1,15 +1,10 @@
 package consumer_test
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 
 	"gorm.io/driver/mysql"
@@ -20,6 +15,7 @@ import (
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/atonce"
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/internal/offsets"
 )
@@ -80,7 +76,7 @@ func TestOffsetsMigrateAtTheSameInstant(t *testing.T) {
 					db := openOffsetsPool(t, name, where)
 					calls[i] = func() error { return offsets.Store{Table: table, Group: "g"}.Migrate(context.Background(), db) }
 				}
-				if err := atOnce(calls...); err != nil {
+				if err := atonce.Calls(calls...); err != nil {
 					t.Fatalf("round %d: %d Migrate calls at once without the offsets table: %v", round+1, len(calls), err)
 				}
 			}
@@ -104,7 +100,7 @@ func TestOffsetsMigrateAddsColumnsAtTheSameInstant(t *testing.T) {
 					db := openOffsetsPool(t, name, where)
 					calls[i] = func() error { return offsets.Store{Table: table, Group: "g"}.Migrate(context.Background(), db) }
 				}
-				if err := atOnce(calls...); err != nil {
+				if err := atonce.Calls(calls...); err != nil {
 					t.Fatalf("round %d: %d Migrate calls at once on an old offsets table: %v", round+1, len(calls), err)
 				}
 				row, found, err := offsets.Store{Table: table, Group: "g"}.Read(context.Background(), first, "orders", 0)
@@ -124,7 +120,7 @@ func TestOffsetsMigrateAtTheSameInstantFromProcesses(t *testing.T) {
 			for round := range offsetsRounds {
 				where := filepath.Join(dir, fmt.Sprint(round, ".db"))
 				table := freshOffsetsTable(t, openOffsetsPool(t, name, where))
-				err := processesAtOnce(t, offsetsReplicas, "TestOffsetsMigrateReplica",
+				err := atonce.Processes(t, offsetsReplicas, "TestOffsetsMigrateReplica",
 					offsetsDatabaseVar+"="+name, offsetsWhereVar+"="+where, offsetsTableVar+"="+table)
 				if err != nil {
 					t.Fatalf("round %d: %d processes creating the offsets table at once: %v", round+1, offsetsReplicas, err)
@@ -145,89 +141,8 @@ func TestOffsetsMigrateReplica(t *testing.T) {
 		t.Skip("only run as a process of TestOffsetsMigrateAtTheSameInstantFromProcesses")
 	}
 	db := openOffsetsPool(t, name, os.Getenv(offsetsWhereVar))
-	awaitStart()
+	atonce.Ready()
 	if err := (offsets.Store{Table: os.Getenv(offsetsTableVar), Group: "g"}).Migrate(context.Background(), db); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// atOnce runs fns, each in a goroutine of its own, released together once
-// all have started, and returns their errors.
-func atOnce(fns ...func() error) error {
-	var ready, done sync.WaitGroup
-	start := make(chan struct{})
-	errs := make([]error, len(fns))
-	for i, fn := range fns {
-		ready.Add(1)
-		done.Go(func() {
-			ready.Done()
-			<-start
-			errs[i] = fn()
-		})
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
-	return errors.Join(errs...)
-}
-
-// processesAtOnce runs n processes of this test binary that run only the
-// test child, with env added; each prepares, says so (awaitStart), and all
-// are released together. It returns the output of each that failed.
-func processesAtOnce(t *testing.T, n int, child string, env ...string) error {
-	t.Helper()
-	type proc struct {
-		cmd     *exec.Cmd
-		release *os.File
-		lines   *bufio.Scanner
-		out     strings.Builder
-	}
-	procs := make([]*proc, n)
-	for i := range procs {
-		p := &proc{cmd: exec.CommandContext(t.Context(), os.Args[0], "-test.run", "^"+child+"$", "-test.count=1", "-test.v")}
-		p.cmd.Env = append(os.Environ(), env...)
-		p.cmd.Stderr = &p.out
-		stdout, err := p.cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, w, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.cmd.Stdin, p.release = r, w
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		r.Close()
-		p.lines = bufio.NewScanner(stdout)
-		procs[i] = p
-	}
-	for _, p := range procs {
-		for p.lines.Scan() && p.lines.Text() != startLine {
-			fmt.Fprintln(&p.out, p.lines.Text())
-		}
-	}
-	for _, p := range procs {
-		p.release.Close() // releases it: awaitStart reads EOF
-	}
-	var errs []error
-	for i, p := range procs {
-		for p.lines.Scan() {
-			fmt.Fprintln(&p.out, p.lines.Text())
-		}
-		if err := p.cmd.Wait(); err != nil {
-			errs = append(errs, fmt.Errorf("process %d: %w:\n%s", i+1, err, p.out.String()))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-const startLine = "ready to start"
-
-// awaitStart tells processesAtOnce that this process is ready, and waits
-// until it releases every process together.
-func awaitStart() {
-	fmt.Println(startLine)
-	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 }
