@@ -26,13 +26,14 @@ import (
 	"github.com/inboxgo/inbox/storage"
 )
 
-// secondPool opens s's tables again through a connection pool of its own,
-// as another process would; on the servers its sessions end a transaction
-// left idle for 4 s (PostgreSQL idle_in_transaction_session_timeout,
-// MariaDB idle_write_transaction_timeout): longer than the coordinator
-// takes to drop a frozen member (its 2 s session timeout), so that the new
-// owner meets the open transaction. SQLite has no such setting.
-func secondPool(t *testing.T, name string, s *shop) *shop {
+// memberPool opens s's tables again through a connection pool and an inbox
+// of its own, as another process would, with the inbox logging to log. With
+// idleEnds, its sessions on the servers end a transaction left idle for 4 s
+// (PostgreSQL idle_in_transaction_session_timeout, MariaDB
+// idle_write_transaction_timeout): longer than the coordinator takes to
+// drop a frozen member (its 2 s session timeout), so that the new owner
+// meets the open transaction. SQLite has no such setting.
+func memberPool(t *testing.T, name string, s *shop, log *slog.Logger, idleEnds bool) *shop {
 	t.Helper()
 	var d gorm.Dialector
 	var store storage.InboxStore
@@ -46,10 +47,18 @@ func secondPool(t *testing.T, name string, s *shop) *shop {
 		d = inboxsqlite.Open(file)
 		store, err = inboxsqlite.New(inboxsqlite.Options{})
 	case "postgres":
-		d = postgres.Open(testservers.PostgresDSN(t) + " idle_in_transaction_session_timeout=4000")
+		dsn := testservers.PostgresDSN(t)
+		if idleEnds {
+			dsn += " idle_in_transaction_session_timeout=4000"
+		}
+		d = postgres.Open(dsn)
 		store, err = inboxpg.New(inboxpg.Options{Table: "inbox_e2e" + s.suffix})
 	case "mysql":
-		if d, err = inboxmysql.Open(testservers.MySQLDSN(t) + "&idle_write_transaction_timeout=4"); err != nil {
+		dsn := testservers.MySQLDSN(t)
+		if idleEnds {
+			dsn += "&idle_write_transaction_timeout=4"
+		}
+		if d, err = inboxmysql.Open(dsn); err != nil {
 			t.Fatal(err)
 		}
 		store, err = inboxmysql.New(inboxmysql.Options{Table: "inbox_e2e" + s.suffix})
@@ -66,7 +75,7 @@ func secondPool(t *testing.T, name string, s *shop) *shop {
 			sqlDB.Close()
 		}
 	})
-	ib, err := inbox.New(db, store, inbox.Config{Logger: testLogger(t), RetentionDays: 30})
+	ib, err := inbox.New(db, store, inbox.Config{Logger: log, RetentionDays: 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,8 +114,8 @@ func testMemberFrozenInsideItsTransaction(t *testing.T, name string, s *shop) {
 
 	// The member to be frozen applies orders 0-4, and order 5 up to its
 	// COMMIT, where it stops, its transaction open.
-	zs := secondPool(t, name, s)
 	zev, zrec := newEvents(), newRecorder(t)
+	zs := memberPool(t, name, s, slog.New(zrec), true)
 	zcfg := baseConfig(t, brokers, "orders", "inventory", zs, zev)
 	zcfg.StoreOffsets, zcfg.OffsetsTable = true, table
 	zcfg.SessionTimeout, zcfg.HeartbeatInterval = 2*time.Second, 200*time.Millisecond
@@ -149,7 +158,7 @@ func testMemberFrozenInsideItsTransaction(t *testing.T, name string, s *shop) {
 	})
 
 	oev, orec := newEvents(), newRecorder(t)
-	ocfg := baseConfig(t, brokers, "orders", "inventory", s, oev)
+	ocfg := baseConfig(t, brokers, "orders", "inventory", memberPool(t, name, s, slog.New(orec), false), oev)
 	ocfg.StoreOffsets, ocfg.OffsetsTable = true, table
 	ocfg.Logger = slog.New(orec)
 	o := start(t, ocfg)
@@ -197,6 +206,8 @@ func testMemberFrozenInsideItsTransaction(t *testing.T, name string, s *shop) {
 		t.Errorf("%d repositionings", n)
 	}
 	for _, m := range zrec.errorRecords() {
+		// On the servers, the one transaction whose session the database
+		// ended: the inbox's "message failed", as for any lost connection.
 		t.Logf("the resumed member logged at Error: %s", m)
 	}
 	s.checkExactlyOnce(t, 13, nil)

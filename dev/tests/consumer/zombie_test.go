@@ -135,7 +135,7 @@ func TestZombieMemberCannotMoveTheStoredOffsetBack(t *testing.T) {
 	for name, open := range shopsOnEachDatabase {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			testZombieMember(t, open(t))
+			testZombieMember(t, name, open(t))
 		})
 	}
 }
@@ -148,7 +148,7 @@ var shopsOnEachDatabase = map[string]func(t *testing.T) *shop{
 	"mysql":    newMySQLShop,
 }
 
-func testZombieMember(t *testing.T, s *shop) {
+func testZombieMember(t *testing.T, name string, s *shop) {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"), kfake.GroupMinSessionTimeout(time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -164,8 +164,10 @@ func testZombieMember(t *testing.T, s *shop) {
 	// commit of order 5 its worker stops (AfterDB runs before the message
 	// is marked done: next is still 5), and from then on its heartbeats no
 	// longer reach the coordinator.
+	// Each member logs (the consumer's lines and its inbox's) to a
+	// recorder of its own.
 	zev, zrec := newEvents(), newRecorder(t)
-	zcfg := baseConfig(t, brokers, "orders", "inventory", s, zev)
+	zcfg := baseConfig(t, brokers, "orders", "inventory", memberPool(t, name, s, slog.New(zrec), false), zev)
 	zcfg.StoreOffsets, zcfg.OffsetsTable = true, table
 	zcfg.SessionTimeout, zcfg.HeartbeatInterval = 2*time.Second, 200*time.Millisecond
 	zcfg.Dialer = &kafka.Dialer{ClientID: "zombie", Timeout: 10 * time.Second, DualStack: true}
@@ -204,7 +206,7 @@ func testZombieMember(t *testing.T, s *shop) {
 
 	// Another member takes the partition over and processes orders 6-9.
 	oev, orec := newEvents(), newRecorder(t)
-	ocfg := baseConfig(t, brokers, "orders", "inventory", s, oev)
+	ocfg := baseConfig(t, brokers, "orders", "inventory", memberPool(t, name, s, slog.New(orec), false), oev)
 	ocfg.StoreOffsets, ocfg.OffsetsTable = true, table
 	ocfg.Logger = slog.New(orec)
 	o := startWith(t, ocfg, &testhooks.Knobs{PosCheckInterval: 100 * time.Millisecond})
