@@ -156,7 +156,63 @@ type Config struct {
 	// rolled back, and the message counts an attempt (then OnFailure). Go
 	// code that ignores its context cannot be interrupted: the partition
 	// waits for it to return. Zero means no limit.
+	//
+	// One case is the database's, not the message's: the deadline cut short
+	// a statement the handler sent through tx, and a ping of the database on
+	// another connection gets no answer either (within 5 s, or
+	// DatabaseTimeout if shorter). The handler was then waiting on a
+	// database that does not answer (a link that drops every packet): the
+	// batch is retried as a database failure, without counting an attempt,
+	// and logged at Warn. A handler cannot make that ping fail: it carries
+	// no SQL of the handler's, waits on none of its locks, and a slow query
+	// of the handler's has been cancelled by then; only a server (or the way
+	// to it) that does not answer, or a pool with no connection to give,
+	// fails it, and then no transaction of the consumer could run either.
+	// A handler that times out in its own code, or on anything but tx,
+	// counts an attempt as always.
 	HandlerTimeout time.Duration
+	// DatabaseTimeout bounds each of the consumer's own steps on the
+	// database: BEGIN (with taking or opening a connection), the inbox's
+	// claim, the stored offset's write and read, COMMIT and ROLLBACK. A
+	// step past it is a database failure: rolled back and retried without
+	// limit and without counting an attempt, as a lost connection is (see
+	// inbox.IsDatabaseFailure). A COMMIT given up this way has an unknown
+	// outcome: it may still commit once the database gets it. The retry then
+	// finds the message's inbox row and skips it as a duplicate, so each
+	// effect still commits once (a naturally idempotent handler runs again,
+	// which its effect allows). The handler's own statements are bounded
+	// by HandlerTimeout, not by this.
+	//
+	// Without a bound, a database link that drops every packet (no RST)
+	// holds the statement, and the partition, until the kernel gives up on
+	// the connection, about 15 minutes later. Drivers bound little of it
+	// themselves: see the package documentation ("Database timeouts") for
+	// the DSN settings to add. Choose it above the longest the inbox's own
+	// statements may wait for a lock: during a rebalance a claim waits for
+	// the previous owner's transaction on the same message. Default
+	// DefaultDatabaseTimeout; negative means no bound.
+	DatabaseTimeout time.Duration
+	// MaxProcessingStall bounds how long a partition may wait for the
+	// database to answer its work: from the start of a batch (its handlers
+	// included) until the batch commits or fails for a reason of a
+	// message's own, with every retry of a database failure in between,
+	// and the same for reading and writing the stored offset. A member with a
+	// partition stalled longer leaves the group, so that the other members
+	// take over its partitions, as Kafka's max.poll.interval.ms makes a
+	// consumer that stops polling do; the work in flight is cancelled and
+	// rolled back (redelivered to the new owner, where the inbox absorbs
+	// what had committed). It rejoins as soon as a ping of its database
+	// succeeds. Its partitions move to the other members within
+	// MaxProcessingStall plus SessionTimeout plus the group's rebalance.
+	// Without it, a member whose database link freezes keeps heartbeating
+	// and keeps its partitions for as long as the freeze lasts.
+	//
+	// It must exceed DatabaseTimeout and HandlerTimeout, and should exceed
+	// the longest a batch may take (BatchSize × HandlerTimeout): a member
+	// leaves the group over a slow batch too. Default the larger of
+	// DefaultMaxProcessingStall and 2 × DatabaseTimeout + BatchSize ×
+	// HandlerTimeout; negative turns it off.
+	MaxProcessingStall time.Duration
 	// MinBackoff and MaxBackoff bound the jittered exponential wait between
 	// attempts and between reconnection tries. Defaults 100ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
@@ -225,21 +281,22 @@ type Config struct {
 	//
 	// A member frozen in the middle of a transaction keeps that
 	// transaction open, with its row locks: the new owner waits on them
-	// (claiming the row, or claiming the same inbox rows) until the frozen
-	// member resumes and commits or rolls back, or the database ends it.
-	// Nothing bounds that wait by default. Set PostgreSQL's
-	// idle_in_transaction_session_timeout (ends the frozen session; its
-	// transaction rolls back) and, if the waiter should give up and retry,
-	// lock_timeout; on MariaDB idle_write_transaction_timeout (or
-	// wait_timeout, which closes any idle connection) and
-	// innodb_lock_wait_timeout (50 s by default). A lock timeout (55P03,
-	// 1205) is a transient database failure to the consumer: the waiting
-	// transaction is retried with backoff without counting an attempt
-	// (logged at Warn, at Error from the fifth retry in a row). A frozen
-	// member whose session was ended finds its connection gone when it
-	// resumes, retries, and is then refused as a zombie. On SQLite the
-	// frozen transaction holds the database's only write lock: every
-	// writer waits (busy timeout, then retries) until it ends.
+	// (claiming the same inbox rows, the offsets row, or the rows the
+	// handler changed) until the frozen member resumes and commits or rolls
+	// back, or the database ends the transaction. The owner gives each of
+	// its steps up after DatabaseTimeout and retries it as a database
+	// failure (no attempt counted; a lock timeout, 55P03 or 1205, is the
+	// same), and after MaxProcessingStall of that it leaves the group and
+	// rejoins. Only the database can end the frozen transaction: set
+	// PostgreSQL's idle_in_transaction_session_timeout or MariaDB's
+	// idle_transaction_timeout (or idle_write_transaction_timeout;
+	// wait_timeout closes any idle connection) below MaxProcessingStall and
+	// above HandlerTimeout + DatabaseTimeout (a handler's own work keeps its
+	// transaction idle too). A frozen member whose session was ended finds
+	// its connection gone when it resumes: that transaction fails once
+	// (logged by the inbox at Error, as for any lost connection), and its
+	// retry is refused as a zombie's. On SQLite the frozen transaction holds
+	// the database's only write lock: every writer waits until it ends.
 	//
 	// The stored offsets win over the group's: resetting the group's offsets
 	// in Kafka (to replay, to skip, or after the topic was recreated) has no
@@ -337,6 +394,12 @@ const (
 	DefaultMaxBackoff     = 10 * time.Second
 	DefaultCommitInterval = time.Second
 	DefaultMaxWait        = 500 * time.Millisecond
+	// DefaultDatabaseTimeout bounds each of the consumer's own steps on the
+	// database (see Config.DatabaseTimeout).
+	DefaultDatabaseTimeout = 30 * time.Second
+	// DefaultMaxProcessingStall is the shortest default of
+	// Config.MaxProcessingStall.
+	DefaultMaxProcessingStall = 2 * time.Minute
 )
 
 func (c *Config) validate() error {
@@ -392,6 +455,17 @@ func (c *Config) validate() error {
 	if c.BatchSize < 0 || c.BatchWait < 0 || c.MaxAttempts < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.MaxWait < 0 || c.HandlerTimeout < 0 {
 		bad("negative size, count or duration")
 	}
+	if c.MaxProcessingStall > 0 {
+		dbTimeout := c.DatabaseTimeout
+		if dbTimeout == 0 {
+			dbTimeout = DefaultDatabaseTimeout
+		}
+		if c.MaxProcessingStall <= dbTimeout || c.MaxProcessingStall <= c.HandlerTimeout {
+			// A single slow statement or handler call would make the member
+			// leave the group.
+			bad("MaxProcessingStall (%v) must exceed DatabaseTimeout (%v) and HandlerTimeout (%v)", c.MaxProcessingStall, dbTimeout, c.HandlerTimeout)
+		}
+	}
 	switch c.OnFailure {
 	case StopPartition:
 	case DeadLetter:
@@ -441,6 +515,11 @@ func (c *Config) setDefaults() {
 	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
 	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
 	c.MaintenanceInterval = cmp.Or(c.MaintenanceInterval, DefaultMaintenanceInterval)
+	c.DatabaseTimeout = cmp.Or(c.DatabaseTimeout, DefaultDatabaseTimeout)
+	if c.MaxProcessingStall == 0 {
+		c.MaxProcessingStall = max(DefaultMaxProcessingStall,
+			2*max(c.DatabaseTimeout, 0)+time.Duration(c.BatchSize)*c.HandlerTimeout)
+	}
 	c.Dialer = cmp.Or(c.Dialer, kafka.DefaultDialer)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 }

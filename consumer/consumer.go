@@ -97,6 +97,9 @@ type Consumer struct {
 	cancel  context.CancelCauseFunc
 	done    chan struct{}
 	stopped map[topicPartition]*PartitionStoppedError
+	workers map[*worker]struct{} // the running partition workers, for the stall watchdog
+
+	watchers sync.WaitGroup // the stall watchdogs (Consumer.watch)
 }
 
 // New checks cfg and returns a Consumer. It does not connect to anything;
@@ -125,6 +128,7 @@ func New(cfg Config) (*Consumer, error) {
 		offsets:  offsets.Store{Table: cfg.OffsetsTable, Group: cfg.GroupID},
 		dlq:      cfg.DeadLetterWriter,
 		stopped:  make(map[topicPartition]*PartitionStoppedError),
+		workers:  make(map[*worker]struct{}),
 		done:     make(chan struct{}),
 		hooks:    hooklist.New(cfg.Hooks),
 		contexts: contexts,
@@ -203,12 +207,41 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		}()
 	}
 
+	// member is this membership of the group: the workers run under it, and
+	// the stall watchdog ends it to make this member leave the group.
+	member, leave := c.join(runCtx)
+	defer func() { leave(nil); c.watchers.Wait() }()
 	failures := 0
 	var fatal error
 	for {
-		gen, err := group.next(runCtx)
+		gen, err := group.next(member)
 		if runCtx.Err() != nil {
 			break
+		}
+		if member.Err() != nil {
+			// A partition stalled: the workers' contexts ended with member
+			// (their database work in flight is cancelled and rolled back);
+			// close waits for them, and leaves the group, whose other members
+			// take over the partitions. Out of the group until the database
+			// answers, then back in.
+			c.log.Warn("leaving the consumer group", "cause", context.Cause(member))
+			if cerr := group.close(); cerr != nil {
+				c.log.Warn("closing the consumer group failed", "error", cerr)
+			}
+			group = nil
+			c.watchers.Wait()
+			if !c.awaitDatabase(runCtx) {
+				break
+			}
+			if group, err = c.client.group(); err != nil {
+				// It was accepted before: not expected to happen.
+				fatal = fmt.Errorf("%w: consumer: %w", errInvalidConfig, err)
+				cancel(fatal)
+				break
+			}
+			member, leave = c.join(runCtx)
+			failures = 0
+			continue
 		}
 		if err != nil && group.rejected(err) {
 			c.log.Error("the group rejected this consumer's configuration; stopping", "error", err)
@@ -226,12 +259,14 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 			continue
 		}
 		failures = 0
-		c.startGeneration(runCtx, gen)
+		c.startGeneration(member, gen)
 	}
 	// Close waits for the workers of the current generation (which commit
 	// what they finished) and then leaves the group.
-	if cerr := group.close(); cerr != nil {
-		c.log.Warn("closing the consumer group failed", "error", cerr)
+	if group != nil {
+		if cerr := group.close(); cerr != nil {
+			c.log.Warn("closing the consumer group failed", "error", cerr)
+		}
 	}
 	c.log.Info("consumer stopped", "cause", context.Cause(runCtx))
 
@@ -349,6 +384,16 @@ func (c *Consumer) emit(e hooks.Event) {
 	c.hooks.Emit(e)
 }
 
+// join starts a membership of the group under runCtx, with the stall
+// watchdog (Config.MaxProcessingStall) that ends it.
+func (c *Consumer) join(runCtx context.Context) (context.Context, context.CancelCauseFunc) {
+	member, leave := context.WithCancelCause(runCtx)
+	if c.cfg.MaxProcessingStall > 0 {
+		c.watchers.Go(func() { c.watch(member, leave) })
+	}
+	return member, leave
+}
+
 // startGeneration starts one worker per assigned partition. The generation
 // ends when any of them returns, and the next generation is not handed out
 // before all of them returned (see generation.start).
@@ -366,7 +411,11 @@ func (c *Consumer) startGeneration(runCtx context.Context, gen generation) {
 				assigned:  pa.offset,
 				log:       c.log.With("topic", topic, "partition", pa.partition, "generation", gen.id()),
 			}
-			gen.start(func(genCtx context.Context) { w.run(runCtx, genCtx) })
+			c.addWorker(w)
+			gen.start(func(genCtx context.Context) {
+				defer c.removeWorker(w)
+				w.run(runCtx, genCtx)
+			})
 			n++
 		}
 	}

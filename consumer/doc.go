@@ -31,6 +31,11 @@
 //     an unreachable broker, failed joins, "Rebalance In Progress", a
 //     database that cannot commit. Run returns only when its context ends or
 //     Close is called (or on a configuration kafka-go rejects).
+//   - A member whose database stops answering does not keep its partitions:
+//     the consumer's own steps give up after Config.DatabaseTimeout, and
+//     after Config.MaxProcessingStall the member leaves the group, so that
+//     the others take over, until its database answers again (see
+//     "Database timeouts").
 //
 // # Event ids
 //
@@ -133,10 +138,70 @@
 // and without counting attempts: BEGIN, the inbox's claim or COMMIT failing,
 // or a statement failing with an error the Store classifies as transient (a
 // deadlock, a lock timeout, a lost connection); see inbox.IsDatabaseFailure.
-// After five such retries in a row they are logged at Error. A statement
-// that fails this way also dooms its transaction: the handler's later
-// statements are refused (inbox.ErrTransactionAborted), so a handler that
-// ignores the error cannot commit half an effect.
+// So is a step of the consumer's own that the database did not answer
+// within Config.DatabaseTimeout, and a HandlerTimeout that cut short a
+// statement while the database did not answer a ping either (see
+// "Database timeouts"). After five such retries in a row they are logged
+// at Error. A statement that fails this way also dooms its transaction:
+// the handler's later statements are refused (inbox.ErrTransactionAborted),
+// so a handler that ignores the error cannot commit half an effect.
+//
+// # Database timeouts
+//
+// A database link can fail without a word: a network path, a switch or a
+// firewall that drops every packet sends no RST, so a statement on the way
+// waits until the kernel gives up on the connection, about 15 minutes
+// later, and the member, still heartbeating to Kafka, keeps its partitions
+// all that time. Three settings bound it:
+//
+//   - Config.DatabaseTimeout (default 30 s) bounds each of the consumer's
+//     own steps: BEGIN, the inbox's claim, the stored offset's write and
+//     read, COMMIT and ROLLBACK. A step past it is a database failure,
+//     retried without limit and without counting an attempt. A COMMIT given
+//     up has an unknown outcome (it may commit once the database gets it):
+//     the retry then finds the message's inbox row and skips it as a
+//     duplicate, so the effect commits once. Drivers that ignore the context
+//     in COMMIT or ROLLBACK (go-sql-driver/mysql) keep that connection until
+//     they return (their readTimeout, or the kernel); the pool opens another.
+//   - Config.HandlerTimeout, when a handler's statement was cut short by it,
+//     pings the database on another connection: no answer, and the timeout
+//     is the database's failure (retried, no attempt, a Warn), not the
+//     message's. No handler can make the ping fail: it runs no SQL of the
+//     handler's and waits on none of its locks.
+//   - Config.MaxProcessingStall (default 2 minutes, or what a batch of slow
+//     handlers may take) makes a member whose partition waited that long for
+//     the database leave the group, as Kafka's max.poll.interval.ms does: its
+//     partitions move to the other members within MaxProcessingStall plus
+//     SessionTimeout plus the rebalance, and it rejoins once its database
+//     answers a ping.
+//
+// The driver's own settings bound what these do not (connecting, the idle
+// connections of the pool, the connection a given-up COMMIT keeps), and the
+// server's end the frozen member's session, which otherwise keeps its
+// transaction open and its inbox rows locked: the member that takes over
+// the partition waits for those locks until the server ends the session.
+//
+//   - PostgreSQL through pgx: connect_timeout=5 in the DSN bounds
+//     connecting. pgx has no client-side keepalive or tcp_user_timeout
+//     keyword (libpq's keepalives, keepalives_idle, ... are sent to the
+//     server as settings and refused): set TCP_USER_TIMEOUT, which bounds
+//     how long sent data may stay unacknowledged, on a dialer
+//     (pgx.ConnConfig.DialFunc: a net.Dialer whose Control sets it; see
+//     docs/RELIABILITY.md) and open the pool with stdlib.OpenDB. The
+//     server's settings go in the DSN as they are (pgx sends unknown
+//     keywords to the server): idle_in_transaction_session_timeout
+//     (milliseconds, above HandlerTimeout plus DatabaseTimeout: a handler's
+//     own work keeps the transaction idle) ends a session gone silent
+//     inside a transaction; tcp_user_timeout, tcp_keepalives_idle,
+//     tcp_keepalives_interval and tcp_keepalives_count make the server
+//     notice a dead client.
+//   - MariaDB through go-sql-driver/mysql: timeout=5s (connecting),
+//     readTimeout and writeTimeout (each read and write of a packet; above
+//     the longest statement you run, HandlerTimeout included, or a long
+//     query is cut), and, as a session setting in the DSN,
+//     idle_transaction_timeout (seconds; MariaDB 10.3 and later; MySQL has
+//     none) to end a session gone silent inside a transaction.
+//   - SQLite: nothing to set (a local file: no link to freeze).
 //
 // # Observability
 //

@@ -169,7 +169,14 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	// The consumer owns the retries of what it runs through the inbox (see
 	// the fault model in docs/RELIABILITY.md).
 	opts.CallerRetries = true
+	// BEGIN, the claim, the stored offset's write, COMMIT and ROLLBACK each
+	// within DatabaseTimeout.
+	opts.Bound = w.c.bound()
 	batchCtx := batchopt.With(callCtx, &opts)
+	// The stall clock runs until the batch commits or fails for a reason of
+	// a message's own; database failures retried below do not stop it.
+	w.beginDB()
+	defer w.endDB()
 	for attempt := 1; ; attempt++ {
 		var rs []inbox.Result
 		var err error
@@ -259,17 +266,24 @@ func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
 // processIdempotent runs the handler for one message in its own
 // transaction, without an inbox row, with the consumer's retries.
 func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolution {
+	defer w.endDB()
 	for {
 		it.attempts++
+		w.beginDB()
 		err := w.transact(dbCtx, func(tx *gorm.DB) error {
 			if err := w.callAny(w.messageContext(dbCtx, it), tx, it.msg); err != nil {
 				return err
 			}
 			if w.c.cfg.StoreOffsets {
-				return w.c.offsets.Advance(dbCtx, tx, w.topic, w.partition, w.floor, w.write(it.msg.Offset+1, fingerprint(&it.msg.Message)))
+				return w.storeInTx(dbCtx, func(ctx context.Context) error {
+					return w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(it.msg.Offset+1, fingerprint(&it.msg.Message)))
+				})
 			}
 			return nil
 		})
+		if err != nil && !w.infrastructure(err) {
+			w.endDB() // the database answered; the message failed
+		}
 		if errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver) {
 			w.lost = err
 			return abandoned
@@ -312,6 +326,8 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 	}
 	lastMsg := &items[len(items)-1].msg.Message
 	next := lastMsg.Offset + 1
+	w.beginDB()
+	defer w.endDB()
 	for attempt := 1; ; attempt++ {
 		err := w.transact(dbCtx, func(tx *gorm.DB) error {
 			if err := w.withTimeout(w.messageContext(dbCtx, items[0]), tx, func(ctx context.Context, tx *gorm.DB) error {
@@ -320,7 +336,9 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 				return err
 			}
 			if w.c.cfg.StoreOffsets {
-				return w.c.offsets.Advance(dbCtx, tx, w.topic, w.partition, w.floor, w.write(next, fingerprint(lastMsg)))
+				return w.storeInTx(dbCtx, func(ctx context.Context) error {
+					return w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(next, fingerprint(lastMsg)))
+				})
 			}
 			return nil
 		})
@@ -361,7 +379,7 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 // returned as an *inbox.PanicError, a COMMIT the database refused as an
 // *inbox.CommitError.
 func (w *worker) transact(ctx context.Context, fn func(tx *gorm.DB) error) error {
-	err := txn.Transact(ctx, w.c.db(), w.c.classifier(), nil, func(tx *gorm.DB) (err error) {
+	err := txn.Transact(ctx, w.c.db(), w.c.classifier(), nil, w.c.bound(), func(tx *gorm.DB) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				err = &inbox.PanicError{Value: r, Stack: debug.Stack()}
@@ -371,6 +389,21 @@ func (w *worker) transact(ctx context.Context, fn func(tx *gorm.DB) error) error
 	})
 	if r, ok := err.(*txn.CommitRefused); ok {
 		return &inbox.CommitError{Err: r.Err}
+	}
+	return err
+}
+
+// storeInTx runs write, the stored offset's write in a transaction of
+// worker.transact, within DatabaseTimeout: past it, it is a database
+// failure. Its other errors are returned as they are: after a handler that
+// ignored a failed statement (on PostgreSQL the transaction is then
+// aborted) the write fails for the handler's doing.
+func (w *worker) storeInTx(ctx context.Context, write func(ctx context.Context) error) error {
+	sctx, bounded, cancel := txn.WithBound(ctx, "the stored offset's write", w.c.bound())
+	err := bounded(write(sctx))
+	cancel()
+	if te := (*txn.TimeoutError)(nil); errors.As(err, &te) {
+		return txn.DatabaseFailure("store offset", err)
 	}
 	return err
 }
@@ -407,7 +440,9 @@ func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) erro
 
 // withTimeout runs fn under Config.HandlerTimeout: its context and
 // transaction handle carry the deadline, and an overrun is the handler's
-// failure (ErrHandlerTimeout), whatever fn returned.
+// failure (ErrHandlerTimeout), whatever fn returned, unless the handler
+// timed out on a database that does not answer (see
+// worker.handlerTimedOutOnDatabase): then it is a database failure.
 func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx context.Context, tx *gorm.DB) error) (err error) {
 	timeout := w.c.cfg.HandlerTimeout
 	if timeout <= 0 {
@@ -422,6 +457,10 @@ func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx conte
 				err = fmt.Errorf("%w: handler did not finish within %v", ErrHandlerTimeout, timeout)
 			} else {
 				err = fmt.Errorf("%w: handler did not finish within %v: %w", ErrHandlerTimeout, timeout, err)
+			}
+			// Timed out on a database that does not answer: its failure.
+			if derr := w.handlerTimedOutOnDatabase(outer, tx, err); derr != nil {
+				err = derr
 			}
 		}
 	}()

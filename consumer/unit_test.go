@@ -207,6 +207,13 @@ func TestConfigValidation(t *testing.T) {
 			c.Inbox, c.DB, c.NaturallyIdempotent = nil, &gorm.DB{}, true
 		},
 		"topic listed twice": func(c *Config) { c.Topics = []string{"t", "u", "t"} },
+		"stall bound below the database timeout": func(c *Config) {
+			c.DatabaseTimeout, c.MaxProcessingStall = time.Minute, 30*time.Second
+		},
+		"stall bound below the default database timeout": func(c *Config) { c.MaxProcessingStall = 10 * time.Second },
+		"stall bound below the handler timeout": func(c *Config) {
+			c.HandlerTimeout, c.MaxProcessingStall = 5*time.Minute, 4*time.Minute
+		},
 		"dlq writer has a topic": func(c *Config) {
 			c.OnFailure, c.DeadLetterTopic = DeadLetter, "t.dlq"
 			c.DeadLetterWriter = &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9092"), Topic: "t.dlq"}
@@ -221,5 +228,70 @@ func TestConfigValidation(t *testing.T) {
 		} else if !strings.Contains(err.Error(), "consumer:") && name != "bad offsets table" {
 			t.Errorf("%s: unclear error %v", name, err)
 		}
+	}
+}
+
+// The database's bounds: DatabaseTimeout defaults to 30 s; the stall bound
+// defaults to 2 minutes, or to what a batch of slow handlers may take; a
+// negative value turns either off.
+func TestDatabaseBoundsDefaults(t *testing.T) {
+	ib := &inbox.Inbox{}
+	base := Config{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topics: []string{"t"}, Inbox: ib, Consumer: "c",
+		Handler: func(context.Context, *gorm.DB, Message) error { return nil }}
+	for _, tc := range []struct {
+		name             string
+		mutate           func(*Config)
+		dbTimeout, stall time.Duration
+		bound            bool
+	}{
+		{"defaults", func(*Config) {}, DefaultDatabaseTimeout, DefaultMaxProcessingStall, true},
+		{"slow batches", func(c *Config) { c.BatchSize, c.HandlerTimeout = 10, 30*time.Second }, DefaultDatabaseTimeout, 6 * time.Minute, true},
+		{"explicit", func(c *Config) { c.DatabaseTimeout, c.MaxProcessingStall = 2*time.Second, 8*time.Second }, 2 * time.Second, 8 * time.Second, true},
+		{"off", func(c *Config) { c.DatabaseTimeout, c.MaxProcessingStall = -1, -1 }, -1, -1, false},
+	} {
+		cfg := base
+		tc.mutate(&cfg)
+		c, err := New(cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if c.cfg.DatabaseTimeout != tc.dbTimeout || c.cfg.MaxProcessingStall != tc.stall {
+			t.Errorf("%s: DatabaseTimeout %v, MaxProcessingStall %v; want %v, %v", tc.name, c.cfg.DatabaseTimeout, c.cfg.MaxProcessingStall, tc.dbTimeout, tc.stall)
+		}
+		if got := c.bound() > 0; got != tc.bound {
+			t.Errorf("%s: bounded %v, want %v", tc.name, got, tc.bound)
+		}
+	}
+}
+
+// The watchdog picks the worker that waited longest for the database, only
+// once it waited longer than the bound; a worker whose database answered
+// is not stalled.
+func TestStalledWorker(t *testing.T) {
+	c := &Consumer{workers: map[*worker]struct{}{}}
+	idle, slow, stuck := &worker{partition: 0}, &worker{partition: 1}, &worker{partition: 2}
+	for _, w := range []*worker{idle, slow, stuck} {
+		c.addWorker(w)
+	}
+	now := time.Now()
+	slow.waitingSince.Store(now.Add(-2 * time.Second).UnixNano())
+	stuck.waitingSince.Store(now.Add(-time.Minute).UnixNano())
+	if w, _ := c.stalled(2 * time.Minute); w != nil {
+		t.Fatalf("partition %d reported stalled below the bound", w.partition)
+	}
+	if w, d := c.stalled(30 * time.Second); w != stuck || d < time.Minute {
+		t.Fatalf("stalled() = %v, %v; want partition 2 after a minute", w, d)
+	}
+	stuck.endDB()
+	if w, _ := c.stalled(time.Second); w != slow {
+		t.Fatalf("stalled() = %v, want partition 1", w)
+	}
+	slow.beginDB() // already waiting: the clock keeps its start
+	if d := slow.stalledFor(time.Now()); d < 2*time.Second {
+		t.Fatalf("beginDB restarted a running clock: %v", d)
+	}
+	c.removeWorker(slow)
+	if w, _ := c.stalled(time.Second); w != nil {
+		t.Fatalf("a removed worker is still watched: %d", w.partition)
 	}
 }

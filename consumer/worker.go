@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -19,6 +20,7 @@ import (
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/testhooks"
+	"github.com/inboxgo/inbox/internal/txn"
 )
 
 // worker consumes one assigned partition for one generation.
@@ -56,6 +58,11 @@ type worker struct {
 	// batch is the batch in process, for the fingerprint of the message
 	// before a stored offset (lastOf).
 	batch []*item
+
+	// waitingSince (UnixNano; 0: not waiting) is when the worker began
+	// waiting for the database to answer its work: the watchdog's view of
+	// it (see Consumer.watch).
+	waitingSince atomic.Int64
 }
 
 // genID is the group generation this worker belongs to, which it writes
@@ -87,8 +94,10 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	defer cancel(nil)
 	stopAfter := context.AfterFunc(genCtx, func() { cancel(context.Cause(genCtx)) })
 	defer stopAfter()
-	// Database work in flight finishes when the generation ends (a rebalance)
-	// and is rolled back when Run ends.
+	// Database work in flight finishes when the generation ends (a
+	// rebalance), each step of the consumer's own within DatabaseTimeout,
+	// and is rolled back when Run ends, or when this member leaves the
+	// group over a stalled partition (runCtx is the membership's).
 	dbCtx := runCtx
 
 	w.lastCommitted = -1
@@ -180,7 +189,9 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 				return
 			}
 		} else if w.c.cfg.StoreOffsets && time.Since(w.lastPosCheck) >= w.posCheckInterval() {
-			w.checkPosition(ctx, dbCtx)
+			pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
+			w.checkPosition(ctx, pctx)
+			cancel()
 		}
 		if w.lost != nil && !halted && ctx.Err() == nil {
 			halted = w.reposition(ctx, dbCtx, reader)
@@ -280,13 +291,20 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 // row, offset and generation alike; the offset checks (Advance) deal with
 // that.
 func (w *worker) claim(ctx, dbCtx context.Context) (row offsets.Row, found, ok bool) {
+	w.beginDB()
+	defer w.endDB()
 	for attempt := 1; ; attempt++ {
-		row, found, err := w.c.offsets.Claim(dbCtx, w.c.db(), w.topic, w.partition, w.genID())
+		cctx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
+		row, found, err := w.c.offsets.Claim(cctx, w.c.db(), w.topic, w.partition, w.genID())
+		cancel()
+		err = bounded(err)
 		if err == nil && (!found || row.Generation <= w.genID()) {
 			return row, found, true
 		}
 		if err == nil {
+			w.endDB() // the group coordinator is asked, not the database
 			current, ok := w.generationCurrent(ctx, row.Next)
+			w.beginDB()
 			if !ok {
 				return row, found, false
 			}
@@ -296,7 +314,10 @@ func (w *worker) claim(ctx, dbCtx context.Context) (row offsets.Row, found, ok b
 					"member_generation", w.genID(), "owner_generation", row.Generation, "stored", row.Next)
 				return row, found, false
 			}
-			adopted, aerr := w.c.offsets.Adopt(dbCtx, w.c.db(), w.topic, w.partition, row.Generation, w.genID())
+			actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
+			adopted, aerr := w.c.offsets.Adopt(actx, w.c.db(), w.topic, w.partition, row.Generation, w.genID())
+			cancel()
+			aerr = bounded(aerr)
 			if aerr == nil && adopted {
 				w.log.Info("the stored offset names a newer generation than this member's, which the group coordinator confirms as current: the group was recreated (its generation ids started again); the row is taken over",
 					"member_generation", w.genID(), "row_generation", row.Generation, "stored", row.Next)
@@ -360,9 +381,13 @@ func (w *worker) generationCurrent(ctx context.Context, stored int64) (current, 
 // position at or below them instead of falling back to the group's, which
 // may be past them. And it stores the offset after a dead letter.
 func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next, last int64) bool {
+	w.beginDB()
+	defer w.endDB()
 	for attempt := 1; ; attempt++ {
-		err := w.c.db().WithContext(dbCtx).Transaction(func(tx *gorm.DB) error {
-			return w.c.offsets.Advance(dbCtx, tx, w.topic, w.partition, floor, w.write(next, last))
+		err := txn.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, w.c.bound(), func(tx *gorm.DB) error {
+			actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
+			defer cancel()
+			return bounded(w.c.offsets.Advance(actx, tx, w.topic, w.partition, floor, w.write(next, last)))
 		})
 		if err == nil {
 			w.floor = max(w.floor, next)

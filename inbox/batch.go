@@ -165,7 +165,7 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error
 		if ends != nil {
 			end = ends[i]
 		}
-		ib.record(b.ctxOf(ctx, i), msgs[i], r.Outcome, r.Err, start, end, !b.opts.CallerReportsOutcomes)
+		ib.recordFor(b.ctxOf(ctx, i), msgs[i], r.Outcome, r.Err, start, end, !b.opts.CallerReportsOutcomes, b.opts.CallerRetries)
 	}
 	return results, batchErr
 }
@@ -251,7 +251,7 @@ func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow
 	outcomes := *outcomesP
 	// The claim covers the whole group: it is traced under the first
 	// message's context, the transaction runs under the call's.
-	return ib.claimTxAt(ctx, b.ctxOf(ctx, group[0]), rows, func(tx *gorm.DB, inserted []bool) error {
+	return ib.claimTxAt(ctx, b.ctxOf(ctx, group[0]), b.opts.Bound, rows, func(tx *gorm.DB, inserted []bool) error {
 		if b.bh != nil {
 			var fresh []Message
 			first := -1
@@ -298,8 +298,19 @@ func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow
 			}
 		}
 		if b.opts.BeforeCommit != nil {
-			if err := b.opts.BeforeCommit(ctx, tx, b.view(outcomes)); err != nil {
-				return txn.DatabaseFailure("before-commit", err)
+			// A handler that ignored a failed statement may have left the
+			// transaction unusable (PostgreSQL aborts it: 25P02), so that the
+			// writes before COMMIT fail too: that is the handler's doing, not
+			// the database's, and must not be retried as an outage.
+			ignored := txn.StatementsOf(tx).FirstFailure()
+			bctx, bounded, cancel := txn.WithBound(ctx, "the writes before COMMIT", b.opts.Bound)
+			err := b.opts.BeforeCommit(bctx, tx, b.view(outcomes))
+			cancel()
+			if err != nil && ignored != nil {
+				return &unclearBlame{err: fmt.Errorf("the writes before COMMIT failed after a handler ignored a failed statement (%w): %w", ignored, err)}
+			}
+			if err != nil {
+				return txn.DatabaseFailure("before-commit", bounded(err))
 			}
 		}
 		return nil

@@ -424,11 +424,13 @@ func (ib *Inbox) handleClaimed(ctx context.Context, tx *gorm.DB, msg Message, h 
 // two go together; its context reaches the storage.InboxStore's claim, not the
 // transaction, whose statements belong to the message.
 func (ib *Inbox) claimTx(ctx context.Context, rows []storage.InboxRow, fn func(tx *gorm.DB, inserted []bool) error) error {
-	return ib.claimTxAt(ctx, ctx, rows, fn)
+	return ib.claimTxAt(ctx, ctx, 0, rows, fn)
 }
 
-// claimTxAt is claimTx with the claim traced under traceCtx.
-func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []storage.InboxRow, fn func(tx *gorm.DB, inserted []bool) error) error {
+// claimTxAt is claimTx with the claim traced under traceCtx, and, if bound
+// is positive, BEGIN, the claim, COMMIT and ROLLBACK each bounded by it
+// (see txn.TimeoutError).
+func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, bound time.Duration, rows []storage.InboxRow, fn func(tx *gorm.DB, inserted []bool) error) error {
 	var inserted []bool
 	cctx, ct := ctx, (*claimTrace)(nil)
 	if ib.hooks.HasClaimTracers() {
@@ -442,9 +444,11 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []storage.InboxRo
 	// txn.RunFrom): the transaction's own context.
 	open := func(tctx context.Context) (*gorm.DB, func(), error) {
 		if cb, ok := ib.store.(storage.ClaimBeginner); ok {
-			tx, ins, ok, err := cb.BeginClaim(cctx, ib.db.WithContext(tctx), ib.cfg.TxOptions, rows)
+			bctx, bounded, cancel := txn.WithBound(cctx, "BEGIN and the claim", bound)
+			tx, ins, ok, err := cb.BeginClaim(bctx, ib.db.WithContext(tctx), ib.cfg.TxOptions, rows)
+			cancel()
 			if err != nil {
-				err = txn.DatabaseFailure("begin and claim", err)
+				err = txn.DatabaseFailure("begin and claim", bounded(err))
 				ct.done(nil, err)
 				return nil, nil, err
 			}
@@ -460,16 +464,16 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, rows []storage.InboxRo
 				return tx, nil, nil
 			}
 		}
-		tx, release, err := txn.Begin(tctx, ib.db, ib.cfg.TxOptions)
+		tx, release, err := txn.Begin(tctx, ib.db, ib.cfg.TxOptions, bound)
 		if err != nil {
 			ct.done(nil, err)
 		}
 		return tx, release, err
 	}
-	return fromTxn(txn.RunFrom(ctx, open, ib.store, func(tx *gorm.DB) error {
+	return fromTxn(txn.RunFrom(ctx, bound, open, ib.store, func(tx *gorm.DB) error {
 		if inserted == nil {
 			var err error
-			inserted, err = ib.claim(cctx, tx, rows)
+			inserted, err = ib.claimWithin(cctx, tx, rows, bound)
 			ct.done(inserted, err)
 			if err != nil {
 				return err
@@ -502,9 +506,16 @@ var errClaimNotRun = errors.New("inbox: the claim did not run")
 var errStoreContract = errors.New("inbox: store broke the Claim contract")
 
 func (ib *Inbox) claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
-	inserted, err := ib.store.Claim(ctx, tx, rows)
+	return ib.claimWithin(ctx, tx, rows, 0)
+}
+
+// claimWithin is claim bounded by bound, if positive.
+func (ib *Inbox) claimWithin(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow, bound time.Duration) ([]bool, error) {
+	cctx, bounded, cancel := txn.WithBound(ctx, "the claim", bound)
+	inserted, err := ib.store.Claim(cctx, tx, rows)
+	cancel()
 	if err != nil {
-		return nil, txn.DatabaseFailure("claim", err)
+		return nil, txn.DatabaseFailure("claim", bounded(err))
 	}
 	if len(inserted) != len(rows) {
 		return nil, txn.DatabaseFailure("claim", fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(inserted), len(rows)))

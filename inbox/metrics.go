@@ -34,6 +34,14 @@ func (ib *Inbox) Counters() Counters {
 // record reports msg's outcome to the counters, the log, the EventHooks
 // (unless report is false) and, last, end, the MessageTracers' end.
 func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error, start time.Time, end func(Outcome, error), report bool) {
+	ib.recordFor(ctx, msg, out, err, start, end, report, false)
+}
+
+// recordFor is record for a call whose caller retries what failed
+// (batchopt.Options.CallerRetries) if callerRetries: a database failure
+// is then logged at Warn, since the caller runs the message again without
+// counting an attempt.
+func (ib *Inbox) recordFor(ctx context.Context, msg Message, out Outcome, err error, start time.Time, end func(Outcome, error), report, callerRetries bool) {
 	switch out {
 	case Processed:
 		ib.counters.processed.Add(1)
@@ -46,8 +54,11 @@ func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error
 		// A cancelled context (a shutdown, a rebalance) rolls back every
 		// message in flight: expected, and no reason for an alarm.
 		level := slog.LevelError
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			level = slog.LevelInfo
+		case callerRetries && IsDatabaseFailure(err):
+			level = slog.LevelWarn
 		}
 		ib.log.LogAttrs(ctx, level, "message failed; nothing of it was committed",
 			slog.String("consumer", msg.Consumer), slog.String("event_id", msg.ID), slog.Any("error", err))

@@ -527,7 +527,7 @@ func BenchmarkTrackingPerStatement(b *testing.B) {
 					}
 				}
 				start := time.Now()
-				err := txn.Transact(b.Context(), be.DB, noTransient{}, nil, func(tx *gorm.DB) error {
+				err := txn.Transact(b.Context(), be.DB, noTransient{}, nil, 0, func(tx *gorm.DB) error {
 					var one int
 					for range statements {
 						if err := tx.Raw("SELECT 1").Row().Scan(&one); err != nil {

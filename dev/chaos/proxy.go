@@ -3,9 +3,9 @@ package chaos
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,13 +14,29 @@ import (
 // service reaches the primary of a MariaDB pair: go-sql-driver/mysql has
 // no multi-host DSN. switchTo points new connections at another server
 // and cuts the ones to the old, as a VIP moving does.
+//
+// freeze makes it a blackhole: nothing is forwarded in either direction,
+// and no connection is closed (no RST, no FIN reaches either side), as when
+// a network path drops every packet; new connections are accepted but get
+// nowhere. heal forwards again what was held (TCP retransmits it once the
+// path is back), and cut closes every connection instead, without
+// forwarding what was held.
 type proxy struct {
 	ln net.Listener
 
 	mu     sync.Mutex
 	target string
-	conns  map[net.Conn]struct{}
+	conns  map[net.Conn]*link
+	frozen bool
+	thaw   chan struct{} // closed by heal and cut
 	wg     sync.WaitGroup
+}
+
+// link is one forwarded connection: c from the client, s to the server
+// (nil until dialled).
+type link struct {
+	c, s net.Conn
+	dead atomic.Bool // cut: drop whatever is held
 }
 
 // newProxy listens on a free loopback port and forwards to target.
@@ -29,7 +45,7 @@ func newProxy(target string) (*proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &proxy{ln: ln, target: target, conns: map[net.Conn]*link{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -48,25 +64,44 @@ func (p *proxy) accept() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		l := &link{c: c}
 		p.mu.Lock()
-		target := p.target
-		p.conns[c] = struct{}{}
+		p.conns[c] = l
 		p.mu.Unlock()
 		p.wg.Add(1)
-		go p.forward(c, target)
+		go p.forward(l)
 	}
 }
 
-// forward copies between c and a new connection to target until either
-// side ends or switchTo cuts c.
-func (p *proxy) forward(c net.Conn, target string) {
+// gate waits while the proxy is frozen.
+func (p *proxy) gate() {
+	p.mu.Lock()
+	for p.frozen {
+		ch := p.thaw
+		p.mu.Unlock()
+		<-ch
+		p.mu.Lock()
+	}
+	p.mu.Unlock()
+}
+
+// forward copies between l.c and a new connection to the target until
+// either side ends or switchTo or cut closes it.
+func (p *proxy) forward(l *link) {
 	defer p.wg.Done()
 	defer func() {
 		p.mu.Lock()
-		delete(p.conns, c)
+		delete(p.conns, l.c)
 		p.mu.Unlock()
-		c.Close()
+		l.c.Close()
 	}()
+	p.gate() // a frozen path does not reach the server
+	if l.dead.Load() {
+		return
+	}
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	s, err := (&net.Dialer{}).DialContext(ctx, "tcp", target)
 	cancel()
@@ -74,10 +109,38 @@ func (p *proxy) forward(c net.Conn, target string) {
 		return // the client sees the connection closed: refused, as by the server
 	}
 	defer s.Close()
+	p.mu.Lock()
+	l.s = s
+	dead := l.dead.Load()
+	p.mu.Unlock()
+	if dead {
+		return
+	}
 	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(s, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, s); done <- struct{}{} }()
+	go func() { p.pipe(l, s, l.c); done <- struct{}{} }()
+	go func() { p.pipe(l, l.c, s); done <- struct{}{} }()
 	<-done
+}
+
+// pipe copies from src to dst. What it reads while the proxy is frozen,
+// and the end of src, are held until heal (and dropped by cut).
+func (p *proxy) pipe(l *link, dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		p.gate()
+		if l.dead.Load() {
+			return
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // switchTo sends new connections to target and closes every current one.
@@ -90,9 +153,76 @@ func (p *proxy) switchTo(target string) {
 	}
 }
 
+// freeze stops forwarding (see proxy).
+func (p *proxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.frozen {
+		p.frozen, p.thaw = true, make(chan struct{})
+	}
+}
+
+// heal forwards again, starting with what was held.
+func (p *proxy) heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen {
+		p.frozen = false
+		close(p.thaw)
+	}
+}
+
+// cut closes every connection on both sides, dropping what was held, and
+// forwards new connections again.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	for _, l := range p.conns {
+		l.dead.Store(true)
+		l.c.Close()
+		if l.s != nil {
+			l.s.Close()
+		}
+	}
+	p.mu.Unlock()
+	p.heal()
+}
+
 // close stops the proxy and every forwarded connection.
 func (p *proxy) close() {
 	p.ln.Close()
-	p.switchTo("")
+	p.cut()
 	p.wg.Wait()
 }
+
+// Proxy is a TCP forwarder on loopback that tests put between a client and
+// its server to take the path away: Freeze drops everything (a blackhole:
+// no RST, no FIN, as a network partition or a dead switch does), Heal
+// brings it back, Cut closes every connection.
+type Proxy struct{ p *proxy }
+
+// NewProxy listens on a free loopback port and forwards to target
+// (host:port).
+func NewProxy(target string) (*Proxy, error) {
+	p, err := newProxy(target)
+	if err != nil {
+		return nil, err
+	}
+	return &Proxy{p: p}, nil
+}
+
+// Addr is the proxy's address (host:port), to give the client.
+func (p *Proxy) Addr() string { return p.p.addr() }
+
+// Freeze stops forwarding in both directions without closing anything; new
+// connections are accepted but reach nothing.
+func (p *Proxy) Freeze() { p.p.freeze() }
+
+// Heal forwards again, first what was held while frozen.
+func (p *Proxy) Heal() { p.p.heal() }
+
+// Cut closes every connection on both sides without forwarding what was
+// held, and forwards new connections again.
+func (p *Proxy) Cut() { p.p.cut() }
+
+// Close stops the proxy and every connection through it.
+func (p *Proxy) Close() { p.p.close() }

@@ -11,6 +11,7 @@ package batchopt
 
 import (
 	"context"
+	"time"
 
 	"gorm.io/gorm"
 )
@@ -48,6 +49,12 @@ type Options[O any] struct {
 	// instead of being run again under inbox.Config.MaxAttempts; a handler
 	// error marked with inbox.Retryable is returned as any other.
 	CallerRetries bool
+	// Bound, if positive, bounds each of the call's own steps on the
+	// database: BEGIN, the claim (with BEGIN when the store pipelines
+	// them), BeforeCommit, COMMIT and ROLLBACK (consumer.Config.DatabaseTimeout).
+	// A step past it fails as a database failure wrapping a
+	// txn.TimeoutError; the handlers are not bounded by it.
+	Bound time.Duration
 }
 
 type key[O any] struct{}

@@ -33,6 +33,14 @@ import (
 //     transaction, so whatever the handler returned (even nil) the
 //     transaction is rolled back and run again.
 //
+//   - a step of the transaction's own (BEGIN, the claim, COMMIT, ROLLBACK;
+//     the consumer's stored-offset write) did not end within the bound
+//     its caller set (consumer.Config.DatabaseTimeout): a *TimeoutError.
+//     A COMMIT given up this way has an unknown outcome: it may still
+//     commit once the database gets it. That is the case of a COMMIT that
+//     failed transiently: the transaction is run again, and its inbox row,
+//     if it committed, makes the run a duplicate.
+//
 // Everything else is the message's failure and counts as an attempt: the
 // handler's own errors, also a net.Error from an HTTP call, io.EOF from a
 // decoder, a context deadline of its own, even when marked with
@@ -78,6 +86,79 @@ func DatabaseFailure(op string, err error) error {
 func IsDatabaseFailure(err error) bool {
 	var f *Failure
 	return errors.As(err, &f)
+}
+
+// TimeoutError is a step of a transaction (BEGIN, the claim, COMMIT,
+// ROLLBACK, a stored-offset write) that did not end within its bound: the
+// database did not answer (a link that drops every packet, a server that
+// hangs). It wraps context.DeadlineExceeded and, if the step returned one
+// by then, the driver's error. A *Failure carries it: it is never a
+// message's failure.
+type TimeoutError struct {
+	Step  string
+	Bound time.Duration
+	Err   error // what the step returned once it was given up; nil if it had not returned
+}
+
+func (e *TimeoutError) Error() string {
+	s := fmt.Sprintf("the database did not answer %s within %v", e.Step, e.Bound)
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap returns context.DeadlineExceeded and the step's error, if any.
+func (e *TimeoutError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{context.DeadlineExceeded}
+	}
+	return []error{context.DeadlineExceeded, e.Err}
+}
+
+// errBound is the cause of a context ended by a step's bound.
+var errBound = errors.New("inbox: a step's bound passed")
+
+// WithBound returns ctx with a deadline bound from now, for one step of a
+// transaction (see [TimeoutError]), and a function that returns the step's
+// error as the database's: err itself if the bound did not pass, else a
+// *TimeoutError for step wrapping err. A bound of zero or less leaves ctx
+// as it is.
+func WithBound(ctx context.Context, step string, bound time.Duration) (context.Context, func(err error) error, context.CancelFunc) {
+	if bound <= 0 {
+		return ctx, func(err error) error { return err }, func() {}
+	}
+	bctx, cancel := context.WithTimeoutCause(ctx, bound, errBound)
+	return bctx, func(err error) error {
+		if err != nil && errors.Is(context.Cause(bctx), errBound) {
+			return &TimeoutError{Step: step, Bound: bound, Err: err}
+		}
+		return err
+	}, cancel
+}
+
+// within runs fn, giving up on it after bound (if positive): it then
+// returns a *TimeoutError for step while fn goes on in a goroutine of its
+// own until the driver returns. It is for the steps a driver may run
+// without a context (go-sql-driver/mysql's COMMIT and ROLLBACK, and
+// COMMIT in the PostgreSQL store's pipelined transactions), which a link
+// that drops every packet holds until the kernel gives up on the
+// connection (about 15 minutes): the connection stays with fn meanwhile,
+// and the pool opens another.
+func within(bound time.Duration, step string, fn func() error) error {
+	if bound <= 0 {
+		return fn()
+	}
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return &TimeoutError{Step: step, Bound: bound}
+	}
 }
 
 // CommitRefused reports that COMMIT refused a transaction for a reason the
@@ -319,14 +400,46 @@ func afterStatement(db *gorm.DB) {
 // writer without a busy timeout, fails with SQLITE_BUSY). So the transaction
 // is begun under detach(ctx), which ctx's end does not cancel, and
 // RunFrom ends it itself before it returns.
-func Begin(ctx context.Context, db *gorm.DB, opts *sql.TxOptions) (*gorm.DB, func(), error) {
+//
+// A positive bound bounds BEGIN (taking a connection from the pool,
+// dialling one, BEGIN itself): past it, the transaction's context is
+// cancelled, which every driver honours while it begins, and the error is
+// a *Failure with a *TimeoutError. The returned function cancels that
+// context too, which ends a COMMIT or ROLLBACK still waiting on it (pgx's).
+func Begin(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, bound time.Duration) (*gorm.DB, func(), error) {
 	txCtx, release := detach(ctx, rollbackGrace)
+	if bound <= 0 {
+		tx, err := beginOn(ctx, txCtx, db, opts)
+		if err != nil {
+			release()
+			return nil, nil, err
+		}
+		return tx, release, nil
+	}
+	txCtx, abort := context.WithCancelCause(txCtx)
+	end := func() { abort(nil); release() }
+	timer := time.AfterFunc(bound, func() { abort(errBound) })
 	tx, err := beginOn(ctx, txCtx, db, opts)
+	if !timer.Stop() {
+		// The bound passed, while BEGIN ran or just as it returned: the
+		// transaction's context is done, so database/sql rolls back one that
+		// began.
+		if err == nil {
+			_ = tx.Rollback().Error
+		} else {
+			var f *Failure
+			if errors.As(err, &f) {
+				err = f.Err
+			}
+		}
+		end()
+		return nil, nil, &Failure{Op: "begin", Err: &TimeoutError{Step: "BEGIN", Bound: bound, Err: err}}
+	}
 	if err != nil {
-		release()
+		end()
 		return nil, nil, err
 	}
-	return tx, release, nil
+	return tx, end, nil
 }
 
 func beginOn(ctx, txCtx context.Context, db *gorm.DB, opts *sql.TxOptions) (*gorm.DB, error) {
@@ -408,8 +521,9 @@ func detach(ctx context.Context, grace time.Duration) (context.Context, func()) 
 // store's BEGIN and claim), under the context it is given (ctx carrying the
 // transaction's statement state), whose errors must be database failures
 // already; begin's function, if not nil, is called once the transaction has
-// ended.
-func RunFrom(ctx context.Context, begin func(ctx context.Context) (*gorm.DB, func(), error), classify ErrorClassifier, fn func(tx *gorm.DB) error) error {
+// ended. A positive bound bounds COMMIT and ROLLBACK (begin bounds BEGIN
+// itself): see [TimeoutError].
+func RunFrom(ctx context.Context, bound time.Duration, begin func(ctx context.Context) (*gorm.DB, func(), error), classify ErrorClassifier, fn func(tx *gorm.DB) error) error {
 	st := &txState{classify: classify}
 	tx, release, err := begin(withState(ctx, st))
 	if err != nil {
@@ -425,7 +539,8 @@ func RunFrom(ctx context.Context, begin func(ctx context.Context) (*gorm.DB, fun
 		if !ended {
 			// Its error says nothing new: the transaction did not commit, and
 			// a connection that cannot roll back is discarded by database/sql.
-			_ = tx.Rollback().Error
+			// A ROLLBACK given up after the bound goes on in the background.
+			_ = within(bound, "ROLLBACK", func() error { return tx.Rollback().Error })
 		}
 	}()
 	if err := fn(tx); err != nil {
@@ -444,7 +559,14 @@ func RunFrom(ctx context.Context, begin func(ctx context.Context) (*gorm.DB, fun
 		return commitError(classify, failed, err)
 	}
 	ended = true
-	if err := tx.Commit().Error; err != nil {
+	if err := within(bound, "COMMIT", func() error { return tx.Commit().Error }); err != nil {
+		var te *TimeoutError
+		if errors.As(err, &te) {
+			// The outcome is unknown: the transaction may commit once the
+			// database gets the COMMIT. Run again, its inbox row makes it a
+			// duplicate if it did.
+			return &Failure{Op: "commit", Err: err}
+		}
 		return commitError(classify, failed, err)
 	}
 	return nil
@@ -463,7 +585,8 @@ func commitError(classify ErrorClassifier, failed, err error) error {
 // Transact runs fn in a new transaction on db and commits it, with the
 // fault model of inbox.Process but no inbox row: for naturally idempotent
 // effects that must still tell a database failure from their own. classify
-// decides which database errors are transient (the adapter's store). The
+// decides which database errors are transient (the adapter's store); a
+// positive bound bounds BEGIN, COMMIT and ROLLBACK (see [TimeoutError]). The
 // transaction is not retried: [IsDatabaseFailure] on the error says
 // whether the database failed (retry without counting an attempt); any
 // other error is fn's, or a *CommitRefused. The transaction is rolled back
@@ -473,11 +596,11 @@ func commitError(classify ErrorClassifier, failed, err error) error {
 //
 // db must have been prepared with [TrackStatements], or statement failures
 // inside fn count as fn's own.
-func Transact(ctx context.Context, db *gorm.DB, classify ErrorClassifier, opts *sql.TxOptions, fn func(tx *gorm.DB) error) error {
+func Transact(ctx context.Context, db *gorm.DB, classify ErrorClassifier, opts *sql.TxOptions, bound time.Duration, fn func(tx *gorm.DB) error) error {
 	if db == nil || classify == nil || fn == nil {
 		return fmt.Errorf("%w: Transact needs a db, a classifier and a function", storage.ErrInvalidConfig)
 	}
-	return RunFrom(ctx, func(tctx context.Context) (*gorm.DB, func(), error) { return Begin(tctx, db, opts) }, classify, fn)
+	return RunFrom(ctx, bound, func(tctx context.Context) (*gorm.DB, func(), error) { return Begin(tctx, db, opts, bound) }, classify, fn)
 }
 
 // savepointSeq names savepoints: unique within the process, so nested
@@ -527,6 +650,19 @@ type Statements struct{ st *txState }
 // StatementsOf returns the statements of the transaction tx belongs to
 // (one run by [RunFrom] or [Transact]).
 func StatementsOf(tx *gorm.DB) Statements { return Statements{st: lookupState(tx)} }
+
+// EndedByContext reports whether a statement of the transaction failed
+// because its context was done (a deadline, a cancellation) before any
+// statement failed transiently: a statement the handler's deadline cut
+// short, or one the handler sent after it.
+func (s Statements) EndedByContext() bool {
+	if s.st == nil {
+		return false
+	}
+	s.st.mu.Lock()
+	defer s.st.mu.Unlock()
+	return s.st.ownDeadline
+}
 
 // FirstFailure returns the first statement error of any kind so far, or
 // nil if none failed or the transaction is not followed.

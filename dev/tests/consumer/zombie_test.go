@@ -109,15 +109,11 @@ func (w *offsetWatch) wentBack() int64 {
 	return w.back
 }
 
-// errorRecords returns the messages of the records at Error or above.
-func (r *recorder) errorRecords() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// errorMessages returns the messages of the records at Error or above.
+func (r *recorder) errorMessages() []string {
 	var out []string
-	for _, rec := range *r.recs {
-		if rec.Level >= slog.LevelError {
-			out = append(out, rec.Message)
-		}
+	for _, rec := range r.errorRecords() {
+		out = append(out, rec.Message)
 	}
 	return out
 }
@@ -243,10 +239,10 @@ func testZombieMember(t *testing.T, name string, s *shop) {
 	if back := watch.wentBack(); back >= 0 {
 		t.Errorf("the stored offset went back to %d", back)
 	}
-	if errs := orec.errorRecords(); len(errs) > 0 {
+	if errs := orec.errorMessages(); len(errs) > 0 {
 		t.Errorf("the owner logged errors: %q", errs)
 	}
-	if errs := zrec.errorRecords(); len(errs) > 0 {
+	if errs := zrec.errorMessages(); len(errs) > 0 {
 		t.Errorf("the resumed member logged errors: %q", errs)
 	}
 	if n := oev.count(hooks.Repositioned) + zev.count(hooks.Repositioned); n != 0 {
@@ -306,7 +302,7 @@ func TestRecreatedGroupTakesItsStoredOffsetsOver(t *testing.T) {
 	if _, ok := rec.find(slog.LevelInfo, "group was recreated"); !ok {
 		t.Error("no Info says that the rows of the group's earlier life were taken over")
 	}
-	if errs := rec.errorRecords(); len(errs) > 0 {
+	if errs := rec.errorMessages(); len(errs) > 0 {
 		t.Errorf("errors logged: %q", errs)
 	}
 	s.checkExactlyOnce(t, 7, nil)
