@@ -3,7 +3,9 @@
 // the business effect atomic and catches duplicates, under concurrency,
 // failure, expiry and hostile ids, and that a storage.OutboxStore publishes
 // what committed, once, in commit order per key, across relays that fail,
-// restart or take over.
+// restart or take over (and, if it implements storage.Sequenced, keeps one
+// source id per table and an epoch, which the relay's sequence headers
+// carry with each row's shard and seq).
 //
 // It is for adapter authors, ours and third parties': an adapter's test
 // hands Run a HarnessMaker, which returns a fresh, isolated database and
@@ -127,7 +129,11 @@ type Check struct {
 	Outbox bool
 	// Unmigrated checks start before the store's Migrate has run.
 	Unmigrated bool
-	Run        func(ctx context.Context, env *Env) error
+	// Sequenced outbox checks are about the optional storage.Sequenced
+	// capability: they run only against an Outbox store that implements
+	// it, and are skipped otherwise.
+	Sequenced bool
+	Run       func(ctx context.Context, env *Env) error
 }
 
 // ID returns the stable name of the check: "area/name", and
@@ -143,11 +149,11 @@ func (c Check) ID() string {
 // outbox checks.
 func Checks() []Check {
 	return slices.Concat(schemaChecks, atomicityChecks, scopeChecks, idChecks, concurrencyChecks, batchChecks, retentionChecks,
-		outboxEnqueueChecks, outboxOrderChecks, outboxRelayChecks, outboxExpiryChecks)
+		outboxEnqueueChecks, outboxOrderChecks, outboxRelayChecks, outboxSequenceChecks, outboxExpiryChecks)
 }
 
 // ErrSkipped is wrapped by the error of RunCheck for a check of a store the
-// harness does not have.
+// harness does not have, or of a capability its store lacks.
 var ErrSkipped = errors.New("skipped")
 
 // Run runs every check as a subtest named by its ID, each with a fresh
@@ -169,7 +175,7 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 
 // RunCheck runs one check with a fresh harness and returns what the check
 // found wrong, or nil; an error wrapping ErrSkipped if the harness does not
-// have the store the check is about.
+// have the store the check is about, or the store lacks the capability.
 func RunCheck(ctx context.Context, newHarness HarnessMaker, c Check) (err error) {
 	h, err := newHarness(ctx)
 	if err != nil {
@@ -208,6 +214,8 @@ func (c Check) runsOn(h *Harness) error {
 		return fmt.Errorf("%w: the harness has no Outbox store", ErrSkipped)
 	case !c.Outbox && h.Store == nil:
 		return fmt.Errorf("%w: the harness has no inbox Store", ErrSkipped)
+	case c.Sequenced && !isSequenced(h.Outbox):
+		return fmt.Errorf("%w: the Outbox store does not implement storage.Sequenced (no source id and epoch: the relay stamps no sequence headers)", ErrSkipped)
 	}
 	return nil
 }

@@ -38,6 +38,18 @@ var outboxRelayChecks = []Check{
 	{Outbox: true, Area: "relay", Name: "several-relays", Doc: "several relays running while writers enqueue publish every message, in order per key, without publishing any twice", Run: checkSeveralRelays},
 }
 
+var outboxSequenceChecks = []Check{
+	{Outbox: true, Sequenced: true, Unmigrated: true, Area: "sequence", Name: "source-stable",
+		Doc: "the source id is valid and made once: several Migrate calls at once on fresh tables all read the same one, with epoch 1, and Migrate run again keeps it",
+		Run: checkSourceStable},
+	{Outbox: true, Sequenced: true, Area: "sequence", Name: "epoch-bump",
+		Doc: "BumpEpoch raises the epoch by one each time; later reads through any connection pool see it with the same source id, and Migrate keeps it",
+		Run: checkEpochBump},
+	{Outbox: true, Sequenced: true, Area: "sequence", Name: "relay-headers",
+		Doc: "the relay stamps every message with a key with the source, epoch, shard and seq of its stored row (and a message without a key with none), the same on every copy, and the new epoch after a bump",
+		Run: checkSequenceHeaders},
+}
+
 var outboxExpiryChecks = []Check{
 	{Outbox: true, Area: "expiry", Name: "never-unpublished", Doc: "expiry removes published rows of expired days and keeps, and reports, a day that still holds unpublished rows", Run: checkExpiry},
 }

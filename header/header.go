@@ -1,8 +1,45 @@
 // Package header names the Kafka message headers this library writes and
 // reads: the event headers the outbox relay stamps on each message and the
-// consumer finds the event id and time in, and the headers a dead letter
-// carries. They are the wire contract between a producer, the consumer and
-// whoever reads a dead-letter topic.
+// consumer finds the event id and time in, the sequence headers the relay
+// stamps on each message with a key, and the headers a dead letter carries.
+// They are the wire contract between a producer, the consumer and whoever
+// reads a dead-letter topic.
+//
+// # Sequence headers
+//
+// An outbox numbers the messages of each of its shards without gaps, in
+// commit order, and its relay stamps that place on every message with a key
+// (see package outbox, "Sequence headers"):
+//
+//   - the source ([SeqSource]): the outbox table's id, made once when the
+//     table is made (a UUID with this library's adapters; in general 1 to
+//     64 bytes of ASCII letters, digits, '-', '_', '.' and ':'), so that
+//     the numbers of two outbox tables are never confused;
+//   - the epoch ([SeqEpoch]): a decimal integer from 1, raised by an
+//     operator after the outbox's database was restored or failed over
+//     with loss, when numbers already published are handed out again for
+//     other events;
+//   - the shard ([SeqShard]): the decimal shard number, from 0;
+//   - the sequence number ([Seq]): the decimal place of the message in its
+//     shard, from 1.
+//
+// Within one source and epoch a (shard, sequence number) pair names one
+// event, and a message carries the same four values every time it is
+// published in that epoch. A shard holds keys of many topics and partitions, so the
+// numbers one partition sees of a shard go up (the first copy of each
+// message arrives after the first copies of the shard's earlier messages
+// to that partition) but are not contiguous. The numbers are written in
+// decimal without sign or leading zeros, except in CloudEventsSequence.
+// Messages without a key carry no sequence headers.
+//
+// In the CloudEvents header style (CloudEvents' Kafka binary mode) the
+// sequence number goes in CloudEvents' sequence extension attribute
+// ([CloudEventsSequence]), a string whose lexicographic order must be the
+// order of the events: it is the decimal number zero-padded to
+// [CloudEventsSequenceDigits] digits, so that string order is numeric
+// order. The source, epoch and shard go in extension attributes of the
+// library's own ([CloudEventsSeqSource], [CloudEventsSeqEpoch],
+// [CloudEventsSeqShard]), with the values described above.
 package header
 
 // The event headers: the outbox relay writes EventID and EventTime (or, in
@@ -14,6 +51,25 @@ const (
 	CloudEventsID   = "ce_id"      // CloudEvents Kafka binary mode
 	CloudEventsTime = "ce_time"    // CloudEvents Kafka binary mode
 )
+
+// The sequence headers the outbox relay writes on each message with a key
+// (see the package doc): SeqSource, SeqEpoch, SeqShard and Seq, or in the
+// CloudEvents style the four CloudEvents* ones.
+const (
+	SeqSource = "inbox_source" // the outbox table's id
+	SeqEpoch  = "inbox_epoch"  // decimal, from 1
+	SeqShard  = "inbox_shard"  // decimal, from 0
+	Seq       = "inbox_seq"    // decimal, from 1
+
+	CloudEventsSeqSource = "ce_inboxsource" // extension inboxsource
+	CloudEventsSeqEpoch  = "ce_inboxepoch"  // extension inboxepoch
+	CloudEventsSeqShard  = "ce_inboxshard"  // extension inboxshard
+	CloudEventsSequence  = "ce_sequence"    // extension sequence: CloudEventsSequenceDigits digits, zero-padded
+)
+
+// CloudEventsSequenceDigits is the length of a CloudEventsSequence value:
+// every sequence number (a positive int64) fits in it.
+const CloudEventsSequenceDigits = 19
 
 // The headers the consumer adds to a dead letter, after the original
 // message's headers.

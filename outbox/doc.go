@@ -49,6 +49,44 @@
 //     before it: the order the downstream inbox applies is the commit
 //     order, whatever duplicates arrive.
 //
+// # Sequence headers
+//
+// The relay stamps on every message with a key where it stands in its
+// shard: four headers (package header) with the outbox table's source id,
+// the epoch, the row's shard and its sequence number in the shard:
+// inbox_source, inbox_epoch, inbox_shard and inbox_seq, or in the
+// CloudEvents style ce_inboxsource, ce_inboxepoch, ce_inboxshard and
+// CloudEvents' own sequence extension, ce_sequence, zero-padded to 19
+// digits so that its string order is the numbers' order. The numbers come
+// from the stored row and the source and epoch from the store, read on
+// every cycle, so every copy of a message carries the same four values
+// (within one epoch). Within a shard the numbers are those of the order
+// section above: gapless (counting the shard's messages without a key,
+// which carry none), in commit order, and the first copy of each message
+// reaches its partition after the first copy of every earlier message of
+// its shard there. A partition sees the numbers of many shards,
+// and of each only those of its own keys: they go up, with holes.
+//
+// A message without a key gets no sequence headers: the writer's balancer
+// spreads such messages over the partitions, so no order per partition
+// can be promised for them.
+//
+// The source id is made once, when Migrate first makes the outbox table,
+// and never changes; the epoch starts at 1. Raise it (inboxctl outbox
+// bump-epoch, or the store's BumpEpoch) after the database was restored
+// from a backup or failed over to a replica that had not received every
+// commit: the sequence numbers after the restored point are then handed
+// out again, to other events, and a new epoch keeps the two apart. Do it
+// before a relay runs on the restored database; a cycle already under
+// way when the epoch is raised still publishes with the old one.
+//
+// They are on whenever the store implements [storage.Sequenced] (this
+// library's adapters do); Config.NoSequenceHeaders turns them off. While
+// they are on, Enqueue refuses messages that carry headers of their names.
+// They are the producer's half of sequence-based deduplication: the
+// consumer and inbox do not read them yet, and still deduplicate by event
+// id.
+//
 // # Several relays
 //
 // Relays lease shards in the database, with an expiry timed by the

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -29,8 +30,11 @@ type Message struct {
 	Key   []byte
 	Value []byte
 	// Headers are sent as they are, followed by the event id and time
-	// headers the outbox adds. A header the outbox would add that is
-	// already present must hold the same value, or Enqueue fails.
+	// headers the outbox adds (and, when the relay publishes it, the
+	// sequence headers). A header the outbox would add that is already
+	// present must hold the same value, or Enqueue fails; the sequence
+	// headers, which only the relay knows, must be absent while they are
+	// on (Config.NoSequenceHeaders).
 	Headers []kafka.Header
 	// ID is the event id the downstream inbox deduplicates on. Empty: the
 	// id header of Headers if there is one, else a new UUIDv7.
@@ -41,15 +45,19 @@ type Message struct {
 	Time time.Time
 }
 
-// HeaderStyle says which headers carry the event id and time.
+// HeaderStyle says which headers carry the event id and time, and the
+// sequence.
 type HeaderStyle int
 
 const (
 	// EventHeaders are event_id and event_time (RFC 3339), what the
-	// consumer package reads first. The default.
+	// consumer package reads first, and the sequence headers inbox_source,
+	// inbox_epoch, inbox_shard and inbox_seq. The default.
 	EventHeaders HeaderStyle = iota
 	// CloudEventsHeaders are ce_id and ce_time, CloudEvents' Kafka binary
-	// mode.
+	// mode, and the sequence in CloudEvents' sequence extension
+	// (ce_sequence, zero-padded) with ce_inboxsource, ce_inboxepoch and
+	// ce_inboxshard.
 	CloudEventsHeaders
 )
 
@@ -59,6 +67,89 @@ func (s HeaderStyle) keys() (id, at string) {
 	}
 	return header.EventID, header.EventTime
 }
+
+// sequenceKeys are the names of the sequence headers of the style.
+func (s HeaderStyle) sequenceKeys() (source, epoch, shard, seq string) {
+	if s == CloudEventsHeaders {
+		return header.CloudEventsSeqSource, header.CloudEventsSeqEpoch, header.CloudEventsSeqShard, header.CloudEventsSequence
+	}
+	return header.SeqSource, header.SeqEpoch, header.SeqShard, header.Seq
+}
+
+// sequenceReserved reports whether a header named key is the relay's while
+// sequence headers are on: the sequence headers of either style (a
+// consumer may read either, as it reads event_id before ce_id), except
+// CloudEvents' own sequence extension in the EventHeaders style, which is
+// then the application's.
+func (s HeaderStyle) sequenceReserved(key string) bool {
+	switch key {
+	case header.SeqSource, header.SeqEpoch, header.SeqShard, header.Seq,
+		header.CloudEventsSeqSource, header.CloudEventsSeqEpoch, header.CloudEventsSeqShard:
+		return true
+	case header.CloudEventsSequence:
+		return s == CloudEventsHeaders
+	}
+	return false
+}
+
+// sequenceStamp is what the relay stamps on the messages of one cycle: the
+// store's source id and epoch, in the Outbox's style.
+type sequenceStamp struct {
+	style  HeaderStyle
+	source []byte
+	epoch  []byte
+}
+
+func newSequenceStamp(style HeaderStyle, source string, epoch int64) (*sequenceStamp, error) {
+	if err := storage.ValidSource(source); err != nil {
+		return nil, fmt.Errorf("outbox: the store's source: %w", err)
+	}
+	if epoch < 1 {
+		return nil, fmt.Errorf("outbox: the store's epoch is %d, want 1 or more", epoch)
+	}
+	return &sequenceStamp{style: style, source: []byte(source), epoch: strconv.AppendInt(nil, epoch, 10)}, nil
+}
+
+// apply returns hs without headers of the relay's names (stored by an
+// Outbox with sequence headers off) and, for a message with a key, with the
+// sequence headers of the row (shard, seq) after them. A message without a
+// key gets none: the writer's balancer picks its partition, so no order
+// per partition is kept for it.
+func (st *sequenceStamp) apply(hs []kafka.Header, hasKey bool, shard int32, seq int64) []kafka.Header {
+	out := hs[:0]
+	for _, h := range hs {
+		if !st.style.sequenceReserved(h.Key) {
+			out = append(out, h)
+		}
+	}
+	if !hasKey {
+		return out
+	}
+	kSource, kEpoch, kShard, kSeq := st.style.sequenceKeys()
+	seqText := strconv.AppendInt(nil, seq, 10)
+	if st.style == CloudEventsHeaders {
+		seqText = fmt.Appendf(nil, "%0*d", header.CloudEventsSequenceDigits, seq)
+	}
+	return append(out,
+		kafka.Header{Key: kSource, Value: st.source},
+		kafka.Header{Key: kEpoch, Value: st.epoch},
+		kafka.Header{Key: kShard, Value: strconv.AppendInt(nil, int64(shard), 10)},
+		kafka.Header{Key: kSeq, Value: seqText},
+	)
+}
+
+// sequenceHeadersBytes bounds what the sequence headers add to a message,
+// counted as messageBytes counts: Enqueue keeps that much room under the
+// writer's limit, whatever the relay's settings.
+var sequenceHeadersBytes = func() int {
+	longest := 0
+	for _, style := range []HeaderStyle{EventHeaders, CloudEventsHeaders} {
+		a, b, c, d := style.sequenceKeys()
+		longest = max(longest, len(a)+len(b)+len(c)+len(d))
+	}
+	const epochDigits, shardDigits = 19, 10 // an int64, an int32
+	return 4*headerOverhead + longest + storage.MaxSourceBytes + epochDigits + shardDigits + header.CloudEventsSequenceDigits
+}()
 
 // Limits on messages. maxMessageBytes is kafka-go's Writer limit (its
 // default BatchBytes), counted as messageBytes counts.
@@ -120,14 +211,18 @@ type prepared struct {
 }
 
 // prepare validates m, settles its event id and time, and returns the
-// headers to store. now is the Outbox's clock.
-func prepare(m Message, style HeaderStyle, now time.Time) (prepared, error) {
+// headers to store. sequenced says that the relay stamps sequence headers;
+// now is the Outbox's clock.
+func prepare(m Message, style HeaderStyle, sequenced bool, now time.Time) (prepared, error) {
 	if err := validTopic(m.Topic); err != nil {
 		return prepared{}, err
 	}
 	for _, h := range m.Headers {
 		if h.Key == "" || len(h.Key) > maxHeaderKeyBytes || !utf8.ValidString(h.Key) || strings.IndexByte(h.Key, 0) >= 0 {
 			return prepared{}, invalid("header name", h.Key, fmt.Sprintf("must be 1-%d bytes of UTF-8 without NUL", maxHeaderKeyBytes))
+		}
+		if sequenced && style.sequenceReserved(h.Key) {
+			return prepared{}, invalid("header name", h.Key, "is a sequence header, which the relay stamps; set Config.NoSequenceHeaders to send your own")
 		}
 	}
 	idKey, timeKey := style.keys()
@@ -170,8 +265,8 @@ func prepare(m Message, style HeaderStyle, now time.Time) (prepared, error) {
 	if !hasHeader(m.Headers, timeKey) {
 		headers = append(headers, kafka.Header{Key: timeKey, Value: []byte(timeText)})
 	}
-	if n := messageBytes(m.Key, m.Value, headers); n > maxMessageBytes {
-		return prepared{}, invalid("message size", "", fmt.Sprintf("%d bytes with key and headers, over the %d a Kafka writer sends", n, maxMessageBytes))
+	if n := messageBytes(m.Key, m.Value, headers) + sequenceHeadersBytes; n > maxMessageBytes {
+		return prepared{}, invalid("message size", "", fmt.Sprintf("%d bytes with key, headers and room for the sequence headers, over the %d a Kafka writer sends", n, maxMessageBytes))
 	}
 	return prepared{id: id, headers: headers}, nil
 }

@@ -43,7 +43,7 @@ func TestPrepareSetsHeaders(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := prepare(tc.m, tc.style, now)
+			p, err := prepare(tc.m, tc.style, false, now)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,7 +72,7 @@ func mustTime(t *testing.T, s string) time.Time {
 
 func TestPrepareGeneratesUUIDv7FromEventTime(t *testing.T) {
 	at := time.Date(2026, 12, 1, 3, 4, 5, 678_000_000, time.UTC)
-	p, err := prepare(Message{Topic: "t", Time: at}, EventHeaders, time.Now())
+	p, err := prepare(Message{Topic: "t", Time: at}, EventHeaders, false, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestPrepareGeneratesUUIDv7FromEventTime(t *testing.T) {
 	if ms != at.UnixMilli() {
 		t.Fatalf("id %q carries %d ms, want %d", p.id, ms, at.UnixMilli())
 	}
-	if q, _ := prepare(Message{Topic: "t", Time: at}, EventHeaders, time.Now()); q.id == p.id {
+	if q, _ := prepare(Message{Topic: "t", Time: at}, EventHeaders, false, time.Now()); q.id == p.id {
 		t.Fatal("two generated ids are equal")
 	}
 }
@@ -111,7 +111,7 @@ func TestPrepareRefuses(t *testing.T) {
 	}
 	for name, m := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, err := prepare(m, EventHeaders, time.Now())
+			_, err := prepare(m, EventHeaders, false, time.Now())
 			var ve *inbox.ValidationError
 			if !errors.Is(err, inbox.ErrInvalidMessage) || !errors.As(err, &ve) {
 				t.Fatalf("prepare: %v, want a *inbox.ValidationError", err)
@@ -152,5 +152,93 @@ func TestMarksOf(t *testing.T) {
 	// after 6); shard 2's first failed: nothing; shard 3 is whole.
 	if got := marksOf(rows, each); len(got) != 2 || got[0] != (storage.Mark{Shard: 1, Seq: 5}) || got[1] != (storage.Mark{Shard: 3, Seq: 9}) {
 		t.Fatalf("partly published: %v", got)
+	}
+}
+
+func TestSequenceStamp(t *testing.T) {
+	stored := func() []kafka.Header {
+		return []kafka.Header{{Key: header.EventID, Value: []byte("e")}, {Key: header.Seq, Value: []byte("stale")}, {Key: "trace", Value: []byte("t")}}
+	}
+	st, err := newSequenceStamp(EventHeaders, "src-1", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := st.apply(stored(), true, 7, 42)
+	want := [][2]string{{header.EventID, "e"}, {"trace", "t"}, {header.SeqSource, "src-1"}, {header.SeqEpoch, "3"}, {header.SeqShard, "7"}, {header.Seq, "42"}}
+	if len(hs) != len(want) {
+		t.Fatalf("headers %v, want %v", hs, want)
+	}
+	for i, w := range want {
+		if hs[i].Key != w[0] || string(hs[i].Value) != w[1] {
+			t.Fatalf("header %d is %s=%q, want %s=%q", i, hs[i].Key, hs[i].Value, w[0], w[1])
+		}
+	}
+	if hs := st.apply(stored(), false, 7, 42); len(hs) != 2 || hs[0].Key != header.EventID || hs[1].Key != "trace" {
+		t.Fatalf("a message without a key got %v, want its own headers only", hs)
+	}
+
+	ce, err := newSequenceStamp(CloudEventsHeaders, "src-1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs = ce.apply([]kafka.Header{{Key: header.CloudEventsSequence, Value: []byte("x")}}, true, 0, 42)
+	for k, v := range map[string]string{header.CloudEventsSeqSource: "src-1", header.CloudEventsSeqEpoch: "1", header.CloudEventsSeqShard: "0", header.CloudEventsSequence: "0000000000000000042"} {
+		if got, n := headerOf(hs, k); got != v || n != 1 {
+			t.Errorf("header %s = %q (%d times), want %q once", k, got, n, v)
+		}
+	}
+	if _, n := headerOf(hs, header.Seq); n != 0 {
+		t.Errorf("the CloudEvents style stamped %s", header.Seq)
+	}
+	// String order is number order.
+	a, _ := headerOf(ce.apply(nil, true, 0, 9), header.CloudEventsSequence)
+	b, _ := headerOf(ce.apply(nil, true, 0, 10), header.CloudEventsSequence)
+	c, _ := headerOf(ce.apply(nil, true, 0, 1<<63-1), header.CloudEventsSequence)
+	if !(a < b && b < c) || len(c) != header.CloudEventsSequenceDigits || len(a) != header.CloudEventsSequenceDigits {
+		t.Errorf("sequences %q, %q, %q do not sort as 9, 10, max", a, b, c)
+	}
+
+	for _, bad := range []struct {
+		source string
+		epoch  int64
+	}{{"", 1}, {"a b", 1}, {"ok", 0}, {strings.Repeat("s", storage.MaxSourceBytes+1), 1}} {
+		if _, err := newSequenceStamp(EventHeaders, bad.source, bad.epoch); err == nil {
+			t.Errorf("source %q epoch %d accepted", bad.source, bad.epoch)
+		}
+	}
+}
+
+func TestPrepareSequenceHeaders(t *testing.T) {
+	now := time.Now()
+	for _, key := range []string{header.Seq, header.SeqSource, header.SeqEpoch, header.SeqShard, header.CloudEventsSeqShard} {
+		m := Message{Topic: "t", Headers: []kafka.Header{{Key: key, Value: []byte("1")}}}
+		var ve *inbox.ValidationError
+		if _, err := prepare(m, EventHeaders, true, now); !errors.As(err, &ve) {
+			t.Errorf("header %s with sequence headers on: %v, want a *inbox.ValidationError", key, err)
+		}
+		if _, err := prepare(m, EventHeaders, false, now); err != nil {
+			t.Errorf("header %s with sequence headers off: %v", key, err)
+		}
+	}
+	// CloudEvents' own sequence attribute is the relay's in its style only.
+	m := Message{Topic: "t", Headers: []kafka.Header{{Key: header.CloudEventsSequence, Value: []byte("app")}}}
+	if _, err := prepare(m, EventHeaders, true, now); err != nil {
+		t.Errorf("ce_sequence in the EventHeaders style: %v", err)
+	}
+	if _, err := prepare(m, CloudEventsHeaders, true, now); err == nil {
+		t.Error("ce_sequence in the CloudEvents style accepted while the relay stamps it")
+	}
+	// The largest message Enqueue takes still fits the writer once the
+	// longest sequence headers are stamped.
+	st, _ := newSequenceStamp(CloudEventsHeaders, strings.Repeat("s", storage.MaxSourceBytes), 1<<63-1)
+	for size := maxMessageBytes - 400; size < maxMessageBytes; size++ {
+		p, err := prepare(Message{Topic: "t", Key: []byte("k"), Value: make([]byte, size)}, CloudEventsHeaders, true, now)
+		if err != nil {
+			continue
+		}
+		hs := st.apply(p.headers, true, 1<<31-1, 1<<63-1)
+		if n := messageBytes([]byte("k"), make([]byte, size), hs); n > maxMessageBytes {
+			t.Fatalf("a %d-byte value was accepted and grows to %d bytes with its sequence headers", size, n)
+		}
 	}
 }

@@ -25,8 +25,15 @@ const (
 
 // Config tunes an Outbox. The zero value is usable.
 type Config struct {
-	// Headers picks the event id and time headers. Default EventHeaders.
+	// Headers picks the event id and time headers, and the names of the
+	// sequence headers. Default EventHeaders.
 	Headers HeaderStyle
+	// NoSequenceHeaders turns the sequence headers off (see "Sequence
+	// headers" in the package doc): the relay stamps none, and Enqueue
+	// accepts messages that carry headers of their names, which are then
+	// sent as they are. By default the relay stamps them whenever the
+	// store implements storage.Sequenced.
+	NoSequenceHeaders bool
 	// RetentionDays is how many days before today published rows are kept
 	// (for diagnosis and replays by hand). Default DefaultRetentionDays.
 	RetentionDays int
@@ -51,6 +58,7 @@ type Config struct {
 type Outbox struct {
 	db    *gorm.DB
 	store storage.OutboxStore
+	seq   storage.Sequenced // nil: no sequence headers
 	cfg   Config
 	log   *slog.Logger
 
@@ -101,8 +109,17 @@ func New(db *gorm.DB, store storage.OutboxStore, cfg Config) (*Outbox, error) {
 	if err := txn.TrackStatements(db); err != nil {
 		return nil, err
 	}
-	return &Outbox{db: db, store: store, cfg: cfg, log: log.With("component", "outbox")}, nil
+	o := &Outbox{db: db, store: store, cfg: cfg, log: log.With("component", "outbox")}
+	if sq, ok := store.(storage.Sequenced); ok && !cfg.NoSequenceHeaders {
+		o.seq = sq
+	}
+	return o, nil
 }
+
+// Sequenced reports whether the relays of o stamp sequence headers: its
+// store implements storage.Sequenced and Config.NoSequenceHeaders is
+// false.
+func (o *Outbox) Sequenced() bool { return o.seq != nil }
 
 // Migrate creates or checks the outbox tables, retrying transient errors.
 // Call Maintain after it.
@@ -153,7 +170,7 @@ func (o *Outbox) enqueue(ctx context.Context, tx *gorm.DB, msgs []Message) error
 	day := storage.DayOf(now)
 	rows := make([]storage.OutboxRow, len(msgs))
 	for i, m := range msgs {
-		p, err := prepare(m, o.cfg.Headers, now)
+		p, err := prepare(m, o.cfg.Headers, o.seq != nil, now)
 		if err != nil {
 			o.refused.Add(1)
 			return fmt.Errorf("outbox: message %d of %d: %w", i+1, len(msgs), err)

@@ -68,8 +68,9 @@ type RelayCounters struct {
 // Relay publishes stored messages to Kafka, at least once and in order per
 // topic and key. Several relays (in one process or many) share the work
 // through leases on shards. Each cycle claims the oldest unpublished rows of
-// the shards it leases, publishes them, and after the broker acknowledged
-// marks them published; a crash in between publishes them again.
+// the shards it leases, publishes them (with the sequence headers, see the
+// package doc), and after the broker acknowledged marks them published; a
+// crash in between publishes them again, with the same headers.
 type Relay struct {
 	o        *Outbox
 	pub      Publisher
@@ -222,6 +223,13 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	if len(rows) == 0 {
 		return 0, nil
 	}
+	// The source and epoch are read after the claim, on every cycle that
+	// publishes: a bump of the epoch applies to every row published by a
+	// cycle that starts after it, first copies and copies alike.
+	stamp, err := r.sequenceStamp(ctx)
+	if err != nil {
+		return 0, err
+	}
 	msgs := make([]kafka.Message, 0, len(rows))
 	sent := make([]storage.OutboxRow, 0, len(rows))
 	bytes := 0
@@ -238,6 +246,9 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 			blocked[row.Shard] = true
 			bad = errors.Join(bad, fmt.Errorf("%w: shard %d at seq %d (event %q): %w", ErrShardStuck, row.Shard, row.Seq, row.EventID, err))
 			continue
+		}
+		if stamp != nil {
+			hs = stamp.apply(hs, row.Key != nil, row.Shard, row.Seq)
 		}
 		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.Value, Headers: hs}
 		size := messageBytes(m.Key, m.Value, m.Headers)
@@ -287,6 +298,25 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		return acked, fmt.Errorf("%w: %w", errPublish, pubErr)
 	}
 	return acked, bad
+}
+
+// sequenceStamp reads the store's source id and epoch for a cycle's
+// sequence headers; nil when the Outbox stamps none.
+func (r *Relay) sequenceStamp(ctx context.Context) (*sequenceStamp, error) {
+	if r.o.seq == nil {
+		return nil, nil
+	}
+	var source string
+	var epoch int64
+	err := r.o.retry(ctx, "source", func() error {
+		var err error
+		source, epoch, err = r.o.seq.Source(ctx, r.o.db.WithContext(ctx))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: relay read the outbox's source and epoch: %w", err)
+	}
+	return newSequenceStamp(r.o.cfg.Headers, source, epoch)
 }
 
 // ErrShardStuck is wrapped by a relay cycle's error when a stored message

@@ -9,7 +9,8 @@
 // packages inbox and outbox own transactions, retries, validation, logging
 // and metrics, so a store does none of those. Optional capabilities
 // ([ClaimBeginner], [DayPreparer], [Verifier], [SchemaPrinter],
-// [StatsReporter]) are detected by type assertion, as database/sql/driver
+// [StatsReporter], and for an OutboxStore [Sequenced]) are detected by type
+// assertion, as database/sql/driver
 // detects optional driver features.
 //
 // The doc comments here state the contract; package conformance is its

@@ -17,3 +17,24 @@ func TestShareRows(t *testing.T) {
 		t.Fatalf("fewer rows than shards: %v", got)
 	}
 }
+
+func TestSourceIDs(t *testing.T) {
+	a, b := NewSourceID(), NewSourceID()
+	if a == b || len(a) != 32 {
+		t.Fatalf("source ids %q and %q", a, b)
+	}
+	for _, id := range []string{a, "3f2b8c1e-9d4a-4e7b-8c2d-1a2b3c4d5e6f", "orders.eu-1:blue_2", "x"} {
+		if err := ValidSource(id); err != nil {
+			t.Errorf("ValidSource(%q): %v", id, err)
+		}
+	}
+	long := make([]byte, MaxSourceBytes+1)
+	for i := range long {
+		long[i] = 'a'
+	}
+	for _, id := range []string{"", string(long), "a b", "ü", "a\x00", "a/b"} {
+		if err := ValidSource(id); err == nil {
+			t.Errorf("ValidSource(%q) accepted it", id)
+		}
+	}
+}

@@ -74,7 +74,7 @@ func openDB(dsn string, open opener) (*gorm.DB, error) { return open(dsn) }
 
 // newHarness gives every check its own inbox table, dropped again in
 // Close. withOutbox adds the outbox Store, on tables of its own (the
-// outbox's, with their _shards and _relay tables), dropped in Close too.
+// outbox's, with their _shards, _relay and _source tables), dropped in Close too.
 func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bool) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		db, err := openDB(dsn, open)
@@ -115,7 +115,7 @@ func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bo
 				return nil, err
 			}
 			h.Outbox = ob
-			tables = append(tables, ob.Table(), ob.Table()+"_shards", ob.Table()+"_relay")
+			tables = append(tables, ob.Table(), ob.Table()+"_shards", ob.Table()+"_relay", ob.Table()+"_source")
 		}
 		return h, nil
 	}

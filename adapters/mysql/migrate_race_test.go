@@ -70,7 +70,7 @@ func openPools(t testing.TB, n int) []*gorm.DB {
 // dropMigrated drops the tables migrateCalls made.
 func dropMigrated(t *testing.T, db *gorm.DB, prefix string) {
 	t.Cleanup(func() {
-		for _, suffix := range []string{"_inbox", "_billing", "_outbox", "_outbox_shards", "_outbox_relay"} {
+		for _, suffix := range []string{"_inbox", "_billing", "_outbox", "_outbox_shards", "_outbox_relay", "_outbox_source"} {
 			_ = db.Exec("DROP TABLE IF EXISTS `" + prefix + suffix + "`").Error
 		}
 	})

@@ -24,8 +24,9 @@ const (
 // OutboxOptions configures an OutboxStore.
 type OutboxOptions struct {
 	// Table is the partitioned outbox table; <Table>_shards numbers each
-	// shard's rows and <Table>_relay holds each shard's published mark and
-	// relay lease. Default DefaultOutboxTable.
+	// shard's rows, <Table>_relay holds each shard's published mark and
+	// relay lease, and <Table>_source the table's source id and epoch.
+	// Default DefaultOutboxTable.
 	Table string
 	// Schema is the database holding the tables; empty means the
 	// connection's current database.
@@ -58,6 +59,9 @@ type OutboxOptions struct {
 // check and drop in one step: the guarantee rests on enqueuers' clocks being
 // within the retention window of the truth, so that no row is ever added to
 // an expired day.
+//
+// The table's source id and epoch (storage.Sequenced) are the one row of
+// <table>_source, made by Migrate under its maintenance lock.
 type OutboxStore struct {
 	tbl     *Store // the outbox table's names, lock and partition helpers
 	shards  int
@@ -97,6 +101,13 @@ func (s *OutboxStore) Table() string { return s.tbl.name }
 
 func (s *OutboxStore) shardsTable() string { return s.qualify(s.tbl.name + "_shards") }
 func (s *OutboxStore) relayTable() string  { return s.qualify(s.tbl.name + "_relay") }
+func (s *OutboxStore) sourceTable() string { return s.qualify(s.tbl.name + "_source") }
+
+// sourceRow inserts the source row, with the source id value (a bound
+// parameter or an SQL expression), unless there is one.
+func (s *OutboxStore) sourceRow(value string) string {
+	return `INSERT INTO ` + s.sourceTable() + ` (id, source) VALUES (1, ` + value + `) ON DUPLICATE KEY UPDATE id = id`
+}
 
 // leaseNever is a lease_until long past.
 const leaseNever = "'1970-01-02 00:00:00'"
@@ -104,12 +115,15 @@ const leaseNever = "'1970-01-02 00:00:00'"
 // MigrationSQL returns Migrate's statements with partitions from the day
 // before plan.Today through plan.PrepareThrough (at least
 // OutboxOptions.InitialDays ahead, as Migrate makes them) and the catch-all.
+// The source id is made by the server when the statements run (an MD5 of
+// RAND() and the clock: 32 hex digits; not UUID(), which statement-based
+// replication does not carry to a replica).
 func (s *OutboxStore) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 	today := storage.DayOf(plan.Today)
 	if plan.PrepareThrough.Before(today) {
 		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", storage.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(today))
 	}
-	return s.createStatements(today, storage.DayOf(plan.PrepareThrough)), nil
+	return append(s.createStatements(today, storage.DayOf(plan.PrepareThrough)), s.sourceRow(`MD5(CONCAT(RAND(), NOW(6)))`)), nil
 }
 
 // createStatements makes the tables, the outbox table with a partition for
@@ -152,15 +166,26 @@ func (s *OutboxStore) createStatements(today, last time.Time) []string {
 			owner             VARBINARY(128) NOT NULL DEFAULT '',
 			lease_until       DATETIME(6)    NOT NULL DEFAULT ` + leaseNever + `
 		) ENGINE=InnoDB`,
+		// One row: the table's source id (made once, by Migrate) and epoch
+		// (raised by BumpEpoch), for the relay's sequence headers.
+		`CREATE TABLE IF NOT EXISTS ` + s.sourceTable() + ` (
+			id         TINYINT       NOT NULL PRIMARY KEY CHECK (id = 1),
+			source     VARBINARY(64) NOT NULL,
+			epoch      BIGINT        NOT NULL DEFAULT 1 CHECK (epoch >= 1),
+			created_at DATETIME(6)   NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+			epoch_at   DATETIME(6)   NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+		) ENGINE=InnoDB`,
 		`INSERT INTO ` + s.shardsTable() + ` (shard) VALUES ` + strings.Join(values, ",") + ` ON DUPLICATE KEY UPDATE shard = shard`,
 		`INSERT INTO ` + s.relayTable() + ` (shard) VALUES ` + strings.Join(values, ",") + ` ON DUPLICATE KEY UPDATE shard = shard`,
 	}
 }
 
 // Migrate creates the tables (the outbox table with partitions from
-// yesterday through Options.InitialDays ahead, and a catch-all) and the
-// shards under the table's maintenance lock, and checks the engine, the
-// partitioning and the number of shards.
+// yesterday through Options.InitialDays ahead, and a catch-all), the shards
+// and the source row (a new source id, epoch 1) under the table's
+// maintenance lock, and checks the engine, the partitioning and the number
+// of shards. The lock serialises concurrent calls: the first makes the
+// source id, the others keep it.
 func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 	return s.tbl.withLock(ctx, db, func(conn *gorm.DB) error {
 		today := storage.DayOf(time.Now())
@@ -168,6 +193,9 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 			if err := conn.Exec(q).Error; err != nil {
 				return fmt.Errorf("mysql: migrate %s: %w", s.tbl.name, err)
 			}
+		}
+		if err := conn.Exec(s.sourceRow("?"), []byte(storage.NewSourceID())).Error; err != nil {
+			return fmt.Errorf("mysql: make the source of %s: %w", s.tbl.name, err)
 		}
 		if _, err := s.tbl.readPartitions(conn); err != nil {
 			return err
@@ -400,6 +428,43 @@ func (s *OutboxStore) Release(ctx context.Context, db *gorm.DB, relay string) er
 // IsRetryable is the inbox Store's classification (see Store.IsRetryable).
 func (s *OutboxStore) IsRetryable(err error) bool { return s.tbl.IsRetryable(err) }
 
+// Source returns the table's source id and epoch.
+func (s *OutboxStore) Source(ctx context.Context, db *gorm.DB) (string, int64, error) {
+	var got []struct {
+		Source []byte
+		Epoch  int64
+	}
+	if err := db.WithContext(ctx).Raw(`SELECT source, epoch FROM ` + s.sourceTable() + ` WHERE id = 1`).Scan(&got).Error; err != nil {
+		return "", 0, fmt.Errorf("mysql: read the source of %s: %w", s.tbl.name, err)
+	}
+	if len(got) == 0 {
+		return "", 0, fmt.Errorf("mysql: %s has no source row; run Migrate", s.sourceTable())
+	}
+	return string(got[0].Source), got[0].Epoch, nil
+}
+
+// BumpEpoch raises the table's epoch by one and reads it back, in one
+// short transaction (the row lock of the UPDATE holds until the read).
+func (s *OutboxStore) BumpEpoch(ctx context.Context, db *gorm.DB) (int64, error) {
+	var epochs []int64
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec(`UPDATE ` + s.sourceTable() + ` SET epoch = epoch + 1, epoch_at = CURRENT_TIMESTAMP(6) WHERE id = 1`).Error; err != nil {
+			return fmt.Errorf("mysql: raise the epoch of %s: %w", s.tbl.name, err)
+		}
+		if err := tx.Raw(`SELECT epoch FROM ` + s.sourceTable() + ` WHERE id = 1`).Scan(&epochs).Error; err != nil {
+			return fmt.Errorf("mysql: read the epoch of %s: %w", s.tbl.name, err)
+		}
+		return nil
+	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return 0, err
+	}
+	if len(epochs) == 0 {
+		return 0, fmt.Errorf("mysql: %s has no source row; run Migrate", s.sourceTable())
+	}
+	return epochs[0], nil
+}
+
 // Maintain prepares the days from plan.Today through plan.PrepareThrough
 // like the inbox Store, drops the partitions holding only days before
 // plan.ExpireBefore whose rows are all published, and deletes the published
@@ -564,6 +629,7 @@ var (
 	_ storage.StatsReporter = (*OutboxStore)(nil)
 	_ storage.Verifier      = (*OutboxStore)(nil)
 	_ storage.SchemaPrinter = (*OutboxStore)(nil)
+	_ storage.Sequenced     = (*OutboxStore)(nil)
 )
 
 func maxTime(a, b time.Time) time.Time {

@@ -27,9 +27,9 @@ type OutboxOptions struct {
 	// Default DefaultSchema.
 	Schema string
 	// Table is the partitioned outbox table, at most MaxTableBytes bytes;
-	// <Table>_shards numbers the rows of each shard and <Table>_relay holds
-	// each shard's published mark and relay lease. Default
-	// DefaultOutboxTable.
+	// <Table>_shards numbers the rows of each shard, <Table>_relay holds
+	// each shard's published mark and relay lease, and <Table>_source the
+	// table's source id and epoch. Default DefaultOutboxTable.
 	Table string
 	// Shards is the number of shards, fixed when the tables are made.
 	// Enqueuing transactions whose keys fall in one shard take turns, so more
@@ -57,6 +57,9 @@ type OutboxOptions struct {
 // when none of its rows lies beyond its shard's published mark, checked under
 // the lock that detaches it (one index probe per shard): an unpublished row
 // is never dropped; such a day is reported in Held.
+//
+// The table's source id and epoch (storage.Sequenced) are the one row of
+// <table>_source, made by Migrate under its advisory lock.
 type OutboxStore struct {
 	tbl    *Store // the outbox table's names, advisory lock and partition helpers
 	shards int
@@ -91,7 +94,14 @@ func (s *OutboxStore) parent() string { return s.tbl.parent() }
 func (s *OutboxStore) shardsTable() string {
 	return s.tbl.qualified(s.tbl.table + "_shards")
 }
-func (s *OutboxStore) relayTable() string { return s.tbl.qualified(s.tbl.table + "_relay") }
+func (s *OutboxStore) relayTable() string  { return s.tbl.qualified(s.tbl.table + "_relay") }
+func (s *OutboxStore) sourceTable() string { return s.tbl.qualified(s.tbl.table + "_source") }
+
+// sourceRow inserts the source row, with the source id value (a bound
+// parameter or an SQL expression), unless there is one.
+func (s *OutboxStore) sourceRow(value string) string {
+	return `INSERT INTO ` + s.sourceTable() + ` (id, source) VALUES (1, ` + value + `) ON CONFLICT (id) DO NOTHING`
+}
 
 func (s *OutboxStore) createStatements() []string {
 	n := strconv.Itoa(s.shards - 1)
@@ -121,15 +131,25 @@ func (s *OutboxStore) createStatements() []string {
 			owner             text        NOT NULL DEFAULT '',
 			lease_until       timestamptz NOT NULL DEFAULT '-infinity'
 		)`,
+		// One row: the table's source id (made once, by Migrate) and epoch
+		// (raised by BumpEpoch), for the relay's sequence headers.
+		`CREATE TABLE IF NOT EXISTS ` + s.sourceTable() + ` (
+			id         smallint    PRIMARY KEY CHECK (id = 1),
+			source     text        NOT NULL,
+			epoch      bigint      NOT NULL DEFAULT 1 CHECK (epoch >= 1),
+			created_at timestamptz NOT NULL DEFAULT now(),
+			epoch_at   timestamptz NOT NULL DEFAULT now()
+		)`,
 		`INSERT INTO ` + s.shardsTable() + ` (shard) SELECT g FROM generate_series(0, ` + n + `) g ON CONFLICT DO NOTHING`,
 		`INSERT INTO ` + s.relayTable() + ` (shard) SELECT g FROM generate_series(0, ` + n + `) g ON CONFLICT DO NOTHING`,
 	}
 }
 
 // Migrate creates the schema if it is missing (as the inbox Store's
-// Migrate does), the tables and the shards in one transaction under the
-// store's advisory lock, and refuses tables made with another number of
-// shards.
+// Migrate does), the tables, the shards and the source row (a new source
+// id, epoch 1) in one transaction under the store's advisory lock, and
+// refuses tables made with another number of shards. The lock serialises
+// concurrent calls: the first makes the source id, the others keep it.
 func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := s.tbl.createSchema(tx); err != nil {
@@ -142,6 +162,9 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 			if err := tx.Exec(q).Error; err != nil {
 				return fmt.Errorf("postgres: migrate %s: %w", s.parent(), err)
 			}
+		}
+		if err := tx.Exec(s.sourceRow("?"), storage.NewSourceID()).Error; err != nil {
+			return fmt.Errorf("postgres: make the source of %s: %w", s.parent(), err)
 		}
 		var have struct{ Shards, Relay, Top int64 }
 		if err := tx.Raw(`SELECT (SELECT count(*) FROM ` + s.shardsTable() + `) AS shards, (SELECT count(*) FROM ` + s.relayTable() + `) AS relay,
@@ -157,12 +180,15 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 }
 
 // MigrationSQL returns Migrate's statements, followed by the partitions of
-// the days Today through PrepareThrough.
+// the days Today through PrepareThrough. The source id is made by the
+// database when the statements run (an md5 of random() and the clock: 32
+// hex digits, on every PostgreSQL version).
 func (s *OutboxStore) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 	if plan.PrepareThrough.Before(plan.Today) {
 		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", storage.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(plan.Today))
 	}
 	stmts := append([]string{`CREATE SCHEMA IF NOT EXISTS ` + quoteIdent(s.tbl.schema)}, s.createStatements()...)
+	stmts = append(stmts, s.sourceRow(`md5(random()::text || clock_timestamp()::text)`))
 	for d := storage.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
 		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.tbl.qualified(partitionName(s.tbl.table, d))+` PARTITION OF `+s.parent()+` `+bounds(d))
 	}
@@ -331,6 +357,33 @@ func (s *OutboxStore) Release(ctx context.Context, db *gorm.DB, relay string) er
 
 // IsRetryable is the inbox Store's classification (see Store.IsRetryable).
 func (s *OutboxStore) IsRetryable(err error) bool { return isRetryable(err) }
+
+// Source returns the table's source id and epoch.
+func (s *OutboxStore) Source(ctx context.Context, db *gorm.DB) (string, int64, error) {
+	var got []struct {
+		Source string
+		Epoch  int64
+	}
+	if err := db.WithContext(ctx).Raw(`SELECT source, epoch FROM ` + s.sourceTable() + ` WHERE id = 1`).Scan(&got).Error; err != nil {
+		return "", 0, fmt.Errorf("postgres: read the source of %s: %w", s.parent(), err)
+	}
+	if len(got) == 0 {
+		return "", 0, fmt.Errorf("postgres: %s has no source row; run Migrate", s.sourceTable())
+	}
+	return got[0].Source, got[0].Epoch, nil
+}
+
+// BumpEpoch raises the table's epoch by one, with one UPDATE.
+func (s *OutboxStore) BumpEpoch(ctx context.Context, db *gorm.DB) (int64, error) {
+	var epochs []int64
+	if err := db.WithContext(ctx).Raw(`UPDATE ` + s.sourceTable() + ` SET epoch = epoch + 1, epoch_at = now() WHERE id = 1 RETURNING epoch`).Scan(&epochs).Error; err != nil {
+		return 0, fmt.Errorf("postgres: raise the epoch of %s: %w", s.parent(), err)
+	}
+	if len(epochs) == 0 {
+		return 0, fmt.Errorf("postgres: %s has no source row; run Migrate", s.sourceTable())
+	}
+	return epochs[0], nil
+}
 
 // unpublishedIn is a query answering whether the relation rel holds a row
 // beyond its shard's published mark: one index probe per shard.
@@ -539,4 +592,5 @@ var (
 	_ storage.StatsReporter = (*OutboxStore)(nil)
 	_ storage.SchemaPrinter = (*OutboxStore)(nil)
 	_ storage.Verifier      = (*OutboxStore)(nil)
+	_ storage.Sequenced     = (*OutboxStore)(nil)
 )

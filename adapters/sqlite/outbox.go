@@ -21,8 +21,8 @@ const (
 
 // OutboxOptions configures an OutboxStore.
 type OutboxOptions struct {
-	// Table is the outbox table; its shards live in <Table>_shards.
-	// Default DefaultOutboxTable.
+	// Table is the outbox table; its shards live in <Table>_shards, its
+	// source id and epoch in <Table>_source. Default DefaultOutboxTable.
 	Table string
 	// Shards is the number of shards, fixed when the table is made.
 	// Default DefaultShards.
@@ -42,11 +42,12 @@ type OutboxOptions struct {
 // row locks to skip; a claim waits for the write lock instead, within the
 // busy timeout). One relay is enough for SQLite's write rate; a second one
 // only stands by. Expiry deletes published rows of expired days in small
-// batches; unpublished rows are never deleted.
+// batches; unpublished rows are never deleted. The table's source id and
+// epoch (storage.Sequenced) are the one row of <table>_source.
 type OutboxStore struct {
-	table, shardsTable string
-	shards             int
-	deleteBatch        int
+	table, shardsTable, sourceTable string
+	shards                          int
+	deleteBatch                     int
 }
 
 // NewOutbox validates opts and returns an OutboxStore. It does not touch
@@ -59,15 +60,29 @@ func NewOutbox(opts OutboxOptions) (*OutboxStore, error) {
 	if opts.Shards < 0 || opts.Shards > 1<<16 || opts.DeleteBatch < 0 {
 		return nil, fmt.Errorf("%w: shards %d (1..65536) or delete batch %d", storage.ErrInvalidConfig, opts.Shards, opts.DeleteBatch)
 	}
-	return &OutboxStore{table: opts.Table, shardsTable: opts.Table + "_shards",
+	return &OutboxStore{table: opts.Table, shardsTable: opts.Table + "_shards", sourceTable: opts.Table + "_source",
 		shards: cmp.Or(opts.Shards, DefaultShards), deleteBatch: cmp.Or(opts.DeleteBatch, 1000)}, nil
 }
 
 // Table returns the outbox table name.
 func (s *OutboxStore) Table() string { return s.table }
 
+// createStatements make the tables. The source table comes first: on a
+// database without it, that statement is the transaction's first write and
+// takes the write lock before the transaction has read anything (a
+// transaction that read first and then writes fails at once with
+// SQLITE_BUSY when another one is writing, without the busy timeout).
 func (s *OutboxStore) createStatements() []string {
 	return []string{
+		// One row: the table's source id (made once, by Migrate) and epoch
+		// (raised by BumpEpoch), for the relay's sequence headers.
+		`CREATE TABLE IF NOT EXISTS ` + s.sourceTable + ` (
+			id         INTEGER PRIMARY KEY CHECK (id = 1),
+			source     TEXT    NOT NULL,
+			epoch      INTEGER NOT NULL DEFAULT 1 CHECK (epoch >= 1),
+			created_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+			epoch_at   TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+		) STRICT`,
 		`CREATE TABLE IF NOT EXISTS ` + s.table + ` (
 			shard      INTEGER NOT NULL,
 			seq        INTEGER NOT NULL,
@@ -107,19 +122,40 @@ func (s *OutboxStore) shardRows() string {
 	return b.String()
 }
 
-// MigrationSQL returns Migrate's statements; SQLite has no partitions to
-// prepare.
-func (s *OutboxStore) MigrationSQL(storage.MaintenancePlan) ([]string, error) {
-	return append(s.createStatements(), s.shardRows()), nil
+// sourceRow inserts the source row, with the source id value (a bound
+// parameter or an SQL expression), unless there is one.
+func (s *OutboxStore) sourceRow(value string) string {
+	return `INSERT INTO ` + s.sourceTable + ` (id, source) VALUES (1, ` + value + `) ON CONFLICT (id) DO NOTHING`
 }
 
-// Migrate creates the tables and the shards, and refuses a shards table
-// with another number of shards.
+// MigrationSQL returns Migrate's statements; SQLite has no partitions to
+// prepare. The source id is made by the database when the statements run.
+func (s *OutboxStore) MigrationSQL(storage.MaintenancePlan) ([]string, error) {
+	return append(s.createStatements(), s.shardRows(), s.sourceRow(`lower(hex(randomblob(16)))`)), nil
+}
+
+// Migrate creates the tables, the shards and the source row (a new source
+// id, epoch 1), and refuses a shards table with another number of shards.
+// It writes only what is missing, in one transaction: SQLite's single
+// writer serialises concurrent calls, so one of them makes the source id
+// and the others find it.
 func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		for _, q := range s.createStatements() {
 			if err := tx.Exec(q).Error; err != nil {
 				return fmt.Errorf("sqlite: migrate %s: %w", s.table, err)
+			}
+		}
+		// Read before writing: a Migrate that finds everything in place
+		// writes nothing, so it never waits for the write lock (see
+		// createStatements).
+		var sources int64
+		if err := tx.Raw(`SELECT COUNT(*) FROM ` + s.sourceTable).Scan(&sources).Error; err != nil {
+			return fmt.Errorf("sqlite: read the source of %s: %w", s.table, err)
+		}
+		if sources == 0 {
+			if err := tx.Exec(s.sourceRow("?"), storage.NewSourceID()).Error; err != nil {
+				return fmt.Errorf("sqlite: make the source of %s: %w", s.table, err)
 			}
 		}
 		var have struct{ N, Top int64 }
@@ -357,6 +393,34 @@ func (s *OutboxStore) Stats(ctx context.Context, db *gorm.DB) ([]storage.DayStat
 	return out, nil
 }
 
+// Source returns the table's source id and epoch.
+func (s *OutboxStore) Source(ctx context.Context, db *gorm.DB) (string, int64, error) {
+	var got []struct {
+		Source string
+		Epoch  int64
+	}
+	if err := db.WithContext(ctx).Raw(`SELECT source, epoch FROM ` + s.sourceTable + ` WHERE id = 1`).Scan(&got).Error; err != nil {
+		return "", 0, fmt.Errorf("sqlite: read the source of %s: %w", s.table, err)
+	}
+	if len(got) == 0 {
+		return "", 0, fmt.Errorf("sqlite: %s has no source row; run Migrate", s.sourceTable)
+	}
+	return got[0].Source, got[0].Epoch, nil
+}
+
+// BumpEpoch raises the table's epoch by one.
+func (s *OutboxStore) BumpEpoch(ctx context.Context, db *gorm.DB) (int64, error) {
+	var epochs []int64
+	if err := db.WithContext(ctx).Raw(`UPDATE ` + s.sourceTable + ` SET epoch = epoch + 1, epoch_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+		WHERE id = 1 RETURNING epoch`).Scan(&epochs).Error; err != nil {
+		return 0, fmt.Errorf("sqlite: raise the epoch of %s: %w", s.table, err)
+	}
+	if len(epochs) == 0 {
+		return 0, fmt.Errorf("sqlite: %s has no source row; run Migrate", s.sourceTable)
+	}
+	return epochs[0], nil
+}
+
 // Verify checks the connection's settings as the inbox Store does (WAL, a
 // busy timeout, synchronous FULL: with NORMAL a power loss can undo the
 // commit of a message, which is then never published).
@@ -371,4 +435,5 @@ var (
 	_ storage.StatsReporter = (*OutboxStore)(nil)
 	_ storage.Verifier      = (*OutboxStore)(nil)
 	_ storage.SchemaPrinter = (*OutboxStore)(nil)
+	_ storage.Sequenced     = (*OutboxStore)(nil)
 )

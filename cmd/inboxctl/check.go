@@ -34,11 +34,12 @@ dropped afterwards, also when a check fails or the command is interrupted.
 The inbox table (--table) is never touched.
 
 The outbox checks (outbox-*) follow: the outbox Store of the same dialect,
-in scratch tables of its own (inboxctl_check_<random>, with their _shards
-and _relay tables), against a broker stand-in that records what a relay
-publishes: messages exist if and only if their transaction commits, are
-published in commit order per key, survive a relay that fails or is taken
-over, and expiry never removes an unpublished row. The outbox table (--table)
+in scratch tables of its own (inboxctl_check_<random>, with their _shards,
+_relay and _source tables), against a broker stand-in that records what a
+relay publishes: messages exist if and only if their transaction commits,
+are published in commit order per key, survive a relay that fails or is
+taken over, carry sequence headers that match their stored rows on every
+copy, and expiry never removes an unpublished row. The outbox table (--table)
 is never touched either.
 
 By default every area runs except the slow retention checks, which move a
@@ -365,7 +366,7 @@ func (ck *checker) harness(ctx context.Context) (*conformance.Harness, error) {
 			// Clean up even when ctx was cancelled: that is when it matters.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer cancel()
-			// The outbox's _shards and _relay tables and the partitions
+			// The outbox's _shards, _relay and _source tables and the partitions
 			// share their table's prefix.
 			err := errors.Join(ck.dropScratch(cctx, db, table), ck.dropScratch(cctx, db, outboxTable))
 			ck.warnEffects(cctx, db, effectsBefore)

@@ -14,7 +14,7 @@
 //	maintain  prepare the coming days and expire old ones (--dry-run shows the plan)
 //	stats     rows per consumer and day, oldest and newest day, size on disk
 //	check     run the conformance checks against the live database
-//	outbox    migrate|maintain|stats for the outbox table (package outbox)
+//	outbox    migrate|maintain|stats|source|bump-epoch for the outbox table (package outbox)
 //
 // Every command takes the connection flags:
 //
@@ -97,7 +97,7 @@ func commands() []command {
 		{"maintain", "prepare the coming days and expire old ones (--dry-run shows the plan)", runMaintain},
 		{"stats", "rows per consumer and day, oldest and newest day, size on disk", runStats},
 		{"check", "run the conformance checks against the live database", runCheck},
-		{"outbox", "migrate, maintain or report the outbox table (inboxctl outbox migrate|maintain|stats)", runOutbox},
+		{"outbox", "migrate, maintain or report the outbox table, show or bump its epoch (inboxctl outbox migrate|maintain|stats|source|bump-epoch)", runOutbox},
 	}
 }
 

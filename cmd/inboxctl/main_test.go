@@ -356,7 +356,7 @@ func TestCheckSQLite(t *testing.T) {
 	expectCode(t, r, exitOK)
 	n := len(selectChecks(false, nil)) + 1
 	for _, want := range []string{"PASS  settings/verify", "PASS  schema/table-is-transactional", "PASS  atomicity/handler-error-rolls-back",
-		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-expiry/never-unpublished",
+		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-sequence/relay-headers", "PASS  outbox-expiry/never-unpublished",
 		fmt.Sprintf("PASS: %d of %d checks passed against sqlite", n, n)} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("check output lacks %q:\n%v", want, r)
@@ -560,4 +560,51 @@ func TestCheckReportsLeftovers(t *testing.T) {
 			t.Errorf("check output lacks %q:\n%v", want, r)
 		}
 	}
+}
+
+// expectOutboxEpoch applies the outbox DDL that migrate --print-sql prints
+// for dialect to db, as a migration tool would, then runs inboxctl outbox
+// source, migrate and bump-epoch with the connection flags common (which
+// name the table): the DDL made a source id, migrate keeps it, the epoch
+// goes from 1 to 2.
+func expectOutboxEpoch(t *testing.T, dialect string, db *gorm.DB, common ...string) {
+	t.Helper()
+	args := func(action string, extra ...string) []string {
+		return append(append([]string{"outbox", action}, common...), extra...)
+	}
+	ddl := runArgs(t, args("migrate", "--print-sql", "--dialect", dialect, "--shards", "8")...)
+	expectCode(t, ddl, exitOK)
+	for _, stmt := range strings.Split(ddl.stdout, ";\n") {
+		if q := strings.TrimSpace(stripComments(stmt)); q != "" {
+			if err := db.Exec(q).Error; err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+	made := decodeJSON[outboxResult](t, runArgs(t, args("source", "--json")...))
+	if err := storage.ValidSource(made.Source); err != nil || made.Epoch != 1 {
+		t.Fatalf("outbox source after the printed DDL: %+v (%v), want a source id and epoch 1", made, err)
+	}
+	migrated := decodeJSON[outboxResult](t, runArgs(t, args("migrate", "--shards", "8", "--json")...))
+	if migrated.Source != made.Source || migrated.Epoch != 1 {
+		t.Fatalf("outbox migrate: %+v, want the DDL's source %q and epoch 1", migrated, made.Source)
+	}
+	bumped := decodeJSON[outboxResult](t, runArgs(t, args("bump-epoch", "--json")...))
+	if bumped.Source != made.Source || bumped.PreviousEpoch != 1 || bumped.Epoch != 2 {
+		t.Fatalf("outbox bump-epoch: %+v, want source %q epoch 2, was 1", bumped, made.Source)
+	}
+	expectCode(t, runArgs(t, args("migrate", "--shards", "8")...), exitOK)
+	if src := decodeJSON[outboxResult](t, runArgs(t, args("source", "--json")...)); src.Source != made.Source || src.Epoch != 2 {
+		t.Fatalf("outbox source after migrating again: %+v, want source %q epoch 2", src, made.Source)
+	}
+}
+
+func stripComments(s string) string {
+	var keep []string
+	for _, line := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n")
 }

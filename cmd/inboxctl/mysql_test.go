@@ -43,7 +43,7 @@ func TestCheckMySQL(t *testing.T) {
 	expectCode(t, r, exitOK)
 	n := len(selectChecks(false, nil)) + 1
 	for _, want := range []string{"PASS  settings/verify", "PASS  atomicity/handler-error-rolls-back",
-		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-expiry/never-unpublished",
+		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-sequence/relay-headers", "PASS  outbox-expiry/never-unpublished",
 		fmt.Sprintf("PASS: %d of %d checks passed against mysql", n, n)} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("check output lacks %q:\n%v", want, r)
@@ -158,4 +158,18 @@ func TestMySQLMigrateMaintainStats(t *testing.T) {
 	if st.TotalRows != 2 || st.ExpiredRows != 0 {
 		t.Errorf("stats after maintain: %+v\n%v", st, r)
 	}
+}
+
+// TestMySQLOutboxEpoch: the outbox's source id, made by the printed DDL,
+// kept by migrate; the epoch shown and bumped.
+func TestMySQLOutboxEpoch(t *testing.T) {
+	dsn := mysqlDSN(t, nil)
+	table := "inboxctl_t_" + conformance.RandomSuffix()
+	db := openGorm(t, dialectMySQL, dsn)
+	t.Cleanup(func() {
+		for _, suffix := range []string{"", "_shards", "_relay", "_source"} {
+			db.Exec("DROP TABLE IF EXISTS `" + table + suffix + "`")
+		}
+	})
+	expectOutboxEpoch(t, dialectMySQL, db, "--dsn", dsn, "--table", table)
 }

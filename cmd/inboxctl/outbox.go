@@ -15,12 +15,25 @@ var outboxSpec = cmdSpec{
 	synopsis: `Manage the outbox table (github.com/inboxgo/inbox/outbox). The first argument
 is the action:
 
-  migrate   create the outbox table, its shards and relay tables (or check
-            them); warns about settings that can lose committed messages
+  migrate   create the outbox table, its shards, relay and source tables (or
+            check them); warns about settings that can lose committed
+            messages
   maintain  prepare the coming days and remove published rows of days before
             today - retention-days; a day that still holds unpublished rows is
             never removed and is reported (exit status 1): is a relay running?
   stats     rows and unpublished rows per day
+  source    the outbox table's source id and epoch, which the relays stamp,
+            with each message's shard and sequence number, on every message
+            with a key (the sequence headers inbox_source, inbox_epoch,
+            inbox_shard, inbox_seq)
+  bump-epoch
+            raise the epoch by one: after the database was restored from a
+            backup, or failed over to a replica that had not received every
+            commit, the sequence numbers after the restored point are handed
+            out again to other events, and a new epoch tells them apart.
+            Run it before any relay runs on the restored database (a relay
+            cycle under way publishes with the epoch it read); --dry-run
+            shows the change without making it
 
 --shards must be the applications' (fixed when the table is made; migrate
 refuses a different number). --retention-days here defaults to the outbox's
@@ -29,6 +42,8 @@ refuses a different number). --retention-days here defaults to the outbox's
   inboxctl outbox migrate --print-sql --dialect postgres --schema app > migrations/0002_outbox.sql
   inboxctl outbox maintain --dsn "$DSN" --retention-days 3 --dry-run
   inboxctl outbox stats --dsn "$DSN" --json
+  inboxctl outbox source --dsn "$DSN"
+  inboxctl outbox bump-epoch --dsn "$DSN"  # after a restore, before the relays start
 `,
 	retention: true,
 }
@@ -48,6 +63,11 @@ type outboxResult struct {
 	Days        []outboxDay `json:"days,omitempty"`
 	TotalRows   int64       `json:"total_rows"`
 	Unpublished int64       `json:"unpublished"`
+	// migrate, source, bump-epoch: the sequence headers' source id and
+	// epoch (bump-epoch: the new one, and the one before it)
+	Source        string `json:"source,omitempty"`
+	Epoch         int64  `json:"epoch,omitempty"`
+	PreviousEpoch int64  `json:"previous_epoch,omitempty"`
 }
 
 type outboxDay struct {
@@ -63,7 +83,7 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	fs, o := newFlagSet(outboxSpec)
 	shards := fs.Int("shards", 64, "`number` of shards of the outbox table (the applications' adapter option)")
-	dryRun := fs.Bool("dry-run", false, "maintain: change nothing; print what would be prepared and removed")
+	dryRun := fs.Bool("dry-run", false, "maintain, bump-epoch: change nothing; print what would be prepared and removed, or the epoch it would move to")
 	printSQL := fs.Bool("print-sql", false, "migrate: print the DDL for --dialect instead of running it; connects to nothing")
 	fs.Lookup("retention-days").DefValue = "3"
 	o.retentionDays = outbox.DefaultRetentionDays
@@ -75,11 +95,14 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail(stderr, "outbox", err)
 	}
 	switch action {
-	case "migrate", "maintain", "stats":
+	case "migrate", "maintain", "stats", "source", "bump-epoch":
 	case "":
-		return fail(stderr, "outbox", usageErrorf("missing action: migrate, maintain or stats"))
+		return fail(stderr, "outbox", usageErrorf("missing action: %s", outboxActions))
 	default:
-		return fail(stderr, "outbox", usageErrorf("unknown action %q: want migrate, maintain or stats", action))
+		return fail(stderr, "outbox", usageErrorf("unknown action %q: want %s", action, outboxActions))
+	}
+	if *dryRun && action != "maintain" && action != "bump-epoch" {
+		return fail(stderr, "outbox", usageErrorf("--dry-run is for maintain and bump-epoch"))
 	}
 	if *shards < 1 {
 		return fail(stderr, "outbox", usageErrorf("--shards must be at least 1, got %d", *shards))
@@ -148,6 +171,27 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) int
 				fmt.Fprintf(stderr, "inboxctl outbox: warning: with this DSN's settings %v\n", err)
 			}
 		}
+		if sq, ok := store.(storage.Sequenced); ok {
+			if res.Source, res.Epoch, err = sq.Source(ctx, db); err != nil {
+				return fail(stderr, "outbox", err)
+			}
+		}
+	case "source", "bump-epoch":
+		sq, ok := store.(storage.Sequenced)
+		if !ok {
+			return fail(stderr, "outbox", fmt.Errorf("the %s outbox store keeps no source id and epoch", b.name))
+		}
+		if res.Source, res.Epoch, err = sq.Source(ctx, db); err != nil {
+			return fail(stderr, "outbox", err)
+		}
+		if action == "bump-epoch" {
+			res.DryRun, res.PreviousEpoch = *dryRun, res.Epoch
+			if res.DryRun {
+				res.Epoch++
+			} else if res.Epoch, err = sq.BumpEpoch(ctx, db); err != nil {
+				return fail(stderr, "outbox", err)
+			}
+		}
 	case "maintain":
 		plan := ob.Plan()
 		plan.DryRun = *dryRun
@@ -199,6 +243,17 @@ func printOutbox(w io.Writer, r outboxResult) {
 	switch r.Action {
 	case "migrate":
 		fmt.Fprintf(w, "%s outbox table %s is ready\n", r.Dialect, name)
+		if r.Source != "" {
+			fmt.Fprintf(w, "  source %s, epoch %d\n", r.Source, r.Epoch)
+		}
+	case "source":
+		fmt.Fprintf(w, "%s outbox table %s: source %s, epoch %d\n", r.Dialect, name, r.Source, r.Epoch)
+	case "bump-epoch":
+		if r.DryRun {
+			fmt.Fprintf(w, "dry run: nothing was changed; %s outbox table %s (source %s) would go from epoch %d to %d\n", r.Dialect, name, r.Source, r.PreviousEpoch, r.Epoch)
+		} else {
+			fmt.Fprintf(w, "%s outbox table %s (source %s): epoch %d, was %d\n", r.Dialect, name, r.Source, r.Epoch, r.PreviousEpoch)
+		}
 	case "maintain":
 		if r.DryRun {
 			fmt.Fprintln(w, "dry run: nothing was changed")
@@ -219,6 +274,9 @@ func printOutbox(w io.Writer, r outboxResult) {
 		}
 	}
 }
+
+// outboxActions lists the actions of inboxctl outbox, for its usage errors.
+const outboxActions = "migrate, maintain, stats, source or bump-epoch"
 
 func orNone(days []string) string {
 	if len(days) == 0 {

@@ -5,6 +5,14 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"gorm.io/gorm"
+
+	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 func TestOutboxSQLite(t *testing.T) {
@@ -23,6 +31,83 @@ func TestOutboxSQLite(t *testing.T) {
 	expectCode(t, runArgs(t, "outbox", "--dsn", dsn), exitUsage)
 	expectCode(t, runArgs(t, "outbox", "publish", "--dsn", dsn), exitUsage)
 	expectCode(t, runArgs(t, "outbox", "-h"), exitOK)
+}
+
+// The source id is made by migrate and kept; bump-epoch raises the epoch by
+// one (not in a dry run), and the relays of an outbox on the table stamp
+// the new one.
+func TestOutboxSourceAndEpochSQLite(t *testing.T) {
+	dsn := sqliteFile(t)
+	expectCode(t, runArgs(t, "outbox", "source", "--dsn", dsn), exitFailed) // no database yet
+	migrated := decodeJSON[outboxResult](t, runArgs(t, "outbox", "migrate", "--dsn", dsn, "--shards", "8", "--json"))
+	if err := storage.ValidSource(migrated.Source); err != nil || migrated.Epoch != 1 {
+		t.Fatalf("migrate: source %q epoch %d (%v), want a source id and epoch 1", migrated.Source, migrated.Epoch, err)
+	}
+	expectCode(t, runArgs(t, "outbox", "migrate", "--dsn", dsn, "--shards", "8"), exitOK)
+	src := decodeJSON[outboxResult](t, runArgs(t, "outbox", "source", "--dsn", dsn, "--json"))
+	if src.Source != migrated.Source || src.Epoch != 1 || src.Action != "source" {
+		t.Fatalf("source after migrating again: %+v, want source %q epoch 1", src, migrated.Source)
+	}
+	r := runArgs(t, "outbox", "source", "--dsn", dsn)
+	expectCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, migrated.Source) || !strings.Contains(r.stdout, "epoch 1") {
+		t.Fatalf("source output lacks the source id and epoch:\n%s", r.stdout)
+	}
+
+	dry := decodeJSON[outboxResult](t, runArgs(t, "outbox", "bump-epoch", "--dsn", dsn, "--dry-run", "--json"))
+	if !dry.DryRun || dry.PreviousEpoch != 1 || dry.Epoch != 2 {
+		t.Fatalf("dry run: %+v, want epoch 1 to 2", dry)
+	}
+	for want := int64(2); want <= 3; want++ {
+		b := decodeJSON[outboxResult](t, runArgs(t, "outbox", "bump-epoch", "--dsn", dsn, "--json"))
+		if b.DryRun || b.Source != migrated.Source || b.PreviousEpoch != want-1 || b.Epoch != want {
+			t.Fatalf("bump-epoch: %+v, want source %q epoch %d, was %d", b, migrated.Source, want, want-1)
+		}
+	}
+	r = runArgs(t, "outbox", "bump-epoch", "--dsn", dsn)
+	expectCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "epoch 4, was 3") {
+		t.Fatalf("bump-epoch output:\n%s", r.stdout)
+	}
+	expectCode(t, runArgs(t, "outbox", "migrate", "--dsn", dsn, "--shards", "8"), exitOK)
+	if src := decodeJSON[outboxResult](t, runArgs(t, "outbox", "source", "--dsn", dsn, "--json")); src.Source != migrated.Source || src.Epoch != 4 {
+		t.Fatalf("after migrating again: %+v, want source %q epoch 4", src, migrated.Source)
+	}
+
+	// A relay on the table stamps the source and the epoch now in force.
+	db := openGorm(t, "sqlite", dsn)
+	store, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Shards: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(db, store, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Transaction(func(tx *gorm.DB) error {
+		return ob.Enqueue(t.Context(), tx, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rec := &conformance.Recorder{}
+	relay, err := ob.NewRelay(rec, outbox.RelayConfig{ID: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := conformance.Drain(t.Context(), relay); err != nil || n != 1 {
+		t.Fatalf("relay published %d (err %v), want 1", n, err)
+	}
+	got := map[string]string{}
+	for _, h := range rec.Messages()[0].Headers {
+		got[h.Key] = string(h.Value)
+	}
+	if got[header.SeqSource] != migrated.Source || got[header.SeqEpoch] != "4" || got[header.Seq] != "1" {
+		t.Fatalf("published headers %v, want source %q, epoch 4, seq 1", got, migrated.Source)
+	}
+
+	expectCode(t, runArgs(t, "outbox", "source", "--dsn", dsn, "--dry-run"), exitUsage)
+	other := emptySQLite(t)
+	expectCode(t, runArgs(t, "outbox", "bump-epoch", "--dsn", other), exitFailed) // never migrated
 }
 
 func TestOutboxPrintSQLThenUse(t *testing.T) {
@@ -46,14 +131,14 @@ func TestOutboxPrintSQLThenUse(t *testing.T) {
 		}
 	}
 	expectCode(t, runArgs(t, "outbox", "migrate", "--dsn", dsn, "--shards", "4"), exitOK)
-}
-
-func stripComments(s string) string {
-	var keep []string
-	for _, line := range strings.Split(s, "\n") {
-		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
-			keep = append(keep, line)
-		}
+	// The DDL made the source id; migrate keeps it.
+	src := decodeJSON[outboxResult](t, runArgs(t, "outbox", "source", "--dsn", dsn, "--json"))
+	if err := storage.ValidSource(src.Source); err != nil || src.Epoch != 1 {
+		t.Fatalf("source after the printed DDL: %+v (%v)", src, err)
 	}
-	return strings.Join(keep, "\n")
+	first := src.Source
+	expectCode(t, runArgs(t, "outbox", "migrate", "--dsn", dsn, "--shards", "4"), exitOK)
+	if src := decodeJSON[outboxResult](t, runArgs(t, "outbox", "source", "--dsn", dsn, "--json")); src.Source != first {
+		t.Fatalf("migrate changed the source id the DDL made: %q, then %q", first, src.Source)
+	}
 }

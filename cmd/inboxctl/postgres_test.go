@@ -23,7 +23,7 @@ func TestCheckPostgres(t *testing.T) {
 	expectCode(t, r, exitOK)
 	n := len(selectChecks(false, nil)) + 1
 	for _, want := range []string{"PASS  settings/verify", "PASS  concurrency/concurrent-deliveries-first-rolls-back",
-		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-expiry/never-unpublished",
+		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-sequence/relay-headers", "PASS  outbox-expiry/never-unpublished",
 		fmt.Sprintf("PASS: %d of %d checks passed against postgres", n, n)} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("check output lacks %q:\n%v", want, r)
@@ -153,4 +153,14 @@ func TestPostgresMigrateMaintainStats(t *testing.T) {
 	if st.TotalRows != 2 || st.ExpiredRows != 0 {
 		t.Errorf("stats after maintain: %+v", st)
 	}
+}
+
+// TestPostgresOutboxEpoch: the outbox's source id, made by the printed
+// DDL, kept by migrate; the epoch shown and bumped.
+func TestPostgresOutboxEpoch(t *testing.T) {
+	dsn := testservers.PostgresDSN(t)
+	schema := "inboxctl_t_" + conformance.RandomSuffix()
+	db := openGorm(t, dialectPostgres, dsn)
+	t.Cleanup(func() { db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`) })
+	expectOutboxEpoch(t, dialectPostgres, db, "--dsn", dsn, "--schema", schema)
 }

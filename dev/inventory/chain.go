@@ -202,7 +202,7 @@ func (c Chain) Drop(ctx context.Context, db *gorm.DB) {
 		c.inboxTable(StageReserve), c.inboxTable(StageLedger)}
 	for _, stage := range []string{StageOrders, StageReserve} {
 		t := c.outboxTable(stage)
-		tables = append(tables, t, t+"_shards", t+"_relay")
+		tables = append(tables, t, t+"_shards", t+"_relay", t+"_source")
 	}
 	for _, t := range tables {
 		q := `DROP TABLE IF EXISTS "` + t + `" CASCADE` // PostgreSQL: the partitions go with it

@@ -2,6 +2,7 @@ package conformance_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -70,6 +71,38 @@ func (s appendsElsewhere) Migrate(ctx context.Context, db *gorm.DB) error {
 	return s.OutboxStore.Migrate(ctx, s.own)
 }
 
+// newSourceEachMigrate makes a new source id on every Migrate, as a store
+// that writes the id with an upsert rather than only when there is none.
+type newSourceEachMigrate struct{ *inboxsqlite.OutboxStore }
+
+func (s newSourceEachMigrate) Migrate(ctx context.Context, db *gorm.DB) error {
+	if err := s.OutboxStore.Migrate(ctx, db); err != nil {
+		return err
+	}
+	return db.WithContext(ctx).Exec(`UPDATE `+s.Table()+`_source SET source = ?`, storage.NewSourceID()).Error
+}
+
+// bumpForgets answers BumpEpoch with the next epoch but stores nothing.
+type bumpForgets struct{ *inboxsqlite.OutboxStore }
+
+func (s bumpForgets) BumpEpoch(ctx context.Context, db *gorm.DB) (int64, error) {
+	_, epoch, err := s.Source(ctx, db)
+	return epoch + 1, err
+}
+
+// sourcePerCall answers every Source call with a new id, as a store that
+// makes the id in memory instead of keeping it in the database.
+type sourcePerCall struct{ *inboxsqlite.OutboxStore }
+
+func (s sourcePerCall) Source(ctx context.Context, db *gorm.DB) (string, int64, error) {
+	_, epoch, err := s.OutboxStore.Source(ctx, db)
+	return storage.NewSourceID(), epoch, err
+}
+
+// unsequenced is the healthy store without the storage.Sequenced
+// capability, as a third party's store written before it.
+type unsequenced struct{ storage.OutboxStore }
+
 func outboxHarnessWith(t *testing.T, wrap func(t *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		path := filepath.Join(t.TempDir(), "outbox.db")
@@ -103,11 +136,40 @@ func TestOutboxSuiteFailsBrokenStores(t *testing.T) {
 				return appendsElsewhere{s, openSQLiteAt(t, filepath.Join(t.TempDir(), "elsewhere.db"))}
 			},
 			[]string{"outbox-enqueue/commit-publishes", "outbox-enqueue/rollback-removes"}},
+		{"makes-a-new-source-id-on-every-migrate",
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return newSourceEachMigrate{s} },
+			[]string{"outbox-sequence/source-stable"}},
+		{"forgets-epoch-bumps",
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return bumpForgets{s} },
+			[]string{"outbox-sequence/epoch-bump", "outbox-sequence/relay-headers"}},
+		{"makes-a-new-source-id-on-every-read",
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return sourcePerCall{s} },
+			[]string{"outbox-sequence/source-stable", "outbox-sequence/epoch-bump", "outbox-sequence/relay-headers"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			requireCaught(t, outboxHarnessWith(t, tc.wrap), tc.mustFail, tc.name)
 		})
+	}
+}
+
+// A store without the capability skips the sequence checks, saying why,
+// and passes the others.
+func TestOutboxSuiteSkipsSequenceChecksWithoutTheCapability(t *testing.T) {
+	newHarness := outboxHarnessWith(t, func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return unsequenced{s} })
+	for _, c := range conformance.Checks() {
+		if !c.Outbox {
+			continue
+		}
+		err := conformance.RunCheck(t.Context(), newHarness, c)
+		switch {
+		case c.Sequenced && !errors.Is(err, conformance.ErrSkipped):
+			t.Errorf("check %s on a store without storage.Sequenced: %v, want it skipped", c.ID(), err)
+		case c.Sequenced:
+			t.Logf("%v", err)
+		case err != nil:
+			t.Errorf("check %s: %v", c.ID(), err)
+		}
 	}
 }
 

@@ -24,7 +24,7 @@ func BenchmarkOutboxRelay(b *testing.B) {
 		store, err := inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: "outbox_bench_" + conformance.RandomSuffix()})
 		cleanup := func() {
 			if store != nil {
-				for _, suffix := range []string{"", "_shards", "_relay"} {
+				for _, suffix := range []string{"", "_shards", "_relay", "_source"} {
 					db.Exec("DROP TABLE IF EXISTS `" + store.Table() + suffix + "`")
 				}
 			}

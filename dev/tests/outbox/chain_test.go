@@ -104,7 +104,7 @@ func mysqlChain(t *testing.T) chainDB {
 			return inboxmysql.New(inboxmysql.Options{Table: table})
 		},
 		newOutbox: func(table string) (storage.OutboxStore, error) {
-			remember(table, table+"_shards", table+"_relay")
+			remember(table, table+"_shards", table+"_relay", table+"_source")
 			return inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Shards: 16})
 		},
 		drop: remember,
