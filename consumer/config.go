@@ -321,8 +321,8 @@ type Config struct {
 	// message before the stored offset (a hash of its key, timestamp,
 	// headers and value, never of its offset), and on assignment that
 	// message is fetched again (one fetch) and compared: another message
-	// there stops the partition with ReasonTopicRecreated, wrapping
-	// ErrTopicRecreated, saying how to reset. When the check cannot be made
+	// there stops the partition (a *PartitionStoppedError with Reason
+	// ReasonTopicRecreated), saying how to reset. When the check cannot be made
 	// the partition starts without it, logged at Info (a failed fetch at
 	// Warn), and is never stopped: the message was deleted by retention or
 	// removed by compaction, the fetch failed or took more than 5 s, or the

@@ -30,9 +30,10 @@ var (
 	// ErrOffsetBeyondLogEnd is wrapped by the error of a partition stopped
 	// with ReasonOffsetBeyondLogEnd.
 	ErrOffsetBeyondLogEnd = errors.New("consumer: start offset beyond the partition's log end")
-	// ErrTopicRecreated is wrapped by the error of a partition stopped
-	// with ReasonTopicRecreated.
-	ErrTopicRecreated = errors.New("consumer: the message before the stored offset is not the one processed there (topic recreated)")
+	// errTopicRecreated is wrapped by the error of a partition stopped with
+	// ReasonTopicRecreated; callers tell that stop by its Reason (the
+	// exported API stays small).
+	errTopicRecreated = errors.New("consumer: the message before the stored offset is not the one processed there (topic recreated)")
 	// ErrPartitionStopped is wrapped by every *PartitionStoppedError.
 	ErrPartitionStopped = errors.New("consumer: partition stopped")
 	// errClosed is the cancellation cause used by Close.

@@ -44,8 +44,10 @@ const ReasonOffsetBeyondLogEnd = "offset-beyond-log-end"
 // ReasonTopicRecreated is the Reason of a partition stopped on assignment
 // because, with Config.StoreOffsets, the message before the stored offset
 // is not the one the group processed there: the topic was deleted and
-// recreated and has already grown past the stored offset; see
-// ErrTopicRecreated. It never appears in a dlq_reason header.
+// recreated and has already grown past the stored offset (see
+// Config.StoreOffsets). Tell it by this Reason of the
+// *PartitionStoppedError (errors.As). It never appears in a dlq_reason
+// header.
 const ReasonTopicRecreated = "topic-recreated"
 
 // deadLetter builds the dead letter of m: its key, value and headers, plus

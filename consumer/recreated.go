@@ -73,6 +73,6 @@ func (w *worker) topicRecreated(start int64) *PartitionStoppedError {
 	return &PartitionStoppedError{
 		Topic: w.topic, Partition: w.partition, Offset: start, Reason: ReasonTopicRecreated,
 		Err: fmt.Errorf("%w: the message at offset %d is not the one group %q processed there before it stored offset %d in table %s (its key, timestamp, headers or value differ): the topic was deleted and recreated, or its messages replaced, and starting at %d would skip the messages below it for good. To start over, %s, then restart",
-			ErrTopicRecreated, start-1, w.c.cfg.GroupID, start, w.c.cfg.OffsetsTable, start, w.resetAdvice()),
+			errTopicRecreated, start-1, w.c.cfg.GroupID, start, w.c.cfg.OffsetsTable, start, w.resetAdvice()),
 	}
 }

@@ -283,12 +283,13 @@ func TestRecreatedTopicGrownPastTheStoredOffsetStopsThePartition(t *testing.T) {
 		})
 		time.Sleep(300 * time.Millisecond) // what a resumed partition would process shows now
 		st := b.c.Stopped()
-		if len(st) != 1 || st[0].Offset != 9 || st[0].Reason != consumer.ReasonTopicRecreated || !errors.Is(st[0], consumer.ErrTopicRecreated) {
+		if len(st) != 1 || st[0].Offset != 9 || st[0].Reason != consumer.ReasonTopicRecreated || !errors.Is(st[0], consumer.ErrPartitionStopped) {
 			t.Errorf("Stopped() = %v, want offset 9 stopped for %s", st, consumer.ReasonTopicRecreated)
 		} else if msg := st[0].Error(); !strings.Contains(msg, consumer.DefaultOffsetsTable) || !strings.Contains(msg, "--reset-offsets") {
 			t.Errorf("the stop does not say what to do: %s", msg)
 		}
-		if err := b.stop(t); !errors.Is(err, consumer.ErrTopicRecreated) {
+		var pse *consumer.PartitionStoppedError
+		if err := b.stop(t); !errors.As(err, &pse) || pse.Reason != consumer.ReasonTopicRecreated {
 			t.Errorf("Run = %v, want the stopped partition", err)
 		}
 		if n := ev2.count(hooks.Processed); n != 0 {
