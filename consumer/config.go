@@ -254,6 +254,50 @@ type Config struct {
 	// resumes from the database's position (EventRepositioned, a Warn).
 	// Without StoreOffsets such a failover loses those effects.
 	//
+	// Each row also names the group generation of the member that wrote it,
+	// and a write from an older generation than the row's is refused, in
+	// the same UPDATE: a member paused past SessionTimeout (a GC pause, a
+	// frozen VM, SIGSTOP) has lost its partitions when it resumes, but its
+	// workers run on until its next heartbeat tells it; a write of such a
+	// zombie would move the stored offset back under the new owner, which
+	// would take that for a failover and redeliver everything in between.
+	// A member claims the rows of the partitions it is assigned (raising
+	// their generation to its own) before it reads their position, so a
+	// zombie is refused from the moment the new owner starts. The two cases
+	// are told apart by the row: a generation newer than the writer's means
+	// the writer is the zombie (its worker stops, with a Warn "partition
+	// taken over by a newer generation", rolling back what it was doing: no
+	// Error, no message failure, and the owner notices nothing); an offset
+	// behind the writer's with a generation that is not newer means a
+	// failover (a promoted database may hold an older offset and an older
+	// generation: it is repositioned as above). Kafka starts a group's
+	// generation ids again when the group is deleted and recreated, so a
+	// row's newer generation is believed only after the group coordinator
+	// refuses this member's commit (unknown member, illegal generation); if
+	// the coordinator accepts it, this generation is current, the row is
+	// from the group's earlier life, and the member takes it over (an
+	// Info). Fencing needs every member on a version that writes the
+	// generation (Migrate adds the column; older members leave it as it is).
+	//
+	// A member frozen in the middle of a transaction keeps that
+	// transaction open, with its row locks: the new owner waits on them
+	// (claiming the same inbox rows, the offsets row, or the rows the
+	// handler changed) until the frozen member resumes and commits or rolls
+	// back, or the database ends the transaction. The owner gives each of
+	// its steps up after DatabaseTimeout and retries it as a database
+	// failure (no attempt counted; a lock timeout, 55P03 or 1205, is the
+	// same), and after MaxProcessingStall of that it leaves the group and
+	// rejoins. Only the database can end the frozen transaction: set
+	// PostgreSQL's idle_in_transaction_session_timeout or MariaDB's
+	// idle_transaction_timeout (or idle_write_transaction_timeout;
+	// wait_timeout closes any idle connection) below MaxProcessingStall and
+	// above HandlerTimeout + DatabaseTimeout (a handler's own work keeps its
+	// transaction idle too). A frozen member whose session was ended finds
+	// its connection gone when it resumes: that transaction fails once
+	// (logged by the inbox at Error, as for any lost connection), and its
+	// retry is refused as a zombie's. On SQLite the frozen transaction holds
+	// the database's only write lock: every writer waits until it ends.
+	//
 	// The stored offsets win over the group's: resetting the group's offsets
 	// in Kafka (to replay, to skip, or after the topic was recreated) has no
 	// effect until the group's rows in OffsetsTable are deleted too. A
@@ -267,11 +311,26 @@ type Config struct {
 	// recreated) for three lookups a second apart, the partition stops with
 	// ReasonOffsetBeyondLogEnd, wrapping ErrOffsetBeyondLogEnd, until its
 	// offsets are reset and it is reassigned: waiting there would silently
-	// never process the new messages below it. (A recreated topic that
-	// already grew past the offset cannot be told from the old one: its
-	// messages below the offset are skipped.) Below the log start (retention deleted
-	// messages the group never processed) the partition starts at the log
-	// start: those messages are gone; a Warn says how many were skipped.
+	// never process the new messages below it. Below the log start
+	// (retention deleted messages the group never processed) the partition
+	// starts at the log start: those messages are gone; a Warn says how
+	// many were skipped.
+	//
+	// A recreated topic that has already grown past the stored offset
+	// passes those checks, so the row also holds a fingerprint of the
+	// message before the stored offset (a hash of its key, timestamp,
+	// headers and value, never of its offset), and on assignment that
+	// message is fetched again (one fetch) and compared: another message
+	// there stops the partition (a *PartitionStoppedError with Reason
+	// ReasonTopicRecreated), saying how to reset. When the check cannot be made
+	// the partition starts without it, logged at Info (a failed fetch at
+	// Warn), and is never stopped: the message was deleted by retention or
+	// removed by compaction, the fetch failed or took more than 5 s, or the
+	// row has no fingerprint (a position stored without a message, such as
+	// the group's offset at the first assignment, or a row last written by
+	// an older version). It is an assignment-time check: a topic recreated
+	// under a running consumer that grows past its offset before the next
+	// rebalance is not caught.
 	StoreOffsets bool
 	// OffsetsTable is the table of stored offsets. Default "inbox_offsets".
 	OffsetsTable string

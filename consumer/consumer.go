@@ -30,6 +30,10 @@ var (
 	// ErrOffsetBeyondLogEnd is wrapped by the error of a partition stopped
 	// with ReasonOffsetBeyondLogEnd.
 	ErrOffsetBeyondLogEnd = errors.New("consumer: start offset beyond the partition's log end")
+	// errTopicRecreated is wrapped by the error of a partition stopped with
+	// ReasonTopicRecreated; callers tell that stop by its Reason (the
+	// exported API stays small).
+	errTopicRecreated = errors.New("consumer: the message before the stored offset is not the one processed there (topic recreated)")
 	// ErrPartitionStopped is wrapped by every *PartitionStoppedError.
 	ErrPartitionStopped = errors.New("consumer: partition stopped")
 	// errClosed is the cancellation cause used by Close.
@@ -39,9 +43,10 @@ var (
 // PartitionStoppedError reports a partition halted at Offset, which was not
 // processed: by the StopPartition policy at a message that cannot be
 // processed, under DeadLetter at a message whose dead letter the producer
-// refused for good (ReasonDeadLetterFailed), or at a start offset past the
-// partition's log end (ReasonOffsetBeyondLogEnd; EventID is then empty and
-// Attempts 0). Nothing at or after Offset is committed to Kafka (or stored
+// refused for good (ReasonDeadLetterFailed), at a start offset past the
+// partition's log end (ReasonOffsetBeyondLogEnd), or at a stored offset
+// that the message before it shows to belong to a deleted topic
+// (ReasonTopicRecreated; for these two EventID is empty and Attempts 0). Nothing at or after Offset is committed to Kafka (or stored
 // in the offsets table). The partition stays halted until it is assigned
 // again (a rebalance, or the next Run), when it is tried again.
 type PartitionStoppedError struct {

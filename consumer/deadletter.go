@@ -41,6 +41,15 @@ const ReasonDeadLetterFailed = "dead-letter-failed"
 // dlq_reason header.
 const ReasonOffsetBeyondLogEnd = "offset-beyond-log-end"
 
+// ReasonTopicRecreated is the Reason of a partition stopped on assignment
+// because, with Config.StoreOffsets, the message before the stored offset
+// is not the one the group processed there: the topic was deleted and
+// recreated and has already grown past the stored offset (see
+// Config.StoreOffsets). Tell it by this Reason of the
+// *PartitionStoppedError (errors.As). It never appears in a dlq_reason
+// header.
+const ReasonTopicRecreated = "topic-recreated"
+
 // deadLetter builds the dead letter of m: its key, value and headers, plus
 // headers saying what failed. The original timestamp is kept.
 func deadLetter(topic string, m *Message, reason string, attempts int, cause error, group, consumer string, now time.Time) kafka.Message {

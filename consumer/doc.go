@@ -63,8 +63,10 @@
 // # Offsets in the database
 //
 // With Config.StoreOffsets the next offset of each partition is written to a
-// table (inbox_offsets: group_id, topic, partition, next_offset; create it
-// with [Consumer.Migrate]) in the same transaction as the effect, and each
+// table (inbox_offsets: group_id, topic, partition, next_offset, and the
+// writer's group generation and a fingerprint of the message before the
+// offset; create it, or add the later columns to an older one, with
+// [Consumer.Migrate]) in the same transaction as the effect, and each
 // assigned partition starts at that offset whenever the database has one,
 // even when it is behind the group's committed offset (the group's is used
 // for a partition without a row, and then stored). A crash between the
@@ -79,6 +81,23 @@
 // small upsert per processed message. Since the stored offset wins over the
 // group's, reset a group's position by deleting its rows as well.
 //
+// # Paused members
+//
+// A member paused longer than its session timeout (a GC pause, a frozen VM,
+// SIGSTOP) loses its partitions to other members, but when it resumes its
+// workers carry on until its next heartbeat tells it. Its Kafka commits are
+// refused; with StoreOffsets its writes of the stored offset are refused
+// too, because each row names the generation that wrote it and the new
+// owner claims its rows when it is assigned: the zombie's transaction rolls
+// back, it logs "partition taken over by a newer generation" at Warn and
+// its worker stops, and the owner sees nothing of it. A row whose offset
+// went back with a generation that is not newer is a database failover
+// instead, and is repositioned (see Config.StoreOffsets, which also says
+// how a recreated group, whose generation ids start again, is told from a
+// zombie). A member frozen inside a transaction holds its locks until it
+// resumes or the database ends the transaction: the new owner waits for
+// them (Config.StoreOffsets names the server settings that bound the wait).
+//
 // # Start offsets
 //
 // On assignment each partition's start offset is checked against its log,
@@ -86,9 +105,13 @@
 // committed offset past the log end (the topic was deleted and recreated)
 // stops the partition with [ReasonOffsetBeyondLogEnd] rather than waiting
 // there while the new messages below it go unprocessed; the error says how
-// to reset. One below the log start (retention deleted unprocessed
-// messages) starts at the log start with a Warn saying how many were
-// skipped. A partition without any offset starts at the log start or end
+// to reset. A recreated topic that has already grown past the stored
+// offset is caught by the message before it: with StoreOffsets the row
+// holds its fingerprint, and a different message there stops the partition
+// with [ReasonTopicRecreated] (when that message is gone, to retention or
+// compaction, the check is skipped with an Info, never a stop). One below
+// the log start (retention deleted unprocessed messages) starts at the log
+// start with a Warn saying how many were skipped. A partition without any offset starts at the log start or end
 // (Config.StartOffset) and commits that offset at once, so a restart never
 // skips what was produced in between.
 //

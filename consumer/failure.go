@@ -114,7 +114,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		// the message is dead-lettered again by the next owner (dead
 		// letters are at least once).
 		next, _ := w.tracker.committable()
-		if !w.storeNext(ctx, dbCtx, w.floor, next) {
+		if !w.storeNext(ctx, dbCtx, w.floor, next, w.lastOf(next)) {
 			return abandoned
 		}
 	}

@@ -59,6 +59,7 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		switch {
 		case err == nil && (start < 0 || start <= end):
+			w.logStart = first
 			return w.resolveStart(start, first, end)
 		case err == nil:
 			beyond++
@@ -136,15 +137,21 @@ func (w *worker) resolveStart(start, first, end int64) (int64, bool, *PartitionS
 // beyondLogEnd builds the stop of a partition whose start offset is past
 // its log end.
 func (w *worker) beyondLogEnd(start, end int64, from string) *PartitionStoppedError {
+	return &PartitionStoppedError{
+		Topic: w.topic, Partition: w.partition, Offset: start, Reason: ReasonOffsetBeyondLogEnd,
+		Err: fmt.Errorf("%w: offset %d (%s) is past the log end %d; was the topic deleted and recreated? Its messages below %d would never be processed. To start over, %s, then restart",
+			ErrOffsetBeyondLogEnd, start, from, end, start, w.resetAdvice()),
+	}
+}
+
+// resetAdvice says how to make the partition start over at the log start:
+// reset the group's offsets, and with StoreOffsets delete its rows first.
+func (w *worker) resetAdvice() string {
 	fix := fmt.Sprintf("reset the group's offsets of the partition (kafka-consumer-groups.sh --group %s --topic %s --reset-offsets --to-earliest --execute, or delete the group)",
 		w.c.cfg.GroupID, w.topic)
 	if w.c.cfg.StoreOffsets {
 		fix = fmt.Sprintf("delete the group's rows in the offsets table (DELETE FROM %s WHERE group_id = '%s' AND topic = '%s') and %s",
 			w.c.cfg.OffsetsTable, w.c.cfg.GroupID, w.topic, fix)
 	}
-	return &PartitionStoppedError{
-		Topic: w.topic, Partition: w.partition, Offset: start, Reason: ReasonOffsetBeyondLogEnd,
-		Err: fmt.Errorf("%w: offset %d (%s) is past the log end %d; was the topic deleted and recreated? Its messages below %d would never be processed. To start over, %s, then restart",
-			ErrOffsetBeyondLogEnd, start, from, end, start, fix),
-	}
+	return fix
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,32 +29,46 @@ func (w *worker) posCheckInterval() time.Duration {
 }
 
 // checkPosition sets w.lost if the stored offset is behind the one this
-// worker committed. A failed read is only logged at Debug: the next idle
-// period (or the next write, which checks as well) tries again.
+// worker committed, or was written by a newer generation of the group. A
+// failed read is only logged at Debug: the next idle period (or the next
+// write, which checks as well) tries again.
 func (w *worker) checkPosition(ctx, dbCtx context.Context) {
 	w.lastPosCheck = time.Now()
 	if w.floor < 0 || w.tracker.inFlight() > 0 {
 		return
 	}
-	stored, err := w.c.offsets.Load(dbCtx, w.c.db(), w.topic, w.partition)
+	row, found, err := w.c.offsets.Read(dbCtx, w.c.db(), w.topic, w.partition)
 	if err != nil {
 		w.log.Debug("cannot read the stored offset", "error", err)
 		return
 	}
-	if stored < w.floor {
+	switch {
+	case found && row.Generation > w.genID():
+		w.lost = &offsets.TakenOverError{Topic: w.topic, Partition: w.partition, Generation: row.Generation, Mine: w.genID(), Next: row.Next}
+	case !found || row.Next < w.floor:
 		w.lost = fmt.Errorf("%w: %s/%d is stored at %d, this worker committed %d (a database failover that lost commits, or a reset of the offsets table?)",
-			offsets.ErrPositionMoved, w.topic, w.partition, stored, w.floor)
+			offsets.ErrPositionMoved, w.topic, w.partition, max(row.Next, -1), w.floor)
 	}
 }
 
-// reposition resumes the partition from the database's position after
-// w.lost: the stored offset went back behind what this worker committed,
-// so the effects of the messages in between are gone from the database
-// (a failover to a replica that lacked the last commits), and they must be
+// reposition reads the database's position again after w.lost, and either
+// stops the worker or resumes the partition from there. It returns halt, as
+// process does.
+//
+// A newer generation wrote the row (an *offsets.TakenOverError): position
+// finds out whether this member's generation is over, and then sets
+// w.takenBy and returns (the caller stops the worker), or whether the group
+// was recreated, and then takes the row over, and the partition resumes
+// from it.
+//
+// The stored offset went back behind what this worker committed
+// (offsets.ErrPositionMoved), with a generation that is not newer: the
+// effects of the messages in between are gone from the database (a
+// failover to a replica that lacked the last commits), and they must be
 // applied again. It reads the position as on assignment, checks it against
 // the log, discards what the worker holds and moves the reader there. The
 // group's offset is not moved back: the database's position wins on the
-// next assignment anyway. It returns halt, as process does.
+// next assignment anyway.
 func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) (halt bool) {
 	cause := w.lost
 	w.lost = nil
@@ -70,13 +85,28 @@ func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) 
 		w.stopPartition(beyondEnd, "PARTITION STOPPED: the database's position is past the log end; nothing is consumed until the offsets are reset")
 		return true
 	}
-	if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start) {
+	if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start, 0) {
 		return false
 	}
+	stop, ok := w.checkLast(ctx, reader, start)
+	if !ok {
+		return false
+	}
+	if stop != nil {
+		w.tracker = newOffsetTracker(start)
+		w.stopPartition(stop, "PARTITION STOPPED: the message before the database's position is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
+		return true
+	}
 	w.floor = start
-	w.log.Warn("the database's stored offset went back behind what this worker committed (a failover to a replica that lacked the last commits?); resuming from it: the messages in between are applied again",
-		"stored", start, "worker_next", prev, "redelivered", max(prev-start, 0), "cause", cause)
-	w.c.emit(hooks.Event{Kind: hooks.Repositioned, Topic: w.topic, Partition: w.partition, Offset: start, Err: cause})
+	if errors.Is(cause, offsets.ErrTakenOver) && start >= prev {
+		// The group was recreated and the row taken over (position): no
+		// commit was lost.
+		w.log.Info("resuming from the stored offset, now this generation's", "stored", start, "worker_next", prev)
+	} else {
+		w.log.Warn("the database's stored offset went back behind what this worker committed (a failover to a replica that lacked the last commits?); resuming from it: the messages in between are applied again",
+			"stored", start, "worker_next", prev, "redelivered", max(prev-start, 0), "cause", cause)
+		w.c.emit(hooks.Event{Kind: hooks.Repositioned, Topic: w.topic, Partition: w.partition, Offset: start, Err: cause})
+	}
 	w.tracker = newOffsetTracker(start)
 	if err := reader.seek(start); err != nil {
 		w.log.Error("cannot position the partition reader", "offset", start, "error", err)

@@ -33,6 +33,8 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		id, at, err := extract(w.c.cfg.Extract, &batch[i])
 		items[i] = &item{msg: Message{Message: m, EventID: id, EventTime: at}, extractErr: err}
 	}
+	w.batch = items
+	defer func() { w.batch = nil }()
 	defer func() {
 		last := batch[len(batch)-1]
 		if last.HighWaterMark > 0 {
@@ -130,21 +132,32 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			return w.messageContext(ctx, items[idx[j]])
 		}
 	}
+	// The call runs under a context of its own, which a write of the stored
+	// offset refused because a newer generation took the partition over
+	// cancels: the batch then rolls back as on a rebalance (the inbox logs
+	// that at Info), not as a failure of its messages.
+	callCtx, cancelCall := context.WithCancelCause(dbCtx)
+	defer cancelCall(nil)
 	written := int64(-1) // the highest stored offset this call wrote
 	if w.c.cfg.StoreOffsets {
 		opts.BeforeCommit = func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
-			next := int64(-1)
-			for i, it := range items {
+			last := -1
+			for i := range items {
 				j := msgIndex[i]
 				if j < 0 || (outcomes[j] != inbox.Processed && outcomes[j] != inbox.Duplicate) {
 					break
 				}
-				next = it.msg.Offset + 1
+				last = i
 			}
-			if next < 0 {
+			if last < 0 {
 				return nil
 			}
-			if err := w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, next); err != nil {
+			m := &items[last].msg.Message
+			next := m.Offset + 1
+			if err := w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(next, fingerprint(m))); err != nil {
+				if errors.Is(err, offsets.ErrTakenOver) {
+					cancelCall(err)
+				}
 				return err
 			}
 			written = max(written, next)
@@ -159,7 +172,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	// BEGIN, the claim, the stored offset's write, COMMIT and ROLLBACK each
 	// within DatabaseTimeout.
 	opts.Bound = w.c.bound()
-	batchCtx := batchopt.With(dbCtx, &opts)
+	batchCtx := batchopt.With(callCtx, &opts)
 	// The stall clock runs until the batch commits or fails for a reason of
 	// a message's own; database failures retried below do not stop it.
 	w.beginDB()
@@ -189,6 +202,10 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 				return results, false
 			}
 			return results, true
+		}
+		if taken := context.Cause(callCtx); errors.Is(taken, offsets.ErrTakenOver) {
+			w.lost = taken // rolled back; run finds out whether this member lost the partition
+			return nil, false
 		}
 		if dbCtx.Err() != nil || ctx.Err() != nil {
 			return nil, false // stopping: the batch was rolled back and will be redelivered
@@ -259,7 +276,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 			}
 			if w.c.cfg.StoreOffsets {
 				return w.storeInTx(dbCtx, func(ctx context.Context) error {
-					return w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, it.msg.Offset+1)
+					return w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(it.msg.Offset+1, fingerprint(&it.msg.Message)))
 				})
 			}
 			return nil
@@ -267,7 +284,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 		if err != nil && !w.infrastructure(err) {
 			w.endDB() // the database answered; the message failed
 		}
-		if errors.Is(err, offsets.ErrPositionMoved) {
+		if errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver) {
 			w.lost = err
 			return abandoned
 		}
@@ -307,7 +324,8 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 	for i, it := range items {
 		batch[i] = it.msg
 	}
-	next := items[len(items)-1].msg.Offset + 1
+	lastMsg := &items[len(items)-1].msg.Message
+	next := lastMsg.Offset + 1
 	w.beginDB()
 	defer w.endDB()
 	for attempt := 1; ; attempt++ {
@@ -319,12 +337,19 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			}
 			if w.c.cfg.StoreOffsets {
 				return w.storeInTx(dbCtx, func(ctx context.Context) error {
-					return w.c.offsets.Save(ctx, tx, w.topic, w.partition, next)
+					return w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(next, fingerprint(lastMsg)))
 				})
 			}
 			return nil
 		})
+		if errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver) {
+			w.lost = err
+			return abandoned
+		}
 		if err == nil {
+			if w.c.cfg.StoreOffsets {
+				w.floor = max(w.floor, next)
+			}
 			if w.afterCommit(ctx, len(items)) {
 				return abandoned
 			}

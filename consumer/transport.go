@@ -94,8 +94,18 @@ type generation interface {
 	// commit commits next, the NEXT offset to read (the last finished
 	// offset + 1), as the group's offset of the partition. It is called
 	// only for partitions of this generation's assignments, and only while
-	// fn runs; the caller serialises the calls of one generation.
+	// fn runs; the caller serialises the calls of one generation. The group
+	// coordinator accepts it only from a member of its current generation,
+	// which makes it the consumer's way to ask whether this generation is
+	// still current (see over).
 	commit(topic string, partition int, next int64) error
+	// over reports whether an error of commit says that this generation is
+	// over for this member: the coordinator no longer knows the member (its
+	// session expired) or has moved on to a newer generation, which a
+	// member paused past its session timeout finds out this way before its
+	// heartbeats tell it. Any other error (the coordinator unreachable,
+	// moving, or in the middle of a rebalance) says nothing either way.
+	over(err error) bool
 }
 
 // assignment is one partition of a generation.
@@ -117,7 +127,11 @@ type partitionReader interface {
 	// An offset past the log end is not an error: fetch waits there, as
 	// for a message not produced yet (the worker's log-end checks catch
 	// that case; see checkLog and pastLogEnd); an offset below the log
-	// start (retention) moves on to the log start.
+	// start (retention) moves on to the log start. The message fetched
+	// carries its key, value, headers and timestamp as the producer (or,
+	// with LogAppendTime, the broker) set them, the same on every fetch:
+	// the worker's check of a recreated topic compares them (see
+	// checkLast).
 	fetch(ctx context.Context) (kafka.Message, error)
 	// close releases the reader; the worker calls it before its final
 	// commit.

@@ -184,6 +184,14 @@ func (g kafkaGoGeneration) commit(topic string, partition int, next int64) error
 	return g.gen.CommitOffsets(map[string]map[int]int64{topic: {partition: next}})
 }
 
+// over: kafka-go returns the OffsetCommit response's error code as a
+// kafka.Error. REBALANCE_IN_PROGRESS is not among them: the coordinator
+// answers it to a member of the current generation while the next one
+// forms.
+func (kafkaGoGeneration) over(err error) bool {
+	return errors.Is(err, kafka.UnknownMemberId) || errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.FencedInstanceID)
+}
+
 // kafkaGoReader is a partition-pinned kafka.Reader (no GroupID: the
 // generation commits). Its OffsetOutOfRangeError is left unset, so an
 // offset past the log end is retried silently; checkLog and pastLogEnd

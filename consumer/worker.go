@@ -39,18 +39,35 @@ type worker struct {
 
 	// With StoreOffsets: floor is the highest stored offset this worker
 	// knows to be committed (-1: none), and every later write of the stored
-	// offset checks that the database is still at or past it. lost is set
-	// when it is not (the database went back in time: a failover that lost
-	// commits); the worker then resumes from the database's position.
+	// offset checks that the database is still at or past it, and that no
+	// newer generation of the group wrote the row. lost is set when one of
+	// the two does not hold: the database went back in time (a failover
+	// that lost commits; offsets.ErrPositionMoved), or a newer generation
+	// took the partition over (an *offsets.TakenOverError); the worker then
+	// reads the database's position again (reposition), which tells it to
+	// resume from there or, taken over, to stop (takenBy: the generation
+	// that has the partition now).
 	floor        int64
 	lost         error
+	takenBy      int32
 	lastPosCheck time.Time
+	// stored is the row the position was read from (Next -1: none), and
+	// logStart the log start offset checkLog found.
+	stored   offsets.Row
+	logStart int64
+	// batch is the batch in process, for the fingerprint of the message
+	// before a stored offset (lastOf).
+	batch []*item
 
 	// waitingSince (UnixNano; 0: not waiting) is when the worker began
 	// waiting for the database to answer its work: the watchdog's view of
 	// it (see Consumer.watch).
 	waitingSince atomic.Int64
 }
+
+// genID is the group generation this worker belongs to, which it writes
+// into the stored offset's row (see offsets.Store.Advance).
+func (w *worker) genID() int32 { return w.gen.id() }
 
 // item is one fetched message on its way through the worker.
 type item struct {
@@ -68,8 +85,10 @@ const (
 	abandoned                   // the worker is stopping; the message stays unfinished
 )
 
-// run is the worker's whole life. It returns only when ctx or genCtx ends:
-// the generation ends as soon as one started function returns.
+// run is the worker's whole life. It returns only when ctx or genCtx ends,
+// or when it finds that a newer generation of the group took its partition
+// over (this member's generation is over; see claim): the generation ends
+// as soon as one started function returns.
 func (w *worker) run(runCtx, genCtx context.Context) {
 	ctx, cancel := context.WithCancelCause(runCtx)
 	defer cancel(nil)
@@ -81,26 +100,39 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	// group over a stalled partition (runCtx is the membership's).
 	dbCtx := runCtx
 
-	start, from, hasStored, ok := w.position(ctx, dbCtx)
-	if !ok {
-		return
-	}
-	start, commitStart, beyondEnd, ok := w.checkLog(ctx, start, from)
-	if !ok {
-		return
-	}
-	w.floor = -1
-	if w.c.cfg.StoreOffsets && beyondEnd == nil {
-		if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start) {
-			return
-		}
-		w.floor = start
-	}
-	w.tracker = newOffsetTracker(start)
 	w.lastCommitted = -1
 	if w.assigned >= 0 {
 		w.lastCommitted = w.assigned
 	}
+	var start int64
+	var commitStart bool
+	var beyondEnd *PartitionStoppedError
+	for {
+		var from string
+		var hasStored, ok bool
+		start, from, hasStored, ok = w.position(ctx, dbCtx)
+		if !ok {
+			return // ctx ended, or the partition was taken over (logged)
+		}
+		start, commitStart, beyondEnd, ok = w.checkLog(ctx, start, from)
+		if !ok {
+			return
+		}
+		w.floor = -1
+		if w.c.cfg.StoreOffsets && beyondEnd == nil {
+			if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start, 0) {
+				if w.lost != nil && ctx.Err() == nil {
+					// A newer generation wrote the row since position read it.
+					w.lost = nil
+					continue
+				}
+				return
+			}
+			w.floor = start
+		}
+		break
+	}
+	w.tracker = newOffsetTracker(start)
 	w.c.emit(hooks.Event{Kind: hooks.Assigned, Topic: w.topic, Partition: w.partition, Offset: start})
 	w.log.Info("partition assigned", "start_offset", start, "group_committed", w.assigned)
 	if commitStart {
@@ -129,6 +161,16 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		reader = nil
 	}
 	defer closeReader()
+	if stop, ok := w.checkLast(ctx, reader, start); !ok {
+		return
+	} else if stop != nil {
+		w.stopPartition(stop, "PARTITION STOPPED: the message before its stored offset is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
+		closeReader()
+		<-ctx.Done()
+		w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
+		w.log.Info("partition released", "cause", context.Cause(ctx))
+		return
+	}
 	if err := reader.seek(start); err != nil {
 		// Only fails on a closed reader; nothing to fetch from.
 		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
@@ -153,6 +195,15 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		}
 		if w.lost != nil && !halted && ctx.Err() == nil {
 			halted = w.reposition(ctx, dbCtx, reader)
+			if w.takenBy != 0 {
+				// This member's generation is over: nothing it holds may be
+				// committed or stored (Kafka would refuse the commit anyway).
+				// Returning ends the generation at once; the member rejoins.
+				closeReader()
+				w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
+				w.log.Info("partition released", "cause", "taken over", "owner_generation", w.takenBy)
+				return
+			}
 			continue
 		}
 		if len(batch) == 0 && time.Since(lastLogCheck) >= w.logCheckInterval() {
@@ -180,8 +231,9 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 }
 
 // position returns the offset to start at, and from, where it came from,
-// for messages. ok is false if ctx ended first. checkLog then checks it
-// against the partition's log.
+// for messages. ok is false if ctx ended first or the partition was taken
+// over (w.takenBy; see claim). checkLog then checks it against the
+// partition's log.
 //
 // Without StoreOffsets it is the group's committed offset (or offsetFirst /
 // offsetLast). With StoreOffsets it is the stored offset whenever the
@@ -192,68 +244,156 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 // already be past them; starting at the larger of the two would skip
 // exactly those messages. Starting lower only redelivers messages whose
 // inbox rows are there, which the inbox absorbs. hasStored reports whether
-// the database had a row for the partition.
+// the database had a row for the partition; w.stored is that row.
 func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, hasStored, ok bool) {
 	start = w.assigned
 	from = fmt.Sprintf("the offset committed by group %q", w.c.cfg.GroupID)
+	w.stored = offsets.Row{Next: -1}
 	if !w.c.cfg.StoreOffsets {
 		return start, from, false, true
 	}
+	row, found, ok := w.claim(ctx, dbCtx)
+	if !ok {
+		return 0, "", false, false
+	}
+	if !found {
+		return start, from, false, true
+	}
+	w.stored = row
+	stored := row.Next
+	switch {
+	case w.assigned >= 0 && stored < w.assigned:
+		// Not an error: a failover to a replica that lacked the last
+		// commits, or a commit to Kafka after an offset that did not
+		// move the stored one (a duplicate), look the same.
+		w.log.Warn("starting at the stored offset, behind the group's committed one: the database's position wins (after a database failover its last commits may be gone); the messages in between are delivered again",
+			"stored", stored, "group_committed", w.assigned, "redelivered", w.assigned-stored)
+	case stored != w.assigned:
+		w.log.Info("starting at the stored offset", "stored", stored, "group_committed", w.assigned)
+	}
+	return stored, fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable), true, true
+}
+
+// claim reads the partition's stored row, claiming it for this worker's
+// generation first (offsets.Store.Claim: from then on the writes of older
+// generations are refused), and retries while the database fails. found
+// is false if there is no row. ok is false if ctx ended first, or if the
+// partition was taken over (w.takenBy is then set and the takeover logged).
+//
+// A row written by a newer generation than this worker's means one of two
+// things, and the group coordinator tells which (generationCurrent): this
+// member's generation is over (it was paused past its session timeout and
+// another member owns the partition now: the zombie stops, writing
+// nothing), or this generation is current and the row comes from before
+// the group was deleted and recreated, when its generation ids started
+// again (the row is taken over: offsets.Store.Adopt). A row of an older
+// generation is simply claimed: a failover may have brought back an older
+// row, offset and generation alike; the offset checks (Advance) deal with
+// that.
+func (w *worker) claim(ctx, dbCtx context.Context) (row offsets.Row, found, ok bool) {
 	w.beginDB()
 	defer w.endDB()
 	for attempt := 1; ; attempt++ {
-		lctx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
-		stored, err := w.c.offsets.Load(lctx, w.c.db(), w.topic, w.partition)
+		cctx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
+		row, found, err := w.c.offsets.Claim(cctx, w.c.db(), w.topic, w.partition, w.genID())
 		cancel()
 		err = bounded(err)
+		if err == nil && (!found || row.Generation <= w.genID()) {
+			return row, found, true
+		}
 		if err == nil {
-			if stored < 0 {
-				return start, from, false, true
+			w.endDB() // the group coordinator is asked, not the database
+			current, ok := w.generationCurrent(ctx, row.Next)
+			w.beginDB()
+			if !ok {
+				return row, found, false
 			}
-			switch {
-			case w.assigned >= 0 && stored < w.assigned:
-				// Not an error: a failover to a replica that lacked the last
-				// commits, or a commit to Kafka after an offset that did not
-				// move the stored one (a duplicate), look the same.
-				w.log.Warn("starting at the stored offset, behind the group's committed one: the database's position wins (after a database failover its last commits may be gone); the messages in between are delivered again",
-					"stored", stored, "group_committed", w.assigned, "redelivered", w.assigned-stored)
-			case stored != w.assigned:
-				w.log.Info("starting at the stored offset", "stored", stored, "group_committed", w.assigned)
+			if !current {
+				w.takenBy = row.Generation
+				w.log.Warn("partition taken over by a newer generation of the group: this member's generation is over (it was paused or cut off longer than its session timeout: a GC pause, a frozen VM, SIGSTOP); its worker stops without writing or committing anything, and the owner goes on",
+					"member_generation", w.genID(), "owner_generation", row.Generation, "stored", row.Next)
+				return row, found, false
 			}
-			return stored, fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable), true, true
+			actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
+			adopted, aerr := w.c.offsets.Adopt(actx, w.c.db(), w.topic, w.partition, row.Generation, w.genID())
+			cancel()
+			aerr = bounded(aerr)
+			if aerr == nil && adopted {
+				w.log.Info("the stored offset names a newer generation than this member's, which the group coordinator confirms as current: the group was recreated (its generation ids started again); the row is taken over",
+					"member_generation", w.genID(), "row_generation", row.Generation, "stored", row.Next)
+				row.Generation = w.genID()
+				return row, true, true
+			}
+			if aerr == nil {
+				continue // another writer came first: read the row again
+			}
+			err = aerr
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("cannot read the stored offset; retrying", "error", err, "retry_in", wait)
 		if backoff.Sleep(ctx, wait) != nil {
-			return 0, "", false, false
+			return offsets.Row{}, false, false
+		}
+	}
+}
+
+// generationCurrent asks the group coordinator whether this worker's
+// generation is still the group's current one, by committing the group
+// offset this worker last committed (or was assigned; stored if there is
+// none), which changes nothing: the coordinator accepts a commit only from a
+// member of its current generation. It retries while the answer says
+// neither (see generation.over); ok is false if ctx ended first (the
+// generation ended meanwhile).
+func (w *worker) generationCurrent(ctx context.Context, stored int64) (current, ok bool) {
+	next := w.lastCommitted
+	if next < 0 {
+		next = stored
+	}
+	for attempt := 1; ; attempt++ {
+		w.commitMu.Lock()
+		err := w.gen.commit(w.topic, w.partition, next)
+		w.commitMu.Unlock()
+		switch {
+		case err == nil:
+			w.lastCommitted = next
+			return true, true
+		case w.gen.over(err):
+			return false, true
+		}
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		w.log.Warn("cannot ask the group coordinator whether this member's generation is current; retrying", "error", err, "retry_in", wait)
+		if backoff.Sleep(ctx, wait) != nil {
+			return false, false
 		}
 	}
 }
 
 // storeNext writes next as the partition's stored offset in a transaction
-// of its own (checked against floor, see offsets.Store.Advance), retrying
-// while the database fails; false if ctx ended first or the stored offset
-// moved back (w.lost is then set).
+// of its own (checked against floor and this worker's generation, see
+// offsets.Store.Advance), with last, the fingerprint of the message at
+// next - 1 (0 if unknown), retrying while the database fails; false if ctx
+// ended first, or if the stored offset moved back or a newer generation
+// wrote it (w.lost is then set).
 //
 // It stores the resolved start offset when the database had no position
 // for the partition (or one the log no longer holds): from then on the
 // database has one, so a later failover that loses commits finds a
 // position at or below them instead of falling back to the group's, which
 // may be past them. And it stores the offset after a dead letter.
-func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next int64) bool {
+func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next, last int64) bool {
 	w.beginDB()
 	defer w.endDB()
 	for attempt := 1; ; attempt++ {
 		err := txn.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, w.c.bound(), func(tx *gorm.DB) error {
 			actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
 			defer cancel()
-			return bounded(w.c.offsets.Advance(actx, tx, w.topic, w.partition, floor, next))
+			return bounded(w.c.offsets.Advance(actx, tx, w.topic, w.partition, floor, w.write(next, last)))
 		})
 		if err == nil {
 			w.floor = max(w.floor, next)
 			return true
 		}
-		if errors.Is(err, offsets.ErrPositionMoved) {
+		if errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver) {
 			w.lost = err
 			return false
 		}
@@ -263,6 +403,13 @@ func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next int64) bool {
 			return false
 		}
 	}
+}
+
+// write is what a write of next as the stored offset stores: with this
+// worker's generation and last, the fingerprint of the message at next - 1
+// (0 if unknown).
+func (w *worker) write(next, last int64) offsets.Write {
+	return offsets.Write{Next: next, Generation: w.genID(), Last: last}
 }
 
 // fetch returns the next batch: up to BatchSize messages, waiting at most

@@ -100,6 +100,22 @@
 // waits for the database's single write lock: one relay is enough there and
 // a second one only stands by.
 //
+// A relay paused in the middle of a cycle (a GC pause, a frozen VM, SIGSTOP)
+// is bounded by its lease: the cycle's publish runs under a deadline of 90%
+// of RelayConfig.Lease after its claim, on the relay's monotonic clock, so a
+// relay that resumes later publishes nothing of that cycle (the rows wait
+// for the next claim, its own or another relay's), and the acknowledgement
+// of a publish that did go out is refused if another relay took the shard
+// over meanwhile (an expired lease nobody took is still its own). A publish
+// already on
+// the wire when the relay froze may still be appended after the lease
+// expired, when another relay may have published the same rows: copies
+// with the same event ids, which the downstream inbox drops, and since
+// every run starts at the shard's mark the first copy of each message still
+// follows the first copy of the one before it. A VM whose monotonic clock
+// stops while it is frozen may publish a whole cycle late, with the same
+// result: only copies.
+//
 // # Expiry
 //
 // Rows are filed under the UTC day they were enqueued on. On PostgreSQL and

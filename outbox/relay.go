@@ -40,6 +40,10 @@ type RelayConfig struct {
 	ID string
 	// Lease is how long a relay holds the shards it claims without claiming
 	// again; a relay that dies is replaced after it. Default DefaultLease.
+	// A cycle's publish must end within 90% of it after the claim (a relay
+	// paused past that publishes nothing of the cycle; see the package doc,
+	// "Several relays"): give it more than the longest publish, broker
+	// retries included.
 	Lease time.Duration
 	// MaxShards bounds the shards one relay leases at a time, so that
 	// several relays share the work; 0 for no limit.

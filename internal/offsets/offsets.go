@@ -19,12 +19,51 @@ import (
 
 // offsetRow is one row of the offsets table: the next offset to read of one
 // partition for one group, written in the transaction of the effect that
-// made it so.
+// made it so, with the group generation of its writer and what identifies
+// the last message before it. The columns after next_offset came later:
+// they have defaults, so that a row written by a version without them (an
+// older replica during a rolling deploy) is valid, and Migrate adds them to
+// an existing table.
 type offsetRow struct {
 	GroupID    string `gorm:"column:group_id;primaryKey;size:255;not null"`
 	Topic      string `gorm:"column:topic;primaryKey;size:249;not null"`
 	Partition  int32  `gorm:"column:partition;primaryKey;autoIncrement:false;not null"`
 	NextOffset int64  `gorm:"column:next_offset;not null"`
+	// Generation is the consumer group generation of the member that wrote
+	// the row (0: unknown, a row of a version without the column).
+	Generation int32 `gorm:"column:generation;not null;default:0"`
+	// LastOffset and LastFingerprint identify the message the stored offset
+	// follows: its offset (next_offset - 1 when written with it; -1 if
+	// unknown) and a fingerprint of its content (0 if unknown). A row whose
+	// LastOffset is not next_offset - 1 was moved by a writer that did not
+	// know the message (the group's offset stored at assignment, a version
+	// without the columns): its fingerprint says nothing.
+	LastOffset      int64 `gorm:"column:last_offset;not null;default:-1"`
+	LastFingerprint int64 `gorm:"column:last_fingerprint;not null;default:0"`
+}
+
+// Row is a partition's stored position.
+type Row struct {
+	Next       int64 // the next offset to read
+	Generation int32 // the group generation of the member that wrote it; 0 if unknown
+	// Last is the fingerprint of the message at Next - 1, the last one
+	// finished before the offset was stored; 0 if unknown.
+	Last int64
+}
+
+// Write is what one write stores for a partition.
+type Write struct {
+	Next       int64 // the next offset to read
+	Generation int32 // the writer's group generation
+	Last       int64 // the fingerprint of the message at Next - 1; 0 if unknown
+}
+
+func (w Write) columns() map[string]any {
+	last := int64(-1)
+	if w.Last != 0 {
+		last = w.Next - 1
+	}
+	return map[string]any{"next_offset": w.Next, "generation": w.Generation, "last_offset": last, "last_fingerprint": w.Last}
 }
 
 // Store is the offsets table of one consumer group.
@@ -33,7 +72,10 @@ type Store struct {
 	Group string // the consumer group whose rows it reads and writes
 }
 
-// Migrate creates the offsets table if it does not exist. It is safe when
+// Migrate creates the offsets table if it does not exist, and adds the
+// columns that came later (generation, last_offset, last_fingerprint: NOT
+// NULL with a default, so existing rows stay valid and a version that does
+// not know them still writes) to a table made without them. It is safe when
 // several processes run it at once (the replicas of a deployment starting
 // together), which GORM's AutoMigrate alone is not: it checks for the table
 // and then creates it, and all but the first creator fail (PostgreSQL:
@@ -43,8 +85,9 @@ type Store struct {
 // advisory lock; GET_LOCK), so the first creates the table and the others
 // find it; on SQLite, whose write lock already orders them, a caller whose
 // CREATE lost the race finds the table made and migrates it as an existing
-// table. The dialect is told by its name and the locks are plain SQL: this
-// package imports no database driver.
+// table; the same holds for the columns it adds (a caller whose ALTER lost
+// the race migrates again). The dialect is told by its name and the locks
+// are plain SQL: this package imports no database driver.
 //
 // On MySQL/MariaDB the table is created as InnoDB whatever the server's
 // default engine: a stored offset must roll back with the effect it
@@ -108,8 +151,13 @@ func (s Store) Migrate(ctx context.Context, db *gorm.DB) error {
 		})
 	}
 	err := autoMigrate(db)
-	if err != nil && db.Migrator().HasTable(s.Table) {
-		err = autoMigrate(db) // the table is there now: made by another process
+	// The table (or a column) is there now: made by another process. Each
+	// failure is another caller's success, so this ends.
+	for range 8 {
+		if err == nil || !db.Migrator().HasTable(s.Table) {
+			break
+		}
+		err = autoMigrate(db)
 	}
 	return err
 }
@@ -137,69 +185,188 @@ func (s Store) checkTransactional(db *gorm.DB) error {
 	return nil
 }
 
-// Save records next as the partition's next offset inside tx. Moving an
-// offset backwards is harmless (the inbox absorbs the redelivery); the
-// consumer never writes one past a message that is not finished.
-func (s Store) Save(ctx context.Context, tx *gorm.DB, topic string, partition int, next int64) error {
-	row := offsetRow{GroupID: s.Group, Topic: topic, Partition: int32(partition), NextOffset: next}
-	err := tx.WithContext(ctx).Table(s.Table).Clauses(clause.OnConflict{
-		Columns:   []clause.Column{{Name: "group_id"}, {Name: "topic"}, {Name: "partition"}},
-		DoUpdates: clause.AssignmentColumns([]string{"next_offset"}),
-	}).Create(&row).Error
-	if err != nil {
-		return fmt.Errorf("consumer: store offset %d of %s/%d: %w", next, topic, partition, err)
-	}
-	return nil
-}
-
 // ErrPositionMoved reports that the partition's stored offset is no longer
 // at or past the last one this worker committed: the database lost commits
 // (a failover to a replica that lacked them) or the row was reset.
 var ErrPositionMoved = errors.New("consumer: the stored offset moved back since this worker committed it")
 
-// Advance is save for a worker that has committed floor as the stored
-// offset (floor < 0: nothing yet): it writes next only if the stored
-// offset is still at least floor, and returns ErrPositionMoved otherwise,
-// so that the transaction rolls back instead of committing effects on top
-// of a database that lost the worker's earlier commits. The check rides on
-// the UPDATE; only an UPDATE that changes no row costs a second statement.
-func (s Store) Advance(ctx context.Context, tx *gorm.DB, topic string, partition int, floor, next int64) error {
-	if floor < 0 {
-		return s.Save(ctx, tx, topic, partition, next)
+// ErrTakenOver is wrapped by a *TakenOverError.
+var ErrTakenOver = errors.New("consumer: the stored offset was written by a newer generation of the group")
+
+// TakenOverError reports a write refused because the row was written by a
+// newer generation of the group than the writer's: another member took the
+// partition over (the writer was paused past its session timeout and its
+// generation is over), or the group was recreated and its generation ids
+// started again. Nothing was written.
+type TakenOverError struct {
+	Topic      string
+	Partition  int
+	Generation int32 // the row's
+	Mine       int32 // the writer's
+	Next       int64 // the row's next offset
+}
+
+func (e *TakenOverError) Error() string {
+	return fmt.Sprintf("%v: %s/%d is stored at %d by generation %d, this member's is %d",
+		ErrTakenOver, e.Topic, e.Partition, e.Next, e.Generation, e.Mine)
+}
+
+func (e *TakenOverError) Unwrap() error { return ErrTakenOver }
+
+// Save stores w as the partition's position inside tx, unless the row was
+// written by a newer generation of the group (*TakenOverError; nothing is
+// written). It creates the row if there is none. Moving an offset
+// backwards is harmless here (the inbox absorbs the redelivery); the
+// consumer never writes one past a message that is not finished.
+func (s Store) Save(ctx context.Context, tx *gorm.DB, topic string, partition int, w Write) error {
+	return s.write(ctx, tx, topic, partition, -1, w)
+}
+
+// Advance is Save for a worker that has committed floor as the stored
+// offset (floor < 0: nothing yet, as Save): it writes w only if the stored
+// offset is still at least floor and the row's generation is not newer than
+// w's. Otherwise nothing is written and it returns a *TakenOverError when
+// the row's generation is newer (this member lost the partition: the
+// transaction must roll back), or ErrPositionMoved when the offset went
+// back with a generation that is not newer (the database lost the worker's
+// earlier commits: a failover), so that the transaction rolls back instead
+// of committing effects on top of a database that lost the earlier ones.
+// Both checks ride on the UPDATE; only an UPDATE that changes no row costs
+// a second statement.
+func (s Store) Advance(ctx context.Context, tx *gorm.DB, topic string, partition int, floor int64, w Write) error {
+	return s.write(ctx, tx, topic, partition, floor, w)
+}
+
+func (s Store) write(ctx context.Context, tx *gorm.DB, topic string, partition int, floor int64, w Write) error {
+	tx = tx.WithContext(ctx)
+	for inserted := false; ; inserted = true {
+		q := tx.Table(s.Table).Where(s.key(topic, partition)).Where("generation <= ?", w.Generation)
+		if floor >= 0 {
+			q = q.Where("next_offset >= ?", floor)
+		}
+		res := q.Updates(w.columns())
+		if res.Error != nil {
+			return fmt.Errorf("consumer: store offset %d of %s/%d: %w", w.Next, topic, partition, res.Error)
+		}
+		if res.RowsAffected > 0 {
+			return nil
+		}
+		// No row matched, or (MySQL/MariaDB) the row already held these
+		// values: read it to tell which.
+		cur, found, err := s.read(ctx, tx, topic, partition, true)
+		switch {
+		case err != nil:
+			return err
+		case found && cur.Generation > w.Generation:
+			return &TakenOverError{Topic: topic, Partition: partition, Generation: cur.Generation, Mine: w.Generation, Next: cur.Next}
+		case found && floor >= 0 && cur.Next < floor:
+			return fmt.Errorf("%w: %s/%d is stored at %d (by generation %d), this worker committed %d (a database failover that lost commits, or a reset of the offsets table?)",
+				ErrPositionMoved, topic, partition, cur.Next, cur.Generation, floor)
+		case found:
+			return nil // unchanged
+		case floor >= 0:
+			return fmt.Errorf("%w: %s/%d has no stored offset, this worker committed %d (a database failover that lost commits, or a reset of the offsets table?)",
+				ErrPositionMoved, topic, partition, floor)
+		case inserted:
+			return fmt.Errorf("consumer: store offset %d of %s/%d: the row inserted is not there", w.Next, topic, partition)
+		}
+		// No row yet: insert it, then write it through the checked UPDATE
+		// again, so that a row another writer inserted meanwhile is
+		// checked as well (whatever RowsAffected an upsert reports).
+		row := offsetRow{GroupID: s.Group, Topic: topic, Partition: int32(partition), NextOffset: w.Next, Generation: w.Generation, LastOffset: -1}
+		if err := tx.Table(s.Table).Clauses(clause.OnConflict{DoNothing: true}).Create(&row).Error; err != nil {
+			return fmt.Errorf("consumer: store offset %d of %s/%d: %w", w.Next, topic, partition, err)
+		}
 	}
-	key := map[string]any{"group_id": s.Group, "topic": topic, "partition": partition}
-	res := tx.WithContext(ctx).Table(s.Table).Where(key).Where("next_offset >= ?", floor).
-		Update("next_offset", next)
-	if res.Error != nil {
-		return fmt.Errorf("consumer: store offset %d of %s/%d: %w", next, topic, partition, res.Error)
-	}
-	if res.RowsAffected > 0 {
-		return nil
-	}
-	// MySQL/MariaDB report 0 rows for an UPDATE that leaves the value as it
-	// was: read it to tell that apart from a row that moved back.
-	cur, err := s.Load(ctx, tx, topic, partition)
-	if err != nil {
+}
+
+// Claim marks the partition's row as written by generation gen, if it was
+// written by an older one (or by none known), and returns the row as it is
+// then; found is false when there is none. A member claims a partition as
+// it is assigned, before it reads its position: from then on a write of an
+// older generation (a member paused past its session timeout, resuming
+// before it learns that its generation is over) is refused, even before
+// the new owner writes an offset. A row of a newer generation is left as
+// it is and returned: the caller decides whether its own generation is
+// over or the group was recreated (see Adopt).
+func (s Store) Claim(ctx context.Context, db *gorm.DB, topic string, partition int, gen int32) (row Row, found bool, err error) {
+	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		res := tx.Table(s.Table).Where(s.key(topic, partition)).Where("generation < ?", gen).Update("generation", gen)
+		if res.Error != nil {
+			return fmt.Errorf("consumer: claim the stored offset of %s/%d: %w", topic, partition, res.Error)
+		}
+		row, found, err = s.read(ctx, tx, topic, partition, false)
 		return err
-	}
-	if cur >= floor {
+	})
+	return row, found, err
+}
+
+// Adopt sets the generation of the partition's row from from to gen, for a
+// member whose generation is current (the group coordinator accepted its
+// commit) although the row names a newer one: the group was deleted and
+// recreated, and its generation ids started again. It reports false if the
+// row no longer holds generation from (another writer came first).
+func (s Store) Adopt(ctx context.Context, db *gorm.DB, topic string, partition int, from, gen int32) (bool, error) {
+	var n int64
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		res := tx.Table(s.Table).Where(s.key(topic, partition)).Where("generation = ?", from).Update("generation", gen)
+		n = res.RowsAffected
+		if res.Error != nil {
+			return fmt.Errorf("consumer: take over the stored offset of %s/%d: %w", topic, partition, res.Error)
+		}
+		if n == 0 {
+			// MySQL/MariaDB report 0 rows when from == gen.
+			cur, found, err := s.read(ctx, tx, topic, partition, true)
+			if err == nil && found && cur.Generation == gen {
+				n = 1
+			}
+			return err
+		}
 		return nil
-	}
-	return fmt.Errorf("%w: %s/%d is stored at %d, this worker committed %d (a database failover that lost commits, or a reset of the offsets table?)",
-		ErrPositionMoved, topic, partition, cur, floor)
+	})
+	return n > 0, err
 }
 
 // Load returns the stored next offset of the partition, or -1 if none.
 func (s Store) Load(ctx context.Context, db *gorm.DB, topic string, partition int) (int64, error) {
-	var row offsetRow
-	err := db.WithContext(ctx).Table(s.Table).
-		Where(map[string]any{"group_id": s.Group, "topic": topic, "partition": partition}).
-		Take(&row).Error
+	row, found, err := s.Read(ctx, db, topic, partition)
+	if err != nil || !found {
+		return -1, err
+	}
+	return row.Next, nil
+}
+
+// Read returns the partition's stored position; found is false if there is
+// none.
+func (s Store) Read(ctx context.Context, db *gorm.DB, topic string, partition int) (row Row, found bool, err error) {
+	return s.read(ctx, db, topic, partition, false)
+}
+
+// read reads the row through db; locking reads it with a lock (FOR UPDATE)
+// on PostgreSQL and MySQL/MariaDB, so that inside a transaction at
+// REPEATABLE READ (MySQL's default) it sees the row as the UPDATE before it
+// did, not the transaction's snapshot. SQLite has one writer: its
+// transactions see the latest row anyway.
+func (s Store) read(ctx context.Context, db *gorm.DB, topic string, partition int, locking bool) (Row, bool, error) {
+	var r offsetRow
+	q := db.WithContext(ctx).Table(s.Table).Where(s.key(topic, partition))
+	if locking && db.Name() != "sqlite" {
+		q = q.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate})
+	}
+	err := q.Take(&r).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return -1, nil
+		return Row{}, false, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("consumer: load stored offset of %s/%d: %w", topic, partition, err)
+		return Row{}, false, fmt.Errorf("consumer: load stored offset of %s/%d: %w", topic, partition, err)
 	}
-	return row.NextOffset, nil
+	row := Row{Next: r.NextOffset, Generation: r.Generation}
+	if r.LastOffset >= 0 && r.LastOffset == r.NextOffset-1 {
+		row.Last = r.LastFingerprint
+	}
+	return row, true, nil
+}
+
+func (s Store) key(topic string, partition int) map[string]any {
+	return map[string]any{"group_id": s.Group, "topic": topic, "partition": partition}
 }

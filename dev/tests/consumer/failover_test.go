@@ -195,7 +195,10 @@ func loseTail(t *testing.T, s *shop, group string, from, n int) {
 		if err := tx.Exec(`DELETE FROM `+inboxsqlite.DefaultTable+` WHERE offset_no >= ?`, from).Error; err != nil {
 			return err
 		}
-		return tx.Exec(`UPDATE `+consumer.DefaultOffsetsTable+` SET next_offset = ? WHERE group_id = ?`, from, group).Error
+		// The standby's row is older in both its offset and its generation
+		// (written before a rebalance): a failover all the same, not a
+		// takeover, which only a newer generation means.
+		return tx.Exec(`UPDATE `+consumer.DefaultOffsetsTable+` SET next_offset = ?, generation = 0 WHERE group_id = ?`, from, group).Error
 	})
 	if err != nil {
 		t.Fatal(err)

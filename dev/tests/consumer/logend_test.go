@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -229,6 +230,178 @@ func TestRecreatedTopicWithStoredOffsetsStopsThePartition(t *testing.T) {
 		}
 		s.checkExactlyOnce(t, 7, nil)
 	})
+}
+
+// The topic was deleted and recreated, and the new topic already holds
+// more messages than the stored offset: the offset is inside the new log,
+// so nothing about it looks wrong, yet starting there would skip the new
+// messages below it for good (before, they were: neither processed nor
+// dead-lettered). The message at the stored offset - 1 is not the one the
+// group processed there, so the partition stops loudly; once the group's
+// rows and offsets are reset, every new message is processed. A restart on
+// the same topic passes the check.
+func TestRecreatedTopicGrownPastTheStoredOffsetStopsThePartition(t *testing.T) {
+	t.Parallel()
+	onEachBroker(t, func(t *testing.T, k kafkaTarget) {
+		createTopicWith(t, k.brokers, kafka.TopicConfig{Topic: k.topic})
+		s := newSQLiteShop(t)
+		sendOrders(t, k.brokers, k.topic, 1, 8, nil)
+		ev := newEvents()
+		cfg := baseConfig(t, k.brokers, k.topic, k.group, s, ev)
+		cfg.StoreOffsets = true
+		a := start(t, cfg)
+		waitUntil(t, 30*time.Second, "8 processed", func() bool { return ev.count(hooks.Processed) == 8 })
+		if err := a.stop(t); err != nil {
+			t.Fatal(err)
+		}
+		// The same topic: the message before the stored offset is the one
+		// processed there.
+		ev1, rec := newEvents(), newRecorder(t)
+		cfg.Hooks, cfg.Logger = []hooks.Hook{hooks.EventFunc(ev1.on)}, slog.New(rec)
+		produce(t, k.brokers, k.topic, orderMessage(8, 0))
+		a2 := start(t, cfg)
+		waitUntil(t, 30*time.Second, "order 8", func() bool { return ev1.count(hooks.Processed) == 1 })
+		if err := a2.stop(t); err != nil {
+			t.Fatalf("a restart on the same topic: %v", err)
+		}
+		if _, ok := rec.find(slog.LevelInfo, "cannot check"); ok {
+			t.Error("the check of the message before the stored offset was not made")
+		}
+		cfg.Logger = testLogger(t)
+
+		recreateTopic(t, k.brokers, k.topic)
+		var fresh []kafka.Message
+		for i := 100; i < 110; i++ {
+			fresh = append(fresh, orderMessage(i, 0))
+		}
+		produce(t, k.brokers, k.topic, fresh...)
+		ev2 := newEvents()
+		cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev2.on)}
+		b := start(t, cfg)
+		waitUntil(t, 30*time.Second, "the partition to stop (or orders to be processed)", func() bool {
+			return ev2.count(hooks.PartitionStopped) == 1 || ev2.count(hooks.Processed) > 0
+		})
+		time.Sleep(300 * time.Millisecond) // what a resumed partition would process shows now
+		st := b.c.Stopped()
+		if len(st) != 1 || st[0].Offset != 9 || st[0].Reason != consumer.ReasonTopicRecreated || !errors.Is(st[0], consumer.ErrPartitionStopped) {
+			t.Errorf("Stopped() = %v, want offset 9 stopped for %s", st, consumer.ReasonTopicRecreated)
+		} else if msg := st[0].Error(); !strings.Contains(msg, consumer.DefaultOffsetsTable) || !strings.Contains(msg, "--reset-offsets") {
+			t.Errorf("the stop does not say what to do: %s", msg)
+		}
+		var pse *consumer.PartitionStoppedError
+		if err := b.stop(t); !errors.As(err, &pse) || pse.Reason != consumer.ReasonTopicRecreated {
+			t.Errorf("Run = %v, want the stopped partition", err)
+		}
+		if n := ev2.count(hooks.Processed); n != 0 {
+			t.Errorf("%d processed from the stored offset of the old topic: orders 100-108 were skipped", n)
+		}
+
+		// The documented fix: delete the group's rows and reset its offsets.
+		if err := s.db.Exec(`DELETE FROM `+consumer.DefaultOffsetsTable+` WHERE group_id = ?`, k.group).Error; err != nil {
+			t.Fatal(err)
+		}
+		cl := &kafka.Client{Addr: kafka.TCP(k.brokers...), Timeout: 10 * time.Second}
+		if _, err := cl.DeleteGroups(context.Background(), &kafka.DeleteGroupsRequest{GroupIDs: []string{k.group}}); err != nil {
+			t.Fatal(err)
+		}
+		ev3 := newEvents()
+		cfg.Hooks = []hooks.Hook{hooks.EventFunc(ev3.on)}
+		c := start(t, cfg)
+		waitUntil(t, 30*time.Second, "the 10 new messages", func() bool { return ev3.count(hooks.Processed) == 10 })
+		if err := c.stop(t); err != nil {
+			t.Fatal(err)
+		}
+		counts := s.counts(t)
+		for _, i := range []int{0, 8, 100, 108, 109} {
+			if n := counts["order-"+strconv.Itoa(i)]; n != 1 {
+				t.Errorf("order-%d reserved %d times, want 1", i, n)
+			}
+		}
+		if len(counts) != 19 {
+			t.Errorf("%d orders reserved, want 19", len(counts))
+		}
+	})
+}
+
+// When the message before the stored offset is gone, the check of a
+// recreated topic cannot be made: the partition starts all the same (never
+// a stop it cannot justify), saying so at Info. Retention deleted it (the
+// stored offset - 1 is below the log start), or compaction removed it (a
+// later message has its key: the fetch returns a later offset).
+func TestStoredOffsetCheckGivesWayToRetentionAndCompaction(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"retention", "compaction"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cluster.Close)
+			brokers := cluster.ListenAddrs()
+			tc := kafka.TopicConfig{Topic: "orders", NumPartitions: 1, ReplicationFactor: 1,
+				ConfigEntries: []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: "86400000"}}}
+			if mode == "compaction" {
+				tc.ConfigEntries = []kafka.ConfigEntry{{ConfigName: "cleanup.policy", ConfigValue: "compact"}}
+			}
+			createTopicWith(t, brokers, tc)
+			var first []kafka.Message
+			for i := range 3 {
+				m := orderMessage(i, 0)
+				if mode == "retention" {
+					m.Time = time.Now().Add(-48 * time.Hour)
+				}
+				first = append(first, m)
+			}
+			produce(t, brokers, "orders", first...)
+			s := newSQLiteShop(t)
+			ev := newEvents()
+			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
+			cfg.StoreOffsets = true
+			a := start(t, cfg)
+			waitUntil(t, 30*time.Second, "orders 0-2", func() bool { return ev.count(hooks.Processed) == 3 })
+			if err := a.stop(t); err != nil {
+				t.Fatal(err)
+			}
+
+			later := []kafka.Message{orderMessage(3, 0), orderMessage(4, 0)}
+			if mode == "compaction" {
+				later[0].Key = []byte("order-2") // a newer state of order-2's key: offset 2 is compacted away
+			}
+			for _, m := range later { // one batch each: compaction keeps the last batch as it is
+				produce(t, brokers, "orders", m)
+			}
+			if mode == "retention" {
+				cluster.ApplyRetention()
+			} else {
+				cluster.Compact()
+			}
+			left := 4 // compaction keeps 0, 1, 3, 4
+			if mode == "retention" {
+				left = 2
+			}
+			for _, m := range readAll(t, brokers, "orders", 1, left) {
+				if m.Offset == 2 {
+					t.Fatalf("offset 2 is still there after the %s", mode)
+				}
+			}
+
+			ev2, rec := newEvents(), newRecorder(t)
+			cfg.Hooks, cfg.Logger = []hooks.Hook{hooks.EventFunc(ev2.on)}, slog.New(rec)
+			b := start(t, cfg)
+			waitUntil(t, 30*time.Second, "orders 3 and 4", func() bool { return ev2.count(hooks.Processed) == 2 })
+			if err := b.stop(t); err != nil {
+				t.Fatalf("Run = %v, want no stopped partition", err)
+			}
+			if n := ev2.count(hooks.PartitionStopped); n != 0 {
+				t.Errorf("%d partitions stopped", n)
+			}
+			if _, ok := rec.find(slog.LevelInfo, "cannot check that the topic was not recreated"); !ok {
+				t.Error("no Info says that the check could not be made")
+			}
+			s.checkExactlyOnce(t, 5, nil)
+		})
+	}
 }
 
 // Without StoreOffsets, a group's committed offset past the log end stops

@@ -84,6 +84,34 @@ func TestOffsetsMigrateAtTheSameInstant(t *testing.T) {
 	}
 }
 
+// The same on a table made by an older version: every replica of the new
+// version adds the missing columns at the same instant.
+func TestOffsetsMigrateAddsColumnsAtTheSameInstant(t *testing.T) {
+	for name := range offsetsDatabases {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			for round := range offsetsRounds / 2 {
+				where := filepath.Join(dir, fmt.Sprint(round, ".db"))
+				first := openOffsetsPool(t, name, where)
+				table := freshOffsetsTable(t, first)
+				createOldOffsetsTable(t, first, table)
+				calls := make([]func() error, offsetsReplicas)
+				for i := range calls {
+					db := openOffsetsPool(t, name, where)
+					calls[i] = func() error { return offsets.Store{Table: table, Group: "g"}.Migrate(context.Background(), db) }
+				}
+				if err := atonce.Calls(calls...); err != nil {
+					t.Fatalf("round %d: %d Migrate calls at once on an old offsets table: %v", round+1, len(calls), err)
+				}
+				row, found, err := offsets.Store{Table: table, Group: "g"}.Read(context.Background(), first, "orders", 0)
+				if err != nil || !found || row.Next != 41 {
+					t.Fatalf("round %d: the old row after Migrate: %+v (%v, %v)", round+1, row, found, err)
+				}
+			}
+		})
+	}
+}
+
 // The same with the replicas as processes of their own.
 func TestOffsetsMigrateAtTheSameInstantFromProcesses(t *testing.T) {
 	for name := range offsetsDatabases {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
@@ -20,7 +22,11 @@ import (
 
 // The offsets table on every database: created idempotently, upserted (the
 // column "partition" is a reserved word in MySQL), read back per group,
-// topic and partition, and rolled back with its transaction.
+// topic and partition, and rolled back with its transaction; the checked
+// write (Advance) refuses an offset that went back and a generation older
+// than the row's, and tells the two apart; Claim and Adopt move the row's
+// generation; the fingerprint of the last message is read back only with
+// the offset it was stored with.
 func TestOffsetStoreOnEachDatabase(t *testing.T) {
 	opens := map[string]func(t *testing.T) gorm.Dialector{
 		"sqlite":   func(t *testing.T) gorm.Dialector { return inboxsqlite.Open(filepath.Join(t.TempDir(), "o.db")) },
@@ -46,42 +52,123 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			in := func(fn func(tx *gorm.DB) error) error { return db.Transaction(fn) }
 			other := offsets.Store{Table: s.Table, Group: "g2"}
 			for _, step := range []struct {
 				st   offsets.Store
 				p    int
 				next int64
 			}{{s, 0, 5}, {s, 1, 7}, {s, 0, 9}, {other, 0, 100}} {
-				err := db.Transaction(func(tx *gorm.DB) error { return step.st.Save(ctx, tx, "orders", step.p, step.next) })
+				err := in(func(tx *gorm.DB) error {
+					return step.st.Save(ctx, tx, "orders", step.p, offsets.Write{Next: step.next, Generation: 1})
+				})
 				if err != nil {
 					t.Fatal(err)
 				}
 			}
 			// A rolled-back transaction leaves no offset behind.
-			_ = db.Transaction(func(tx *gorm.DB) error {
-				if err := s.Save(ctx, tx, "orders", 1, 1000); err != nil {
+			_ = in(func(tx *gorm.DB) error {
+				if err := s.Save(ctx, tx, "orders", 1, offsets.Write{Next: 1000, Generation: 1}); err != nil {
 					t.Fatal(err)
 				}
 				return errRollback
 			})
-			// advance writes only over a stored offset at or past its floor;
-			// the same value again is no move back (MySQL reports 0 rows).
-			if err := db.Transaction(func(tx *gorm.DB) error { return s.Save(ctx, tx, "advance", 0, 7) }); err != nil {
+
+			// advance writes only over a stored offset at or past its floor
+			// and a generation not newer than its own; the same value again
+			// is no move back (MySQL reports 0 rows).
+			if err := in(func(tx *gorm.DB) error {
+				return s.Save(ctx, tx, "advance", 0, offsets.Write{Next: 7, Generation: 2})
+			}); err != nil {
 				t.Fatal(err)
 			}
+			const ok, moved, taken = "ok", "moved", "taken over"
 			for _, c := range []struct {
 				p           int
 				floor, next int64
-				moved       bool
-			}{{0, 7, 7, false}, {0, 5, 8, false}, {0, 9, 10, true}, {1, 0, 3, true}, {1, -1, 3, false}, {1, 3, 3, false}} {
-				err := db.Transaction(func(tx *gorm.DB) error { return s.Advance(ctx, tx, "advance", c.p, c.floor, c.next) })
-				if moved := errors.Is(err, offsets.ErrPositionMoved); moved != c.moved || err != nil && !moved {
-					t.Errorf("advance(%d, floor %d, next %d) = %v, want moved %v", c.p, c.floor, c.next, err, c.moved)
+				gen         int32
+				want        string
+			}{
+				{0, 7, 7, 2, ok}, {0, 5, 8, 2, ok}, {0, 9, 10, 2, moved},
+				{0, 5, 9, 1, taken},  // an older generation, however good its offset
+				{0, -1, 9, 1, taken}, // also without a floor
+				{0, 8, 9, 3, ok},     // a newer generation takes the row
+				{0, 9, 10, 2, taken}, // and the one before is refused
+				{0, 12, 13, 3, moved},
+				{0, 12, 13, 1, taken}, // both wrong: the newer generation says zombie
+				{1, 0, 3, 1, moved}, {1, -1, 3, 1, ok}, {1, 3, 3, 1, ok},
+			} {
+				err := in(func(tx *gorm.DB) error {
+					return s.Advance(ctx, tx, "advance", c.p, c.floor, offsets.Write{Next: c.next, Generation: c.gen})
+				})
+				got := ok
+				var te *offsets.TakenOverError
+				switch {
+				case errors.Is(err, offsets.ErrPositionMoved):
+					got = moved
+				case errors.As(err, &te) && errors.Is(err, offsets.ErrTakenOver):
+					got = taken
+				case err != nil:
+					got = err.Error()
+				}
+				if got != c.want {
+					t.Errorf("advance(%d, floor %d, next %d, generation %d) = %s, want %s", c.p, c.floor, c.next, c.gen, got, c.want)
 				}
 			}
-			if got, err := s.Load(ctx, db, "advance", 0); got != 8 || err != nil {
-				t.Errorf("advance left %d (%v), want 8", got, err)
+			if row, found, err := s.Read(ctx, db, "advance", 0); err != nil || !found || row.Next != 9 || row.Generation != 3 {
+				t.Errorf("advance left %+v (%v, %v), want offset 9 of generation 3", row, found, err)
 			}
+
+			// Claim raises the generation only; Adopt moves it from a given one.
+			for _, c := range []struct {
+				claim, want int32
+			}{{2, 3}, {3, 3}, {5, 5}} {
+				row, found, err := s.Claim(ctx, db, "advance", 0, c.claim)
+				if err != nil || !found || row.Generation != c.want || row.Next != 9 {
+					t.Errorf("claim by generation %d = %+v (%v, %v), want offset 9 of generation %d", c.claim, row, found, err, c.want)
+				}
+			}
+			if _, found, err := s.Claim(ctx, db, "advance", 7, 1); found || err != nil {
+				t.Errorf("claim of a partition without a row: found %v (%v)", found, err)
+			}
+			for _, c := range []struct {
+				from, to int32
+				want     bool
+			}{{4, 1, false}, {5, 1, true}, {1, 1, true}} {
+				if got, err := s.Adopt(ctx, db, "advance", 0, c.from, c.to); got != c.want || err != nil {
+					t.Errorf("adopt from %d to %d = %v (%v), want %v", c.from, c.to, got, err, c.want)
+				}
+			}
+			if row, _, _ := s.Read(ctx, db, "advance", 0); row.Generation != 1 {
+				t.Errorf("generation %d after adopting, want 1", row.Generation)
+			}
+
+			// The fingerprint of the message before the offset.
+			if err := in(func(tx *gorm.DB) error {
+				return s.Save(ctx, tx, "last", 0, offsets.Write{Next: 4, Generation: 1, Last: -42})
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if row, _, err := s.Read(ctx, db, "last", 0); err != nil || row.Last != -42 {
+				t.Errorf("fingerprint %d (%v), want -42", row.Last, err)
+			}
+			// A writer that moves only next_offset (a version without the
+			// columns) leaves a fingerprint that no longer belongs to it.
+			if err := db.Exec(`UPDATE ` + s.Table + ` SET next_offset = 6 WHERE topic = 'last'`).Error; err != nil {
+				t.Fatal(err)
+			}
+			if row, _, err := s.Read(ctx, db, "last", 0); err != nil || row.Last != 0 || row.Next != 6 {
+				t.Errorf("%+v (%v) after next_offset moved alone, want offset 6 without fingerprint", row, err)
+			}
+			if err := in(func(tx *gorm.DB) error {
+				return s.Advance(ctx, tx, "last", 0, 6, offsets.Write{Next: 7, Generation: 1})
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if row, _, err := s.Read(ctx, db, "last", 0); err != nil || row.Last != 0 || row.Next != 7 {
+				t.Errorf("%+v (%v) after a write without fingerprint, want offset 7 without one", row, err)
+			}
+
 			for _, c := range []struct {
 				st    offsets.Store
 				group string
@@ -92,6 +179,95 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 				got, err := c.st.Load(ctx, db, c.topic, c.p)
 				if err != nil || got != c.want {
 					t.Errorf("%s %s/%d: got %d (%v), want %d", c.group, c.topic, c.p, got, err, c.want)
+				}
+			}
+		})
+	}
+}
+
+// oldOffsetRow is the offsets table as versions before the generation and
+// fingerprint columns made it.
+type oldOffsetRow struct {
+	GroupID    string `gorm:"column:group_id;primaryKey;size:255;not null"`
+	Topic      string `gorm:"column:topic;primaryKey;size:249;not null"`
+	Partition  int32  `gorm:"column:partition;primaryKey;autoIncrement:false;not null"`
+	NextOffset int64  `gorm:"column:next_offset;not null"`
+}
+
+// createOldOffsetsTable creates table as an older version did, with one row.
+func createOldOffsetsTable(t testing.TB, db *gorm.DB, table string) {
+	t.Helper()
+	m := db
+	if db.Name() == "mysql" {
+		m = db.Set("gorm:table_options", "ENGINE=InnoDB")
+	}
+	if err := m.Table(table).AutoMigrate(&oldOffsetRow{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Table(table).Create(&oldOffsetRow{GroupID: "g", Topic: "orders", Partition: 0, NextOffset: 41}).Error; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// statementLog records the statements GORM runs.
+type statementLog struct {
+	logger.Interface
+	mu    sync.Mutex
+	stmts []string
+}
+
+func (l *statementLog) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
+	sql, _ := fc()
+	l.mu.Lock()
+	l.stmts = append(l.stmts, sql)
+	l.mu.Unlock()
+}
+
+// Migrate adds the generation and fingerprint columns to a table made by an
+// older version, keeping its rows (generation 0, no fingerprint: the
+// fencing and the check of a recreated topic take over from the next
+// write); the writes of an older version (which name none of the new
+// columns) still work on it; and a second Migrate changes nothing (GORM
+// does not rebuild the table, as its SQLite migrator would for a column it
+// thinks changed).
+func TestOffsetsMigrateAddsColumnsToAnOldTable(t *testing.T) {
+	for name := range offsetsDatabases {
+		t.Run(name, func(t *testing.T) {
+			db := openOffsetsPool(t, name, filepath.Join(t.TempDir(), "o.db"))
+			table := freshOffsetsTable(t, db)
+			createOldOffsetsTable(t, db, table)
+			ctx := context.Background()
+			st := offsets.Store{Table: table, Group: "g"}
+			if err := st.Migrate(ctx, db); err != nil {
+				t.Fatal(err)
+			}
+			row, found, err := st.Read(ctx, db, "orders", 0)
+			if err != nil || !found || row.Next != 41 || row.Generation != 0 || row.Last != 0 {
+				t.Fatalf("the old row after Migrate: %+v (%v, %v), want offset 41, generation 0, no fingerprint", row, found, err)
+			}
+			// An older version's insert and upsert.
+			if err := db.Table(table).Create(&oldOffsetRow{GroupID: "g", Topic: "orders", Partition: 1, NextOffset: 3}).Error; err != nil {
+				t.Fatalf("an older version's insert: %v", err)
+			}
+			if got, err := st.Load(ctx, db, "orders", 1); got != 3 || err != nil {
+				t.Errorf("the older version's row: %d (%v), want 3", got, err)
+			}
+			if err := db.Transaction(func(tx *gorm.DB) error {
+				return st.Advance(ctx, tx, "orders", 0, 41, offsets.Write{Next: 42, Generation: 7, Last: 99})
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if row, _, err := st.Read(ctx, db, "orders", 0); err != nil || row.Next != 42 || row.Generation != 7 || row.Last != 99 {
+				t.Errorf("after a write: %+v (%v)", row, err)
+			}
+			rec := &statementLog{Interface: logger.Discard}
+			if err := st.Migrate(ctx, db.Session(&gorm.Session{Logger: rec})); err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range rec.stmts {
+				if u := strings.ToUpper(strings.TrimSpace(q)); strings.HasPrefix(u, "ALTER") || strings.HasPrefix(u, "CREATE") ||
+					strings.HasPrefix(u, "DROP") || strings.HasPrefix(u, "INSERT") {
+					t.Errorf("a second Migrate ran %s", q)
 				}
 			}
 		})
