@@ -171,7 +171,7 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error
 }
 
 // startMessages gives each message its context (batchopt's MessageContext)
-// and starts its Message hook (Config.Trace). ends[i] ends msgs[i]'s hook;
+// and starts its MessageTracer hooks. ends[i] ends msgs[i]'s hook;
 // it is nil, and so is b.ctxs, when neither is in use.
 func (b *batchRun) startMessages(ctx context.Context) (ends []func(Outcome, error)) {
 	mc := b.opts.MessageContext

@@ -30,8 +30,8 @@ type Options[O any] struct {
 	// for the batch.
 	BeforeCommit func(ctx context.Context, tx *gorm.DB, outcomes []O) error
 	// MessageContext, if set, makes the call start the work on msgs[i] from
-	// MessageContext(ctx, i) instead of the call's ctx: its Message hook
-	// (inbox.Config.Trace), its handler call and its logs get that context.
+	// MessageContext(ctx, i) instead of the call's ctx: its MessageTracer
+	// hooks, its handler call and its logs get that context.
 	// It is called once per message and call, before any transaction; it
 	// must return a context derived from ctx (the consumer adds the trace
 	// context found in the message's headers), or nil to keep ctx. A

@@ -23,7 +23,7 @@ import (
 	inboxotel "github.com/inboxgo/inbox/otel"
 )
 
-// A consumer instrumented with InstrumentConsumer continues each
+// A consumer with the otel Hook in both Configs continues each
 // producer's trace: every attempt at a message is a span whose parent is
 // the producer's span, with the claim and the handler as children and the
 // handler's context in the handler span; the metrics count each message
@@ -244,9 +244,9 @@ func traceOf(sent []sent, key string) trace.TraceID {
 	return trace.TraceID{}
 }
 
-// A naturally idempotent consumer has no inbox: InstrumentConsumer takes a
-// nil inbox.Config, the handler still runs in the producer's trace, and
-// the consumer's events are counted.
+// A naturally idempotent consumer has no inbox: the otel Hook in the
+// consumer's Hooks alone still runs the handler in the producer's trace,
+// and the consumer's events are counted.
 func TestNaturallyIdempotentConsumer(t *testing.T) {
 	t.Parallel()
 	tel := newTelemetry(t)

@@ -26,7 +26,7 @@ import (
 	inboxotel "github.com/inboxgo/inbox/otel"
 )
 
-// A consumer wired with InstrumentConsumer: the producer sends an order
+// A consumer wired with one otel Hook in the inbox's and the consumer's Hooks: the producer sends an order
 // twice (a retry) from a traced request; the consumer's spans continue
 // the producer's trace, and the metrics count one processed message and
 // one duplicate. In a service the providers are the global ones (leave
