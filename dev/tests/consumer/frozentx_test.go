@@ -3,7 +3,6 @@ package consumer_test
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -144,18 +143,7 @@ func testMemberFrozenInsideItsTransaction(t *testing.T, name string, s *shop) {
 		t.Fatal("the member did not reach order 5")
 	}
 	watch := watchStoredOffset(t, s, st, "orders", 0)
-	waitUntil(t, 30*time.Second, "the coordinator to drop the frozen member", func() bool {
-		gi := cluster.GroupInfo("inventory")
-		if gi == nil {
-			return false
-		}
-		for _, m := range gi.Members {
-			if strings.HasPrefix(m.MemberID, "zombie-") {
-				return false
-			}
-		}
-		return true
-	})
+	waitMemberDropped(t, cluster, "inventory", "zombie-", "the frozen member")
 
 	oev, orec := newEvents(), newRecorder(t)
 	ocfg := baseConfig(t, brokers, "orders", "inventory", memberPool(t, name, s, slog.New(orec), false), oev)

@@ -187,18 +187,7 @@ func testZombieMember(t *testing.T, name string, s *shop) {
 		t.Fatal("the member did not process orders 0-5")
 	}
 	watch := watchStoredOffset(t, s, st, "orders", 0)
-	waitUntil(t, 30*time.Second, "the coordinator to drop the paused member", func() bool {
-		gi := cluster.GroupInfo("inventory")
-		if gi == nil {
-			return false
-		}
-		for _, m := range gi.Members {
-			if strings.HasPrefix(m.MemberID, "zombie-") {
-				return false
-			}
-		}
-		return true
-	})
+	waitMemberDropped(t, cluster, "inventory", "zombie-", "the paused member")
 
 	// Another member takes the partition over and processes orders 6-9.
 	oev, orec := newEvents(), newRecorder(t)
@@ -306,4 +295,22 @@ func TestRecreatedGroupTakesItsStoredOffsetsOver(t *testing.T) {
 		t.Errorf("errors logged: %q", errs)
 	}
 	s.checkExactlyOnce(t, 7, nil)
+}
+
+// waitMemberDropped waits until the coordinator of cluster lists no member
+// of group whose id starts with prefix.
+func waitMemberDropped(t *testing.T, cluster *kfake.Cluster, group, prefix, who string) {
+	t.Helper()
+	waitUntil(t, 30*time.Second, "the coordinator to drop "+who, func() bool {
+		gi := cluster.GroupInfo(group)
+		if gi == nil {
+			return false
+		}
+		for _, m := range gi.Members {
+			if strings.HasPrefix(m.MemberID, prefix) {
+				return false
+			}
+		}
+		return true
+	})
 }
