@@ -118,8 +118,12 @@ launch_server() {
 	local -a repl_opt=()
 	# Replication options (cmd_replica), kept across restarts.
 	[[ -f $dir/replication.opts ]] && mapfile -t repl_opt <"$dir/replication.opts"
+	# A temp dir of its own: servers sharing /tmp collide on the names of
+	# their on-disk temporary tables.
+	mkdir -p "$dir/tmp"
 	nohup "$MYSQLD" --no-defaults "${user_opt[@]}" "${repl_opt[@]}" \
 		--datadir="$dir/data" --socket="$dir/sock" --port="$port" --bind-address=127.0.0.1 \
+		--tmpdir="$dir/tmp" \
 		--pid-file="$dir/mariadb.pid" --log-error="$dir/err.log" --skip-name-resolve \
 		--innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=1 \
 		--max-connections=300 --default-storage-engine=InnoDB \
