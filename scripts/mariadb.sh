@@ -121,6 +121,7 @@ launch_server() {
 	# A temp dir of its own: servers sharing /tmp collide on the names of
 	# their on-disk temporary tables.
 	mkdir -p "$dir/tmp"
+	[[ $EUID -ne 0 ]] || chown "$(stat -c %U "$dir/data")": "$dir/tmp"
 	nohup "$MYSQLD" --no-defaults "${user_opt[@]}" "${repl_opt[@]}" \
 		--datadir="$dir/data" --socket="$dir/sock" --port="$port" --bind-address=127.0.0.1 \
 		--tmpdir="$dir/tmp" \
