@@ -25,6 +25,10 @@ import (
 // the driver's own.
 type admin interface {
 	terminate(ctx context.Context) (int, error)
+	// openTransactions counts the transactions open on the server in the
+	// sessions of the run's processes whose client ports are ports
+	// (opentx.go).
+	openTransactions(ctx context.Context, db *gorm.DB, ports []int) (int, error)
 	close()
 }
 

@@ -530,7 +530,9 @@ func (r *run) produce(ctx context.Context, msgs []kafka.Message) error {
 		if err != nil {
 			return err
 		}
-		r.say("wave %d/%d written (%d messages)", i+1, waves, hi-lo)
+		if waves <= 20 || (i+1)%(waves/10) == 0 {
+			r.say("wave %d/%d written (%d messages)", i+1, waves, hi-lo)
+		}
 		if i < waves-1 && backoff.Sleep(ctx, r.jitter(every)) != nil {
 			return ctx.Err()
 		}

@@ -226,3 +226,20 @@ func (p *Proxy) Cut() { p.p.cut() }
 
 // Close stops the proxy and every connection through it.
 func (p *Proxy) Close() { p.p.close() }
+
+// serverPorts returns the local ports of the connections the proxy holds to
+// its target: the client ports the server sees.
+func (p *proxy) serverPorts() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ports []int
+	for _, l := range p.conns {
+		if l.s == nil {
+			continue
+		}
+		if a, ok := l.s.LocalAddr().(*net.TCPAddr); ok {
+			ports = append(ports, a.Port)
+		}
+	}
+	return ports
+}
