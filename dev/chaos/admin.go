@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -106,6 +107,13 @@ func (a *pgAdmin) close() {}
 type mysqlAdmin struct {
 	dsn  string // the driver's, with the privilege to create users
 	user string
+
+	// InnoDB refreshes what information_schema.INNODB_TRX shows at most
+	// every 100 ms, on a read at least that long after the previous one:
+	// reads spaced by less see transactions as they were, ended ones
+	// included (openTransactions).
+	trxMu   sync.Mutex
+	trxRead time.Time
 }
 
 // newMySQLAdmin creates a user for the run's consumers, with the rights of

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"gorm.io/gorm"
 )
@@ -68,6 +69,10 @@ func localPorts(pid int) ([]int, error) {
 	return ports, nil
 }
 
+// trxRefresh is longer than InnoDB's 100 ms between two refreshes of what
+// INNODB_TRX shows (TRX_I_S_CACHE_MIN_REFRESH_TIME).
+const trxRefresh = 120 * time.Millisecond
+
 // errNoServer: SQLite has no server that could list a process's
 // transactions.
 var errNoServer = errors.New("chaos: no database server to ask")
@@ -94,6 +99,16 @@ func (a *mysqlAdmin) openTransactions(ctx context.Context, db *gorm.DB, ports []
 	for _, p := range ports {
 		hosts = append(hosts, fmt.Sprintf("127.0.0.1:%d", p), fmt.Sprintf("localhost:%d", p))
 	}
+	a.trxMu.Lock()
+	defer a.trxMu.Unlock()
+	if wait := time.Until(a.trxRead.Add(trxRefresh)); wait > 0 {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+	defer func() { a.trxRead = time.Now() }()
 	var n int
 	err := db.WithContext(ctx).Raw("SELECT count(*) FROM information_schema.INNODB_TRX t "+
 		"JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id WHERE p.USER = ? AND p.HOST IN ?", a.user, hosts).Scan(&n).Error

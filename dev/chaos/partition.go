@@ -50,6 +50,9 @@ type PartitionConfig struct {
 	// without it the frozen member's open transaction keeps its rows locked
 	// until the link heals, and the new owner waits on them. Default 4 s.
 	IdleTxTimeout time.Duration
+	// Ends says how the freezes end, in turn: "heal" or "cut"; default
+	// heal, cut.
+	Ends []string
 }
 
 // PartitionReport holds the figures of a partition run.
@@ -199,6 +202,9 @@ func (pc *PartitionConfig) defaults(session time.Duration) time.Duration {
 	if pc.IdleTxTimeout <= 0 {
 		pc.IdleTxTimeout = 4 * time.Second
 	}
+	if len(pc.Ends) == 0 {
+		pc.Ends = []string{"heal", "cut"}
+	}
 	bound := pc.MaxProcessingStall + session + 2*session
 	if pc.FreezeFor <= 0 {
 		pc.FreezeFor = 25 * time.Second
@@ -230,6 +236,11 @@ type partitionRun struct {
 func RunPartition(ctx context.Context, cfg Config, pc PartitionConfig) (*PartitionReport, error) {
 	if cfg.Dialect != "postgres" && cfg.Dialect != "mysql" {
 		return nil, fmt.Errorf("chaos: the partition phase needs a database server reached over TCP, not %s", cfg.Dialect)
+	}
+	for _, e := range pc.Ends {
+		if e != "heal" && e != "cut" {
+			return nil, fmt.Errorf("chaos: a freeze ends by heal or cut, not %q", e)
+		}
 	}
 	cfg.Kills, cfg.BrokerRestarts, cfg.DBRestarts, cfg.Terminations, cfg.Storms, cfg.Failovers, cfg.LeaderKills = 0, 0, 0, 0, 0, 0, 0
 	cfg.Consumers = max(cfg.Consumers, 2)
@@ -421,18 +432,36 @@ func (r *partitionRun) freezer(ctx context.Context) error {
 			return err
 		}
 		last = p.name
-		fr := Freeze{Process: p.name, Ended: []string{"heal", "cut"}[i%2], Open: -1, Moved: map[int]time.Duration{}, MovedAll: -1, Back: -1}
-		// Of each two freezes (one healed, one cut) the first two land
-		// while the member holds a transaction open, the next two between
-		// transactions, and so on: a freeze that found the member idle is
-		// healed at once (what it held is forwarded) and made again a few
-		// milliseconds later, up to pauseTries times.
+		fr := Freeze{Process: p.name, Ended: r.pc.Ends[i%len(r.pc.Ends)], Open: -1, Moved: map[int]time.Duration{}, MovedAll: -1, Back: -1}
+		// The first two freezes land while the member holds a transaction
+		// open, the next two at a random moment, and so on (with the
+		// default Ends, each pair is healed once and cut once). The first
+		// kind freezes the link right after one of the member's statements
+		// reached the server; if the server shows no transaction open (it
+		// was an autocommit statement, or a BEGIN that opened none yet),
+		// the link is healed at once (what it held is forwarded) and
+		// frozen after the next statement, for at most seekFor.
 		inTx := (i/2)%2 == 0
 		tries := 0
 		var frozen time.Time
+		seekUntil := time.Now().Add(seekFor)
 		for {
 			tries++
-			p.link.freeze()
+			if inTx {
+				// Right after one of the member's statements reached the
+				// server: most of them are inside a transaction.
+				select {
+				case <-p.link.freezeAfterWrite():
+				case <-time.After(time.Second):
+					p.link.disarm()
+					p.link.freeze()
+				case <-ctx.Done():
+					p.link.disarm()
+					return ctx.Err()
+				}
+			} else {
+				p.link.freeze()
+			}
 			frozen = time.Now()
 			qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			n, err := r.admin.openTransactions(qctx, r.db, p.link.serverPorts())
@@ -441,13 +470,14 @@ func (r *partitionRun) freezer(ctx context.Context) error {
 			if err == nil {
 				fr.Open = n
 			}
-			if !inTx || fr.Open > 0 || tries == pauseTries || ctx.Err() != nil {
+			if !inTx || fr.Open > 0 || time.Now().After(seekUntil) || ctx.Err() != nil {
 				break
 			}
+			// Armed again at once: the next write is likely the next
+			// statement of the same transaction (a BEGIN opens none on
+			// MariaDB until its first statement, and the driver prepares
+			// each statement before executing it).
 			p.link.heal()
-			if backoff.Sleep(ctx, time.Duration(2+r.intn(20))*time.Millisecond) != nil {
-				return ctx.Err()
-			}
 		}
 		// The partitions it held a moment before: an assignment in flight
 		// is no concern of steady's by now.

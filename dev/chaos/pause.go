@@ -41,8 +41,9 @@ type Pause struct {
 	Busy  bool // the role had work in hand
 }
 
-// pauseTries bounds the stops made to find a process inside a transaction.
-const pauseTries = 200
+// seekFor bounds the time spent stopping a process again and again (or
+// freezing its link) to find it inside a transaction.
+const seekFor = 15 * time.Second
 
 // PauseConfig sizes the pause phase.
 type PauseConfig struct {
@@ -127,7 +128,7 @@ func (c *chainRun) pauseRole(ctx context.Context, role chainRole, n int) error {
 // twice that, and lets it go on with SIGCONT. With inTx it seeks a moment
 // when the process holds a transaction open on the server: stopped at a
 // random moment outside one, it is let go on at once and stopped again a
-// few milliseconds later, up to pauseTries times.
+// few milliseconds later, for at most seekFor.
 func (c *chainRun) pauseOne(ctx context.Context, role chainRole, inTx bool) error {
 	busy := c.waitBusy(ctx, role, 3*time.Second)
 	c.pmu.Lock()
@@ -147,6 +148,7 @@ func (c *chainRun) pauseOne(ctx context.Context, role chainRole, inTx bool) erro
 	proc := p.cmd.Process
 	pause := Pause{Process: p.name, Role: role.label(), Open: -1, Busy: busy}
 	defer func() { _ = proc.Signal(syscall.SIGCONT) }()
+	seekUntil := time.Now().Add(seekFor)
 	for {
 		pause.Tries++
 		if err := proc.Signal(syscall.SIGSTOP); err != nil {
@@ -160,7 +162,7 @@ func (c *chainRun) pauseOne(ctx context.Context, role chainRole, inTx bool) erro
 		if err == nil {
 			pause.Open = n
 		}
-		if !inTx || pause.Open > 0 || pause.Tries == pauseTries || ctx.Err() != nil {
+		if !inTx || pause.Open > 0 || time.Now().After(seekUntil) || ctx.Err() != nil {
 			break
 		}
 		_ = proc.Signal(syscall.SIGCONT)
