@@ -140,6 +140,7 @@ type Store struct {
 	schemaKey     int64 // transaction-level: creating the schema, shared by every store in it
 
 	claimOneSQL, claimArraysSQL string
+	wm                          watermarkSQL
 }
 
 // New validates opts and returns a Store. It does not touch the database.
@@ -181,6 +182,7 @@ func New(opts Options) (*Store, error) {
 	h.Write([]byte("github.com/inboxgo/inbox/adapters/postgres schema\x00" + opts.Schema))
 	s.schemaKey = int64(h.Sum64())
 	s.buildClaimSQL()
+	s.wm = newWatermarkSQL(s)
 	return s, nil
 }
 
