@@ -433,7 +433,10 @@ func (ib *Inbox) claimTx(ctx context.Context, rows []storage.InboxRow, fn func(t
 func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, bound time.Duration, rows []storage.InboxRow, fn func(tx *gorm.DB, inserted []bool) error) error {
 	var inserted []bool
 	cctx, ct := ctx, (*claimTrace)(nil)
-	if ib.hooks.HasClaimTracers() {
+	if len(rows) == 0 {
+		// Nothing to claim (every message is deduplicated by a watermark).
+		inserted = []bool{}
+	} else if ib.hooks.HasClaimTracers() {
 		var end func([]bool, error)
 		cctx, end = ib.startClaim(traceCtx, rows)
 		ct = &claimTrace{end: end}
@@ -443,7 +446,7 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, bound time.Duration, r
 	// tctx is ctx carrying the transaction's statement state (see
 	// txn.RunFrom): the transaction's own context.
 	open := func(tctx context.Context) (*gorm.DB, func(), error) {
-		if cb, ok := ib.store.(storage.ClaimBeginner); ok {
+		if cb, ok := ib.store.(storage.ClaimBeginner); ok && len(rows) > 0 {
 			bctx, bounded, cancel := txn.WithBound(cctx, "BEGIN and the claim", bound)
 			tx, ins, ok, err := cb.BeginClaim(bctx, ib.db.WithContext(tctx), ib.cfg.TxOptions, rows)
 			cancel()
