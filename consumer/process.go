@@ -210,9 +210,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 				return nil, false
 			}
 			opts.Seq = w.seq.marks(seqOf, time.Now().Before(w.c.cfg.SequencedRowsUntil))
-			opts.AtBegin = nil
+			opts.Watermarks = nil
 			if opts.Seq != nil {
-				opts.AtBegin = w.seq.writer(seqOf)
+				opts.Watermarks = w.seq.writer(seqOf)
 			}
 		}
 		var rs []inbox.Result

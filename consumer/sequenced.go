@@ -278,12 +278,12 @@ func (s *watermarks) marks(seqOf []*seqPos, consultRows bool) []batchopt.SeqMark
 	return marks
 }
 
-// writer returns the AtBegin function of a call: in each transaction it
-// moves the watermark of every stream the transaction applies messages of,
-// from what the call's earlier transactions committed to what this one
-// will have applied, with the store's compare-and-set.
-func (s *watermarks) writer(seqOf []*seqPos) func(ctx context.Context, tx *gorm.DB, group []int, committed []inbox.Outcome) error {
-	return func(ctx context.Context, tx *gorm.DB, group []int, committed []inbox.Outcome) error {
+// writer returns the Watermarks function of a call: for each transaction,
+// the writes that move the watermark of every stream it applies messages
+// of, from what the call's earlier transactions committed to what this one
+// will have applied (the store's compare-and-set).
+func (s *watermarks) writer(seqOf []*seqPos) func(group []int, committed []inbox.Outcome) []storage.WatermarkWrite {
+	return func(group []int, committed []inbox.Outcome) []storage.WatermarkWrite {
 		type draft struct {
 			old     []byte
 			applied watermark.Applied
@@ -335,11 +335,8 @@ func (s *watermarks) writer(seqOf []*seqPos) func(ctx context.Context, tx *gorm.
 				Old:          d.old, New: enc,
 			})
 		}
-		if len(writes) == 0 {
-			return nil
-		}
 		slices.SortFunc(writes, func(a, b storage.WatermarkWrite) int { return a.Compare(b.WatermarkKey) })
-		return s.store.SaveWatermarks(ctx, tx, writes)
+		return writes
 	}
 }
 
@@ -387,11 +384,11 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 		if v, _ := w.seq.applied(p); p.seq <= v {
 			return true
 		}
-		write := w.seq.writer(seqOf)
+		writes := w.seq.writer(seqOf)([]int{0}, []inbox.Outcome{0})
 		err := w.transact(dbCtx, func(tx *gorm.DB) error {
 			sctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' write", w.c.bound())
 			defer cancel()
-			return bounded(write(sctx, tx, []int{0}, []inbox.Outcome{0}))
+			return bounded(w.seq.store.SaveWatermarks(sctx, tx, writes))
 		})
 		if err == nil {
 			w.seq.committed(seqOf, func(int) inbox.Outcome { return inbox.Processed })

@@ -322,18 +322,14 @@ func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow
 	outcomes := *outcomesP
 	// The claim covers the whole group: it is traced under the first
 	// message's context, the transaction runs under the call's.
-	return ib.claimTxAt(ctx, b.ctxOf(ctx, group[0]), b.opts.Bound, rows, func(tx *gorm.DB, claimed []bool) error {
+	var writes []storage.WatermarkWrite
+	if b.opts.Watermarks != nil {
+		writes = b.opts.Watermarks(group, b.view(nil))
+	}
+	return ib.claimTxAt(ctx, b.ctxOf(ctx, group[0]), b.opts.Bound, rows, writes, func(tx *gorm.DB, claimed []bool) error {
 		inserted := make([]bool, len(group))
 		for j := range group {
 			inserted[j] = rowOf[j] < 0 || claimed[rowOf[j]]
-		}
-		if b.opts.AtBegin != nil {
-			actx, bounded, cancel := txn.WithBound(ctx, "the writes at BEGIN", b.opts.Bound)
-			err := b.opts.AtBegin(actx, tx, group, b.view(nil))
-			cancel()
-			if err != nil {
-				return txn.DatabaseFailure("at-begin", bounded(err))
-			}
 		}
 		if b.bh != nil {
 			var fresh []Message

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Options change how one ProcessBatch or ProcessBatchFunc call runs.
@@ -59,15 +61,17 @@ type Options[O any] struct {
 	// Seq, if set, has one entry per message: how the caller deduplicates
 	// it. The zero SeqMark is the inbox row, as without Seq.
 	Seq []SeqMark
-	// AtBegin, if set, is called first in each transaction, after the
-	// claim, with the messages the transaction runs (indexes into msgs,
-	// first copies only) and committed: the outcomes of the messages
-	// earlier transactions of the call committed (Processed or Duplicate),
-	// those decided before any transaction (SeqMark.Applied: Duplicate;
-	// Failed) and zero for the others. Its writes commit with the
-	// transaction (the consumer writes its watermarks this way); an error
-	// fails the transaction as a database failure, like BeforeCommit's.
-	AtBegin func(ctx context.Context, tx *gorm.DB, group []int, committed []O) error
+	// Watermarks, if set, is called before each transaction with the
+	// messages it runs (indexes into msgs, first copies only) and
+	// committed: the outcomes of the messages earlier transactions of the
+	// call committed (Processed or Duplicate), of those decided before any
+	// transaction (SeqMark.Applied: Duplicate; Failed), and zero for the
+	// others. The watermark writes it returns go into the transaction
+	// first, with the claim (storage.WatermarkStore.SaveWatermarks; one
+	// round trip with BEGIN where the store is a
+	// storage.WatermarkBeginner and there is nothing to claim); their
+	// failure fails the transaction as a database failure.
+	Watermarks func(group []int, committed []O) []storage.WatermarkWrite
 }
 
 // SeqMark is the caller's dedup decision for one message of a call.
