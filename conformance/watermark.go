@@ -52,17 +52,17 @@ func isWatermarkStore(s storage.InboxStore) bool {
 
 func (env *Env) watermarks() storage.WatermarkStore { return env.H.Store.(storage.WatermarkStore) }
 
-// errRollback is returned by the suite's transactions that must roll back.
-var errRollback = errors.New("conformance: the transaction rolls back on purpose")
+// errWatermarkRollback is returned by the suite's transactions that must roll back.
+var errWatermarkRollback = errors.New("conformance: the transaction rolls back on purpose")
 
 // wmKey is a stream of source "src" epoch 1 unless changed.
 func wmKey(scope, topic string, partition int32) storage.WatermarkKey {
 	return storage.WatermarkKey{Scope: scope, Source: "src", Epoch: 1, Topic: topic, Partition: partition}
 }
 
-// wmWrite moves k from old to new (old nil: k has no row).
-func wmWrite(k storage.WatermarkKey, old, new []byte) storage.WatermarkWrite {
-	return storage.WatermarkWrite{WatermarkKey: k, Old: old, New: new}
+// wmWrite moves k from one value to another (from nil: k has no row).
+func wmWrite(k storage.WatermarkKey, from, to []byte) storage.WatermarkWrite {
+	return storage.WatermarkWrite{WatermarkKey: k, Old: from, New: to}
 }
 
 // sortWrites puts writes in the order SaveWatermarks takes them.
@@ -105,27 +105,27 @@ func (env *Env) retried(ctx context.Context, fn func() error) error {
 	}
 }
 
-// save commits writes (and nothing else), run again after transient
+// saveWatermarks commits writes (and nothing else), run again after transient
 // failures.
-func (env *Env) save(ctx context.Context, db *gorm.DB, writes ...storage.WatermarkWrite) error {
+func (env *Env) saveWatermarks(ctx context.Context, db *gorm.DB, writes ...storage.WatermarkWrite) error {
 	return env.retried(ctx, func() error { return env.saveTx(ctx, db, "", writes, nil) })
 }
 
-// stored reads scope's committed rows of topic and partition through db,
+// watermarksOf reads scope's committed rows of topic and partition through db,
 // by key, and fails on a row given twice or a nil value (nil would say
 // the stream has none).
-func (env *Env) stored(ctx context.Context, db *gorm.DB, scope, topic string, partition int32) (map[storage.WatermarkKey][]byte, error) {
+func (env *Env) watermarksOf(ctx context.Context, db *gorm.DB, scope, topic string, partition int32) (map[storage.WatermarkKey][]byte, error) {
 	rows, err := env.watermarks().Watermarks(ctx, db.WithContext(ctx), scope, topic, partition)
 	if err != nil {
-		return nil, fmt.Errorf("Watermarks(%q, %q, %d): %w", scope, topic, partition, err)
+		return nil, fmt.Errorf("reading %s: %w", filterText(scope, topic, partition), err)
 	}
 	out := make(map[storage.WatermarkKey][]byte, len(rows))
 	for _, r := range rows {
 		if _, ok := out[r.WatermarkKey]; ok {
-			return nil, fmt.Errorf("Watermarks(%q, %q, %d) returned %s twice", scope, topic, partition, streamText(r.WatermarkKey))
+			return nil, fmt.Errorf("%s list %s twice", filterText(scope, topic, partition), streamText(r.WatermarkKey))
 		}
 		if r.Applied == nil {
-			return nil, fmt.Errorf("Watermarks(%q, %q, %d) returned %s with a nil value: nil means no row", scope, topic, partition, streamText(r.WatermarkKey))
+			return nil, fmt.Errorf("%s list %s with a nil value: nil means no row", filterText(scope, topic, partition), streamText(r.WatermarkKey))
 		}
 		out[r.WatermarkKey] = r.Applied
 	}
@@ -151,9 +151,9 @@ func expectStoredRows(what string, got, want map[storage.WatermarkKey][]byte) er
 	return nil
 }
 
-// expectValue checks the committed value of k: want nil means no row.
-func (env *Env) expectValue(ctx context.Context, what string, k storage.WatermarkKey, want []byte) error {
-	got, err := env.stored(ctx, env.H.DB, k.Scope, k.Topic, k.Partition)
+// expectWatermark checks the committed value of k: want nil means no row.
+func (env *Env) expectWatermark(ctx context.Context, what string, k storage.WatermarkKey, want []byte) error {
+	got, err := env.watermarksOf(ctx, env.H.DB, k.Scope, k.Topic, k.Partition)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
@@ -167,6 +167,11 @@ func (env *Env) expectValue(ctx context.Context, what string, k storage.Watermar
 		return expectStoredRows(what, rows, nil)
 	}
 	return expectStoredRows(what, rows, map[storage.WatermarkKey][]byte{k: want})
+}
+
+// filterText names what a Watermarks call asks for.
+func filterText(scope, topic string, partition int32) string {
+	return fmt.Sprintf("the watermarks of scope %q, topic %q, partition %d", scope, topic, partition)
 }
 
 func streamText(k storage.WatermarkKey) string {
@@ -226,7 +231,7 @@ func checkWatermarkRoundTrip(ctx context.Context, env *Env) error {
 		scopes[k.Scope] = true
 	}
 	sortWrites(writes)
-	if err := env.save(ctx, env.H.DB, writes...); err != nil {
+	if err := env.saveWatermarks(ctx, env.H.DB, writes...); err != nil {
 		return fmt.Errorf("inserting %d distinct streams in one call: %w", len(writes), err)
 	}
 	other, done, err := env.otherPool(ctx)
@@ -244,7 +249,7 @@ func checkWatermarkRoundTrip(ctx context.Context, env *Env) error {
 				}
 			}
 			for pool, db := range map[string]*gorm.DB{"the same": env.H.DB, "another": other} {
-				got, err := env.stored(ctx, db, scope, "", -1)
+				got, err := env.watermarksOf(ctx, db, scope, "", -1)
 				if err != nil {
 					return fmt.Errorf("%s: %w", what, err)
 				}
@@ -271,7 +276,7 @@ func checkWatermarkRoundTrip(ctx context.Context, env *Env) error {
 		writes = append(writes, wmWrite(k, v, n))
 	}
 	sortWrites(writes)
-	if err := env.save(ctx, env.H.DB, writes...); err != nil {
+	if err := env.saveWatermarks(ctx, env.H.DB, writes...); err != nil {
 		return fmt.Errorf("updating %d streams from the values read back: %w", len(writes), err)
 	}
 	return readAll("after the updates", next)
@@ -298,13 +303,13 @@ func checkWatermarkAtomic(ctx context.Context, env *Env) error {
 				if s.commit {
 					return nil
 				}
-				return errRollback
+				return errWatermarkRollback
 			})
 		})
-		if err != nil && !(errors.Is(err, errRollback) && !s.commit) {
+		if err != nil && !(errors.Is(err, errWatermarkRollback) && !s.commit) {
 			return fmt.Errorf("%s: %w", s.what, err)
 		}
-		if err := env.expectValue(ctx, "after "+s.what, k, s.stored); err != nil {
+		if err := env.expectWatermark(ctx, "after "+s.what, k, s.stored); err != nil {
 			return err
 		}
 		if err := env.expectEffects(ctx, effect, s.effectsNow); err != nil {
@@ -325,7 +330,7 @@ func expectMoved(what string, err error) error {
 func checkWatermarkCAS(ctx context.Context, env *Env) error {
 	a, b, c, d := wmKey("wm-cas", "orders", 0), wmKey("wm-cas", "orders", 1), wmKey("wm-cas", "orders", 2), wmKey("wm-cas", "orders", 3)
 	v1 := []byte("v1")
-	if err := env.save(ctx, env.H.DB, wmWrite(a, nil, v1), wmWrite(d, nil, v1)); err != nil {
+	if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(a, nil, v1), wmWrite(d, nil, v1)); err != nil {
 		return fmt.Errorf("first inserts: %w", err)
 	}
 	// Each attempt rolls back whatever it returns; none may change a row.
@@ -341,12 +346,14 @@ func checkWatermarkCAS(ctx context.Context, env *Env) error {
 		{"valid writes after a stale one", []storage.WatermarkWrite{wmWrite(a, []byte("stale"), []byte("v2")), wmWrite(c, nil, []byte("c1")), wmWrite(d, v1, []byte("v2"))}},
 	}
 	for _, r := range refused {
-		err := env.retried(ctx, func() error { return env.saveTx(ctx, env.H.DB, "", r.writes, func() error { return errRollback }) })
+		err := env.retried(ctx, func() error {
+			return env.saveTx(ctx, env.H.DB, "", r.writes, func() error { return errWatermarkRollback })
+		})
 		if err := expectMoved(r.what, err); err != nil {
 			return err
 		}
 		for k, want := range map[storage.WatermarkKey][]byte{a: v1, b: nil, c: nil, d: v1} {
-			if err := env.expectValue(ctx, "after "+r.what+" rolled back", k, want); err != nil {
+			if err := env.expectWatermark(ctx, "after "+r.what+" rolled back", k, want); err != nil {
 				return err
 			}
 		}
@@ -360,22 +367,22 @@ func checkWatermarkCAS(ctx context.Context, env *Env) error {
 	if err := expectMoved("valid and stale writes, committed", err); err != nil {
 		return err
 	}
-	if err := env.expectValue(ctx, "after a call with a stale write", a, v1); err != nil {
+	if err := env.expectWatermark(ctx, "after a call with a stale write", a, v1); err != nil {
 		return err
 	}
 	// From the right values the same writes go through.
-	if err := env.save(ctx, env.H.DB, wmWrite(a, v1, []byte("v2")), wmWrite(b, nil, []byte("b1")), wmWrite(d, v1, []byte{})); err != nil {
+	if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(a, v1, []byte("v2")), wmWrite(b, nil, []byte("b1")), wmWrite(d, v1, []byte{})); err != nil {
 		return fmt.Errorf("writes from the values held: %w", err)
 	}
 	for k, want := range map[storage.WatermarkKey][]byte{a: []byte("v2"), b: []byte("b1"), c: nil, d: {}} {
-		if err := env.expectValue(ctx, "after writes from the values held", k, want); err != nil {
+		if err := env.expectWatermark(ctx, "after writes from the values held", k, want); err != nil {
 			return err
 		}
 	}
-	if err := env.save(ctx, env.H.DB, wmWrite(d, []byte{}, []byte("d2"))); err != nil {
+	if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(d, []byte{}, []byte("d2"))); err != nil {
 		return fmt.Errorf("a write from the empty value held: %w", err)
 	}
-	return env.expectValue(ctx, "after a write from the empty value held", d, []byte("d2"))
+	return env.expectWatermark(ctx, "after a write from the empty value held", d, []byte("d2"))
 }
 
 func checkWatermarkInvalid(ctx context.Context, env *Env) error {
@@ -408,7 +415,7 @@ func checkWatermarkInvalid(ctx context.Context, env *Env) error {
 			return fmt.Errorf("a write with %s: %v, want an error wrapping storage.ErrInvalidConfig", c.what, err)
 		}
 	}
-	got, err := env.stored(ctx, env.H.DB, k.Scope, "", -1)
+	got, err := env.watermarksOf(ctx, env.H.DB, k.Scope, "", -1)
 	if err != nil {
 		return err
 	}
@@ -432,16 +439,16 @@ func checkWatermarkSecondWaits(ctx context.Context, env *Env) error {
 	return nil
 }
 
-// holdFor is how long a member's transaction holds a stream's row while
+// watermarkHold is how long a member's transaction holds a stream's row while
 // another member writes it.
-const holdFor = 300 * time.Millisecond
+const watermarkHold = 300 * time.Millisecond
 
 func secondWaits(ctx context.Context, env *Env, other *gorm.DB, insert, commit bool) error {
 	k := wmKey(fmt.Sprintf("wm-wait-%v-%v", insert, commit), "orders", 0)
 	var old []byte
 	if !insert {
 		old = []byte("v1")
-		if err := env.save(ctx, env.H.DB, wmWrite(k, nil, old)); err != nil {
+		if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(k, nil, old)); err != nil {
 			return fmt.Errorf("first value: %w", err)
 		}
 	}
@@ -456,7 +463,7 @@ func secondWaits(ctx context.Context, env *Env, other *gorm.DB, insert, commit b
 			if commit {
 				return nil
 			}
-			return errRollback
+			return errWatermarkRollback
 		})
 	}()
 	release := sync.OnceFunc(func() { close(end) })
@@ -477,11 +484,11 @@ func secondWaits(ctx context.Context, env *Env, other *gorm.DB, insert, commit b
 	select {
 	case err := <-secondDone:
 		return fmt.Errorf("the second member's write returned (%v) while the first member's transaction was writing the stream: it did not wait for it", err)
-	case <-time.After(holdFor):
+	case <-time.After(watermarkHold):
 	}
 	release()
 	<-firstFinished
-	if firstErr != nil && (commit || !errors.Is(firstErr, errRollback)) {
+	if firstErr != nil && (commit || !errors.Is(firstErr, errWatermarkRollback)) {
 		return fmt.Errorf("the first member's transaction: %w", firstErr)
 	}
 	var err error
@@ -494,35 +501,35 @@ func secondWaits(ctx context.Context, env *Env, other *gorm.DB, insert, commit b
 		if err := expectMoved("the second member, after the first committed", err); err != nil {
 			return err
 		}
-		return env.expectValue(ctx, "after both", k, first)
+		return env.expectWatermark(ctx, "after both", k, first)
 	}
 	if err != nil {
 		return fmt.Errorf("the second member, after the first rolled back: %w", err)
 	}
-	return env.expectValue(ctx, "after both", k, second)
+	return env.expectWatermark(ctx, "after both", k, second)
 }
 
 func checkWatermarkRace(ctx context.Context, env *Env) error {
 	for _, insert := range []bool{true, false} {
-		if err := race(ctx, env, insert); err != nil {
+		if err := raceMembers(ctx, env, insert); err != nil {
 			return fmt.Errorf("racing %s: %w", map[bool]string{true: "inserts", false: "updates"}[insert], err)
 		}
 	}
 	return nil
 }
 
-// race has env.H.Concurrency members write one stream from the same value
+// raceMembers has env.H.Concurrency members write one stream from the same value
 // at once. Each applies an effect first and holds its transaction open a
 // little after the write, so that the others reach the stream while it is
 // held (where the database runs writers side by side) or queue behind the
 // write lock (SQLite): either way all start from the value before any
 // commits, so all but one must find it moved.
-func race(ctx context.Context, env *Env, insert bool) error {
+func raceMembers(ctx context.Context, env *Env, insert bool) error {
 	k := wmKey(fmt.Sprintf("wm-race-%v", insert), "orders", 0)
 	var old []byte
 	if !insert {
 		old = []byte("v0")
-		if err := env.save(ctx, env.H.DB, wmWrite(k, nil, old)); err != nil {
+		if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(k, nil, old)); err != nil {
 			return fmt.Errorf("first value: %w", err)
 		}
 	}
@@ -563,7 +570,7 @@ func race(ctx context.Context, env *Env, insert bool) error {
 	if err := env.expectEffects(ctx, wmEffect(effect), 1); err != nil {
 		return err
 	}
-	return env.expectValue(ctx, "after the race", k, fmt.Appendf(nil, "member-%d", winner))
+	return env.expectWatermark(ctx, "after the race", k, fmt.Appendf(nil, "member-%d", winner))
 }
 
 func checkWatermarkFilters(ctx context.Context, env *Env) error {
@@ -585,7 +592,7 @@ func checkWatermarkFilters(ctx context.Context, env *Env) error {
 	add("wm-f2", "t1", 1, "a", 1)
 	add("WM-F", "t1", 1, "a", 1)
 	sortWrites(writes)
-	if err := env.save(ctx, env.H.DB, writes...); err != nil {
+	if err := env.saveWatermarks(ctx, env.H.DB, writes...); err != nil {
 		return fmt.Errorf("inserting %d streams: %w", len(writes), err)
 	}
 	for _, q := range []struct {
@@ -601,11 +608,11 @@ func checkWatermarkFilters(ctx context.Context, env *Env) error {
 				want[k] = v
 			}
 		}
-		got, err := env.stored(ctx, env.H.DB, q.scope, q.topic, q.partition)
+		got, err := env.watermarksOf(ctx, env.H.DB, q.scope, q.topic, q.partition)
 		if err != nil {
 			return err
 		}
-		if err := expectStoredRows(fmt.Sprintf("Watermarks(%q, %q, %d)", q.scope, q.topic, q.partition), got, want); err != nil {
+		if err := expectStoredRows(filterText(q.scope, q.topic, q.partition), got, want); err != nil {
 			return err
 		}
 	}
@@ -637,15 +644,15 @@ func checkWatermarkMigrate(ctx context.Context, env *Env) error {
 		return fmt.Errorf("%d MigrateWatermarks calls at once: %w", n, err)
 	}
 	k := wmKey("wm-migrate", "orders", 0)
-	if err := env.save(ctx, env.H.DB, wmWrite(k, nil, []byte("v1"))); err != nil {
+	if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(k, nil, []byte("v1"))); err != nil {
 		return fmt.Errorf("a write after concurrent migration: %w", err)
 	}
 	again := func() error { return env.watermarks().MigrateWatermarks(ctx, env.H.DB.WithContext(ctx)) }
 	if err := atonce.Calls(again, again); err != nil {
 		return fmt.Errorf("MigrateWatermarks on a migrated database: %w", err)
 	}
-	if err := env.expectValue(ctx, "after MigrateWatermarks ran again", k, []byte("v1")); err != nil {
+	if err := env.expectWatermark(ctx, "after MigrateWatermarks ran again", k, []byte("v1")); err != nil {
 		return err
 	}
-	return env.save(ctx, env.H.DB, wmWrite(k, []byte("v1"), []byte("v2")))
+	return env.saveWatermarks(ctx, env.H.DB, wmWrite(k, []byte("v1"), []byte("v2")))
 }
