@@ -306,7 +306,7 @@ func checkWatermarkAtomic(ctx context.Context, env *Env) error {
 				return errWatermarkRollback
 			})
 		})
-		if err != nil && !(errors.Is(err, errWatermarkRollback) && !s.commit) {
+		if err != nil && (s.commit || !errors.Is(err, errWatermarkRollback)) {
 			return fmt.Errorf("%s: %w", s.what, err)
 		}
 		if err := env.expectWatermark(ctx, "after "+s.what, k, s.stored); err != nil {
