@@ -173,8 +173,8 @@ func runWatermarks(ctx context.Context, args []string, stdout, stderr io.Writer)
 		code = exitFailed
 	}
 	if o.json {
-		if c := writeJSON(stdout, stderr, "watermarks", res); c != exitOK {
-			return c
+		if rc := writeJSON(stdout, stderr, "watermarks", res); rc != exitOK {
+			return rc
 		}
 		return code
 	}
