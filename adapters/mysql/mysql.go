@@ -72,6 +72,22 @@
 // table's metadata lock, so that maintenance never stalls live traffic for
 // long: on timeout it fails with a retryable error.
 //
+// # Watermarks
+//
+// The Store implements storage.WatermarkStore, the watermarks of sequenced
+// dedup: [Store.MigrateWatermarks] makes the InnoDB table
+// <table>_watermarks, one row per stream, keyed by (scope, topic,
+// partition_no, source, epoch), names VARBINARY, values a BLOB (up to
+// storage.MaxWatermarkBytes). A stream's first write is a plain INSERT,
+// which fails with ER_DUP_ENTRY (1062, storage.ErrWatermarkMoved) when the
+// stream has a row: INSERT IGNORE would also turn a value that does not fit
+// into a warning and 0 rows, and a no-op ON DUPLICATE KEY UPDATE reports 1
+// row for a duplicate under clientFoundRows. Every later write is an UPDATE
+// ... WHERE applied = the value read: the affected rows are the rows
+// changed, or matched under clientFoundRows, the same since the new value
+// always differs (one equal to the old value is refused), and 0 is
+// storage.ErrWatermarkMoved.
+//
 // # Settings
 //
 // Open the database with [Open] (or a DSN from [StrictDSN]) so that every

@@ -159,7 +159,7 @@ func (s *Store) SaveWatermarks(ctx context.Context, tx *gorm.DB, writes []storag
 	}
 	// Both statements have a fixed text: under gorm.Config{PrepareStmt:
 	// true} each is prepared once per connection.
-	conn := tx.Statement.ConnPool
+	conn := connOf(tx)
 	if conn == nil {
 		return fmt.Errorf("mysql: save watermarks in %s: the *gorm.DB has no connection", s.wm.name)
 	}
@@ -204,7 +204,7 @@ func (s *Store) Watermarks(ctx context.Context, db *gorm.DB, scope, topic string
 		q += " AND partition_no = ?"
 		args = append(args, partition)
 	}
-	conn := db.WithContext(ctx).Statement.ConnPool
+	conn := connOf(db)
 	if conn == nil {
 		return nil, fmt.Errorf("mysql: read watermarks of %s: the *gorm.DB has no connection", s.wm.name)
 	}
@@ -254,6 +254,15 @@ func oneRow(res sql.Result, w storage.WatermarkWrite) error {
 		return fmt.Errorf("%s: %d rows affected, want 1", keyText(w.WatermarkKey), n)
 	}
 	return nil
+}
+
+// connOf is db's connection pool (a transaction's connection, for a
+// transaction), or nil if it has none.
+func connOf(db *gorm.DB) gorm.ConnPool {
+	if db == nil || db.Statement == nil {
+		return nil
+	}
+	return db.Statement.ConnPool
 }
 
 // keyText names a stream in errors.

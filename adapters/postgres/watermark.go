@@ -154,7 +154,7 @@ func (s *Store) SaveWatermarks(ctx context.Context, tx *gorm.DB, writes []storag
 	if err := checkWatermarkWrites(writes); err != nil {
 		return fmt.Errorf("postgres: save watermarks in %s: %w", s.wm.table, err)
 	}
-	conn := tx.Statement.ConnPool
+	conn := connOf(tx)
 	if conn == nil {
 		return fmt.Errorf("postgres: save watermarks in %s: the *gorm.DB has no connection", s.wm.table)
 	}
@@ -195,7 +195,7 @@ func (s *Store) Watermarks(ctx context.Context, db *gorm.DB, scope, topic string
 		args = append(args, partition)
 		q += ` AND partition_no = $` + strconv.Itoa(len(args))
 	}
-	conn := db.WithContext(ctx).Statement.ConnPool
+	conn := connOf(db)
 	if conn == nil {
 		return nil, fmt.Errorf("postgres: read watermarks of %s: the *gorm.DB has no connection", s.wm.table)
 	}
@@ -245,6 +245,15 @@ func oneRow(res sql.Result, w storage.WatermarkWrite) error {
 		return fmt.Errorf("%s: %d rows affected, want 1", keyText(w.WatermarkKey), n)
 	}
 	return nil
+}
+
+// connOf is db's connection pool (a transaction's connection, for a
+// transaction), or nil if it has none.
+func connOf(db *gorm.DB) gorm.ConnPool {
+	if db == nil || db.Statement == nil {
+		return nil
+	}
+	return db.Statement.ConnPool
 }
 
 // keyText names a stream in errors.

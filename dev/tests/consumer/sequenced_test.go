@@ -118,6 +118,15 @@ func TestSequencedDedupNeedsNoInboxRows(t *testing.T) {
 	if d := ev.count(hooks.Duplicate); d != 40 {
 		t.Errorf("%d duplicates, want 40", d)
 	}
+	sequenced := 0
+	for _, e := range append(ev.filter(hooks.Processed), ev.filter(hooks.Duplicate)...) {
+		if e.Sequenced {
+			sequenced++
+		}
+	}
+	if sequenced != 64 {
+		t.Errorf("%d outcomes reported as deduplicated by a watermark, want 64 (16 went through rows)", sequenced)
+	}
 	if n := s.inboxRows(t); n != 8 {
 		t.Errorf("%d inbox rows, want 8 (one per message without sequence headers)", n)
 	}
