@@ -301,7 +301,7 @@ func checkWatermarkAtomic(ctx context.Context, env *Env) error {
 				return errRollback
 			})
 		})
-		if err != nil && !(errors.Is(err, errRollback) && !s.commit) {
+		if err != nil && (!errors.Is(err, errRollback) || s.commit) {
 			return fmt.Errorf("%s: %w", s.what, err)
 		}
 		if err := env.expectValue(ctx, "after "+s.what, k, s.stored); err != nil {
