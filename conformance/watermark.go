@@ -40,6 +40,9 @@ var watermarkChecks = []Check{
 	{Watermarks: true, Area: "watermark", Name: "filters",
 		Doc: "Watermarks returns exactly the scope's rows of the topic (every topic when empty) and partition (every partition when negative), names compared byte for byte",
 		Run: checkWatermarkFilters},
+	{Watermarks: true, Area: "watermark", Name: "begin-and-save",
+		Doc: "a store that opens the transaction with its writes (storage.WatermarkBeginner) writes them in that transaction: committed with an effect, rolled back with it, and a stale write is ErrWatermarkMoved with nothing left open (skipped for a store without the capability)",
+		Run: checkWatermarkBeginAndSave},
 	{Watermarks: true, Unmigrated: true, Area: "watermark", Name: "migrate-concurrently",
 		Doc: "MigrateWatermarks run at the same instant by several processes on a database with the inbox table and no watermark table all succeed, and run again it keeps the rows",
 		Run: checkWatermarkMigrate},
@@ -648,4 +651,76 @@ func checkWatermarkMigrate(ctx context.Context, env *Env) error {
 		return err
 	}
 	return env.save(ctx, env.H.DB, wmWrite(k, []byte("v1"), []byte("v2")))
+}
+
+func checkWatermarkBeginAndSave(ctx context.Context, env *Env) error {
+	wb, ok := env.H.Store.(storage.WatermarkBeginner)
+	if !ok {
+		return fmt.Errorf("%w: the Store does not implement storage.WatermarkBeginner", ErrSkipped)
+	}
+	k := wmKey("wm-begin", "orders", 0)
+	effect := wmEffect("begin")
+	// run opens a transaction with writes, applies the effect in it and
+	// commits or rolls back.
+	run := func(writes []storage.WatermarkWrite, commit bool) error {
+		return env.retried(ctx, func() error {
+			tx, ok, err := wb.BeginSaveWatermarks(ctx, env.H.DB.WithContext(ctx), env.H.TxOptions, writes)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: BeginSaveWatermarks cannot open a transaction on this connection pool", ErrSkipped)
+			}
+			if err := env.Apply(ctx, tx, effect); err != nil {
+				_ = tx.Rollback().Error
+				return fmt.Errorf("effect: %w", err)
+			}
+			if !commit {
+				return tx.Rollback().Error
+			}
+			return tx.Commit().Error
+		})
+	}
+	steps := []struct {
+		what       string
+		old, new   []byte
+		commit     bool
+		stored     []byte
+		effectsNow int64
+	}{
+		{"an insert rolled back", nil, []byte("v1"), false, nil, 0},
+		{"an insert committed", nil, []byte("v1"), true, []byte("v1"), 1},
+		{"an update rolled back", []byte("v1"), []byte("v2"), false, []byte("v1"), 1},
+		{"an update committed", []byte("v1"), []byte("v2"), true, []byte("v2"), 2},
+	}
+	for _, s := range steps {
+		if err := run([]storage.WatermarkWrite{wmWrite(k, s.old, s.new)}, s.commit); err != nil {
+			return fmt.Errorf("%s: %w", s.what, err)
+		}
+		if err := env.expectValue(ctx, "after "+s.what, k, s.stored); err != nil {
+			return err
+		}
+		if err := env.expectEffects(ctx, effect, s.effectsNow); err != nil {
+			return fmt.Errorf("after %s: %w", s.what, err)
+		}
+	}
+	for _, stale := range [][]storage.WatermarkWrite{
+		{wmWrite(k, []byte("v1"), []byte("v3"))},
+		{wmWrite(k, nil, []byte("v3"))},
+	} {
+		tx, _, err := wb.BeginSaveWatermarks(ctx, env.H.DB.WithContext(ctx), env.H.TxOptions, stale)
+		if tx != nil {
+			_ = tx.Rollback().Error
+			return errors.New("a stale write opened a transaction")
+		}
+		if err := expectMoved("a stale write with BEGIN", err); err != nil {
+			return err
+		}
+	}
+	if err := env.expectValue(ctx, "after stale writes with BEGIN", k, []byte("v2")); err != nil {
+		return err
+	}
+	// Nothing was left open: every connection of the pool can take the
+	// row's lock at once.
+	return env.save(ctx, env.H.DB, wmWrite(k, []byte("v2"), []byte("v3")))
 }
