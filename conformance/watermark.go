@@ -40,6 +40,9 @@ var watermarkChecks = []Check{
 	{Watermarks: true, Area: "watermark", Name: "filters",
 		Doc: "Watermarks returns exactly the scope's rows of the topic (every topic when empty) and partition (every partition when negative), names compared byte for byte",
 		Run: checkWatermarkFilters},
+	{Watermarks: true, Area: "watermark", Name: "begin-and-save",
+		Doc: "a store that opens the transaction with its writes (storage.WatermarkBeginner) writes them in that transaction: committed with an effect, rolled back with it, and a stale write is ErrWatermarkMoved with nothing left open (skipped for a store without the capability)",
+		Run: checkWatermarkBeginAndSave},
 	{Watermarks: true, Unmigrated: true, Area: "watermark", Name: "migrate-concurrently",
 		Doc: "MigrateWatermarks run at the same instant by several processes on a database with the inbox table and no watermark table all succeed, and run again it keeps the rows",
 		Run: checkWatermarkMigrate},
@@ -52,8 +55,8 @@ func isWatermarkStore(s storage.InboxStore) bool {
 
 func (env *Env) watermarks() storage.WatermarkStore { return env.H.Store.(storage.WatermarkStore) }
 
-// errWatermarkRollback is returned by the suite's transactions that must roll back.
-var errWatermarkRollback = errors.New("conformance: the transaction rolls back on purpose")
+// errRollback is returned by the suite's transactions that must roll back.
+var errRollback = errors.New("conformance: the transaction rolls back on purpose")
 
 // wmKey is a stream of source "src" epoch 1 unless changed.
 func wmKey(scope, topic string, partition int32) storage.WatermarkKey {
@@ -105,16 +108,16 @@ func (env *Env) retried(ctx context.Context, fn func() error) error {
 	}
 }
 
-// saveWatermarks commits writes (and nothing else), run again after transient
+// save commits writes (and nothing else), run again after transient
 // failures.
-func (env *Env) saveWatermarks(ctx context.Context, db *gorm.DB, writes ...storage.WatermarkWrite) error {
+func (env *Env) save(ctx context.Context, db *gorm.DB, writes ...storage.WatermarkWrite) error {
 	return env.retried(ctx, func() error { return env.saveTx(ctx, db, "", writes, nil) })
 }
 
-// watermarksOf reads scope's committed rows of topic and partition through db,
+// stored reads scope's committed rows of topic and partition through db,
 // by key, and fails on a row given twice or a nil value (nil would say
 // the stream has none).
-func (env *Env) watermarksOf(ctx context.Context, db *gorm.DB, scope, topic string, partition int32) (map[storage.WatermarkKey][]byte, error) {
+func (env *Env) stored(ctx context.Context, db *gorm.DB, scope, topic string, partition int32) (map[storage.WatermarkKey][]byte, error) {
 	rows, err := env.watermarks().Watermarks(ctx, db.WithContext(ctx), scope, topic, partition)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", filterText(scope, topic, partition), err)
@@ -151,9 +154,9 @@ func expectStoredRows(what string, got, want map[storage.WatermarkKey][]byte) er
 	return nil
 }
 
-// expectWatermark checks the committed value of k: want nil means no row.
-func (env *Env) expectWatermark(ctx context.Context, what string, k storage.WatermarkKey, want []byte) error {
-	got, err := env.watermarksOf(ctx, env.H.DB, k.Scope, k.Topic, k.Partition)
+// expectValue checks the committed value of k: want nil means no row.
+func (env *Env) expectValue(ctx context.Context, what string, k storage.WatermarkKey, want []byte) error {
+	got, err := env.stored(ctx, env.H.DB, k.Scope, k.Topic, k.Partition)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
@@ -231,7 +234,7 @@ func checkWatermarkRoundTrip(ctx context.Context, env *Env) error {
 		scopes[k.Scope] = true
 	}
 	sortWrites(writes)
-	if err := env.saveWatermarks(ctx, env.H.DB, writes...); err != nil {
+	if err := env.save(ctx, env.H.DB, writes...); err != nil {
 		return fmt.Errorf("inserting %d distinct streams in one call: %w", len(writes), err)
 	}
 	other, done, err := env.otherPool(ctx)
@@ -249,7 +252,7 @@ func checkWatermarkRoundTrip(ctx context.Context, env *Env) error {
 				}
 			}
 			for pool, db := range map[string]*gorm.DB{"the same": env.H.DB, "another": other} {
-				got, err := env.watermarksOf(ctx, db, scope, "", -1)
+				got, err := env.stored(ctx, db, scope, "", -1)
 				if err != nil {
 					return fmt.Errorf("%s: %w", what, err)
 				}
@@ -276,7 +279,7 @@ func checkWatermarkRoundTrip(ctx context.Context, env *Env) error {
 		writes = append(writes, wmWrite(k, v, n))
 	}
 	sortWrites(writes)
-	if err := env.saveWatermarks(ctx, env.H.DB, writes...); err != nil {
+	if err := env.save(ctx, env.H.DB, writes...); err != nil {
 		return fmt.Errorf("updating %d streams from the values read back: %w", len(writes), err)
 	}
 	return readAll("after the updates", next)
@@ -303,13 +306,13 @@ func checkWatermarkAtomic(ctx context.Context, env *Env) error {
 				if s.commit {
 					return nil
 				}
-				return errWatermarkRollback
+				return errRollback
 			})
 		})
-		if err != nil && (s.commit || !errors.Is(err, errWatermarkRollback)) {
+		if err != nil && (!errors.Is(err, errRollback) || s.commit) {
 			return fmt.Errorf("%s: %w", s.what, err)
 		}
-		if err := env.expectWatermark(ctx, "after "+s.what, k, s.stored); err != nil {
+		if err := env.expectValue(ctx, "after "+s.what, k, s.stored); err != nil {
 			return err
 		}
 		if err := env.expectEffects(ctx, effect, s.effectsNow); err != nil {
@@ -330,7 +333,7 @@ func expectMoved(what string, err error) error {
 func checkWatermarkCAS(ctx context.Context, env *Env) error {
 	a, b, c, d := wmKey("wm-cas", "orders", 0), wmKey("wm-cas", "orders", 1), wmKey("wm-cas", "orders", 2), wmKey("wm-cas", "orders", 3)
 	v1 := []byte("v1")
-	if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(a, nil, v1), wmWrite(d, nil, v1)); err != nil {
+	if err := env.save(ctx, env.H.DB, wmWrite(a, nil, v1), wmWrite(d, nil, v1)); err != nil {
 		return fmt.Errorf("first inserts: %w", err)
 	}
 	// Each attempt rolls back whatever it returns; none may change a row.
@@ -346,14 +349,12 @@ func checkWatermarkCAS(ctx context.Context, env *Env) error {
 		{"valid writes after a stale one", []storage.WatermarkWrite{wmWrite(a, []byte("stale"), []byte("v2")), wmWrite(c, nil, []byte("c1")), wmWrite(d, v1, []byte("v2"))}},
 	}
 	for _, r := range refused {
-		err := env.retried(ctx, func() error {
-			return env.saveTx(ctx, env.H.DB, "", r.writes, func() error { return errWatermarkRollback })
-		})
+		err := env.retried(ctx, func() error { return env.saveTx(ctx, env.H.DB, "", r.writes, func() error { return errRollback }) })
 		if err := expectMoved(r.what, err); err != nil {
 			return err
 		}
 		for k, want := range map[storage.WatermarkKey][]byte{a: v1, b: nil, c: nil, d: v1} {
-			if err := env.expectWatermark(ctx, "after "+r.what+" rolled back", k, want); err != nil {
+			if err := env.expectValue(ctx, "after "+r.what+" rolled back", k, want); err != nil {
 				return err
 			}
 		}
@@ -367,22 +368,22 @@ func checkWatermarkCAS(ctx context.Context, env *Env) error {
 	if err := expectMoved("valid and stale writes, committed", err); err != nil {
 		return err
 	}
-	if err := env.expectWatermark(ctx, "after a call with a stale write", a, v1); err != nil {
+	if err := env.expectValue(ctx, "after a call with a stale write", a, v1); err != nil {
 		return err
 	}
 	// From the right values the same writes go through.
-	if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(a, v1, []byte("v2")), wmWrite(b, nil, []byte("b1")), wmWrite(d, v1, []byte{})); err != nil {
+	if err := env.save(ctx, env.H.DB, wmWrite(a, v1, []byte("v2")), wmWrite(b, nil, []byte("b1")), wmWrite(d, v1, []byte{})); err != nil {
 		return fmt.Errorf("writes from the values held: %w", err)
 	}
 	for k, want := range map[storage.WatermarkKey][]byte{a: []byte("v2"), b: []byte("b1"), c: nil, d: {}} {
-		if err := env.expectWatermark(ctx, "after writes from the values held", k, want); err != nil {
+		if err := env.expectValue(ctx, "after writes from the values held", k, want); err != nil {
 			return err
 		}
 	}
-	if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(d, []byte{}, []byte("d2"))); err != nil {
+	if err := env.save(ctx, env.H.DB, wmWrite(d, []byte{}, []byte("d2"))); err != nil {
 		return fmt.Errorf("a write from the empty value held: %w", err)
 	}
-	return env.expectWatermark(ctx, "after a write from the empty value held", d, []byte("d2"))
+	return env.expectValue(ctx, "after a write from the empty value held", d, []byte("d2"))
 }
 
 func checkWatermarkInvalid(ctx context.Context, env *Env) error {
@@ -415,7 +416,7 @@ func checkWatermarkInvalid(ctx context.Context, env *Env) error {
 			return fmt.Errorf("a write with %s: %v, want an error wrapping storage.ErrInvalidConfig", c.what, err)
 		}
 	}
-	got, err := env.watermarksOf(ctx, env.H.DB, k.Scope, "", -1)
+	got, err := env.stored(ctx, env.H.DB, k.Scope, "", -1)
 	if err != nil {
 		return err
 	}
@@ -439,16 +440,16 @@ func checkWatermarkSecondWaits(ctx context.Context, env *Env) error {
 	return nil
 }
 
-// watermarkHold is how long a member's transaction holds a stream's row while
+// holdFor is how long a member's transaction holds a stream's row while
 // another member writes it.
-const watermarkHold = 300 * time.Millisecond
+const holdFor = 300 * time.Millisecond
 
 func secondWaits(ctx context.Context, env *Env, other *gorm.DB, insert, commit bool) error {
 	k := wmKey(fmt.Sprintf("wm-wait-%v-%v", insert, commit), "orders", 0)
 	var old []byte
 	if !insert {
 		old = []byte("v1")
-		if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(k, nil, old)); err != nil {
+		if err := env.save(ctx, env.H.DB, wmWrite(k, nil, old)); err != nil {
 			return fmt.Errorf("first value: %w", err)
 		}
 	}
@@ -463,7 +464,7 @@ func secondWaits(ctx context.Context, env *Env, other *gorm.DB, insert, commit b
 			if commit {
 				return nil
 			}
-			return errWatermarkRollback
+			return errRollback
 		})
 	}()
 	release := sync.OnceFunc(func() { close(end) })
@@ -484,11 +485,11 @@ func secondWaits(ctx context.Context, env *Env, other *gorm.DB, insert, commit b
 	select {
 	case err := <-secondDone:
 		return fmt.Errorf("the second member's write returned (%v) while the first member's transaction was writing the stream: it did not wait for it", err)
-	case <-time.After(watermarkHold):
+	case <-time.After(holdFor):
 	}
 	release()
 	<-firstFinished
-	if firstErr != nil && (commit || !errors.Is(firstErr, errWatermarkRollback)) {
+	if firstErr != nil && (commit || !errors.Is(firstErr, errRollback)) {
 		return fmt.Errorf("the first member's transaction: %w", firstErr)
 	}
 	var err error
@@ -501,35 +502,35 @@ func secondWaits(ctx context.Context, env *Env, other *gorm.DB, insert, commit b
 		if err := expectMoved("the second member, after the first committed", err); err != nil {
 			return err
 		}
-		return env.expectWatermark(ctx, "after both", k, first)
+		return env.expectValue(ctx, "after both", k, first)
 	}
 	if err != nil {
 		return fmt.Errorf("the second member, after the first rolled back: %w", err)
 	}
-	return env.expectWatermark(ctx, "after both", k, second)
+	return env.expectValue(ctx, "after both", k, second)
 }
 
 func checkWatermarkRace(ctx context.Context, env *Env) error {
 	for _, insert := range []bool{true, false} {
-		if err := raceMembers(ctx, env, insert); err != nil {
+		if err := race(ctx, env, insert); err != nil {
 			return fmt.Errorf("racing %s: %w", map[bool]string{true: "inserts", false: "updates"}[insert], err)
 		}
 	}
 	return nil
 }
 
-// raceMembers has env.H.Concurrency members write one stream from the same value
+// race has env.H.Concurrency members write one stream from the same value
 // at once. Each applies an effect first and holds its transaction open a
 // little after the write, so that the others reach the stream while it is
 // held (where the database runs writers side by side) or queue behind the
 // write lock (SQLite): either way all start from the value before any
 // commits, so all but one must find it moved.
-func raceMembers(ctx context.Context, env *Env, insert bool) error {
+func race(ctx context.Context, env *Env, insert bool) error {
 	k := wmKey(fmt.Sprintf("wm-race-%v", insert), "orders", 0)
 	var old []byte
 	if !insert {
 		old = []byte("v0")
-		if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(k, nil, old)); err != nil {
+		if err := env.save(ctx, env.H.DB, wmWrite(k, nil, old)); err != nil {
 			return fmt.Errorf("first value: %w", err)
 		}
 	}
@@ -570,7 +571,7 @@ func raceMembers(ctx context.Context, env *Env, insert bool) error {
 	if err := env.expectEffects(ctx, wmEffect(effect), 1); err != nil {
 		return err
 	}
-	return env.expectWatermark(ctx, "after the race", k, fmt.Appendf(nil, "member-%d", winner))
+	return env.expectValue(ctx, "after the race", k, fmt.Appendf(nil, "member-%d", winner))
 }
 
 func checkWatermarkFilters(ctx context.Context, env *Env) error {
@@ -592,7 +593,7 @@ func checkWatermarkFilters(ctx context.Context, env *Env) error {
 	add("wm-f2", "t1", 1, "a", 1)
 	add("WM-F", "t1", 1, "a", 1)
 	sortWrites(writes)
-	if err := env.saveWatermarks(ctx, env.H.DB, writes...); err != nil {
+	if err := env.save(ctx, env.H.DB, writes...); err != nil {
 		return fmt.Errorf("inserting %d streams: %w", len(writes), err)
 	}
 	for _, q := range []struct {
@@ -608,7 +609,7 @@ func checkWatermarkFilters(ctx context.Context, env *Env) error {
 				want[k] = v
 			}
 		}
-		got, err := env.watermarksOf(ctx, env.H.DB, q.scope, q.topic, q.partition)
+		got, err := env.stored(ctx, env.H.DB, q.scope, q.topic, q.partition)
 		if err != nil {
 			return err
 		}
@@ -644,15 +645,87 @@ func checkWatermarkMigrate(ctx context.Context, env *Env) error {
 		return fmt.Errorf("%d MigrateWatermarks calls at once: %w", n, err)
 	}
 	k := wmKey("wm-migrate", "orders", 0)
-	if err := env.saveWatermarks(ctx, env.H.DB, wmWrite(k, nil, []byte("v1"))); err != nil {
+	if err := env.save(ctx, env.H.DB, wmWrite(k, nil, []byte("v1"))); err != nil {
 		return fmt.Errorf("a write after concurrent migration: %w", err)
 	}
 	again := func() error { return env.watermarks().MigrateWatermarks(ctx, env.H.DB.WithContext(ctx)) }
 	if err := atonce.Calls(again, again); err != nil {
 		return fmt.Errorf("MigrateWatermarks on a migrated database: %w", err)
 	}
-	if err := env.expectWatermark(ctx, "after MigrateWatermarks ran again", k, []byte("v1")); err != nil {
+	if err := env.expectValue(ctx, "after MigrateWatermarks ran again", k, []byte("v1")); err != nil {
 		return err
 	}
-	return env.saveWatermarks(ctx, env.H.DB, wmWrite(k, []byte("v1"), []byte("v2")))
+	return env.save(ctx, env.H.DB, wmWrite(k, []byte("v1"), []byte("v2")))
+}
+
+func checkWatermarkBeginAndSave(ctx context.Context, env *Env) error {
+	wb, ok := env.H.Store.(storage.WatermarkBeginner)
+	if !ok {
+		return fmt.Errorf("%w: the Store does not implement storage.WatermarkBeginner", ErrSkipped)
+	}
+	k := wmKey("wm-begin", "orders", 0)
+	effect := wmEffect("begin")
+	// run opens a transaction with writes, applies the effect in it and
+	// commits or rolls back.
+	run := func(writes []storage.WatermarkWrite, commit bool) error {
+		return env.retried(ctx, func() error {
+			tx, ok, err := wb.BeginSaveWatermarks(ctx, env.H.DB.WithContext(ctx), env.H.TxOptions, writes)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: BeginSaveWatermarks cannot open a transaction on this connection pool", ErrSkipped)
+			}
+			if err := env.Apply(ctx, tx, effect); err != nil {
+				_ = tx.Rollback().Error
+				return fmt.Errorf("effect: %w", err)
+			}
+			if !commit {
+				return tx.Rollback().Error
+			}
+			return tx.Commit().Error
+		})
+	}
+	steps := []struct {
+		what       string
+		old, new   []byte
+		commit     bool
+		stored     []byte
+		effectsNow int64
+	}{
+		{"an insert rolled back", nil, []byte("v1"), false, nil, 0},
+		{"an insert committed", nil, []byte("v1"), true, []byte("v1"), 1},
+		{"an update rolled back", []byte("v1"), []byte("v2"), false, []byte("v1"), 1},
+		{"an update committed", []byte("v1"), []byte("v2"), true, []byte("v2"), 2},
+	}
+	for _, s := range steps {
+		if err := run([]storage.WatermarkWrite{wmWrite(k, s.old, s.new)}, s.commit); err != nil {
+			return fmt.Errorf("%s: %w", s.what, err)
+		}
+		if err := env.expectValue(ctx, "after "+s.what, k, s.stored); err != nil {
+			return err
+		}
+		if err := env.expectEffects(ctx, effect, s.effectsNow); err != nil {
+			return fmt.Errorf("after %s: %w", s.what, err)
+		}
+	}
+	for _, stale := range [][]storage.WatermarkWrite{
+		{wmWrite(k, []byte("v1"), []byte("v3"))},
+		{wmWrite(k, nil, []byte("v3"))},
+	} {
+		tx, _, err := wb.BeginSaveWatermarks(ctx, env.H.DB.WithContext(ctx), env.H.TxOptions, stale)
+		if tx != nil {
+			_ = tx.Rollback().Error
+			return errors.New("a stale write opened a transaction")
+		}
+		if err := expectMoved("a stale write with BEGIN", err); err != nil {
+			return err
+		}
+	}
+	if err := env.expectValue(ctx, "after stale writes with BEGIN", k, []byte("v2")); err != nil {
+		return err
+	}
+	// Nothing was left open: every connection of the pool can take the
+	// row's lock at once.
+	return env.save(ctx, env.H.DB, wmWrite(k, []byte("v2"), []byte("v3")))
 }
