@@ -443,6 +443,10 @@ func (s *OutboxStore) Source(ctx context.Context, db *gorm.DB) (string, int64, e
 	return string(got[0].Source), got[0].Epoch, nil
 }
 
+// Shards returns the store's shard count, OutboxOptions.Shards (or
+// DefaultShards).
+func (s *OutboxStore) Shards() int { return s.shards }
+
 // BumpEpoch raises the table's epoch by one and reads it back, in one
 // short transaction (the row lock of the UPDATE holds until the read).
 func (s *OutboxStore) BumpEpoch(ctx context.Context, db *gorm.DB) (int64, error) {
@@ -630,6 +634,7 @@ var (
 	_ storage.Verifier      = (*OutboxStore)(nil)
 	_ storage.SchemaPrinter = (*OutboxStore)(nil)
 	_ storage.Sequenced     = (*OutboxStore)(nil)
+	_ storage.Sharded       = (*OutboxStore)(nil)
 )
 
 func maxTime(a, b time.Time) time.Time {
