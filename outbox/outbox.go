@@ -74,7 +74,7 @@ type Outbox struct {
 	// (Config.AlignedTopic), else 0.
 	shards int
 	cfg    Config
-	log   *slog.Logger
+	log    *slog.Logger
 
 	enqueued, refused, failed atomic.Uint64
 }
