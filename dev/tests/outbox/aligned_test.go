@@ -111,55 +111,12 @@ func alignedMessages(topic string, from, n, keys int) []outbox.Message {
 	return msgs
 }
 
-// readPartitions returns every message of topic's partitions 0..n-1, in
-// offset order per partition.
-func readPartitions(ctx context.Context, t *testing.T, brokers []string, topic string, n int) [][]kafka.Message {
-	t.Helper()
-	out := make([][]kafka.Message, n)
-	for p := range n {
-		conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		end, err := conn.ReadLastOffset()
-		conn.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if end == 0 {
-			continue
-		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
-		for {
-			m, err := r.ReadMessage(ctx)
-			if err != nil {
-				r.Close()
-				t.Fatalf("partition %d: %v", p, err)
-			}
-			out[p] = append(out[p], m)
-			if m.Offset+1 >= end {
-				break
-			}
-		}
-		r.Close()
-	}
-	return out
-}
-
 // endOffsets returns the end offset of topic's partitions 0..n-1.
 func endOffsets(ctx context.Context, t *testing.T, brokers []string, topic string, n int) []int64 {
 	t.Helper()
 	ends := make([]int64, n)
 	for p := range ends {
-		conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ends[p], err = conn.ReadLastOffset()
-		conn.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		ends[p] = endOffset(ctx, t, brokers, topic, p)
 	}
 	return ends
 }
@@ -243,18 +200,11 @@ func TestAlignedRelayKafka(t *testing.T) {
 	if err != nil || n != writers*perWriter {
 		t.Fatalf("drained %d, %v; want %d", n, err, writers*perWriter)
 	}
-	var got []kafka.Message
-	var partitionOf []int
-	for p, msgs := range readPartitions(ctx, t, brokers, topic, shards) {
-		for _, m := range msgs {
-			got = append(got, m)
-			partitionOf = append(partitionOf, p)
-		}
-	}
+	got := readTopic(ctx, t, brokers, topic, shards)
 	if len(got) != writers*perWriter {
 		t.Fatalf("the topic holds %d messages, want %d", len(got), writers*perWriter)
 	}
-	last := alignedStreams(t, got, func(i int) int { return partitionOf[i] }, shards, source)
+	last := alignedStreams(t, got, func(i int) int { return got[i].Partition }, shards, source)
 	if len(last) != shards {
 		t.Fatalf("messages on %d partitions of %d: %v", len(last), shards, last)
 	}
