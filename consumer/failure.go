@@ -12,6 +12,7 @@ import (
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/batchopt"
 	"github.com/inboxgo/inbox/internal/kafkaerr"
 )
 
@@ -20,6 +21,21 @@ import (
 // Invalid and expired messages go to the policy at once.
 func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) resolution {
 	for {
+		if errors.Is(err, batchopt.ErrHeldBack) {
+			// It waited for an earlier message of its stream, now
+			// resolved: its own first run, not a retry.
+			it.attempts = max(it.attempts-1, 0)
+			rs, ok := w.processInbox(ctx, dbCtx, []*item{it})
+			if !ok {
+				return abandoned
+			}
+			if o := rs[0].Outcome; o == inbox.Processed || o == inbox.Duplicate {
+				w.finish(it, o)
+				return resolved
+			}
+			err = rs[0].Err
+			continue
+		}
 		switch {
 		case errors.Is(err, inbox.ErrExpired):
 			return w.applyPolicy(ctx, dbCtx, it, ReasonExpired, err)
@@ -106,6 +122,9 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		w.log.Error("offset bookkeeping broken", "error", err)
 	}
 	w.c.emit(hooks.Event{Kind: hooks.DeadLettered, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: cause})
+	if !w.advancePast(ctx, dbCtx, it) {
+		return abandoned
+	}
 	if w.c.cfg.StoreOffsets {
 		// The database's position is where the next start resumes, even
 		// behind the group's: a stored offset left before the dead letter

@@ -4,11 +4,13 @@ package consumer
 // idempotent consumer, without it), the user's handlers and their timeout.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
@@ -19,6 +21,7 @@ import (
 	"github.com/inboxgo/inbox/internal/batchopt"
 	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/txn"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // process handles a batch in order and reports whether the partition must
@@ -32,6 +35,9 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		}
 		id, at, err := extract(w.c.cfg.Extract, &batch[i])
 		items[i] = &item{msg: Message{Message: m, EventID: id, EventTime: at}, extractErr: err}
+		if err == nil && w.seq != nil {
+			items[i].seq, items[i].seqErr = sequenceOf(&batch[i], w.c.trusted)
+		}
 	}
 	w.batch = items
 	defer func() { w.batch = nil }()
@@ -63,6 +69,22 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		return false
 	}
 
+	var gap *gapError
+	if w.seq != nil {
+		if !w.ensureLoaded(ctx, dbCtx) {
+			return ctx.Err() == nil // stopped: the watermarks cannot be read
+		}
+		var n int
+		if n, gap = w.seq.firstGap(items); gap != nil {
+			if w.stopAtGap(items[n], gap) {
+				// The messages before the gap are processed; the partition
+				// stops at it.
+				items = items[:n]
+			} else {
+				gap = nil
+			}
+		}
+	}
 	results, ok := w.processInbox(ctx, dbCtx, items)
 	if !ok {
 		return false
@@ -80,9 +102,12 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 			continue
 		}
 		var res resolution
-		if it.extractErr != nil {
+		switch {
+		case it.extractErr != nil:
 			res = w.applyPolicy(ctx, dbCtx, it, ReasonNoEventID, it.extractErr)
-		} else {
+		case it.seqErr != nil:
+			res = w.applyPolicy(ctx, dbCtx, it, ReasonInvalid, it.seqErr)
+		default:
 			res = w.retryInbox(ctx, dbCtx, it, r.Err)
 		}
 		switch res {
@@ -92,7 +117,7 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 			return false
 		}
 	}
-	return false
+	return gap != nil
 }
 
 // processInbox runs the messages with an id through inbox.ProcessBatch, in
@@ -112,16 +137,18 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	var msgs []inbox.Message
 	msgIndex := make([]int, len(items)) // items[i] is msgs[msgIndex[i]], or -1
 	var idx []int
+	var seqOf []*seqPos // seqOf[j]: msgs[j]'s place in its sequenced stream, or nil
 	for i, it := range items {
 		msgIndex[i] = -1
-		if it.extractErr != nil {
-			results[i] = inbox.Result{Outcome: inbox.Failed, Err: it.extractErr}
+		if it.extractErr != nil || it.seqErr != nil {
+			results[i] = inbox.Result{Outcome: inbox.Failed, Err: cmp.Or(it.extractErr, it.seqErr)}
 			continue
 		}
 		it.attempts++
 		msgIndex[i] = len(msgs)
 		msgs = append(msgs, w.inboxMessage(it))
 		idx = append(idx, i)
+		seqOf = append(seqOf, it.seq)
 	}
 	if len(msgs) == 0 {
 		return results, true
@@ -178,6 +205,16 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	w.beginDB()
 	defer w.endDB()
 	for attempt := 1; ; attempt++ {
+		if w.seq != nil {
+			if !w.ensureLoaded(ctx, dbCtx) {
+				return nil, false
+			}
+			opts.Seq = w.seq.marks(seqOf, time.Now().Before(w.c.cfg.SequencedRowsUntil))
+			opts.Watermarks = nil
+			if opts.Seq != nil {
+				opts.Watermarks = w.seq.writer(seqOf)
+			}
+		}
 		var rs []inbox.Result
 		var err error
 		if w.c.cfg.BatchHandler != nil {
@@ -191,6 +228,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			// floor is too high, and the next write finds the position
 			// "moved" and resumes from the database's: redeliveries only.
 			w.floor = max(w.floor, written)
+			if w.seq != nil {
+				w.seq.committed(seqOf, func(j int) inbox.Outcome { return rs[j].Outcome })
+			}
 			processed := 0
 			for j, i := range idx {
 				results[i] = rs[j]
@@ -215,6 +255,19 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			return nil, false
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		if w.seq != nil {
+			// Transactions of the call may have committed before the
+			// failure: the watermarks are read again before the next run.
+			w.seq.loaded = false
+			if errors.Is(err, storage.ErrWatermarkMoved) {
+				w.log.Info("a watermark moved since it was read (another member wrote it, or the database lost commits in a failover); reading it again",
+					"messages", len(msgs), "error", err, "retry_in", wait)
+				if backoff.Sleep(ctx, wait) != nil {
+					return nil, false
+				}
+				continue
+			}
+		}
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: the database, not the messages, is failing
@@ -477,7 +530,7 @@ func (w *worker) finish(it *item, o inbox.Outcome) {
 		kind = hooks.Duplicate
 		w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
 	}
-	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset})
+	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Sequenced: it.seq != nil})
 	next, _ := w.tracker.committable()
 	w.c.clearStopped(w.topic, w.partition, next)
 }
