@@ -394,6 +394,54 @@ func ChainOrders(runID string, n int, skus []string) []ChainEvent {
 	return out
 }
 
+// OutboxEntry is a row of an outbox: its event and its place there, which
+// the relay stamps on the event's messages.
+type OutboxEntry struct {
+	EventID string
+	Shard   int32
+	Seq     int64
+}
+
+// OutboxEntries returns the rows of a publishing stage's outbox, published
+// or not, in shard and sequence order.
+func (c Chain) OutboxEntries(ctx context.Context, db *gorm.DB, stage string) ([]OutboxEntry, error) {
+	var rows []OutboxEntry
+	err := db.WithContext(ctx).Table(c.outboxTable(stage)).Select("event_id, shard, seq").Order("shard, seq").Scan(&rows).Error
+	return rows, err
+}
+
+// ReservedCounts returns how many times service B reserved each order, by
+// order id (orders never reserved are absent).
+func (c Chain) ReservedCounts(ctx context.Context, db *gorm.DB) (map[string]int64, error) {
+	m, _, err := effectCounts(db.WithContext(ctx), c.ReservedTable())
+	return m, err
+}
+
+// Reorders counts the events a stage applied out of their key's order.
+func (c Chain) Reorders(ctx context.Context, db *gorm.DB) (int64, error) {
+	var n int64
+	err := db.WithContext(ctx).Table(c.ReorderTable()).Count(&n).Error
+	return n, err
+}
+
+// effectCounts counts the effect rows of table per order, and in all.
+func effectCounts(db *gorm.DB, table string) (map[string]int64, int64, error) {
+	var rows []struct {
+		OrderID string
+		N       int64
+	}
+	if err := db.Table(table).Select("order_id, COUNT(*) AS n").Group("order_id").Scan(&rows).Error; err != nil {
+		return nil, 0, err
+	}
+	m := make(map[string]int64, len(rows))
+	var total int64
+	for _, r := range rows {
+		m[r.OrderID] = r.N
+		total += r.N
+	}
+	return m, total, nil
+}
+
 // Booked counts the effects the ledger applied.
 func (c Chain) Booked(ctx context.Context, db *gorm.DB) (int64, error) {
 	var n int64
@@ -454,28 +502,12 @@ func (c Chain) Check(ctx context.Context, db *gorm.DB, orders []ChainEvent) (Cha
 	if err := db.Table(c.OrdersTable()).Count(&l.Placed).Error; err != nil {
 		return l, err
 	}
-	count := func(table string) (map[string]int64, int64, error) {
-		var rows []struct {
-			OrderID string
-			N       int64
-		}
-		if err := db.Table(table).Select("order_id, COUNT(*) AS n").Group("order_id").Scan(&rows).Error; err != nil {
-			return nil, 0, err
-		}
-		m := make(map[string]int64, len(rows))
-		var total int64
-		for _, r := range rows {
-			m[r.OrderID] = r.N
-			total += r.N
-		}
-		return m, total, nil
-	}
-	reserved, total, err := count(c.ReservedTable())
+	reserved, total, err := effectCounts(db, c.ReservedTable())
 	if err != nil {
 		return l, err
 	}
 	l.Reserved = total
-	booked, total, err := count(c.BookedTable())
+	booked, total, err := effectCounts(db, c.BookedTable())
 	if err != nil {
 		return l, err
 	}
