@@ -12,8 +12,9 @@ import (
 )
 
 // TestChaosGap is the gap phase of the chaos run, CI-sized: on each
-// database, relay A of the chain drops one message of its aligned outbox
-// while reporting it published, and service B, which trusts A's source,
+// database, in each of 2 rounds, relay A of the chain drops one message of
+// its aligned outbox while reporting it published, and service B, which
+// trusts A's source,
 // must stop that partition with consumer.ReasonSequenceGap naming the
 // stream and the missing number, twice (the consumer running then, and one
 // started after it), applying nothing after the gap and everything else
@@ -42,7 +43,7 @@ func TestChaosGap(t *testing.T) {
 			rep, err := chaos.RunGap(ctx, chaos.Config{
 				Dialect: db.dialect, DSN: db.dsn(t), Brokers: brokers, Partitions: 3, Session: 3 * time.Second,
 				Seed: uint64(time.Now().UnixNano()), WorkDir: t.TempDir(), Log: testWriter{t},
-			}, chaos.GapConfig{Rounds: 1, Orders: 90, Budget: 40 * time.Second})
+			}, chaos.GapConfig{Rounds: 2, Orders: 90, Budget: 40 * time.Second})
 			if rep != nil {
 				t.Log("\n" + rep.String())
 				reps = append(reps, rep)
