@@ -271,7 +271,7 @@ func (g *gapRound) run(ctx context.Context) error {
 	// Neither the first nor the last, and in the first half, so that the
 	// stream goes on well past the gap.
 	lost := stream[1+g.rng.IntN(max((len(stream)-2)/2, 1))]
-	next := stream[lost.Seq]                    // numbered from 1
+	next := stream[lost.Seq] // numbered from 1
 	g.res.Partition, g.res.Seq, g.res.EventID, g.res.InStream = int(shard), lost.Seq, lost.EventID, len(stream)
 	g.say("%d orders in the outbox; relay A will drop partition %d's seq %d of %d (%s)", len(orders), shard, lost.Seq, len(stream), lost.EventID)
 
