@@ -97,7 +97,7 @@ func (r *ChainReport) OK() bool { return len(r.Problems) == 0 }
 func (r *ChainReport) String() string {
 	var b strings.Builder
 	f := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	f("chain run on %s (seed %d): A -> relay -> B (inbox, outbox) -> relay -> ledger (inbox)", r.Dialect, r.Seed)
+	f("chain run on %s (seed %d): A (aligned outbox) -> relay -> B (watermarks, outbox) -> relay -> ledger (inbox rows)", r.Dialect, r.Seed)
 	f("  orders placed by A       %7d  (%d rows)", r.Orders, r.Ledger.Placed)
 	f("  SIGKILLs                 %7d  (%s; %d while busy)", r.Kills, fmtRoles(r.KillsByRole), r.BusyKills)
 	f("  injected relay crashes   %7d  (SIGKILL to itself between the broker's acknowledgement and marking published)", r.Injected)
@@ -108,7 +108,7 @@ func (r *ChainReport) String() string {
 		r.OrdersTopic.Messages, r.OrdersTopic.Distinct, r.OrdersTopic.Duplicates, r.OrdersTopic.Missing, r.OrdersTopic.Reordered)
 	f("  StockReserved in topic   %7d  (%d distinct, %d duplicates published, %d missing, %d first copies out of order)",
 		r.StockTopic.Messages, r.StockTopic.Distinct, r.StockTopic.Duplicates, r.StockTopic.Missing, r.StockTopic.Reordered)
-	f("  duplicates dropped       %7d  by B's inbox, %d by the ledger's", r.DupSkipped[inventory.StageReserve], r.DupSkipped[inventory.StageLedger])
+	f("  duplicates dropped       %7d  by B, %d by the ledger", r.DupSkipped[inventory.StageReserve], r.DupSkipped[inventory.StageLedger])
 	for _, stage := range []string{inventory.StageReserve, inventory.StageLedger} {
 		f("  %-24s %s", "dedup path ("+stage+")", fmtPaths(r.Outcomes[stage]))
 	}
@@ -127,7 +127,7 @@ func (r *ChainReport) String() string {
 	}
 	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
 	f("  wall time                %7.1fs", r.Wall.Seconds())
-	writeVerdict(f, r.Skipped, r.Findings, r.Problems, "every order reserved once, every StockReserved published and booked once, in order per key")
+	writeVerdict(f, r.Skipped, r.Findings, r.Problems, "every order reserved once, every StockReserved published and booked once, in order per key, each stage on its dedup path, no gap in A's streams")
 	return b.String()
 }
 
@@ -227,14 +227,17 @@ func (cc *ChainConfig) defaults() {
 // RunChain runs the outbox chain under chaos on cfg's database: service A
 // places orders in its process (this one) and enqueues OrderCreated in each
 // order's transaction; relay processes publish both outboxes; consumer
-// processes of service B reserve stock and enqueue StockReserved, through
-// B's inbox; consumer processes of the ledger book them, through the
-// ledger's inbox. Meanwhile relays and consumers are killed with SIGKILL at
-// random moments and replaced (a relay under its old id or a new one), the
-// broker and the database server are restarted, and connections are
-// terminated. After the chaos and a quiet period it checks that every order
-// was reserved exactly once, every StockReserved published at least once
-// and booked exactly once, and nothing applied out of its key's order.
+// processes of service B reserve stock and enqueue StockReserved,
+// deduplicating by the watermarks of outbox A's streams (A is aligned to
+// its topic, and its source trusted); consumer processes of the ledger
+// book them, through the ledger's inbox rows. Meanwhile relays and
+// consumers are killed with SIGKILL at random moments and replaced (a
+// relay under its old id or a new one), the broker and the database server
+// are restarted, and connections are terminated. After the chaos and a
+// quiet period it checks that every order was reserved exactly once, every
+// StockReserved published at least once and booked exactly once, nothing
+// applied out of its key's order, each stage's outcomes on its dedup path
+// only, and A's streams on the topic without a gap.
 //
 // An error means the run could not be carried out; a failed check is in
 // ChainReport.Problems.
