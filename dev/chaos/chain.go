@@ -204,6 +204,9 @@ type chainProc struct {
 	role    chainRole
 	relayID string
 	trace   string // a consumer's trace file
+	// crashes: the relay is to kill itself after CrashAfter publishes, so
+	// the random kills spare it (it is its outbox's first relay).
+	crashes bool
 }
 
 func (cc *ChainConfig) defaults() {
@@ -466,7 +469,7 @@ func (c *chainRun) startLocked(ctx context.Context, role chainRole, relayID stri
 		logFile.Close()
 		return err
 	}
-	p := &chainProc{proc: proc{name: name, cmd: cmd, out: w, done: make(chan struct{})}, role: role, relayID: relayID, trace: trace}
+	p := &chainProc{proc: proc{name: name, cmd: cmd, out: w, done: make(chan struct{})}, role: role, relayID: relayID, trace: trace, crashes: crashAfter > 0}
 	c.pwg.Go(func() {
 		_ = cmd.Wait()
 		logFile.Close()
@@ -528,11 +531,22 @@ func (c *chainRun) killRandom(ctx context.Context) error {
 	busy := c.waitBusy(ctx, role, 3*time.Second)
 	c.pmu.Lock()
 	defer c.pmu.Unlock()
-	var of []int
+	// A relay waiting for its injected crash is spared while its role has
+	// another process: a random kill before its CrashAfter-th publish
+	// would leave the run without the crash between the broker's
+	// acknowledgement and marking published.
+	var of, spared []int
 	for i, p := range c.procs {
-		if p.role == role {
+		switch {
+		case p.role != role:
+		case p.crashes:
+			spared = append(spared, i)
+		default:
 			of = append(of, i)
 		}
+	}
+	if len(of) == 0 {
+		of = spared
 	}
 	if len(of) == 0 {
 		return nil
