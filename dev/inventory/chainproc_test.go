@@ -23,7 +23,7 @@ type sink struct {
 	fail map[string]bool
 }
 
-func (s *sink) Publish(context.Context, []kafka.Message) error { return errors.New("not pinned") }
+func (s *sink) Publish(context.Context, []kafka.Message) error  { return errors.New("not pinned") }
 func (s *sink) Partitions(context.Context, string) (int, error) { return 3, nil }
 func (s *sink) Limits() (int, int)                              { return 100, 1 << 20 }
 
