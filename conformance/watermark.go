@@ -63,9 +63,9 @@ func wmKey(scope, topic string, partition int32) storage.WatermarkKey {
 	return storage.WatermarkKey{Scope: scope, Source: "src", Epoch: 1, Topic: topic, Partition: partition}
 }
 
-// wmWrite moves k from old to new (old nil: k has no row).
-func wmWrite(k storage.WatermarkKey, old, new []byte) storage.WatermarkWrite {
-	return storage.WatermarkWrite{WatermarkKey: k, Old: old, New: new}
+// wmWrite moves k from one value to another (from nil: k has no row).
+func wmWrite(k storage.WatermarkKey, from, to []byte) storage.WatermarkWrite {
+	return storage.WatermarkWrite{WatermarkKey: k, Old: from, New: to}
 }
 
 // sortWrites puts writes in the order SaveWatermarks takes them.
@@ -120,15 +120,15 @@ func (env *Env) save(ctx context.Context, db *gorm.DB, writes ...storage.Waterma
 func (env *Env) stored(ctx context.Context, db *gorm.DB, scope, topic string, partition int32) (map[storage.WatermarkKey][]byte, error) {
 	rows, err := env.watermarks().Watermarks(ctx, db.WithContext(ctx), scope, topic, partition)
 	if err != nil {
-		return nil, fmt.Errorf("Watermarks(%q, %q, %d): %w", scope, topic, partition, err)
+		return nil, fmt.Errorf("reading %s: %w", filterText(scope, topic, partition), err)
 	}
 	out := make(map[storage.WatermarkKey][]byte, len(rows))
 	for _, r := range rows {
 		if _, ok := out[r.WatermarkKey]; ok {
-			return nil, fmt.Errorf("Watermarks(%q, %q, %d) returned %s twice", scope, topic, partition, streamText(r.WatermarkKey))
+			return nil, fmt.Errorf("%s list %s twice", filterText(scope, topic, partition), streamText(r.WatermarkKey))
 		}
 		if r.Applied == nil {
-			return nil, fmt.Errorf("Watermarks(%q, %q, %d) returned %s with a nil value: nil means no row", scope, topic, partition, streamText(r.WatermarkKey))
+			return nil, fmt.Errorf("%s list %s with a nil value: nil means no row", filterText(scope, topic, partition), streamText(r.WatermarkKey))
 		}
 		out[r.WatermarkKey] = r.Applied
 	}
@@ -170,6 +170,11 @@ func (env *Env) expectValue(ctx context.Context, what string, k storage.Watermar
 		return expectStoredRows(what, rows, nil)
 	}
 	return expectStoredRows(what, rows, map[storage.WatermarkKey][]byte{k: want})
+}
+
+// filterText names what a Watermarks call asks for.
+func filterText(scope, topic string, partition int32) string {
+	return fmt.Sprintf("the watermarks of scope %q, topic %q, partition %d", scope, topic, partition)
 }
 
 func streamText(k storage.WatermarkKey) string {
@@ -608,7 +613,7 @@ func checkWatermarkFilters(ctx context.Context, env *Env) error {
 		if err != nil {
 			return err
 		}
-		if err := expectStoredRows(fmt.Sprintf("Watermarks(%q, %q, %d)", q.scope, q.topic, q.partition), got, want); err != nil {
+		if err := expectStoredRows(filterText(q.scope, q.topic, q.partition), got, want); err != nil {
 			return err
 		}
 	}

@@ -91,7 +91,7 @@ func sequenceOf(m *kafka.Message, trusted map[string]bool) (*seqPos, error) {
 	if p.seq, err = num(pick(header.Seq, header.CloudEventsSequence), 1); err != nil {
 		return nil, err
 	}
-	if raw, k, _ := firstHeader(m.Headers, []string{pick(seqPartitionsHeader, ceSeqPartitionsHeader)}); k != "" {
+	if raw, k, _ := firstHeader(m.Headers, []string{pick(header.SeqPartitions, header.CloudEventsSeqPartitions)}); k != "" {
 		n, err := strconv.Atoi(string(raw))
 		if err != nil || n < 1 {
 			return nil, fmt.Errorf("%w: source %q: header %q is %q, not a partition count", errBadSequence, src, k, shorten(raw))
@@ -104,13 +104,6 @@ func sequenceOf(m *kafka.Message, trusted map[string]bool) (*seqPos, error) {
 	}
 	return p, nil
 }
-
-// The headers of an aligned source: the partition count its shards are
-// aligned with.
-const (
-	seqPartitionsHeader   = "inbox_partitions"
-	ceSeqPartitionsHeader = "ce_inboxpartitions"
-)
 
 // errBadSequence is wrapped by the error of a trusted source's message
 // whose sequence headers are unusable; it goes to the failure policy as an

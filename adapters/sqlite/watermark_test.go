@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	gormsqlite "gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
@@ -360,4 +361,43 @@ func TestWatermarkWritesRefused(t *testing.T) {
 	if _, err := store.Watermarks(t.Context(), nil, "", "", -1); !errors.Is(err, storage.ErrInvalidConfig) {
 		t.Errorf("Watermarks of an empty scope: %v, want an error wrapping storage.ErrInvalidConfig", err)
 	}
+}
+
+// A member that waits for the write lock longer than its busy timeout
+// fails with SQLITE_BUSY, which IsRetryable reports: never "moved".
+func TestWatermarkBusyIsRetryable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	db, err := gorm.Open(inboxsqlite.Open(path), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closePool(db) })
+	// Deferred transactions and a short busy timeout: the write itself
+	// waits for the lock, and gives up soon.
+	impatient, err := gorm.Open(gormsqlite.Open("file:"+path+"?_busy_timeout=50"), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closePool(impatient) })
+	store, err := inboxsqlite.New(inboxsqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := store.MigrateWatermarks(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	k := storage.WatermarkKey{Scope: "c", Source: "src", Epoch: 1, Topic: "orders"}
+	holder := db.Begin()
+	defer holder.Rollback()
+	if err := store.SaveWatermarks(ctx, holder, []storage.WatermarkWrite{{WatermarkKey: k, New: []byte("held")}}); err != nil {
+		t.Fatal(err)
+	}
+	err = impatient.Transaction(func(tx *gorm.DB) error {
+		return store.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{{WatermarkKey: k, New: []byte("waiter")}})
+	})
+	if !store.IsRetryable(err) || errors.Is(err, storage.ErrWatermarkMoved) {
+		t.Fatalf("a write that waited past the busy timeout: %v, want an error the store calls retryable", err)
+	}
+	t.Log(err)
 }

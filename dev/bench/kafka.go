@@ -218,7 +218,7 @@ func produceEvents(ctx context.Context, brokers []string, topic string, partitio
 					{Key: header.SeqEpoch, Value: []byte("1")},
 					{Key: header.SeqShard, Value: []byte(strconv.Itoa(p))},
 					{Key: header.Seq, Value: []byte(strconv.FormatInt(seqs[p], 10))},
-					{Key: "inbox_partitions", Value: parts},
+					{Key: header.SeqPartitions, Value: parts},
 				},
 			})
 		}

@@ -38,7 +38,7 @@ func seqMessageIn(n, partition int, epoch int64, shard int32, seq int64, aligned
 		kafka.Header{Key: header.Seq, Value: []byte(strconv.FormatInt(seq, 10))},
 	)
 	if aligned > 0 {
-		m.Headers = append(m.Headers, kafka.Header{Key: "inbox_partitions", Value: []byte(strconv.Itoa(aligned))})
+		m.Headers = append(m.Headers, kafka.Header{Key: header.SeqPartitions, Value: []byte(strconv.Itoa(aligned))})
 	}
 	return m
 }
