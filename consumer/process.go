@@ -259,7 +259,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			// Transactions of the call may have committed before the
 			// failure: the watermarks are read again before the next run.
 			w.seq.loaded = false
-			if errors.Is(err, storage.ErrWatermarkMoved) {
+			if errors.Is(err, storage.ErrWatermarkMoved) && attempt < 5 {
 				w.log.Info("a watermark moved since it was read (another member wrote it, or the database lost commits in a failover); reading it again",
 					"messages", len(msgs), "error", err, "retry_in", wait)
 				if backoff.Sleep(ctx, wait) != nil {
