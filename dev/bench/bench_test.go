@@ -37,6 +37,8 @@ func backendSync(tb testing.TB, name string, pool int, sqliteSync string) *bench
 		be, err = bench.OpenPostgres(testservers.PostgresDSN(tb), pool)
 	case "mariadb":
 		be, err = bench.OpenMySQL(testservers.MySQLDSN(tb), pool)
+	default:
+		tb.Fatalf("unknown backend %q (INBOX_BENCH_BACKENDS takes %v)", name, backends)
 	}
 	if err != nil {
 		tb.Fatal(err)
