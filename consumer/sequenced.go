@@ -450,6 +450,25 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 	}
 }
 
+// cutAtGap reads the watermarks if needed and returns the messages of
+// items before the first gap of an aligned stream, with the gap (the
+// partition then stops at the message after it), or all of items and nil.
+// stop is true when the partition stopped without a message to process
+// (the watermarks cannot be read) or ctx ended.
+func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item, _ *gapError, stop bool) {
+	if w.seq == nil {
+		return items, nil, false
+	}
+	if !w.ensureLoaded(ctx, dbCtx) {
+		return nil, nil, ctx.Err() == nil
+	}
+	n, gap := w.seq.firstGap(items)
+	if gap == nil || !w.stopAtGap(items[n], gap) {
+		return items, nil, false
+	}
+	return items[:n], gap, false
+}
+
 // stopAtGap stops the partition at it, the first message after a gap in
 // its aligned stream, or, with AcceptSequenceGaps, logs the gap and goes
 // on. It reports whether the partition stopped.

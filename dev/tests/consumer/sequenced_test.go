@@ -447,3 +447,37 @@ func TestSequencedEndToEnd(t *testing.T) {
 		})
 	}
 }
+
+// The consumer's database failed over to a replica that lacked the last
+// commits: the watermark went back. The compare-and-set fails, and on an
+// aligned stream the consumer, reading it again, finds the numbers in
+// between missing before the next message: it stops loudly instead of
+// moving the watermark past them.
+func TestSequencedWatermarkWentBackIsAGap(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	produce(t, brokers, "orders", seqMessage(0, 0, 0, 1, 1), seqMessage(1, 0, 0, 2, 1), seqMessage(2, 0, 0, 3, 1))
+	ev := newEvents()
+	r := start(t, sequencedConfig(t, brokers, s, ev))
+	waitUntil(t, 30*time.Second, "3 processed", func() bool { return ev.count(hooks.Processed) == 3 })
+
+	// The failover: the database holds the watermark of seq 1 again.
+	ws := s.ib.Store().(storage.WatermarkStore)
+	key := storage.WatermarkKey{Scope: "reserve-stock", Source: testSource, Epoch: 1, Topic: "orders", Partition: 0}
+	err := s.db.Transaction(func(tx *gorm.DB) error {
+		return ws.SaveWatermarks(context.Background(), tx, []storage.WatermarkWrite{{WatermarkKey: key,
+			Old: watermark.Encode(watermark.Applied{0: 3}), New: watermark.Encode(watermark.Applied{0: 1})}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	produce(t, brokers, "orders", seqMessage(3, 0, 0, 4, 1))
+	waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
+	err = r.stop(t)
+	var pse *consumer.PartitionStoppedError
+	if !errors.As(err, &pse) || pse.Reason != consumer.ReasonSequenceGap || pse.Offset != 3 || !strings.Contains(pse.Error(), "2..3") {
+		t.Fatalf("Run returned %v, want the partition stopped at offset 3 for the gap 2..3", err)
+	}
+	s.checkExactlyOnce(t, 3, nil)
+}
