@@ -50,6 +50,7 @@ type PauseConfig struct {
 	Orders   int           // orders service A places; default 1000
 	Pauses   int           // SIGSTOPs per run, spread over the roles; default 12
 	PauseFor time.Duration // see ChainConfig.PauseFor
+	Lease    time.Duration // the relays' lease; default 3 s
 }
 
 // RunPause runs the pause phase on cfg's database: the chain scenario
@@ -69,7 +70,7 @@ func RunPause(ctx context.Context, cfg Config, pc PauseConfig) (*ChainReport, er
 	if pc.Pauses <= 0 {
 		pc.Pauses = 12
 	}
-	return RunChain(ctx, cfg, ChainConfig{Orders: pc.Orders, Pauses: pc.Pauses, PauseFor: pc.PauseFor})
+	return RunChain(ctx, cfg, ChainConfig{Orders: pc.Orders, Pauses: pc.Pauses, PauseFor: pc.PauseFor, Lease: pc.Lease})
 }
 
 func (c *chainRun) pauseFor() time.Duration {

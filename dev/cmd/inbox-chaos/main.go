@@ -19,7 +19,20 @@
 // StockReserved through relay processes to a ledger's inbox, under SIGKILLs
 // of relays and consumers, broker and database restarts and connection
 // terminations: every order reserved once, every StockReserved published at
-// least once and booked once, in order per key. -phases selects the phases.
+// least once and booked once, in order per key.
+//
+// Then the pause phase (dev/chaos.RunPause; PostgreSQL and MariaDB, with
+// StoreOffsets off and on): the chain's relays and consumers stopped with
+// SIGSTOP past their lease and session timeout, half of the pauses inside a
+// transaction the process holds open, and let go on: besides the chain's
+// checks, no message charged an attempt and no stored offset ever read below
+// an earlier reading. Then the partition phase (dev/chaos.RunPartition;
+// PostgreSQL and MariaDB, StoreOffsets off and on): each inventory consumer
+// reaches the database through a link of its own, and one link at a time
+// freezes (no RST) and is healed or cut: the frozen member's partitions must
+// be committed on by a healthy member within MaxProcessingStall +
+// SessionTimeout + the rebalance, with no message charged anything.
+// -phases selects the phases.
 //
 // It needs real servers: run it through make chaos, which starts throwaway
 // ones with scripts/with-services.sh. The broker and database restarts use
