@@ -56,6 +56,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -300,6 +301,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 				}
 				pcfg := cfg
 				pcfg.Duration, pcfg.StoreOffsets = *pauseDuration, storeOffsets
+				// Each run's files apart: its judge reads every trace there.
+				if pcfg.WorkDir, err = runDir(dir, "pause", storeOffsets); err != nil {
+					fmt.Fprintln(stderr, "inbox-chaos:", err)
+					return 1
+				}
 				prep, err := chaos.RunPause(ctx, pcfg, pc)
 				if prep != nil {
 					fmt.Fprint(stdout, prep.String())
@@ -321,6 +327,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 				}
 				pcfg := cfg
 				pcfg.Orders, pcfg.StoreOffsets = *partitionOrders, storeOffsets
+				if pcfg.WorkDir, err = runDir(dir, "partition", storeOffsets); err != nil {
+					fmt.Fprintln(stderr, "inbox-chaos:", err)
+					return 1
+				}
 				prep, err := chaos.RunPartition(ctx, pcfg, ptc)
 				if prep != nil {
 					fmt.Fprint(stdout, prep.String())
@@ -374,6 +384,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// runDir makes the directory of one run of a phase in dir.
+func runDir(dir, phase string, storeOffsets bool) (string, error) {
+	sub := filepath.Join(dir, fmt.Sprintf("%s-store-offsets-%v", phase, storeOffsets))
+	return sub, os.Mkdir(sub, 0o755)
 }
 
 // table is the markdown table of docs/RELIABILITY.md.
