@@ -5,7 +5,10 @@
 // what committed, once, in commit order per key, across relays that fail,
 // restart or take over (and, if it implements storage.Sequenced, keeps one
 // source id per table and an epoch, which the relay's sequence headers
-// carry with each row's shard and seq).
+// carry with each row's shard and seq). An inbox Store that implements
+// storage.WatermarkStore, for sequenced dedup, runs the watermark checks
+// too: values stored byte for byte, written atomically with the effect,
+// by a compare-and-set that two members of a group cannot both win.
 //
 // It is for adapter authors, ours and third parties': an adapter's test
 // hands Run a HarnessMaker, which returns a fresh, isolated database and
@@ -112,6 +115,11 @@ type Features struct {
 	// it removed (a batched DELETE); false if it may report -1 (a dropped
 	// partition).
 	ExpiryCountsRows bool
+	// Watermarks is true if the Store must implement
+	// storage.WatermarkStore: the watermark checks then fail on a Store
+	// that does not (one hidden behind a wrapper, say), rather than being
+	// skipped.
+	Watermarks bool
 }
 
 // HarnessMaker returns a fresh harness. It is called once per check.
@@ -133,7 +141,13 @@ type Check struct {
 	// capability: they run only against an Outbox store that implements
 	// it, and are skipped otherwise.
 	Sequenced bool
-	Run       func(ctx context.Context, env *Env) error
+	// Watermarks checks are about the optional storage.WatermarkStore
+	// capability of the inbox Store: they run only against a Store that
+	// implements it, and are skipped otherwise (unless
+	// Features.Watermarks says it must). The suite migrates the watermark
+	// table with the inbox table.
+	Watermarks bool
+	Run        func(ctx context.Context, env *Env) error
 }
 
 // ID returns the stable name of the check: "area/name", and
@@ -149,7 +163,7 @@ func (c Check) ID() string {
 // outbox checks.
 func Checks() []Check {
 	return slices.Concat(schemaChecks, atomicityChecks, scopeChecks, idChecks, concurrencyChecks, batchChecks, retentionChecks,
-		outboxEnqueueChecks, outboxOrderChecks, outboxRelayChecks, outboxSequenceChecks, outboxExpiryChecks)
+		watermarkChecks, outboxEnqueueChecks, outboxOrderChecks, outboxRelayChecks, outboxSequenceChecks, outboxExpiryChecks)
 }
 
 // ErrSkipped is wrapped by the error of RunCheck for a check of a store the
@@ -216,16 +230,27 @@ func (c Check) runsOn(h *Harness) error {
 		return fmt.Errorf("%w: the harness has no inbox Store", ErrSkipped)
 	case c.Sequenced && !isSequenced(h.Outbox):
 		return fmt.Errorf("%w: the Outbox store does not implement storage.Sequenced (no source id and epoch: the relay stamps no sequence headers)", ErrSkipped)
+	case c.Watermarks && !isWatermarkStore(h.Store) && h.Features.Watermarks:
+		return fmt.Errorf("setup: the harness's Features say the Store implements storage.WatermarkStore; its type %T does not", h.Store)
+	case c.Watermarks && !isWatermarkStore(h.Store):
+		return fmt.Errorf("%w: the inbox Store does not implement storage.WatermarkStore (no sequenced dedup)", ErrSkipped)
 	}
 	return nil
 }
 
-// migrate runs the Migrate of the store c is about.
+// migrate runs the Migrate of the store c is about (and, for a watermark
+// check, MigrateWatermarks).
 func (env *Env) migrate(ctx context.Context, c Check) error {
 	if c.Outbox {
 		return env.Outbox().Migrate(ctx)
 	}
-	return env.H.Store.Migrate(ctx, env.H.DB.WithContext(ctx))
+	if err := env.H.Store.Migrate(ctx, env.H.DB.WithContext(ctx)); err != nil {
+		return err
+	}
+	if c.Watermarks {
+		return env.watermarks().MigrateWatermarks(ctx, env.H.DB.WithContext(ctx))
+	}
+	return nil
 }
 
 // closeHarness closes a check's harness; the check's own error comes first.

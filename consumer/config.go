@@ -335,6 +335,31 @@ type Config struct {
 	// OffsetsTable is the table of stored offsets. Default "inbox_offsets".
 	OffsetsTable string
 
+	// SequencedSources turns sequenced dedup on for the messages of these
+	// outbox sources (their header.SeqSource ids; inboxctl outbox source
+	// prints a table's): instead of an inbox row per event, the consumer
+	// keeps per stream (source, epoch, topic, partition) the highest
+	// sequence number it applied in each shard, and a message at or below
+	// it is a duplicate (see the package doc, "Sequenced dedup"). List only
+	// sources published by this library's relay: the numbers are trusted.
+	// The Inbox's Store must implement storage.WatermarkStore. Messages of
+	// other sources, and without sequence headers, take the inbox row as
+	// before, in the same batches.
+	SequencedSources []string
+	// SequencedRowsUntil is for a stream switched from inbox rows to
+	// sequenced dedup: until then, a sequenced message also claims its
+	// inbox row, so that a copy of a message first applied through a row
+	// is not applied again. Set it to the time of the switch plus the
+	// inbox's RetentionDays; leave it zero for sources this consumer never
+	// took through rows.
+	SequencedRowsUntil time.Time
+	// AcceptSequenceGaps makes a gap in an aligned sequenced stream (a
+	// message lost or reordered upstream; see package outbox, "Aligned
+	// shards") an ERROR log instead of a stopped partition. A missing
+	// message that arrives after the gap was accepted is then taken for a
+	// duplicate and skipped.
+	AcceptSequenceGaps bool
+
 	// CommitInterval is how often processed offsets are committed to Kafka.
 	// Default 1s; a negative value commits after every batch. Offsets are
 	// also committed when a partition is revoked and when Run ends.
@@ -487,6 +512,20 @@ func (c *Config) validate() error {
 	if c.OffsetsTable != "" {
 		if err := storage.ValidateIdentifier("offsets table", c.OffsetsTable); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, src := range c.SequencedSources {
+		if err := storage.ValidSource(src); err != nil {
+			bad("SequencedSources: %w", err)
+		}
+	}
+	if len(c.SequencedSources) > 0 {
+		if c.NaturallyIdempotent {
+			bad("SequencedSources needs the inbox: a naturally idempotent consumer deduplicates nothing")
+		} else if c.Inbox != nil {
+			if _, ok := c.Inbox.Store().(storage.WatermarkStore); !ok {
+				bad("SequencedSources needs an inbox store that implements storage.WatermarkStore (%T does not)", c.Inbox.Store())
+			}
 		}
 	}
 	if len(errs) > 0 {

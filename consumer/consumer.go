@@ -18,6 +18,7 @@ import (
 	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
+	"github.com/inboxgo/inbox/storage"
 )
 
 var (
@@ -101,6 +102,11 @@ type Consumer struct {
 	workers map[*worker]struct{} // the running partition workers, for the stall watchdog
 
 	watchers sync.WaitGroup // the stall watchdogs (Consumer.watch)
+
+	// trusted holds Config.SequencedSources, watermarks the inbox store
+	// that keeps their watermarks (nil without any).
+	trusted    map[string]bool
+	watermarks storage.WatermarkStore
 }
 
 // New checks cfg and returns a Consumer. It does not connect to anything;
@@ -134,6 +140,13 @@ func New(cfg Config) (*Consumer, error) {
 		hooks:    hooklist.New(cfg.Hooks),
 		contexts: contexts,
 	}
+	if len(cfg.SequencedSources) > 0 {
+		c.trusted = make(map[string]bool, len(cfg.SequencedSources))
+		for _, src := range cfg.SequencedSources {
+			c.trusted[src] = true
+		}
+		c.watermarks, _ = cfg.Inbox.Store().(storage.WatermarkStore)
+	}
 	c.client = newKafkaGo(&c.cfg, c.log)
 	if cfg.OnFailure == DeadLetter && c.dlq == nil {
 		c.dlq = c.client.deadLetterWriter()
@@ -142,16 +155,25 @@ func New(cfg Config) (*Consumer, error) {
 }
 
 // Migrate creates the offsets table when Config.StoreOffsets is set, and
-// does nothing otherwise. It is idempotent. On MySQL/MariaDB the table is
+// the watermark table when Config.SequencedSources is, and does nothing
+// otherwise. It is idempotent, and safe when several processes run it at
+// the same time. On MySQL/MariaDB the table is
 // created as InnoDB whatever the server's default engine, and Migrate fails
 // if an existing offsets table is on an engine without transactions (a
 // stored offset must roll back with its effect). (The inbox's own table is
 // created by inbox.Inbox.Migrate.)
 func (c *Consumer) Migrate(ctx context.Context) error {
-	if !c.cfg.StoreOffsets {
-		return nil
+	if c.cfg.StoreOffsets {
+		if err := c.offsets.Migrate(ctx, c.cfg.DB); err != nil {
+			return err
+		}
 	}
-	return c.offsets.Migrate(ctx, c.cfg.DB)
+	if c.watermarks != nil {
+		if err := c.watermarks.MigrateWatermarks(ctx, c.cfg.DB.WithContext(ctx)); err != nil {
+			return fmt.Errorf("consumer: migrate the watermarks: %w", err)
+		}
+	}
+	return nil
 }
 
 // Run joins the group and consumes until ctx ends or Close is called; it
@@ -412,6 +434,7 @@ func (c *Consumer) startGeneration(runCtx context.Context, gen generation) {
 				assigned:  pa.offset,
 				log:       c.log.With("topic", topic, "partition", pa.partition, "generation", gen.id()),
 			}
+			w.seq = w.newWatermarks()
 			c.addWorker(w)
 			gen.start(func(genCtx context.Context) {
 				defer c.removeWorker(w)

@@ -105,3 +105,11 @@ func failureAttrs(err error) []any {
 	}
 	return attrs
 }
+
+// ReasonSequenceGap is the Reason of a partition stopped at a message of
+// an aligned sequenced stream whose number is past the next one expected:
+// a message was lost or reordered upstream (see "Sequenced dedup" in the
+// package doc). The error names the source, epoch, shard and the missing
+// numbers. It never appears in a dlq_reason header: the message at the gap
+// did nothing wrong.
+const ReasonSequenceGap = "sequence-gap"

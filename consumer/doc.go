@@ -81,6 +81,59 @@
 // small upsert per processed message. Since the stored offset wins over the
 // group's, reset a group's position by deleting its rows as well.
 //
+// # Sequenced dedup
+//
+// A message published by this library's outbox relay carries its place in
+// the outbox (the sequence headers of package header: source, epoch,
+// shard, sequence number). For the sources listed in
+// [Config.SequencedSources] the consumer deduplicates by that place instead
+// of an inbox row: per stream (consumer, source, epoch, topic, partition)
+// it keeps the highest number applied in each shard, in one row of the
+// store's watermark table (storage.WatermarkStore), loaded when the
+// partition is assigned and moved with a compare-and-set in each
+// transaction that applies messages of the stream. A number at or below it
+// is a duplicate and costs the database nothing; a number above it is new,
+// applied, and the watermark moves in the same transaction. The table never
+// needs expiry, and no row is written per event. Messages of other sources
+// and without sequence headers take their inbox row as before, in the same
+// batches. Config.Consumer names the scope: two consumers with different
+// names keep separate watermarks.
+//
+// It rests on what the relay guarantees: within a source and epoch a
+// (shard, number) pair names one event; on a partition the first copy of
+// each message arrives after the first copies of its shard's earlier
+// messages. So only sources published by this library's relay may be
+// listed, and the epoch must be raised (inboxctl outbox bump-epoch) when
+// the outbox's database is restored or fails over with loss.
+//
+// What the consumer does about the ways this could go wrong:
+//   - A message that fails inside its batch holds back the later messages
+//     of its shard: none of them commits before it is resolved, or the
+//     watermark would pass it and its retry would look like a duplicate.
+//     They are not charged an attempt.
+//   - A dead-lettered message moves the watermark past it, in a
+//     transaction of its own.
+//   - Another member writing the stream (this one was paused past its
+//     session, is a zombie after a rebalance, or its database failed over)
+//     makes the compare-and-set fail: the transaction rolls back, the
+//     watermarks are read again, and what the other member applied is a
+//     duplicate.
+//   - A stream switched from inbox rows: until [Config.SequencedRowsUntil]
+//     a sequenced message also claims its row, so a copy of a message
+//     applied through a row before the switch is not applied again.
+//   - A trusted source's message with missing or malformed sequence
+//     headers is invalid (ReasonInvalid): nothing is guessed.
+//
+// On a source whose shards are aligned with the topic's partitions (package
+// outbox, "Aligned shards"; the relay says so in a header) each stream is
+// contiguous, so a number past the next one expected means a message was
+// lost or reordered upstream: the partition stops at it
+// ([ReasonSequenceGap], naming the stream and the missing numbers), or,
+// with [Config.AcceptSequenceGaps], the gap is logged at ERROR and
+// accepted. A new group, or a topic whose head retention deleted, starts
+// each stream at the first number it sees. A compacted topic cannot use
+// gap detection: compaction removes numbers.
+//
 // # Paused members
 //
 // A member paused longer than its session timeout (a GC pause, a frozen VM,

@@ -4,11 +4,13 @@ package consumer
 // idempotent consumer, without it), the user's handlers and their timeout.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
@@ -19,6 +21,7 @@ import (
 	"github.com/inboxgo/inbox/internal/batchopt"
 	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/txn"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // process handles a batch in order and reports whether the partition must
@@ -32,6 +35,9 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		}
 		id, at, err := extract(w.c.cfg.Extract, &batch[i])
 		items[i] = &item{msg: Message{Message: m, EventID: id, EventTime: at}, extractErr: err}
+		if err == nil && w.seq != nil {
+			items[i].seq, items[i].seqErr = sequenceOf(&batch[i], w.c.trusted)
+		}
 	}
 	w.batch = items
 	defer func() { w.batch = nil }()
@@ -63,9 +69,24 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		return false
 	}
 
-	results, ok := w.processInbox(ctx, dbCtx, items)
-	if !ok {
-		return false
+	var gap *gapError
+	var results []inbox.Result
+	for {
+		var stop bool
+		if items, gap, stop = w.cutAtGap(ctx, dbCtx, items); stop {
+			return true
+		}
+		var ok bool
+		if results, ok = w.processInbox(ctx, dbCtx, items); ok {
+			break
+		}
+		if !w.seqMoved {
+			return false
+		}
+		// A watermark moved under the batch (another member, or a
+		// failover that lost commits): the gaps are checked again against
+		// what the database holds now.
+		w.seqMoved = false
 	}
 	// Every message whose effect committed is finished, also those after a
 	// failure: the tracker still holds the commit back at the failure.
@@ -80,9 +101,12 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 			continue
 		}
 		var res resolution
-		if it.extractErr != nil {
+		switch {
+		case it.extractErr != nil:
 			res = w.applyPolicy(ctx, dbCtx, it, ReasonNoEventID, it.extractErr)
-		} else {
+		case it.seqErr != nil:
+			res = w.applyPolicy(ctx, dbCtx, it, ReasonInvalid, it.seqErr)
+		default:
 			res = w.retryInbox(ctx, dbCtx, it, r.Err)
 		}
 		switch res {
@@ -92,7 +116,7 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 			return false
 		}
 	}
-	return false
+	return gap != nil
 }
 
 // processInbox runs the messages with an id through inbox.ProcessBatch, in
@@ -112,16 +136,18 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	var msgs []inbox.Message
 	msgIndex := make([]int, len(items)) // items[i] is msgs[msgIndex[i]], or -1
 	var idx []int
+	var seqOf []*seqPos // seqOf[j]: msgs[j]'s place in its sequenced stream, or nil
 	for i, it := range items {
 		msgIndex[i] = -1
-		if it.extractErr != nil {
-			results[i] = inbox.Result{Outcome: inbox.Failed, Err: it.extractErr}
+		if it.extractErr != nil || it.seqErr != nil {
+			results[i] = inbox.Result{Outcome: inbox.Failed, Err: cmp.Or(it.extractErr, it.seqErr)}
 			continue
 		}
 		it.attempts++
 		msgIndex[i] = len(msgs)
 		msgs = append(msgs, w.inboxMessage(it))
 		idx = append(idx, i)
+		seqOf = append(seqOf, it.seq)
 	}
 	if len(msgs) == 0 {
 		return results, true
@@ -178,6 +204,16 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	w.beginDB()
 	defer w.endDB()
 	for attempt := 1; ; attempt++ {
+		if w.seq != nil {
+			if !w.ensureLoaded(ctx, dbCtx) {
+				return nil, false
+			}
+			opts.Seq = w.seq.marks(seqOf, time.Now().Before(w.c.cfg.SequencedRowsUntil))
+			opts.Watermarks = nil
+			if opts.Seq != nil {
+				opts.Watermarks = w.seq.writer(seqOf)
+			}
+		}
 		var rs []inbox.Result
 		var err error
 		if w.c.cfg.BatchHandler != nil {
@@ -191,6 +227,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			// floor is too high, and the next write finds the position
 			// "moved" and resumes from the database's: redeliveries only.
 			w.floor = max(w.floor, written)
+			if w.seq != nil {
+				w.seq.committed(seqOf, func(j int) inbox.Outcome { return rs[j].Outcome })
+			}
 			processed := 0
 			for j, i := range idx {
 				results[i] = rs[j]
@@ -215,6 +254,28 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			return nil, false
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		if w.seq != nil {
+			// Transactions of the call may have committed before the
+			// failure: the watermarks are read again before the next run.
+			w.seq.loaded = false
+			if errors.Is(err, storage.ErrWatermarkMoved) {
+				level := slog.LevelInfo
+				if attempt >= 5 {
+					level = slog.LevelError // still retried: members keep writing the stream
+				}
+				w.log.Log(ctx, level, "a watermark moved since it was read (another member wrote it, or the database lost commits in a failover); reading it again",
+					"messages", len(msgs), "error", err, "retry_in", wait)
+				if backoff.Sleep(ctx, wait) != nil {
+					return nil, false
+				}
+				// Not the messages' doing: their run does not count.
+				for _, i := range idx {
+					items[i].attempts--
+				}
+				w.seqMoved = true
+				return nil, false
+			}
+		}
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: the database, not the messages, is failing
@@ -477,7 +538,7 @@ func (w *worker) finish(it *item, o inbox.Outcome) {
 		kind = hooks.Duplicate
 		w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
 	}
-	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset})
+	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Sequenced: it.seq != nil})
 	next, _ := w.tracker.committable()
 	w.c.clearStopped(w.topic, w.partition, next)
 }

@@ -58,6 +58,13 @@ type worker struct {
 	// batch is the batch in process, for the fingerprint of the message
 	// before a stored offset (lastOf).
 	batch []*item
+	// seq holds the partition's sequenced streams (nil without
+	// Config.SequencedSources); seqMoved says the last processInbox gave
+	// up because a watermark moved, gapStopped that runAlone stopped the
+	// partition at its message.
+	seq        *watermarks
+	seqMoved   bool
+	gapStopped bool
 
 	// waitingSince (UnixNano; 0: not waiting) is when the worker began
 	// waiting for the database to answer its work: the watchdog's view of
@@ -73,7 +80,12 @@ func (w *worker) genID() int32 { return w.gen.id() }
 type item struct {
 	msg        Message
 	extractErr error
-	attempts   int
+	// seq is the message's place in a trusted sequenced stream (nil: it
+	// takes an inbox row); seqErr says why a trusted source's message has
+	// none.
+	seq      *seqPos
+	seqErr   error
+	attempts int
 }
 
 // resolution is what became of a message that failed.

@@ -21,16 +21,35 @@
 //     other events;
 //   - the shard ([SeqShard]): the decimal shard number, from 0;
 //   - the sequence number ([Seq]): the decimal place of the message in its
-//     shard, from 1.
+//     shard, from 1;
+//   - the partitions ([SeqPartitions]), only on the messages of an aligned
+//     outbox (see package outbox, "Aligned shards"): the decimal number of
+//     partitions of the message's topic, which is the outbox's number of
+//     shards.
 //
 // Within one source and epoch a (shard, sequence number) pair names one
-// event, and a message carries the same four values every time it is
+// event, and a message carries the same values every time it is
 // published in that epoch. A shard holds keys of many topics and partitions, so the
 // numbers one partition sees of a shard go up (the first copy of each
 // message arrives after the first copies of the shard's earlier messages
 // to that partition) but are not contiguous. The numbers are written in
 // decimal without sign or leading zeros, except in CloudEventsSequence.
-// Messages without a key carry no sequence headers.
+// Messages without a key carry no sequence headers, except an aligned
+// outbox's.
+//
+// A message with SeqPartitions comes from an aligned outbox: all its
+// messages go to one topic, a message's shard is the partition Kafka's
+// default partitioner gives its key (murmur2, as the Java client does; a
+// message without a key by its event id), and the relay publishes it to
+// that partition. So the message's partition equals its shard, its topic
+// has SeqPartitions partitions, and each (source, epoch, topic, partition)
+// stream holds the numbers of one shard only, all of them: in offset order
+// the first copies of its messages are 1, 2, 3, ... without holes (copies
+// of earlier ones may follow them). A hole then means a lost or reordered
+// message, as long as the topic is not compacted and retention has not
+// removed the start of the stream. A message whose partition differs from
+// its shard, or whose SeqPartitions differs from its topic's partition
+// count, is not in such a stream: its holes mean nothing.
 //
 // In the CloudEvents header style (CloudEvents' Kafka binary mode) the
 // sequence number goes in CloudEvents' sequence extension attribute
@@ -39,7 +58,8 @@
 // [CloudEventsSequenceDigits] digits, so that string order is numeric
 // order. The source, epoch and shard go in extension attributes of the
 // library's own ([CloudEventsSeqSource], [CloudEventsSeqEpoch],
-// [CloudEventsSeqShard]), with the values described above.
+// [CloudEventsSeqShard], [CloudEventsSeqPartitions]), with the values
+// described above.
 package header
 
 // The event headers: the outbox relay writes EventID and EventTime (or, in
@@ -54,17 +74,20 @@ const (
 
 // The sequence headers the outbox relay writes on each message with a key
 // (see the package doc): SeqSource, SeqEpoch, SeqShard and Seq, or in the
-// CloudEvents style the four CloudEvents* ones.
+// CloudEvents style the four CloudEvents* ones; on every message of an
+// aligned outbox, with SeqPartitions (CloudEventsSeqPartitions) as well.
 const (
-	SeqSource = "inbox_source" // the outbox table's id
-	SeqEpoch  = "inbox_epoch"  // decimal, from 1
-	SeqShard  = "inbox_shard"  // decimal, from 0
-	Seq       = "inbox_seq"    // decimal, from 1
+	SeqSource     = "inbox_source"     // the outbox table's id
+	SeqEpoch      = "inbox_epoch"      // decimal, from 1
+	SeqShard      = "inbox_shard"      // decimal, from 0
+	Seq           = "inbox_seq"        // decimal, from 1
+	SeqPartitions = "inbox_partitions" // decimal, from 1: aligned outboxes only
 
-	CloudEventsSeqSource = "ce_inboxsource" // extension inboxsource
-	CloudEventsSeqEpoch  = "ce_inboxepoch"  // extension inboxepoch
-	CloudEventsSeqShard  = "ce_inboxshard"  // extension inboxshard
-	CloudEventsSequence  = "ce_sequence"    // extension sequence: CloudEventsSequenceDigits digits, zero-padded
+	CloudEventsSeqSource     = "ce_inboxsource"     // extension inboxsource
+	CloudEventsSeqEpoch      = "ce_inboxepoch"      // extension inboxepoch
+	CloudEventsSeqShard      = "ce_inboxshard"      // extension inboxshard
+	CloudEventsSequence      = "ce_sequence"        // extension sequence: CloudEventsSequenceDigits digits, zero-padded
+	CloudEventsSeqPartitions = "ce_inboxpartitions" // extension inboxpartitions: aligned outboxes only
 )
 
 // CloudEventsSequenceDigits is the length of a CloudEventsSequence value:

@@ -184,6 +184,10 @@ type Event struct {
 	Lag       int64         // Lag
 	Err       error         // Failed, Retry, DeadLettered, PartitionStopped, Repositioned, a failed Maintenance or RelayCycle
 	Duration  time.Duration // Processed, Duplicate, Failed: from the call to its result; RelayCycle: the cycle
+	// Sequenced (Processed, Duplicate) says the message was deduplicated
+	// by its stream's watermark (the consumer's sequenced dedup), not by
+	// an inbox row.
+	Sequenced bool
 	// Maintenance is what the inbox's maintenance did.
 	Maintenance storage.MaintenanceReport
 	// Relay is what a RelayCycle did.

@@ -86,9 +86,32 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error
 	firstOf := make(map[storage.InboxKey]int, len(msgs))
 	copiesOf := make(map[int][]int)
 	pending := make([]int, 0, len(msgs))
+	if b.opts.Seq != nil && len(b.opts.Seq) != len(msgs) {
+		return nil, fmt.Errorf("%w: %d dedup marks for %d messages", ErrInvalidConfig, len(b.opts.Seq), len(msgs))
+	}
+	b.results, b.copiesOf = results, copiesOf
+	blocked := map[int]bool{} // chains a message failed in before any transaction
 	for i, m := range msgs {
-		if err := ib.admit(m, now); err != nil {
+		mk := b.mark(i)
+		var err error
+		if mk.Chain > 0 && !mk.Claim {
+			// No inbox row: neither its day's storage nor the rows'
+			// retention concern it.
+			err = m.Validate()
+		} else {
+			err = ib.admit(m, now)
+		}
+		switch {
+		case err != nil:
 			results[i] = Result{Outcome: Failed, Err: err}
+			if mk.Chain > 0 {
+				blocked[mk.Chain] = true
+			}
+			continue
+		case mk.Chain > 0 && mk.Applied:
+			results[i] = Result{Outcome: Duplicate}
+		case blocked[mk.Chain]:
+			results[i] = b.heldBack(i)
 			continue
 		}
 		k := m.row().Key()
@@ -97,9 +120,10 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error
 			continue
 		}
 		firstOf[k] = i
-		pending = append(pending, i)
+		if results[i].Outcome == 0 {
+			pending = append(pending, i)
+		}
 	}
-	b.results, b.copiesOf = results, copiesOf
 
 	var batchErr error
 	failMessage := func(idx int, err error) {
@@ -128,6 +152,7 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error
 			} else {
 				queue[0] = rest
 			}
+			queue = b.holdAfter(failedIdx, queue)
 		case ctx.Err() != nil || IsDatabaseFailure(err):
 			n := 0
 			for _, g := range queue {
@@ -142,7 +167,7 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error
 			queue = nil
 		case len(group) == 1:
 			failMessage(group[0], err)
-			queue = queue[1:]
+			queue = b.holdAfter(group[0], queue[1:])
 		default:
 			ib.log.Warn("a batch failed for a reason no single message can be blamed for yet; splitting it to find the cause",
 				"messages", len(group), "error", err)
@@ -199,6 +224,46 @@ func (b *batchRun) ctxOf(ctx context.Context, i int) context.Context {
 	return b.ctxs[i]
 }
 
+// mark is the caller's dedup decision for msgs[i] (see batchopt.SeqMark).
+func (b *batchRun) mark(i int) batchopt.SeqMark {
+	if b.opts.Seq == nil {
+		return batchopt.SeqMark{}
+	}
+	return b.opts.Seq[i]
+}
+
+// heldBack is the result of msgs[i], held back behind an earlier message of
+// its chain.
+func (b *batchRun) heldBack(i int) Result {
+	m := b.msgs[i]
+	return Result{Outcome: Failed, Err: fmt.Errorf("inbox: consumer %q event %q: %w", m.Consumer, m.ID, batchopt.ErrHeldBack)}
+}
+
+// holdAfter holds back every message of queue that comes after msgs[failed]
+// in its chain, and returns what is left of queue: a watermark written with
+// them would pass the failed message, whose retry would then be taken for a
+// duplicate.
+func (b *batchRun) holdAfter(failed int, queue [][]int) [][]int {
+	chain := b.mark(failed).Chain
+	if chain <= 0 {
+		return queue
+	}
+	out := queue[:0]
+	for _, g := range queue {
+		g = slices.DeleteFunc(g, func(idx int) bool {
+			if idx > failed && b.mark(idx).Chain == chain {
+				b.results[idx] = b.heldBack(idx)
+				return true
+			}
+			return false
+		})
+		if len(g) > 0 {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
 // unclearBlame is a handler failure in a transaction in which an earlier
 // handler's statement had failed: which message is at fault is found by
 // running them one per transaction.
@@ -227,13 +292,19 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 	ib := b.ib
 	var outcomes map[int]Outcome
 	failedIdx := -1
-	rows := make([]storage.InboxRow, len(group))
+	// Messages of a chain that do not claim have no inbox row.
+	rows := make([]storage.InboxRow, 0, len(group))
+	rowOf := make([]int, len(group)) // rows[rowOf[j]] is group[j]'s row; -1: none
 	for j, idx := range group {
-		rows[j] = b.msgs[idx].row()
+		rowOf[j] = -1
+		if mk := b.mark(idx); mk.Chain <= 0 || mk.Claim {
+			rowOf[j] = len(rows)
+			rows = append(rows, b.msgs[idx].row())
+		}
 	}
 	days := ib.newDays(rows)
 	err := ib.retryUnless(ctx, b.opts.CallerRetries, func(int) error {
-		return days.run(ctx, func() error { return b.run(ctx, group, rows, &outcomes, &failedIdx) })
+		return days.run(ctx, func() error { return b.run(ctx, group, rows, rowOf, &outcomes, &failedIdx) })
 	})
 	if err != nil && (ctx.Err() != nil || IsDatabaseFailure(err)) {
 		// The database failed, or the context ended: nothing committed,
@@ -244,14 +315,22 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 }
 
 // run is one transaction of attempt.
-func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow, outcomesP *map[int]Outcome, failedIdxP *int) error {
+func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow, rowOf []int, outcomesP *map[int]Outcome, failedIdxP *int) error {
 	ib := b.ib
 	*failedIdxP = -1
 	*outcomesP = make(map[int]Outcome, len(group))
 	outcomes := *outcomesP
 	// The claim covers the whole group: it is traced under the first
 	// message's context, the transaction runs under the call's.
-	return ib.claimTxAt(ctx, b.ctxOf(ctx, group[0]), b.opts.Bound, rows, func(tx *gorm.DB, inserted []bool) error {
+	var writes []storage.WatermarkWrite
+	if b.opts.Watermarks != nil {
+		writes = b.opts.Watermarks(group, b.view(nil))
+	}
+	return ib.claimTxAt(ctx, b.ctxOf(ctx, group[0]), b.opts.Bound, rows, writes, func(tx *gorm.DB, claimed []bool) error {
+		inserted := make([]bool, len(group))
+		for j := range group {
+			inserted[j] = rowOf[j] < 0 || claimed[rowOf[j]]
+		}
 		if b.bh != nil {
 			var fresh []Message
 			first := -1

@@ -424,16 +424,28 @@ func (ib *Inbox) handleClaimed(ctx context.Context, tx *gorm.DB, msg Message, h 
 // two go together; its context reaches the storage.InboxStore's claim, not the
 // transaction, whose statements belong to the message.
 func (ib *Inbox) claimTx(ctx context.Context, rows []storage.InboxRow, fn func(tx *gorm.DB, inserted []bool) error) error {
-	return ib.claimTxAt(ctx, ctx, 0, rows, fn)
+	return ib.claimTxAt(ctx, ctx, 0, rows, nil, fn)
 }
 
 // claimTxAt is claimTx with the claim traced under traceCtx, and, if bound
 // is positive, BEGIN, the claim, COMMIT and ROLLBACK each bounded by it
-// (see txn.TimeoutError).
-func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, bound time.Duration, rows []storage.InboxRow, fn func(tx *gorm.DB, inserted []bool) error) error {
+// (see txn.TimeoutError), and writes saved after the claim (with BEGIN, in
+// one round trip, when there are no rows and the store can).
+func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, bound time.Duration, rows []storage.InboxRow, writes []storage.WatermarkWrite, fn func(tx *gorm.DB, inserted []bool) error) error {
+	var ws storage.WatermarkStore
+	if len(writes) > 0 {
+		var ok bool
+		if ws, ok = ib.store.(storage.WatermarkStore); !ok {
+			return fmt.Errorf("%w: watermarks to write, and %T is no storage.WatermarkStore", ErrInvalidConfig, ib.store)
+		}
+	}
+	saved := len(writes) == 0
 	var inserted []bool
 	cctx, ct := ctx, (*claimTrace)(nil)
-	if ib.hooks.HasClaimTracers() {
+	if len(rows) == 0 {
+		// Nothing to claim (every message is deduplicated by a watermark).
+		inserted = []bool{}
+	} else if ib.hooks.HasClaimTracers() {
 		var end func([]bool, error)
 		cctx, end = ib.startClaim(traceCtx, rows)
 		ct = &claimTrace{end: end}
@@ -443,7 +455,19 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, bound time.Duration, r
 	// tctx is ctx carrying the transaction's statement state (see
 	// txn.RunFrom): the transaction's own context.
 	open := func(tctx context.Context) (*gorm.DB, func(), error) {
-		if cb, ok := ib.store.(storage.ClaimBeginner); ok {
+		if wb, ok := ws.(storage.WatermarkBeginner); ok && len(rows) == 0 {
+			bctx, bounded, cancel := txn.WithBound(ctx, "BEGIN and the watermarks' write", bound)
+			tx, ok, err := wb.BeginSaveWatermarks(bctx, ib.db.WithContext(tctx), ib.cfg.TxOptions, writes)
+			cancel()
+			if err != nil {
+				return nil, nil, txn.DatabaseFailure("begin and save watermarks", bounded(err))
+			}
+			if ok {
+				saved = true
+				return tx, nil, nil
+			}
+		}
+		if cb, ok := ib.store.(storage.ClaimBeginner); ok && len(rows) > 0 {
 			bctx, bounded, cancel := txn.WithBound(cctx, "BEGIN and the claim", bound)
 			tx, ins, ok, err := cb.BeginClaim(bctx, ib.db.WithContext(tctx), ib.cfg.TxOptions, rows)
 			cancel()
@@ -477,6 +501,14 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, bound time.Duration, r
 			ct.done(inserted, err)
 			if err != nil {
 				return err
+			}
+		}
+		if !saved {
+			wctx, bounded, cancel := txn.WithBound(ctx, "the watermarks' write", bound)
+			err := ws.SaveWatermarks(wctx, tx, writes)
+			cancel()
+			if err != nil {
+				return txn.DatabaseFailure("save watermarks", bounded(err))
 			}
 		}
 		return fn(tx, inserted)

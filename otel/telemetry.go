@@ -21,22 +21,28 @@ import (
 // Attribute keys: OpenTelemetry's messaging semantic conventions where they
 // have one, inbox.* for the rest.
 const (
-	keyMessagingSystem    = attribute.Key("messaging.system")
-	keyOperationType      = attribute.Key("messaging.operation.type")
-	keyOperationName      = attribute.Key("messaging.operation.name")
-	keyDestination        = attribute.Key("messaging.destination.name")
-	keyPartitionID        = attribute.Key("messaging.destination.partition.id")
-	keyKafkaPartition     = attribute.Key("messaging.kafka.partition")
-	keyKafkaOffset        = attribute.Key("messaging.kafka.offset")
-	keyMessageID          = attribute.Key("messaging.message.id")
-	keyConsumerGroup      = attribute.Key("messaging.consumer.group.name")
-	keyConsumer           = attribute.Key("inbox.consumer")
-	keyOutcome            = attribute.Key("inbox.outcome")
-	keyRetryKind          = attribute.Key("inbox.retry.kind")
-	keyClaimRows          = attribute.Key("inbox.claim.rows")
-	keyClaimNew           = attribute.Key("inbox.claim.new")
-	keyHandlerMessages    = attribute.Key("inbox.handler.messages")
+	keyMessagingSystem = attribute.Key("messaging.system")
+	keyOperationType   = attribute.Key("messaging.operation.type")
+	keyOperationName   = attribute.Key("messaging.operation.name")
+	keyDestination     = attribute.Key("messaging.destination.name")
+	keyPartitionID     = attribute.Key("messaging.destination.partition.id")
+	keyKafkaPartition  = attribute.Key("messaging.kafka.partition")
+	keyKafkaOffset     = attribute.Key("messaging.kafka.offset")
+	keyMessageID       = attribute.Key("messaging.message.id")
+	keyConsumerGroup   = attribute.Key("messaging.consumer.group.name")
+	keyConsumer        = attribute.Key("inbox.consumer")
+	keyOutcome         = attribute.Key("inbox.outcome")
+	keyRetryKind       = attribute.Key("inbox.retry.kind")
+	keyClaimRows       = attribute.Key("inbox.claim.rows")
+	keyClaimNew        = attribute.Key("inbox.claim.new")
+	keyHandlerMessages = attribute.Key("inbox.handler.messages")
+	// keyDedup says how a processed or duplicate message was deduplicated:
+	// dedupRow (an inbox row) or dedupWatermark (its sequenced stream's
+	// watermark).
+	keyDedup              = attribute.Key("inbox.dedup")
 	outcomeFailed         = "failed"
+	dedupRow              = "row"
+	dedupWatermark        = "watermark"
 	spanNameClaim         = "inbox claim"
 	spanNameHandler       = "inbox handler"
 	spanNameProcessPrefix = "process"
@@ -158,7 +164,13 @@ func endSpan(span trace.Span, err error) {
 func (t *telemetry) onEvent(ev hooks.Event) {
 	ctx := context.Background()
 	switch ev.Kind {
-	case hooks.Processed, hooks.Duplicate, hooks.Failed:
+	case hooks.Processed, hooks.Duplicate:
+		dedup := dedupRow
+		if ev.Sequenced {
+			dedup = dedupWatermark
+		}
+		t.messages.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(ev.Consumer, ev.Topic, keyOutcome.String(ev.Kind.String()), keyDedup.String(dedup))...))
+	case hooks.Failed:
 		t.messages.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(ev.Consumer, ev.Topic, keyOutcome.String(ev.Kind.String()))...))
 	case hooks.DeadLettered:
 		t.deadLetters.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(ev.Consumer, ev.Topic)...))

@@ -26,7 +26,7 @@
 // such a gap form:
 //
 //   - Every key belongs to one of a fixed number of shards (a hash of topic
-//     and key). Enqueue takes the shard's next sequence numbers by updating
+//     and key; in an aligned outbox its partition). Enqueue takes the shard's next sequence numbers by updating
 //     the shard's counter row inside the caller's transaction, and the row
 //     lock it holds until that transaction ends makes the next enqueuer of
 //     the shard wait. So within a shard a lower number always commits first
@@ -65,11 +65,12 @@
 // which carry none), in commit order, and the first copy of each message
 // reaches its partition after the first copy of every earlier message of
 // its shard there. A partition sees the numbers of many shards,
-// and of each only those of its own keys: they go up, with holes.
+// and of each only those of its own keys: they go up, with holes (in an
+// aligned outbox, below, a partition sees all the numbers of one shard).
 //
 // A message without a key gets no sequence headers: the writer's balancer
 // spreads such messages over the partitions, so no order per partition
-// can be promised for them.
+// can be promised for them (except in an aligned outbox, below).
 //
 // The source id is made once, when Migrate first makes the outbox table,
 // and never changes; the epoch starts at 1. Raise it (inboxctl outbox
@@ -86,6 +87,57 @@
 // They are the producer's half of sequence-based deduplication: the
 // consumer and inbox do not read them yet, and still deduplicate by event
 // id.
+//
+// # Aligned shards
+//
+// By default a shard holds keys of many topics and partitions, so the
+// consumer of a partition sees each shard's numbers with holes, and cannot
+// tell a lost message from one that went elsewhere. Config.AlignedTopic
+// makes every (source, epoch, topic, partition) stream contiguous: the
+// outbox serves that one topic (Enqueue refuses a message for another),
+// and its shards are the topic's partitions. A message's shard is the
+// partition Kafka's default partitioner gives its key, toPositive(murmur2(key))
+// modulo the shard count (the Java client's, and kafka.Murmur2Balancer's),
+// so a key lands where every other producer of the topic puts it; a
+// message without a key is placed by its event id the same way, and
+// carries sequence headers like the others. The relay publishes each
+// message to the partition equal to its shard ([PinningPublisher];
+// KafkaPublisher does it through the writer's [Balancer], NewKafkaWriter's)
+// and adds the partitions header, inbox_partitions or ce_inboxpartitions,
+// with the count. A consumer can then check that a message's partition is
+// its shard and the count its topic's, and take a number above the last
+// one applied plus one for a lost or reordered message.
+//
+// The store's shard count (storage.Sharded: OutboxOptions.Shards with this
+// library's adapters) must equal the topic's partition count, and the
+// partition count may not change. Before each publish the relay reads it
+// (from the writer's metadata cache, which kafka-go refreshes every
+// Transport.MetadataTTL, 6s by default); while it differs from the shards,
+// every cycle fails with a [*PartitionCountError] ([ErrPartitionCount]),
+// logged at Error: nothing is published or marked, no message goes to
+// another partition, and every cycle tries again. Kafka cannot remove
+// partitions: after an increase, recreate the topic with the old count, or
+// drain the outbox and move to a new outbox table with as many shards as
+// the topic has now. Every Outbox over the table must be aligned to the
+// same topic; the relay refuses, as [ErrShardStuck], a row that was stored
+// for another topic or in a shard other than its key's partition (by an
+// outbox in the other mode). Switch a table's mode only when it holds no
+// unpublished rows.
+//
+// The price is contention: the shards are as many as the partitions, often
+// far fewer than the default 64, and enqueuing transactions whose keys
+// share a shard take turns. On a shared 2-core machine, 8 goroutines
+// enqueuing one message per transaction into 8 shards ran at 0.83x the
+// default's rate on PostgreSQL and 0.94x on MariaDB; with 10 messages of
+// random keys per transaction they ran as fast as the default, whose
+// transactions already take turns at that size (docs/BENCHMARKS.md,
+// "Aligned shards").
+//
+// Gap detection needs every message of a stream in the log: on a compacted
+// topic (cleanup.policy=compact) compaction removes older messages of a
+// key and leaves holes that are not losses, so such topics cannot use it;
+// and a stream is contiguous only from the first offset that retention
+// kept.
 //
 // # Several relays
 //

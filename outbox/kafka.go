@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -38,12 +39,13 @@ const (
 
 // NewKafkaWriter returns a kafka-go Writer fit for a relay: acknowledged by
 // all in-sync replicas, synchronous, partitioning by key as the Java client
-// does (murmur2), and with batches large enough that one relay cycle is one
+// does (murmur2; an aligned outbox's relay pins the partitions through the
+// [Balancer]), and with batches large enough that one relay cycle is one
 // batch per partition. Close it after the relay stopped.
 func NewKafkaWriter(brokers ...string) *kafka.Writer {
 	return &kafka.Writer{
 		Addr:         kafka.TCP(brokers...),
-		Balancer:     kafka.Murmur2Balancer{},
+		Balancer:     Balancer{},
 		RequiredAcks: kafka.RequireAll,
 		BatchSize:    DefaultBatchMessages,
 		BatchBytes:   DefaultBatchBytes,
@@ -54,7 +56,9 @@ func NewKafkaWriter(brokers ...string) *kafka.Writer {
 	}
 }
 
-// KafkaPublisher publishes through a kafka-go Writer.
+// KafkaPublisher publishes through a kafka-go Writer. It is a
+// PinningPublisher, for an aligned outbox's relay, when the writer's
+// Balancer is a [Balancer] (NewKafkaWriter's).
 type KafkaPublisher struct{ w *kafka.Writer }
 
 // NewKafkaPublisher checks that w keeps the relay's guarantees and returns
@@ -76,9 +80,9 @@ func NewKafkaPublisher(w *kafka.Writer) (*KafkaPublisher, error) {
 	if w.Topic != "" {
 		problems = append(problems, "Topic must be empty: each message names its topic")
 	}
-	switch w.Balancer.(type) {
+	switch keysOf(w.Balancer).(type) {
 	case nil, *kafka.RoundRobin, *kafka.LeastBytes:
-		problems = append(problems, "Balancer must pick the partition by key (kafka.Murmur2Balancer, kafka.Hash, kafka.CRC32Balancer)")
+		problems = append(problems, "Balancer must pick the partition by key (outbox.Balancer, kafka.Murmur2Balancer, kafka.Hash, kafka.CRC32Balancer)")
 	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w: kafka writer: %v", inbox.ErrInvalidConfig, problems)
@@ -101,6 +105,15 @@ func (p *KafkaPublisher) Limits() (maxMessages, maxBytes int) {
 
 // Publish writes msgs and waits for the acknowledgement.
 func (p *KafkaPublisher) Publish(ctx context.Context, msgs []kafka.Message) error {
+	if err := p.fits(msgs); err != nil {
+		return err
+	}
+	return p.w.WriteMessages(ctx, msgs...)
+}
+
+// fits refuses msgs if the writer could split them into batches that fail
+// apart.
+func (p *KafkaPublisher) fits(msgs []kafka.Message) error {
 	maxMessages, maxBytes := p.Limits()
 	total := 0
 	for i := range msgs {
@@ -110,5 +123,65 @@ func (p *KafkaPublisher) Publish(ctx context.Context, msgs []kafka.Message) erro
 		return fmt.Errorf("outbox: %d messages of %d bytes exceed the writer's batch (%d messages, %d bytes): they could be split into batches that fail apart",
 			len(msgs), total, maxMessages, maxBytes)
 	}
-	return p.w.WriteMessages(ctx, msgs...)
+	return nil
+}
+
+// Partitions returns the partition count of topic from the writer's
+// Transport, the metadata cache the writer balances by: a change of the
+// count shows within the Transport's MetadataTTL (kafka-go's default 6s).
+func (p *KafkaPublisher) Partitions(ctx context.Context, topic string) (int, error) {
+	client := &kafka.Client{Addr: p.w.Addr, Transport: p.w.Transport}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: partitions of topic %q: %w", topic, err)
+	}
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			return 0, fmt.Errorf("outbox: partitions of topic %q: %w", topic, t.Error)
+		}
+		return len(t.Partitions), nil
+	}
+	return 0, fmt.Errorf("outbox: partitions of topic %q: %w", topic, kafka.UnknownTopicOrPartition)
+}
+
+// PublishPinned writes msgs, msgs[i] to partition partitions[i] of its
+// topic, and waits for the acknowledgement. The writer's Balancer places
+// each message, and refuses it while the writer's metadata shows its topic
+// with another count than count (see [PinningPublisher]).
+func (p *KafkaPublisher) PublishPinned(ctx context.Context, msgs []kafka.Message, partitions []int, count int) error {
+	if err := p.canPin(); err != nil {
+		return err
+	}
+	if len(partitions) != len(msgs) || count < 1 {
+		return fmt.Errorf("outbox: PublishPinned got %d messages, %d partitions, a count of %d", len(msgs), len(partitions), count)
+	}
+	if err := p.fits(msgs); err != nil {
+		return err
+	}
+	call := &pinCall{count: count}
+	pinned := make([]kafka.Message, len(msgs))
+	for i, m := range msgs {
+		if partitions[i] < 0 || partitions[i] >= count {
+			return fmt.Errorf("outbox: PublishPinned: partition %d of a topic of %d", partitions[i], count)
+		}
+		m.WriterData = &pin{partition: partitions[i], call: call}
+		pinned[i] = m
+	}
+	err := p.w.WriteMessages(ctx, pinned...)
+	if mismatch := call.mismatch(); mismatch != nil {
+		return errors.Join(mismatch, err)
+	}
+	return err
+}
+
+// canPin returns an error unless the writer's Balancer places pinned
+// messages.
+func (p *KafkaPublisher) canPin() error {
+	if pins(p.w.Balancer) {
+		return nil
+	}
+	return fmt.Errorf("%w: an aligned outbox's relay needs a kafka writer whose Balancer is an outbox.Balancer (NewKafkaWriter's), got %T", inbox.ErrInvalidConfig, p.w.Balancer)
 }

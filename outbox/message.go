@@ -76,6 +76,15 @@ func (s HeaderStyle) sequenceKeys() (source, epoch, shard, seq string) {
 	return header.SeqSource, header.SeqEpoch, header.SeqShard, header.Seq
 }
 
+// partitionsKey is the name of the style's partitions header, which an
+// aligned outbox's messages carry.
+func (s HeaderStyle) partitionsKey() string {
+	if s == CloudEventsHeaders {
+		return header.CloudEventsSeqPartitions
+	}
+	return header.SeqPartitions
+}
+
 // sequenceReserved reports whether a header named key is the relay's while
 // sequence headers are on: the sequence headers of either style (a
 // consumer may read either, as it reads event_id before ce_id), except
@@ -83,8 +92,8 @@ func (s HeaderStyle) sequenceKeys() (source, epoch, shard, seq string) {
 // then the application's.
 func (s HeaderStyle) sequenceReserved(key string) bool {
 	switch key {
-	case header.SeqSource, header.SeqEpoch, header.SeqShard, header.Seq,
-		header.CloudEventsSeqSource, header.CloudEventsSeqEpoch, header.CloudEventsSeqShard:
+	case header.SeqSource, header.SeqEpoch, header.SeqShard, header.Seq, header.SeqPartitions,
+		header.CloudEventsSeqSource, header.CloudEventsSeqEpoch, header.CloudEventsSeqShard, header.CloudEventsSeqPartitions:
 		return true
 	case header.CloudEventsSequence:
 		return s == CloudEventsHeaders
@@ -93,36 +102,44 @@ func (s HeaderStyle) sequenceReserved(key string) bool {
 }
 
 // sequenceStamp is what the relay stamps on the messages of one cycle: the
-// store's source id and epoch, in the Outbox's style.
+// store's source id and epoch, in the Outbox's style, and an aligned
+// outbox's partition count.
 type sequenceStamp struct {
-	style  HeaderStyle
-	source []byte
-	epoch  []byte
+	style      HeaderStyle
+	source     []byte
+	epoch      []byte
+	partitions []byte // nil: not aligned
 }
 
-func newSequenceStamp(style HeaderStyle, source string, epoch int64) (*sequenceStamp, error) {
+// newSequenceStamp returns the stamp of source and epoch, with the
+// partitions header if partitions is above 0.
+func newSequenceStamp(style HeaderStyle, source string, epoch int64, partitions int) (*sequenceStamp, error) {
 	if err := storage.ValidSource(source); err != nil {
 		return nil, fmt.Errorf("outbox: the store's source: %w", err)
 	}
 	if epoch < 1 {
 		return nil, fmt.Errorf("outbox: the store's epoch is %d, want 1 or more", epoch)
 	}
-	return &sequenceStamp{style: style, source: []byte(source), epoch: strconv.AppendInt(nil, epoch, 10)}, nil
+	st := &sequenceStamp{style: style, source: []byte(source), epoch: strconv.AppendInt(nil, epoch, 10)}
+	if partitions > 0 {
+		st.partitions = strconv.AppendInt(nil, int64(partitions), 10)
+	}
+	return st, nil
 }
 
 // apply returns hs without headers of the relay's names (stored by an
-// Outbox with sequence headers off) and, for a message with a key, with the
-// sequence headers of the row (shard, seq) after them. A message without a
-// key gets none: the writer's balancer picks its partition, so no order
-// per partition is kept for it.
-func (st *sequenceStamp) apply(hs []kafka.Header, hasKey bool, shard int32, seq int64) []kafka.Header {
+// Outbox with sequence headers off) and, if pinned, with the sequence
+// headers of the row (shard, seq) after them. A message is pinned if it
+// has a key, or if its outbox is aligned; otherwise the writer's balancer
+// picks its partition, so no order per partition is kept for it.
+func (st *sequenceStamp) apply(hs []kafka.Header, pinned bool, shard int32, seq int64) []kafka.Header {
 	out := hs[:0]
 	for _, h := range hs {
 		if !st.style.sequenceReserved(h.Key) {
 			out = append(out, h)
 		}
 	}
-	if !hasKey {
+	if !pinned {
 		return out
 	}
 	kSource, kEpoch, kShard, kSeq := st.style.sequenceKeys()
@@ -130,25 +147,30 @@ func (st *sequenceStamp) apply(hs []kafka.Header, hasKey bool, shard int32, seq 
 	if st.style == CloudEventsHeaders {
 		seqText = fmt.Appendf(nil, "%0*d", header.CloudEventsSequenceDigits, seq)
 	}
-	return append(out,
+	out = append(out,
 		kafka.Header{Key: kSource, Value: st.source},
 		kafka.Header{Key: kEpoch, Value: st.epoch},
 		kafka.Header{Key: kShard, Value: strconv.AppendInt(nil, int64(shard), 10)},
 		kafka.Header{Key: kSeq, Value: seqText},
 	)
+	if st.partitions != nil {
+		out = append(out, kafka.Header{Key: st.style.partitionsKey(), Value: st.partitions})
+	}
+	return out
 }
 
 // sequenceHeadersBytes bounds what the sequence headers add to a message,
 // counted as messageBytes counts: Enqueue keeps that much room under the
-// writer's limit, whatever the relay's settings.
+// writer's limit, whatever the relay's settings (the partitions header
+// included, though only an aligned outbox's relay stamps it).
 var sequenceHeadersBytes = func() int {
 	longest := 0
 	for _, style := range []HeaderStyle{EventHeaders, CloudEventsHeaders} {
 		a, b, c, d := style.sequenceKeys()
-		longest = max(longest, len(a)+len(b)+len(c)+len(d))
+		longest = max(longest, len(a)+len(b)+len(c)+len(d)+len(style.partitionsKey()))
 	}
-	const epochDigits, shardDigits = 19, 10 // an int64, an int32
-	return 4*headerOverhead + longest + storage.MaxSourceBytes + epochDigits + shardDigits + header.CloudEventsSequenceDigits
+	const epochDigits, shardDigits, partitionsDigits = 19, 10, 10 // an int64, an int32, an int32
+	return 5*headerOverhead + longest + storage.MaxSourceBytes + epochDigits + shardDigits + header.CloudEventsSequenceDigits + partitionsDigits
 }()
 
 // Limits on messages. maxMessageBytes is kafka-go's Writer limit (its

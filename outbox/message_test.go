@@ -159,7 +159,7 @@ func TestSequenceStamp(t *testing.T) {
 	stored := func() []kafka.Header {
 		return []kafka.Header{{Key: header.EventID, Value: []byte("e")}, {Key: header.Seq, Value: []byte("stale")}, {Key: "trace", Value: []byte("t")}}
 	}
-	st, err := newSequenceStamp(EventHeaders, "src-1", 3)
+	st, err := newSequenceStamp(EventHeaders, "src-1", 3, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestSequenceStamp(t *testing.T) {
 		t.Fatalf("a message without a key got %v, want its own headers only", hs)
 	}
 
-	ce, err := newSequenceStamp(CloudEventsHeaders, "src-1", 1)
+	ce, err := newSequenceStamp(CloudEventsHeaders, "src-1", 1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestSequenceStamp(t *testing.T) {
 		source string
 		epoch  int64
 	}{{"", 1}, {"a b", 1}, {"ok", 0}, {strings.Repeat("s", storage.MaxSourceBytes+1), 1}} {
-		if _, err := newSequenceStamp(EventHeaders, bad.source, bad.epoch); err == nil {
+		if _, err := newSequenceStamp(EventHeaders, bad.source, bad.epoch, 0); err == nil {
 			t.Errorf("source %q epoch %d accepted", bad.source, bad.epoch)
 		}
 	}
@@ -230,7 +230,7 @@ func TestPrepareSequenceHeaders(t *testing.T) {
 	}
 	// The largest message Enqueue takes still fits the writer once the
 	// longest sequence headers are stamped.
-	st, _ := newSequenceStamp(CloudEventsHeaders, strings.Repeat("s", storage.MaxSourceBytes), 1<<63-1)
+	st, _ := newSequenceStamp(CloudEventsHeaders, strings.Repeat("s", storage.MaxSourceBytes), 1<<63-1, 1<<31-1)
 	for size := maxMessageBytes - 400; size < maxMessageBytes; size++ {
 		p, err := prepare(Message{Topic: "t", Key: []byte("k"), Value: make([]byte, size)}, CloudEventsHeaders, true, now)
 		if err != nil {

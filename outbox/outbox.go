@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +35,16 @@ type Config struct {
 	// sent as they are. By default the relay stamps them whenever the
 	// store implements storage.Sequenced.
 	NoSequenceHeaders bool
+	// AlignedTopic, if set, makes the outbox aligned (see "Aligned shards"
+	// in the package doc): every message must go to this topic, a
+	// message's shard is the partition Kafka's default partitioner gives
+	// its key (its event id when it has none), and the relay publishes it
+	// to that partition with the partitions header. The topic must have as
+	// many partitions as the store has shards, and the store must say how
+	// many (storage.Sharded) and stamp sequence headers (storage.Sequenced,
+	// with NoSequenceHeaders false). Turn it on only for an outbox table
+	// that holds no unpublished rows of another mode.
+	AlignedTopic string
 	// RetentionDays is how many days before today published rows are kept
 	// (for diagnosis and replays by hand). Default DefaultRetentionDays.
 	RetentionDays int
@@ -59,8 +70,11 @@ type Outbox struct {
 	db    *gorm.DB
 	store storage.OutboxStore
 	seq   storage.Sequenced // nil: no sequence headers
-	cfg   Config
-	log   *slog.Logger
+	// shards is the store's shard count if the outbox is aligned
+	// (Config.AlignedTopic), else 0.
+	shards int
+	cfg    Config
+	log    *slog.Logger
 
 	enqueued, refused, failed atomic.Uint64
 }
@@ -113,13 +127,45 @@ func New(db *gorm.DB, store storage.OutboxStore, cfg Config) (*Outbox, error) {
 	if sq, ok := store.(storage.Sequenced); ok && !cfg.NoSequenceHeaders {
 		o.seq = sq
 	}
+	if cfg.AlignedTopic != "" {
+		shards, err := alignedShards(cfg.AlignedTopic, store, o.seq != nil)
+		if err != nil {
+			return nil, err
+		}
+		o.shards = shards
+	}
 	return o, nil
+}
+
+// alignedShards returns the shard count of store for an outbox aligned to
+// topic, or why it cannot be aligned. sequenced says that its relays stamp
+// sequence headers: the mode is there for them.
+func alignedShards(topic string, store storage.OutboxStore, sequenced bool) (int, error) {
+	if err := validTopic(topic); err != nil {
+		return 0, fmt.Errorf("%w: AlignedTopic: %v", inbox.ErrInvalidConfig, err)
+	}
+	if !sequenced {
+		return 0, fmt.Errorf("%w: an aligned outbox needs sequence headers: a store that implements storage.Sequenced, and NoSequenceHeaders false", inbox.ErrInvalidConfig)
+	}
+	sh, ok := store.(storage.Sharded)
+	if !ok {
+		return 0, fmt.Errorf("%w: an aligned outbox needs a store that tells its shard count (storage.Sharded), to match it to the partitions of %q", inbox.ErrInvalidConfig, topic)
+	}
+	n := sh.Shards()
+	if n < 1 || n > math.MaxInt32 {
+		return 0, fmt.Errorf("%w: the store says it has %d shards", inbox.ErrInvalidConfig, n)
+	}
+	return n, nil
 }
 
 // Sequenced reports whether the relays of o stamp sequence headers: its
 // store implements storage.Sequenced and Config.NoSequenceHeaders is
 // false.
 func (o *Outbox) Sequenced() bool { return o.seq != nil }
+
+// Aligned returns the topic and the shard count of an aligned outbox
+// (Config.AlignedTopic), or "" and 0.
+func (o *Outbox) Aligned() (topic string, shards int) { return o.cfg.AlignedTopic, o.shards }
 
 // Migrate creates or checks the outbox tables, retrying transient errors.
 // Call Maintain after it.
@@ -138,8 +184,9 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 // since the messages would then commit on their own.
 //
 // Each message gets its event id and time headers (see [Message]); a
-// message that is invalid fails the whole call with an error wrapping
-// inbox.ErrInvalidMessage before anything is written. If a statement fails,
+// message that is invalid (for an aligned outbox, also one for another
+// topic than Config.AlignedTopic) fails the whole call with an error
+// wrapping inbox.ErrInvalidMessage before anything is written. If a statement fails,
 // roll tx back: part of the call may be in it. Enqueue does not retry; a
 // transient failure (the store's IsRetryable) means running the whole
 // transaction again. It locks the shards of the messages' keys until tx
@@ -171,6 +218,9 @@ func (o *Outbox) enqueue(ctx context.Context, tx *gorm.DB, msgs []Message) error
 	rows := make([]storage.OutboxRow, len(msgs))
 	for i, m := range msgs {
 		p, err := prepare(m, o.cfg.Headers, o.seq != nil, now)
+		if err == nil && o.shards > 0 && m.Topic != o.cfg.AlignedTopic {
+			err = invalid("topic", m.Topic, fmt.Sprintf("the outbox is aligned to topic %q: every message must go there", o.cfg.AlignedTopic))
+		}
 		if err != nil {
 			o.refused.Add(1)
 			return fmt.Errorf("outbox: message %d of %d: %w", i+1, len(msgs), err)
@@ -179,7 +229,11 @@ func (o *Outbox) enqueue(ctx context.Context, tx *gorm.DB, msgs []Message) error
 		if err != nil {
 			return fmt.Errorf("outbox: message %d of %d: %w", i+1, len(msgs), err)
 		}
-		rows[i] = storage.OutboxRow{KeyHash: keyHash(m.Topic, m.Key, p.id), Day: day, EventID: p.id, Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
+		hash := keyHash(m.Topic, m.Key, p.id)
+		if o.shards > 0 {
+			hash = partitionHash(m.Key, p.id)
+		}
+		rows[i] = storage.OutboxRow{KeyHash: hash, Day: day, EventID: p.id, Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
 		if rows[i].Value == nil {
 			rows[i].Value = []byte{}
 		}

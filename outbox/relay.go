@@ -74,6 +74,7 @@ type RelayCounters struct {
 type Relay struct {
 	o        *Outbox
 	pub      Publisher
+	pin      PinningPublisher // pub, if the outbox is aligned
 	cfg      RelayConfig
 	maxBytes int
 	log      *slog.Logger
@@ -111,7 +112,21 @@ func (o *Outbox) NewRelay(pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if len(cfg.ID) > 128 {
 		return nil, fmt.Errorf("%w: relay id longer than 128 bytes", inbox.ErrInvalidConfig)
 	}
-	return &Relay{o: o, pub: pub, cfg: cfg, maxBytes: maxBytes, log: o.log.With("relay", cfg.ID), hooks: hooklist.New(cfg.Hooks)}, nil
+	r := &Relay{o: o, pub: pub, cfg: cfg, maxBytes: maxBytes, log: o.log.With("relay", cfg.ID), hooks: hooklist.New(cfg.Hooks)}
+	if o.shards > 0 {
+		pin, ok := pub.(PinningPublisher)
+		if !ok {
+			return nil, fmt.Errorf("%w: the relay of an outbox aligned to %q needs a publisher that pins partitions (outbox.PinningPublisher, as KafkaPublisher), got %T",
+				inbox.ErrInvalidConfig, o.cfg.AlignedTopic, pub)
+		}
+		if kp, ok := pub.(*KafkaPublisher); ok {
+			if err := kp.canPin(); err != nil {
+				return nil, err
+			}
+		}
+		r.pin = pin
+	}
+	return r, nil
 }
 
 func defaultRelayID() string {
@@ -147,6 +162,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		pause := time.Duration(0)
 		switch {
+		case errors.Is(err, ErrPartitionCount):
+			// Publishing anyway would put keys where Kafka's partitioner
+			// does not and mix streams: the whole outbox waits.
+			failures++
+			pause = backoff.Wait(r.o.cfg.MinBackoff, r.o.cfg.MaxBackoff, failures)
+			r.log.Error("the aligned topic's partition count differs from the outbox's shards; nothing is published until they agree",
+				"error", err, "retry_in", pause)
 		case errors.Is(err, ErrShardStuck) && !errors.Is(err, errPublish):
 			// The other shards go on at full speed; the stuck one is
 			// reported on every cycle until the row is repaired.
@@ -223,6 +245,9 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	if len(rows) == 0 {
 		return 0, nil
 	}
+	if err := r.checkPartitions(ctx); err != nil {
+		return 0, err
+	}
 	// The source and epoch are read after the claim, on every cycle that
 	// publishes: a bump of the epoch applies to every row published by a
 	// cycle that starts after it, first copies and copies alike.
@@ -240,6 +265,9 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 			continue
 		}
 		hs, err := decodeHeaders(row.Headers)
+		if err == nil && r.pin != nil {
+			err = r.misaligned(row)
+		}
 		if err != nil {
 			// Publishing what follows in this shard would overtake it:
 			// the shard stops here, loudly, until someone repairs the row.
@@ -248,7 +276,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 			continue
 		}
 		if stamp != nil {
-			hs = stamp.apply(hs, row.Key != nil, row.Shard, row.Seq)
+			hs = stamp.apply(hs, row.Key != nil || r.pin != nil, row.Shard, row.Seq)
 		}
 		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.Value, Headers: hs}
 		size := messageBytes(m.Key, m.Value, m.Headers)
@@ -266,7 +294,17 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	// Publishing after the lease expired would only duplicate what the next
 	// relay publishes, but it is wasted work: stop in time.
 	pubCtx, cancel := context.WithDeadline(ctx, claimedAt.Add(r.cfg.Lease*9/10))
-	pubErr := r.pub.Publish(pubCtx, msgs)
+	var pubErr error
+	if r.pin != nil {
+		// A shard is a partition: misaligned checked each row's shard.
+		parts := make([]int, len(rows))
+		for i, row := range rows {
+			parts[i] = int(row.Shard)
+		}
+		pubErr = r.pin.PublishPinned(pubCtx, msgs, parts, r.o.shards)
+	} else {
+		pubErr = r.pub.Publish(pubCtx, msgs)
+	}
 	cancel()
 	marks := marksOf(rows, pubErr)
 	if pubErr != nil {
@@ -316,7 +354,39 @@ func (r *Relay) sequenceStamp(ctx context.Context) (*sequenceStamp, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay read the outbox's source and epoch: %w", err)
 	}
-	return newSequenceStamp(r.o.cfg.Headers, source, epoch)
+	return newSequenceStamp(r.o.cfg.Headers, source, epoch, r.o.shards)
+}
+
+// checkPartitions fails with a *PartitionCountError if the outbox is
+// aligned and its topic has another partition count than its shards.
+func (r *Relay) checkPartitions(ctx context.Context) error {
+	if r.pin == nil {
+		return nil
+	}
+	topic := r.o.cfg.AlignedTopic
+	n, err := r.pin.Partitions(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("outbox: relay read the partition count of the aligned topic: %w", err)
+	}
+	if n != r.o.shards {
+		return &PartitionCountError{Topic: topic, Partitions: n, Shards: r.o.shards}
+	}
+	return nil
+}
+
+// misaligned returns why an aligned outbox's relay must not publish row
+// to partition row.Shard: a row of another topic, or one whose shard is
+// not the partition Kafka's default partitioner gives its key, was stored
+// by an outbox that was not aligned to this topic.
+func (r *Relay) misaligned(row storage.OutboxRow) error {
+	topic := r.o.cfg.AlignedTopic
+	if row.Topic != topic {
+		return fmt.Errorf("stored for topic %q, and the outbox is aligned to %q", row.Topic, topic)
+	}
+	if want := int32(partitionHash(row.Key, row.EventID) % uint32(r.o.shards)); row.Shard != want {
+		return fmt.Errorf("its key belongs to partition %d of %q, not %d: it was stored by an outbox that was not aligned", want, topic, row.Shard)
+	}
+	return nil
 }
 
 // ErrShardStuck is wrapped by a relay cycle's error when a stored message

@@ -9,7 +9,7 @@
 // packages inbox and outbox own transactions, retries, validation, logging
 // and metrics, so a store does none of those. Optional capabilities
 // ([ClaimBeginner], [DayPreparer], [Verifier], [SchemaPrinter],
-// [StatsReporter], and for an OutboxStore [Sequenced]) are detected by type
+// [StatsReporter], and for an OutboxStore [Sequenced] and [Sharded]) are detected by type
 // assertion, as database/sql/driver
 // detects optional driver features.
 //

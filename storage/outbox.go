@@ -79,6 +79,15 @@ type OutboxStore interface {
 	IsRetryable(err error) bool
 }
 
+// Sharded is an optional OutboxStore capability: the store's shard count.
+// An aligned outbox (outbox.Config.AlignedTopic) needs it, since each shard
+// is then a partition of one topic and the two counts must be equal.
+type Sharded interface {
+	// Shards returns the number of shards Migrate makes and checks: a
+	// row's Shard is its KeyHash modulo it. It does not touch the database.
+	Shards() int
+}
+
 // OutboxRow is one stored message.
 type OutboxRow struct {
 	Shard   int32 // set by Append: KeyHash modulo the store's shard count

@@ -3,6 +3,7 @@ package storage
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 
 	"gorm.io/gorm"
@@ -51,6 +52,18 @@ type WatermarkStore interface {
 	// On a transient failure it returns an error for which the InboxStore's
 	// IsRetryable is true.
 	SaveWatermarks(ctx context.Context, tx *gorm.DB, writes []WatermarkWrite) error
+}
+
+// WatermarkBeginner is an optional WatermarkStore capability: a store that
+// can open a transaction and save watermarks in it in one round trip
+// (PostgreSQL pipelines BEGIN with the writes) implements it, and the
+// inbox calls it for a transaction that has watermarks to write and no
+// inbox row to claim. Its contract is ClaimBeginner's, with the writes of
+// SaveWatermarks instead of the claim: when the writes fail (an error
+// wrapping ErrWatermarkMoved, or any other), nothing is left open; ok is
+// false, with nothing opened and no error, when it cannot do so for db.
+type WatermarkBeginner interface {
+	BeginSaveWatermarks(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, writes []WatermarkWrite) (tx *gorm.DB, ok bool, err error)
 }
 
 // MaxWatermarkBytes is the longest applied value a WatermarkStore must

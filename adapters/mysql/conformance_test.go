@@ -72,9 +72,10 @@ func preparedGORM(dsn string) (*gorm.DB, error) {
 
 func openDB(dsn string, open opener) (*gorm.DB, error) { return open(dsn) }
 
-// newHarness gives every check its own inbox table, dropped again in
-// Close. withOutbox adds the outbox Store, on tables of its own (the
-// outbox's, with their _shards, _relay and _source tables), dropped in Close too.
+// newHarness gives every check its own inbox table (and its watermark
+// table), dropped again in Close. withOutbox adds the outbox Store, on
+// tables of its own (the outbox's, with their _shards, _relay and _source
+// tables), dropped in Close too.
 func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bool) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		db, err := openDB(dsn, open)
@@ -85,13 +86,13 @@ func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bo
 		if err != nil {
 			return nil, err
 		}
-		tables := []string{store.Table()} // to drop in Close
+		tables := []string{store.Table(), store.Table() + inboxmysql.WatermarkSuffix} // to drop in Close
 		h := &conformance.Harness{
 			DB:        db,
 			Store:     store,
 			TxOptions: txOptions,
 			Open:      func(context.Context) (*gorm.DB, error) { return openDB(dsn, open) },
-			Features:  conformance.Features{ExpiryCountsRows: false},
+			Features:  conformance.Features{ExpiryCountsRows: false, Watermarks: true},
 			Close: func() error {
 				var dropErr error
 				for _, table := range tables {

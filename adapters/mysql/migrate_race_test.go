@@ -14,12 +14,16 @@ import (
 )
 
 // A deployment of several replicas starts at once, and each replica runs
-// Migrate for everything it uses: the inbox tables of two consumers and the
-// outbox, none of which exists yet. Every Migrate, each on a connection
-// pool of its own and all started at the same instant, must succeed, round
-// after round.
+// Migrate for everything it uses: the inbox tables of two consumers (and
+// their watermark tables) and the outbox, none of which exists yet. Every
+// Migrate, each on a connection pool of its own and all started at the
+// same instant, must succeed, round after round.
 
 const migrateReplicas, migrateRounds = 4, 20
+
+// migratePools is how many Migrate calls, each with a pool of its own, one
+// replica makes.
+const migratePools = 5
 
 // migrateCalls are one replica's Migrate calls on the tables named after
 // prefix, each with a pool of its own from pools.
@@ -42,6 +46,8 @@ func migrateCalls(t testing.TB, prefix string, pools []*gorm.DB) []func() error 
 		func() error { return inboxA.Migrate(ctx, pools[0]) },
 		func() error { return inboxB.Migrate(ctx, pools[1]) },
 		func() error { return out.Migrate(ctx, pools[2]) },
+		func() error { return inboxA.MigrateWatermarks(ctx, pools[3]) },
+		func() error { return inboxB.MigrateWatermarks(ctx, pools[4]) },
 	}
 }
 
@@ -70,20 +76,21 @@ func openPools(t testing.TB, n int) []*gorm.DB {
 // dropMigrated drops the tables migrateCalls made.
 func dropMigrated(t *testing.T, db *gorm.DB, prefix string) {
 	t.Cleanup(func() {
-		for _, suffix := range []string{"_inbox", "_billing", "_outbox", "_outbox_shards", "_outbox_relay", "_outbox_source"} {
+		for _, suffix := range []string{"_inbox", "_billing", "_outbox", "_outbox_shards", "_outbox_relay", "_outbox_source",
+			"_inbox" + inboxmysql.WatermarkSuffix, "_billing" + inboxmysql.WatermarkSuffix} {
 			_ = db.Exec("DROP TABLE IF EXISTS `" + prefix + suffix + "`").Error
 		}
 	})
 }
 
 func TestMigrateAtTheSameInstant(t *testing.T) {
-	pools := openPools(t, 3*migrateReplicas)
+	pools := openPools(t, migratePools*migrateReplicas)
 	for round := range migrateRounds {
 		prefix := "race_" + conformance.RandomSuffix()
 		dropMigrated(t, pools[0], prefix)
 		var calls []func() error
 		for r := range migrateReplicas {
-			calls = append(calls, migrateCalls(t, prefix, pools[3*r:3*r+3])...)
+			calls = append(calls, migrateCalls(t, prefix, pools[migratePools*r:migratePools*(r+1)])...)
 		}
 		if err := atonce.Calls(calls...); err != nil {
 			t.Fatalf("round %d: %d Migrate calls at once on fresh tables: %v", round+1, len(calls), err)
@@ -112,7 +119,7 @@ func TestMigrateReplica(t *testing.T) {
 	if prefix == "" {
 		t.Skip("only run as a process of TestMigrateAtTheSameInstantFromProcesses")
 	}
-	calls := migrateCalls(t, prefix, openPools(t, 3))
+	calls := migrateCalls(t, prefix, openPools(t, migratePools))
 	atonce.Ready()
 	if err := atonce.Calls(calls...); err != nil {
 		t.Fatal(err)

@@ -72,6 +72,22 @@
 // table's metadata lock, so that maintenance never stalls live traffic for
 // long: on timeout it fails with a retryable error.
 //
+// # Watermarks
+//
+// The Store implements storage.WatermarkStore, the watermarks of sequenced
+// dedup: [Store.MigrateWatermarks] makes the InnoDB table
+// <table>_watermarks, one row per stream, keyed by (scope, topic,
+// partition_no, source, epoch), names VARBINARY, values a BLOB (up to
+// storage.MaxWatermarkBytes). A stream's first write is a plain INSERT,
+// which fails with ER_DUP_ENTRY (1062, storage.ErrWatermarkMoved) when the
+// stream has a row: INSERT IGNORE would also turn a value that does not fit
+// into a warning and 0 rows, and a no-op ON DUPLICATE KEY UPDATE reports 1
+// row for a duplicate under clientFoundRows. Every later write is an UPDATE
+// ... WHERE applied = the value read: the affected rows are the rows
+// changed, or matched under clientFoundRows, the same since the new value
+// always differs (one equal to the old value is refused), and 0 is
+// storage.ErrWatermarkMoved.
+//
 // # Settings
 //
 // Open the database with [Open] (or a DSN from [StrictDSN]) so that every
@@ -143,6 +159,7 @@ type Store struct {
 	known sync.Map
 
 	claimOne string // buildClaimSQL(1), made by New
+	wm       watermarkSQL
 }
 
 // New returns a Store for the configured table.
@@ -181,6 +198,7 @@ func New(opts Options) (*Store, error) {
 		initialDays: opts.InitialDays,
 	}
 	s.claimOne = s.buildClaimSQL(1)
+	s.wm = newWatermarkSQL(s)
 	return s, nil
 }
 
@@ -274,23 +292,29 @@ func (e *LockBusyError) Error() string {
 // that fails is discarded: a pooled connection must not keep the lock (other
 // processes would wait for it until the connection closes).
 func (s *Store) withLock(ctx context.Context, db *gorm.DB, fn func(conn *gorm.DB) error) error {
+	return s.withNamedLock(ctx, db, s.name, fn)
+}
+
+// withNamedLock is withLock with the named lock of table name instead of
+// the inbox table's.
+func (s *Store) withNamedLock(ctx context.Context, db *gorm.DB, name string, fn func(conn *gorm.DB) error) error {
 	return db.WithContext(ctx).Connection(func(conn *gorm.DB) error {
 		lockName := "CONCAT('inbox:', LEFT(SHA2(CONCAT(COALESCE(?, DATABASE(), ''), '.', ?), 256), 40))"
 		var got sql.NullInt64
 		secs := max(int64(s.lockWait.Round(time.Second)/time.Second), 1)
-		err := conn.Raw("SELECT GET_LOCK("+lockName+", ?)", nullIfEmpty(s.schema), s.name, secs).Row().Scan(&got)
+		err := conn.Raw("SELECT GET_LOCK("+lockName+", ?)", nullIfEmpty(s.schema), name, secs).Row().Scan(&got)
 		if err != nil {
-			return fmt.Errorf("mysql: take the maintenance lock of %s: %w", s.name, err)
+			return fmt.Errorf("mysql: take the maintenance lock of %s: %w", name, err)
 		}
 		if !got.Valid || got.Int64 != 1 {
-			return &LockBusyError{Table: s.name, Wait: s.lockWait}
+			return &LockBusyError{Table: name, Wait: s.lockWait}
 		}
 		defer func() {
 			cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
 			c := conn.WithContext(cleanup)
 			if c.Exec("SET SESSION lock_wait_timeout = DEFAULT").Error != nil ||
-				c.Exec("SELECT RELEASE_LOCK("+lockName+")", nullIfEmpty(s.schema), s.name).Error != nil {
+				c.Exec("SELECT RELEASE_LOCK("+lockName+")", nullIfEmpty(s.schema), name).Error != nil {
 				if pinned, ok := conn.Statement.ConnPool.(*sql.Conn); ok {
 					_ = pinned.Raw(func(any) error { return driver.ErrBadConn }) // discard the connection
 				}

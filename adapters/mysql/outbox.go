@@ -239,7 +239,12 @@ func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []storage.Ou
 		Shard   int32
 		NextSeq int64
 	}
-	if err := tx.Raw(`SELECT shard, next_seq FROM ` + s.shardsTable() + ` WHERE shard IN (` + intList(shards) + `) ORDER BY shard FOR UPDATE`).Scan(&current).Error; err != nil {
+	// FORCE INDEX: on a table of few shards InnoDB's optimizer scans the
+	// whole index for an IN list of most of them, locking every row it
+	// passes, the other transactions' shards too and out of order: a
+	// deadlock. The primary key's ranges lock only the rows listed, in
+	// ascending order.
+	if err := tx.Raw(`SELECT shard, next_seq FROM ` + s.shardsTable() + ` FORCE INDEX (PRIMARY) WHERE shard IN (` + intList(shards) + `) ORDER BY shard FOR UPDATE`).Scan(&current).Error; err != nil {
 		return fmt.Errorf("mysql: lock shards of %s: %w", s.tbl.name, err)
 	}
 	if len(current) != len(shards) {
@@ -249,7 +254,7 @@ func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []storage.Ou
 	for _, c := range current {
 		first[c.Shard] = c.NextSeq + 1
 	}
-	if err := tx.Exec(`UPDATE ` + s.shardsTable() + ` SET next_seq = next_seq + CASE shard` + bump.String() + ` END WHERE shard IN (` + intList(shards) + `)`).Error; err != nil {
+	if err := tx.Exec(`UPDATE ` + s.shardsTable() + ` FORCE INDEX (PRIMARY) SET next_seq = next_seq + CASE shard` + bump.String() + ` END WHERE shard IN (` + intList(shards) + `)`).Error; err != nil {
 		return fmt.Errorf("mysql: number rows of %s: %w", s.tbl.name, err)
 	}
 	storage.NumberRows(rows, first)
@@ -443,6 +448,10 @@ func (s *OutboxStore) Source(ctx context.Context, db *gorm.DB) (string, int64, e
 	return string(got[0].Source), got[0].Epoch, nil
 }
 
+// Shards returns the store's shard count, OutboxOptions.Shards (or
+// DefaultShards).
+func (s *OutboxStore) Shards() int { return s.shards }
+
 // BumpEpoch raises the table's epoch by one and reads it back, in one
 // short transaction (the row lock of the UPDATE holds until the read).
 func (s *OutboxStore) BumpEpoch(ctx context.Context, db *gorm.DB) (int64, error) {
@@ -630,6 +639,7 @@ var (
 	_ storage.Verifier      = (*OutboxStore)(nil)
 	_ storage.SchemaPrinter = (*OutboxStore)(nil)
 	_ storage.Sequenced     = (*OutboxStore)(nil)
+	_ storage.Sharded       = (*OutboxStore)(nil)
 )
 
 func maxTime(a, b time.Time) time.Time {

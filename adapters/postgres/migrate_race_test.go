@@ -14,14 +14,40 @@ import (
 )
 
 // A deployment of several replicas starts at once, and each replica runs
-// Migrate for everything it uses: the inbox tables of two consumers and the
-// outbox, all in a schema that does not exist yet. Every Migrate, each on a
-// connection pool of its own and all started at the same instant, must
-// succeed, round after round.
+// Migrate for everything it uses: the inbox tables of two consumers (and
+// their watermark tables) and the outbox, all in a schema that does not
+// exist yet or, every other round, holds the inbox tables of an earlier
+// deployment. Every Migrate, each on a connection pool of its own and all
+// started at the same instant, must succeed, round after round.
 
 const migrateReplicas, migrateRounds = 4, 20
 
-// migrateCalls are one replica's Migrate calls on a fresh schema, each with
+// migratePools is how many Migrate calls, each with a pool of its own, one
+// replica makes.
+const migratePools = 5
+
+// upgradeRound makes, in every other round, the inbox tables of an earlier
+// deployment, so that of the inbox's tables only the watermark tables are
+// new. On a fresh schema every call waits for the schema's creation under
+// one lock, which would hide a CREATE TABLE that is not serialised (two at
+// once fail with 23505 on the catalog's unique index).
+func upgradeRound(t *testing.T, db *gorm.DB, schema string, round int) {
+	t.Helper()
+	if round%2 == 0 {
+		return
+	}
+	for _, table := range []string{inboxpg.DefaultTable, "billing_inbox"} {
+		store, err := inboxpg.New(inboxpg.Options{Schema: schema, Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Migrate(t.Context(), db); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// migrateCalls are one replica's Migrate calls on schema, each with
 // a pool of its own from pools.
 func migrateCalls(t testing.TB, schema string, pools []*gorm.DB) []func() error {
 	t.Helper()
@@ -42,6 +68,8 @@ func migrateCalls(t testing.TB, schema string, pools []*gorm.DB) []func() error 
 		func() error { return inboxA.Migrate(ctx, pools[0]) },
 		func() error { return inboxB.Migrate(ctx, pools[1]) },
 		func() error { return out.Migrate(ctx, pools[2]) },
+		func() error { return inboxA.MigrateWatermarks(ctx, pools[3]) },
+		func() error { return inboxB.MigrateWatermarks(ctx, pools[4]) },
 	}
 }
 
@@ -64,16 +92,17 @@ func openPools(t testing.TB, n int) []*gorm.DB {
 }
 
 func TestMigrateAtTheSameInstant(t *testing.T) {
-	pools := openPools(t, 3*migrateReplicas)
+	pools := openPools(t, migratePools*migrateReplicas)
 	for round := range migrateRounds {
 		schema := "inbox_race_" + conformance.RandomSuffix()
 		t.Cleanup(func() { _ = pools[0].Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`).Error })
+		upgradeRound(t, pools[0], schema, round)
 		var calls []func() error
 		for r := range migrateReplicas {
-			calls = append(calls, migrateCalls(t, schema, pools[3*r:3*r+3])...)
+			calls = append(calls, migrateCalls(t, schema, pools[migratePools*r:migratePools*(r+1)])...)
 		}
 		if err := atonce.Calls(calls...); err != nil {
-			t.Fatalf("round %d: %d Migrate calls at once on a fresh schema: %v", round+1, len(calls), err)
+			t.Fatalf("round %d: %d Migrate calls at once: %v", round+1, len(calls), err)
 		}
 	}
 }
@@ -84,8 +113,9 @@ func TestMigrateAtTheSameInstantFromProcesses(t *testing.T) {
 	for round := range migrateRounds {
 		schema := "inbox_race_" + conformance.RandomSuffix()
 		t.Cleanup(func() { _ = pools[0].Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`).Error })
+		upgradeRound(t, pools[0], schema, round)
 		if err := atonce.Processes(t, migrateReplicas, "TestMigrateReplica", migrateSchemaVar+"="+schema); err != nil {
-			t.Fatalf("round %d: %d processes migrating a fresh schema at once: %v", round+1, migrateReplicas, err)
+			t.Fatalf("round %d: %d processes migrating at once: %v", round+1, migrateReplicas, err)
 		}
 	}
 }
@@ -99,7 +129,7 @@ func TestMigrateReplica(t *testing.T) {
 	if schema == "" {
 		t.Skip("only run as a process of TestMigrateAtTheSameInstantFromProcesses")
 	}
-	calls := migrateCalls(t, schema, openPools(t, 3))
+	calls := migrateCalls(t, schema, openPools(t, migratePools))
 	atonce.Ready()
 	if err := atonce.Calls(calls...); err != nil {
 		t.Fatal(err)

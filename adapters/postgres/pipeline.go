@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
 
@@ -29,66 +30,132 @@ import (
 // session of the caller's alone (as from WithContext): on success it is
 // the transaction returned, with its Statement.ConnPool replaced.
 func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []storage.InboxRow) (*gorm.DB, []bool, bool, error) {
-	pool, ok := db.Statement.ConnPool.(*sql.DB)
-	if !ok || len(rows) == 0 {
+	if len(rows) == 0 {
 		return nil, nil, false, nil
-	}
-	if _, isPgx := pool.Driver().(*stdlib.Driver); !isPgx {
-		return nil, nil, false, nil
-	}
-	beginSQL, err := beginStatement(opts)
-	if err != nil {
-		return nil, nil, false, err
-	}
-	conn, err := pool.Conn(ctx)
-	if err != nil {
-		return nil, nil, false, fmt.Errorf("postgres: take a connection: %w", err)
 	}
 	sorted, order := keyorder.Sort(rows)
 	var inserted []bool
-	err = conn.Raw(func(dc any) error {
-		pc := dc.(*stdlib.Conn).Conn()
-		var b pgx.Batch
-		b.Queue(beginSQL)
+	tx, ok, err := beginPipelined(ctx, db, opts, func(b *pgx.Batch) {
 		if len(rows) == 1 {
 			r := rows[0]
 			b.Queue(s.claimOneSQL, r.Consumer, r.EventID, dayText(r.Day), r.EventTime.UTC(), r.Topic, r.Partition, r.Offset)
 		} else {
 			b.Queue(s.claimArraysSQL, arrayArgs(sorted)...)
 		}
-		br := pc.SendBatch(ctx, &b)
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return fmt.Errorf("postgres: begin: %w", err)
-		}
+	}, func(br pgx.BatchResults) error {
 		var err error
 		if len(rows) == 1 {
 			inserted, err = claimOneResult(br)
 		} else {
 			inserted, err = claimArraysResult(br, sorted, order)
 		}
-		if cerr := br.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
 		if err != nil {
 			return claimError(fmt.Errorf("postgres: claim in %s: %w", s.parent(), err))
 		}
 		return nil
 	})
+	return tx, inserted, ok, err
+}
+
+// BeginSaveWatermarks opens a transaction and saves writes in it in one
+// round trip, as BeginClaim claims (storage.WatermarkBeginner): BEGIN and
+// one statement per write travel as one pgx pipeline.
+func (s *Store) BeginSaveWatermarks(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, writes []storage.WatermarkWrite) (*gorm.DB, bool, error) {
+	if s.wm.err != nil {
+		return nil, false, s.wm.err
+	}
+	if len(writes) == 0 {
+		return nil, false, nil
+	}
+	if err := checkWatermarkWrites(writes); err != nil {
+		return nil, false, fmt.Errorf("postgres: save watermarks in %s: %w", s.wm.table, err)
+	}
+	return beginPipelined(ctx, db, opts, func(b *pgx.Batch) {
+		for _, w := range writes {
+			if w.Old == nil {
+				b.Queue(s.wm.insert, w.Scope, w.Source, w.Epoch, w.Topic, w.Partition, w.New)
+			} else {
+				b.Queue(s.wm.update, w.New, w.Scope, w.Topic, w.Partition, w.Source, w.Epoch, w.Old)
+			}
+		}
+	}, func(br pgx.BatchResults) error {
+		for _, w := range writes {
+			ct, err := br.Exec()
+			if err != nil {
+				return fmt.Errorf("postgres: save the watermark of %s in %s: %w", keyText(w.WatermarkKey), s.wm.table, err)
+			}
+			if err := oneRow(commandTag{ct}, w); err != nil {
+				return fmt.Errorf("postgres: save the watermark in %s: %w", s.wm.table, err)
+			}
+		}
+		return nil
+	})
+}
+
+// commandTag is a pgx command tag as a sql.Result.
+type commandTag struct{ ct pgconn.CommandTag }
+
+func (c commandTag) LastInsertId() (int64, error) { return 0, errors.New("postgres: no insert id") }
+func (c commandTag) RowsAffected() (int64, error) { return c.ct.RowsAffected(), nil }
+
+// beginPipelined sends BEGIN and the statements queue adds as one pgx
+// pipeline on a connection taken from db's pool, and read reads their
+// results (after BEGIN's). The transaction is then one database/sql does
+// not know about, so the returned *gorm.DB runs on a connection pool value
+// of this package that commits and rolls back itself, takes savepoints for
+// GORM's nested transactions, refuses Begin, and rolls back (or, failing
+// that, discards the connection) on every path that does not commit. ok is
+// false, with nothing opened, on another driver than pgx's database/sql
+// one, or with GORM's prepared statements. db must be a session of the
+// caller's alone (as from WithContext): on success it is the transaction
+// returned, with its Statement.ConnPool replaced. On an error nothing is
+// left open.
+func beginPipelined(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, queue func(*pgx.Batch), read func(pgx.BatchResults) error) (*gorm.DB, bool, error) {
+	pool, ok := db.Statement.ConnPool.(*sql.DB)
+	if !ok {
+		return nil, false, nil
+	}
+	if _, isPgx := pool.Driver().(*stdlib.Driver); !isPgx {
+		return nil, false, nil
+	}
+	beginSQL, err := beginStatement(opts)
+	if err != nil {
+		return nil, false, err
+	}
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("postgres: take a connection: %w", err)
+	}
+	err = conn.Raw(func(dc any) error {
+		pc := dc.(*stdlib.Conn).Conn()
+		var b pgx.Batch
+		b.Queue(beginSQL)
+		queue(&b)
+		br := pc.SendBatch(ctx, &b)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("postgres: begin: %w", err)
+		}
+		err := read(br)
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		return err
+	})
 	if err != nil {
 		(&pipelinedTx{ctx: ctx, conn: conn}).abandon()
-		return nil, nil, false, err
+		return nil, false, err
 	}
-	// The transaction goes by db's context, not by the claim's; db is the
-	// caller's own session (see storage.ClaimBeginner), so it becomes the
-	// transaction without another copy of its statement.
+	// The transaction goes by db's context, not by the call's; db is the
+	// caller's own session, so it becomes the transaction without another
+	// copy of its statement.
 	txCtx := db.Statement.Context
 	if txCtx == nil {
 		txCtx = ctx
 		db.Statement.Context = ctx
 	}
 	db.Statement.ConnPool = &pipelinedTx{ctx: txCtx, conn: conn}
-	return db, inserted, true, nil
+	return db, true, nil
 }
 
 // beginStatement is the BEGIN for opts.
@@ -224,4 +291,7 @@ func (t *pipelinedTx) discard() {
 	_ = t.conn.Raw(func(any) error { return driver.ErrBadConn })
 }
 
-var _ storage.ClaimBeginner = (*Store)(nil)
+var (
+	_ storage.ClaimBeginner     = (*Store)(nil)
+	_ storage.WatermarkBeginner = (*Store)(nil)
+)

@@ -72,6 +72,16 @@
 // routine, or one raised by any statement but the claim's (a handler's own
 // insert into a partitioned table of its own), is not transient.
 //
+// The Store implements storage.WatermarkStore, the watermarks of sequenced
+// dedup: [Store.MigrateWatermarks] makes <table>_watermarks in the inbox
+// table's schema, one row per stream, keyed by (scope, topic, partition_no,
+// source, epoch), names in text with the "C" collation, values in bytea. A
+// stream's first write is an INSERT ... ON CONFLICT DO NOTHING, every later
+// one an UPDATE ... WHERE applied = the value read; a count of 0 affected
+// rows is storage.ErrWatermarkMoved. The updates change no indexed column
+// and the table keeps half of each page free (fillfactor 50), so they are
+// heap-only: no index entry is written per transaction.
+//
 // The package name collides with gorm.io/driver/postgres; import it with an
 // alias:
 //
@@ -140,6 +150,7 @@ type Store struct {
 	schemaKey     int64 // transaction-level: creating the schema, shared by every store in it
 
 	claimOneSQL, claimArraysSQL string
+	wm                          watermarkSQL
 }
 
 // New validates opts and returns a Store. It does not touch the database.
@@ -181,6 +192,7 @@ func New(opts Options) (*Store, error) {
 	h.Write([]byte("github.com/inboxgo/inbox/adapters/postgres schema\x00" + opts.Schema))
 	s.schemaKey = int64(h.Sum64())
 	s.buildClaimSQL()
+	s.wm = newWatermarkSQL(s)
 	return s, nil
 }
 

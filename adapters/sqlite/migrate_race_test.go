@@ -16,8 +16,9 @@ import (
 )
 
 // A deployment of several replicas starts at once, and each replica runs
-// Migrate for everything it uses: the inbox tables of two consumers and the
-// outbox, all in a database file without tables yet. Every Migrate, each on
+// Migrate for everything it uses: the inbox tables of two consumers (and
+// their watermark tables) and the outbox, all in a database file without
+// tables yet. Every Migrate, each on
 // a connection pool of its own and all started at the same instant, must
 // succeed, round after round: with the DSN the package recommends, and with
 // a plain path (no immediate transactions, the driver's default busy
@@ -46,7 +47,7 @@ func migrateCalls(t testing.TB, open func(string) gorm.Dialector, path string) [
 	if err != nil {
 		t.Fatal(err)
 	}
-	pools := make([]*gorm.DB, 3)
+	pools := make([]*gorm.DB, 5)
 	for i := range pools {
 		db, err := gorm.Open(open(path), &gorm.Config{Logger: logger.Discard})
 		if err != nil {
@@ -79,6 +80,8 @@ func migrateCalls(t testing.TB, open func(string) gorm.Dialector, path string) [
 		func() error { return inboxA.Migrate(ctx, pools[0]) },
 		func() error { return inboxB.Migrate(ctx, pools[1]) },
 		func() error { return out.Migrate(ctx, pools[2]) },
+		func() error { return inboxA.MigrateWatermarks(ctx, pools[3]) },
+		func() error { return inboxB.MigrateWatermarks(ctx, pools[4]) },
 	}
 }
 

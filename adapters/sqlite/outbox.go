@@ -408,6 +408,10 @@ func (s *OutboxStore) Source(ctx context.Context, db *gorm.DB) (string, int64, e
 	return got[0].Source, got[0].Epoch, nil
 }
 
+// Shards returns the store's shard count, OutboxOptions.Shards (or
+// DefaultShards).
+func (s *OutboxStore) Shards() int { return s.shards }
+
 // BumpEpoch raises the table's epoch by one.
 func (s *OutboxStore) BumpEpoch(ctx context.Context, db *gorm.DB) (int64, error) {
 	var epochs []int64
@@ -436,4 +440,5 @@ var (
 	_ storage.Verifier      = (*OutboxStore)(nil)
 	_ storage.SchemaPrinter = (*OutboxStore)(nil)
 	_ storage.Sequenced     = (*OutboxStore)(nil)
+	_ storage.Sharded       = (*OutboxStore)(nil)
 )

@@ -29,6 +29,15 @@
 // in its own short transaction, through an index on the day column, so
 // concurrent inserts wait at most one batch.
 //
+// The Store implements storage.WatermarkStore, the watermarks of sequenced
+// dedup: [Store.MigrateWatermarks] makes the STRICT table
+// <table>_watermarks, one row per stream, keyed by (scope, topic,
+// partition_no, source, epoch), names TEXT compared byte for byte, values
+// a BLOB. A stream's first write is an INSERT ... ON CONFLICT DO NOTHING,
+// every later one an UPDATE ... WHERE applied = the value read; 0 changed
+// rows is storage.ErrWatermarkMoved. The write lock serialises the
+// transactions that write watermarks, as every writer.
+//
 // The package name collides with gorm.io/driver/sqlite; import it with an
 // alias, e.g. inboxsqlite.
 package sqlite

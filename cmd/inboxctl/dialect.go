@@ -28,6 +28,9 @@ type backend struct {
 	mustExist func(dsn string) error
 	open      func(dsn string) gorm.Dialector
 	newStore  func(table, schema string) (storage.InboxStore, error)
+	// watermarkSuffix follows the inbox table's name in its watermark
+	// table's (storage.WatermarkStore), in the same schema.
+	watermarkSuffix string
 	// defaultOutboxTable and newOutboxStore are the outbox's.
 	defaultOutboxTable string
 	newOutboxStore     func(table, schema string, shards int) (storage.OutboxStore, error)

@@ -32,6 +32,7 @@ func init() {
 		newStore: func(table, schema string) (storage.InboxStore, error) {
 			return inboxmysql.New(inboxmysql.Options{Table: table, Schema: schema})
 		},
+		watermarkSuffix:    inboxmysql.WatermarkSuffix,
 		defaultOutboxTable: inboxmysql.DefaultOutboxTable,
 		newOutboxStore: func(table, schema string, shards int) (storage.OutboxStore, error) {
 			return inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Schema: schema, Shards: shards})

@@ -23,6 +23,7 @@ func init() {
 		newStore: func(table, schema string) (storage.InboxStore, error) {
 			return inboxpg.New(inboxpg.Options{Schema: schema, Table: table})
 		},
+		watermarkSuffix:    inboxpg.WatermarkSuffix,
 		defaultOutboxTable: inboxpg.DefaultOutboxTable,
 		newOutboxStore: func(table, schema string, shards int) (storage.OutboxStore, error) {
 			return inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Table: table, Shards: shards})

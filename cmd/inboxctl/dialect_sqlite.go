@@ -40,6 +40,7 @@ func init() {
 		newStore: func(table, _ string) (storage.InboxStore, error) {
 			return inboxsqlite.New(inboxsqlite.Options{Table: table})
 		},
+		watermarkSuffix:    inboxsqlite.WatermarkSuffix,
 		defaultOutboxTable: inboxsqlite.DefaultOutboxTable,
 		newOutboxStore: func(table, _ string, shards int) (storage.OutboxStore, error) {
 			return inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: table, Shards: shards})

@@ -1,8 +1,8 @@
 // Command inboxctl is the operator's tool for the inbox table of
 // github.com/inboxgo/inbox: it creates and upgrades the table, runs its
 // maintenance (prepare the coming days, expire old ones), reports what the
-// table holds, and checks that a live database keeps the inbox row and the
-// business effect atomic.
+// table holds and the watermarks of sequenced dedup, and checks that a live
+// database keeps the inbox row and the business effect atomic.
 //
 // Usage:
 //
@@ -10,11 +10,12 @@
 //
 // Commands:
 //
-//	migrate   create or upgrade the inbox table
-//	maintain  prepare the coming days and expire old ones (--dry-run shows the plan)
-//	stats     rows per consumer and day, oldest and newest day, size on disk
-//	check     run the conformance checks against the live database
-//	outbox    migrate|maintain|stats|source|bump-epoch for the outbox table (package outbox)
+//	migrate     create or upgrade the inbox table and its watermark table
+//	maintain    prepare the coming days and expire old ones (--dry-run shows the plan)
+//	stats       rows per consumer and day, oldest and newest day, size on disk
+//	watermarks  a consumer's watermarks of sequenced dedup: per stream, the sequence numbers applied
+//	check       run the conformance checks against the live database
+//	outbox      migrate|maintain|stats|source|bump-epoch for the outbox table (package outbox)
 //
 // Every command takes the connection flags:
 //
@@ -38,6 +39,17 @@
 // (Applications that open MySQL through the adapter's Open get
 // STRICT_TRANS_TABLES added when their DSN sets no sql_mode; inboxctl adds
 // nothing, so give it the DSN that inboxmysql.StrictDSN returns for theirs.)
+//
+// watermarks --consumer NAME [--topic T] [--partition N] lists the streams
+// of a consumer with sequenced dedup (consumer Config.SequencedSources), as
+// committed in the watermark table <table>_watermarks: topic, partition,
+// outbox source and epoch, and the highest sequence number applied in each
+// shard of the source, as "shards 64, min 120, max 409" (-v and --json
+// list every shard), sorted by topic, partition, source and epoch. A stored
+// value that does not decode is reported, naming its stream, and the exit
+// status is 1:
+//
+//	inboxctl watermarks --dsn "$DSN" --consumer billing --topic orders -v
 //
 // check runs each conformance check (conformance.Checks: by default every
 // area but the slow retention checks; --all for every check) in a scratch
@@ -93,9 +105,10 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{"migrate", "create or upgrade the inbox table", runMigrate},
+		{"migrate", "create or upgrade the inbox table and its watermark table", runMigrate},
 		{"maintain", "prepare the coming days and expire old ones (--dry-run shows the plan)", runMaintain},
 		{"stats", "rows per consumer and day, oldest and newest day, size on disk", runStats},
+		{"watermarks", "a consumer's watermarks of sequenced dedup: per stream, the sequence numbers applied (--consumer NAME)", runWatermarks},
 		{"check", "run the conformance checks against the live database", runCheck},
 		{"outbox", "migrate, maintain or report the outbox table, show or bump its epoch (inboxctl outbox migrate|maintain|stats|source|bump-epoch)", runOutbox},
 	}
@@ -137,9 +150,9 @@ Usage:
 Commands:
 `)
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-10s  %s\n", c.name, c.summary)
 	}
-	fmt.Fprint(w, `  help      show a command's flags and examples: inboxctl help <command>
+	fmt.Fprint(w, `  help        show a command's flags and examples: inboxctl help <command>
 
 The database is given by --dsn (or $INBOX_DSN) and --dialect postgres|mysql|sqlite
 (inferred from the DSN when unambiguous).

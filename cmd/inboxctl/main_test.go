@@ -148,6 +148,10 @@ func TestUsageErrors(t *testing.T) {
 		{"check pattern matches nothing", []string{"check", "--dsn", dsn, "--run", "no-such-check"}, "matches no check"},
 		{"bad isolation", []string{"check", "--dsn", dsn, "--isolation", "snapshot"}, `unknown --isolation "snapshot"`},
 		{"in-memory sqlite", []string{"check", "--dialect", "sqlite", "--dsn", "file::memory:?cache=shared"}, "in-memory SQLite"},
+		{"watermarks without consumer", []string{"watermarks", "--dsn", dsn}, "--consumer is required"},
+		{"negative partition", []string{"watermarks", "--dsn", dsn, "--consumer", "c", "--partition", "-1"}, "want a partition number, 0 or more"},
+		{"partition not a number", []string{"watermarks", "--dsn", dsn, "--consumer", "c", "--partition", "one"}, `invalid value "one" for flag -partition`},
+		{"partition out of range", []string{"watermarks", "--dsn", dsn, "--consumer", "c", "--partition", "4294967296"}, "want a partition number"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := runArgs(t, tc.args...)
@@ -257,7 +261,7 @@ func TestSQLiteMigrateMaintainStats(t *testing.T) {
 
 	r := runArgs(t, args("migrate")...)
 	expectCode(t, r, exitOK)
-	if r.stdout != "migrated sqlite table orders_inbox\n" {
+	if r.stdout != "migrated sqlite table orders_inbox\nmigrated sqlite watermark table orders_inbox_watermarks\n" {
 		t.Errorf("migrate output:\n%v", r)
 	}
 	expectCode(t, runArgs(t, args("migrate")...), exitOK) // idempotent

@@ -106,14 +106,14 @@ func TestMySQLMigrateMaintainStats(t *testing.T) {
 	dsn := mysqlDSN(t, nil)
 	table := "inboxctl_t_" + conformance.RandomSuffix()
 	db := openGorm(t, dialectMySQL, dsn)
-	t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS `" + table + "`") })
+	t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS `" + table + "`, `" + table + "_watermarks`") })
 	common := []string{"--dsn", dsn, "--table", table}
 	args := func(cmd string, extra ...string) []string {
 		return append(append([]string{cmd}, common...), extra...)
 	}
 	r := runArgs(t, args("migrate")...)
 	expectCode(t, r, exitOK)
-	if r.stdout != "migrated mysql table "+table+"\n" {
+	if r.stdout != "migrated mysql table "+table+"\nmigrated mysql watermark table "+table+"_watermarks\n" {
 		t.Errorf("migrate:\n%v", r)
 	}
 	today := storage.DayOf(time.Now())
@@ -172,4 +172,18 @@ func TestMySQLOutboxEpoch(t *testing.T) {
 		}
 	})
 	expectOutboxEpoch(t, dialectMySQL, db, "--dsn", dsn, "--table", table)
+}
+
+// TestMySQLWatermarks: migrate makes the watermark table next to the inbox
+// table, and watermarks lists what SaveWatermarks wrote.
+func TestMySQLWatermarks(t *testing.T) {
+	dsn := mysqlDSN(t, nil)
+	table := "inboxctl_t_" + conformance.RandomSuffix()
+	db := openGorm(t, dialectMySQL, dsn)
+	t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS `" + table + "`, `" + table + "_watermarks`") })
+	store, err := inboxmysql.New(inboxmysql.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectWatermarks(t, db, store, "`"+table+"_watermarks`", "--dsn", dsn, "--table", table)
 }

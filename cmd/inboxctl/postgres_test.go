@@ -97,7 +97,7 @@ func TestPostgresMigrateMaintainStats(t *testing.T) {
 	}
 	r := runArgs(t, args("migrate")...)
 	expectCode(t, r, exitOK)
-	if r.stdout != "migrated postgres table "+schema+".inbox_messages\n" {
+	if r.stdout != "migrated postgres table "+schema+".inbox_messages\nmigrated postgres watermark table "+schema+".inbox_messages_watermarks\n" {
 		t.Errorf("migrate:\n%v", r)
 	}
 	today := storage.DayOf(time.Now())
@@ -163,4 +163,18 @@ func TestPostgresOutboxEpoch(t *testing.T) {
 	db := openGorm(t, dialectPostgres, dsn)
 	t.Cleanup(func() { db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`) })
 	expectOutboxEpoch(t, dialectPostgres, db, "--dsn", dsn, "--schema", schema)
+}
+
+// TestPostgresWatermarks: migrate makes the watermark table in the inbox
+// table's schema, and watermarks lists what SaveWatermarks wrote.
+func TestPostgresWatermarks(t *testing.T) {
+	dsn := testservers.PostgresDSN(t)
+	schema := "inboxctl_t_" + conformance.RandomSuffix()
+	db := openGorm(t, dialectPostgres, dsn)
+	t.Cleanup(func() { db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`) })
+	store, err := inboxpg.New(inboxpg.Options{Schema: schema, Table: "orders_inbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectWatermarks(t, db, store, `"`+schema+`"."orders_inbox_watermarks"`, "--dsn", dsn, "--schema", schema, "--table", "orders_inbox")
 }

@@ -185,6 +185,9 @@ type Fixture struct {
 	// InboxTable is the inbox table's name as it goes into SQL (quoted and
 	// schema-qualified where the dialect needs it).
 	InboxTable string
+	// WatermarkTable is the store's watermark table (sequenced dedup), as
+	// it goes into SQL.
+	WatermarkTable string
 }
 
 // randomSuffix returns 8 random hex digits for table names.
@@ -206,12 +209,15 @@ func NewFixture(ctx context.Context, b *Backend, skus int, cfg inbox.Config, pas
 	case SQLite:
 		f.Store, err = inboxsqlite.New(inboxsqlite.Options{Table: table})
 		f.InboxTable = table
+		f.WatermarkTable = table + "_watermarks"
 	case Postgres:
 		f.Store, err = inboxpg.New(inboxpg.Options{Schema: "public", Table: table})
 		f.InboxTable = `"public"."` + table + `"`
+		f.WatermarkTable = `"public"."` + table + `_watermarks"`
 	case MySQL:
 		f.Store, err = inboxmysql.New(inboxmysql.Options{Table: table})
 		f.InboxTable = "`" + table + "`"
+		f.WatermarkTable = "`" + table + "_watermarks`"
 	}
 	if err != nil {
 		return nil, err

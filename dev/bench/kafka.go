@@ -33,7 +33,19 @@ const (
 	KafkaBatch        = "inbox-batch"        // through Inbox.ProcessBatch, Options.BatchSize messages per transaction
 	KafkaPlainBatched = "no-inbox-batched"   // a BatchHandler with one set-based UPDATE per batch, no dedup
 	KafkaBatchHandler = "inbox-batchhandler" // through Inbox.ProcessBatchFunc: the same BatchHandler with the inbox
+	// KafkaSequencedBatchHandler is KafkaBatchHandler with the events'
+	// source trusted (consumer.Config.SequencedSources): deduplicated by a
+	// watermark per partition, no inbox row.
+	KafkaSequencedBatchHandler = "sequenced-batchhandler"
+	// KafkaSequenced is KafkaInbox with sequenced dedup: one message per
+	// transaction, a watermark instead of the inbox row.
+	KafkaSequenced = "sequenced"
 )
+
+// BenchSource is the outbox source id the benchmark's events carry in their
+// sequence headers, aligned: shard = partition, numbered from 1 per
+// partition in offset order, as an aligned relay publishes them.
+const BenchSource = "bench-source"
 
 // KafkaModes are the end-to-end modes, each batched one after its
 // reference.
@@ -70,7 +82,7 @@ func Kafka(ctx context.Context, b *Backend, brokers []string, n int, o Options) 
 		return nil, err
 	}
 	evs := Events(n, o.SKUs)
-	produce, err := produceEvents(ctx, brokers, topic, evs)
+	produce, err := produceEvents(ctx, brokers, topic, o.Workers, evs)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +116,7 @@ func KafkaPaired(ctx context.Context, b *Backend, brokers []string, n int, o Opt
 	if err := createTopic(ctx, brokers, topic, o.Workers); err != nil {
 		return nil, nil, err
 	}
-	produce, err := produceEvents(ctx, brokers, topic, Events(n, o.SKUs))
+	produce, err := produceEvents(ctx, brokers, topic, o.Workers, Events(n, o.SKUs))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -171,13 +183,16 @@ func createTopic(ctx context.Context, brokers []string, topic string, partitions
 	}
 }
 
-func produceEvents(ctx context.Context, brokers []string, topic string, evs []Event) (time.Duration, error) {
+// produceEvents writes evs to topic's partitions, the partition of an event
+// its sku modulo partitions, with the event headers and the sequence
+// headers of BenchSource (which only the sequenced modes read).
+func produceEvents(ctx context.Context, brokers []string, topic string, partitions int, evs []Event) (time.Duration, error) {
 	w := &kafka.Writer{
 		Addr:  kafka.TCP(brokers...),
 		Topic: topic,
-		Balancer: kafka.BalancerFunc(func(m kafka.Message, partitions ...int) int {
+		Balancer: kafka.BalancerFunc(func(m kafka.Message, ps ...int) int {
 			sku, _ := strconv.ParseInt(string(m.Key), 10, 64)
-			return partitions[int(sku%int64(len(partitions)))]
+			return ps[int(sku%int64(len(ps)))]
 		}),
 		RequiredAcks: kafka.RequireAll,
 		BatchSize:    1000,
@@ -186,15 +201,24 @@ func produceEvents(ctx context.Context, brokers []string, topic string, evs []Ev
 	defer w.Close()
 	start := time.Now()
 	const chunk = 5000
+	seqs := make([]int64, partitions)
+	parts := []byte(strconv.Itoa(partitions))
 	for lo := 0; lo < len(evs); lo += chunk {
 		msgs := make([]kafka.Message, 0, chunk)
 		for _, e := range evs[lo:min(lo+chunk, len(evs))] {
+			p := int(e.SKU % int64(partitions))
+			seqs[p]++
 			msgs = append(msgs, kafka.Message{
 				Key:   []byte(strconv.FormatInt(e.SKU, 10)),
 				Value: []byte(strconv.FormatInt(e.Seq, 10)),
 				Headers: []kafka.Header{
 					{Key: header.EventID, Value: []byte(e.ID)},
 					{Key: header.EventTime, Value: []byte(e.Time.UTC().Format(time.RFC3339Nano))},
+					{Key: header.SeqSource, Value: []byte(BenchSource)},
+					{Key: header.SeqEpoch, Value: []byte("1")},
+					{Key: header.SeqShard, Value: []byte(strconv.Itoa(p))},
+					{Key: header.Seq, Value: []byte(strconv.FormatInt(seqs[p], 10))},
+					{Key: header.SeqPartitions, Value: parts},
 				},
 			})
 		}
@@ -268,9 +292,11 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 		cfg.NaturallyIdempotent, cfg.DB, cfg.Classifier = true, b.DB, f.Store
 	case KafkaInbox:
 		cfg.Inbox, cfg.Consumer = f.Inbox, ConsumerName
+	case KafkaSequenced:
+		cfg.Inbox, cfg.Consumer, cfg.SequencedSources = f.Inbox, ConsumerName, []string{BenchSource}
 	case KafkaBatch:
 		cfg.Inbox, cfg.Consumer, cfg.BatchSize = f.Inbox, ConsumerName, o.BatchSize
-	case KafkaPlainBatched, KafkaBatchHandler:
+	case KafkaPlainBatched, KafkaBatchHandler, KafkaSequencedBatchHandler:
 		cfg.Handler, cfg.BatchHandler, cfg.BatchSize = nil, func(ctx context.Context, tx *gorm.DB, ms []consumer.Message) error {
 			skus := make([]int64, len(ms))
 			for i, m := range ms {
@@ -282,14 +308,20 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 			}
 			return f.setEffect(tx, skus)
 		}, o.BatchSize
-		if mode == KafkaPlainBatched {
+		switch mode {
+		case KafkaPlainBatched:
 			cfg.NaturallyIdempotent, cfg.DB, cfg.Classifier = true, b.DB, f.Store
-		} else {
+		case KafkaSequencedBatchHandler:
+			cfg.Inbox, cfg.Consumer, cfg.SequencedSources = f.Inbox, ConsumerName, []string{BenchSource}
+		default:
 			cfg.Inbox, cfg.Consumer = f.Inbox, ConsumerName
 		}
 	}
 	c, err := consumer.New(cfg)
 	if err != nil {
+		return res, err
+	}
+	if err := c.Migrate(ctx); err != nil {
 		return res, err
 	}
 	runCtx, cancel := context.WithTimeout(ctx, kafkaTimeout)
@@ -317,6 +349,16 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 	}
 	if reserved != int64(n) {
 		return res, fmt.Errorf("bench: consumer (%s) on %s applied %d effects for %d events", mode, b.Name, reserved, n)
+	}
+	if len(cfg.SequencedSources) > 0 {
+		// The point of the mode: no inbox row at all.
+		rows, err := f.InboxRows(ctx)
+		if err != nil {
+			return res, err
+		}
+		if rows != 0 {
+			return res, fmt.Errorf("bench: consumer (%s) on %s wrote %d inbox rows for sequenced events", mode, b.Name, rows)
+		}
 	}
 	return res, nil
 }

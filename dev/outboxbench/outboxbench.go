@@ -170,33 +170,7 @@ func Relay(ctx context.Context, db *gorm.DB, store storage.OutboxStore, brokers 
 			return nil, err
 		}
 		msgs := messages(topic, o)
-		enqueueAll := func(writers int) error {
-			var wg sync.WaitGroup
-			errs := make(chan error, writers)
-			for w := range writers {
-				wg.Go(func() {
-					for lo := w * o.PerTx; lo < len(msgs); lo += writers * o.PerTx {
-						batch := msgs[lo:min(lo+o.PerTx, len(msgs))]
-						// A transient failure (SQLite's busy writer under
-						// load) is retried, as an application does.
-						for attempt := 1; ; attempt++ {
-							err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return ob.Enqueue(ctx, tx, batch...) })
-							if err == nil {
-								break
-							}
-							if !store.IsRetryable(err) || attempt == 20 {
-								errs <- err
-								return
-							}
-							time.Sleep(time.Duration(attempt) * time.Millisecond)
-						}
-					}
-				})
-			}
-			wg.Wait()
-			close(errs)
-			return <-errs
-		}
+		enqueueAll := func(writers int) error { return enqueueAll(ctx, db, ob, store, msgs, writers, o.PerTx) }
 		if mode == "relay drain" {
 			start := time.Now()
 			if err := enqueueAll(o.Writers); err != nil {
@@ -248,6 +222,37 @@ func Relay(ctx context.Context, db *gorm.DB, store storage.OutboxStore, brokers 
 		results = append(results, Result{Mode: fmt.Sprintf("%s (%d relay)", mode, o.Relays), Events: len(msgs), Elapsed: elapsed})
 	}
 	return results, nil
+}
+
+// enqueueAll enqueues msgs through ob from writers goroutines, perTx
+// messages per transaction; writer w takes the transactions w, w+writers,
+// ... in order.
+func enqueueAll(ctx context.Context, db *gorm.DB, ob *outbox.Outbox, store storage.OutboxStore, msgs []outbox.Message, writers, perTx int) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Go(func() {
+			for lo := w * perTx; lo < len(msgs); lo += writers * perTx {
+				batch := msgs[lo:min(lo+perTx, len(msgs))]
+				// A transient failure (SQLite's busy writer under
+				// load) is retried, as an application does.
+				for attempt := 1; ; attempt++ {
+					err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return ob.Enqueue(ctx, tx, batch...) })
+					if err == nil {
+						break
+					}
+					if !store.IsRetryable(err) || attempt == 20 {
+						errs <- err
+						return
+					}
+					time.Sleep(time.Duration(attempt) * time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
 }
 
 // Bench measures, in Rounds rounds (INBOX_BENCH_ROUNDS, default 5), direct

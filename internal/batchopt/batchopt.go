@@ -11,9 +11,12 @@ package batchopt
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/storage"
 )
 
 // Options change how one ProcessBatch or ProcessBatchFunc call runs.
@@ -55,7 +58,46 @@ type Options[O any] struct {
 	// A step past it fails as a database failure wrapping a
 	// txn.TimeoutError; the handlers are not bounded by it.
 	Bound time.Duration
+	// Seq, if set, has one entry per message: how the caller deduplicates
+	// it. The zero SeqMark is the inbox row, as without Seq.
+	Seq []SeqMark
+	// Watermarks, if set, is called before each transaction with the
+	// messages it runs (indexes into msgs, first copies only) and
+	// committed: the outcomes of the messages earlier transactions of the
+	// call committed (Processed or Duplicate), of those decided before any
+	// transaction (SeqMark.Applied: Duplicate; Failed), and zero for the
+	// others. The watermark writes it returns go into the transaction
+	// first, with the claim (storage.WatermarkStore.SaveWatermarks; one
+	// round trip with BEGIN where the store is a
+	// storage.WatermarkBeginner and there is nothing to claim); their
+	// failure fails the transaction as a database failure.
+	Watermarks func(group []int, committed []O) []storage.WatermarkWrite
 }
+
+// SeqMark is the caller's dedup decision for one message of a call.
+type SeqMark struct {
+	// Chain, if positive, puts the message in the chain of that number:
+	// the messages of one sequenced stream's shard, in order. When a
+	// message of a chain fails (rejected before any transaction, or
+	// isolated from its batch), every later message of the same chain is
+	// held back: Failed with an error wrapping ErrHeldBack, none of it
+	// run, so that a watermark never passes a message that did not
+	// commit.
+	Chain int
+	// Applied says the caller's watermark covers the message: its outcome
+	// is Duplicate, and it runs in no transaction.
+	Applied bool
+	// Claim says a message of a chain claims its inbox row too, its
+	// outcome then Duplicate if the row exists (a stream switched from
+	// inbox rows to a watermark: both are consulted while the rows are
+	// kept). Without it a message of a chain has no inbox row and is new.
+	Claim bool
+}
+
+// ErrHeldBack is wrapped by the error of a message held back behind an
+// earlier message of its chain (see SeqMark): it did not fail itself, and
+// is to be run once the earlier message is resolved.
+var ErrHeldBack = errors.New("inbox: held back behind an earlier message of its sequenced stream that did not commit")
 
 type key[O any] struct{}
 

@@ -216,6 +216,9 @@ func testConsumer(t *testing.T, batch bool, broker string) {
 	if got := fmt.Sprint(tel.counts(t, "inbox.messages", "inbox.outcome")); got != "map[duplicate:1 failed:1 processed:2]" {
 		t.Errorf("inbox.messages %s, want duplicate:1 failed:1 processed:2", got)
 	}
+	if got := fmt.Sprint(tel.counts(t, "inbox.messages", "inbox.dedup")); got != "map[:1 row:3]" {
+		t.Errorf("inbox.messages by dedup path %s, want row:3 (and the failed one without)", got)
+	}
 	if got := fmt.Sprint(tel.counts(t, "inbox.dead_letters", "")); got != "map[:1]" {
 		t.Errorf("inbox.dead_letters %s, want 1", got)
 	}

@@ -3,10 +3,8 @@
 package outbox_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -45,20 +43,6 @@ func sequenceDB(t *testing.T) (*gorm.DB, *inboxsqlite.OutboxStore) {
 	return db, store
 }
 
-func newOutbox(t *testing.T, db *gorm.DB, store storage.OutboxStore, cfg outbox.Config) *outbox.Outbox {
-	t.Helper()
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	ob, err := outbox.New(db, store, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ob
-}
-
-func enqueue(ctx context.Context, db *gorm.DB, ob *outbox.Outbox, msgs ...outbox.Message) error {
-	return db.Transaction(func(tx *gorm.DB) error { return ob.Enqueue(ctx, tx, msgs...) })
-}
-
 // publish drains ob through a recorder and returns what it published.
 func publish(t *testing.T, ob *outbox.Outbox) []kafka.Message {
 	t.Helper()
@@ -71,15 +55,6 @@ func publish(t *testing.T, ob *outbox.Outbox) []kafka.Message {
 		t.Fatal(err)
 	}
 	return rec.Messages()
-}
-
-// headers returns m's headers by name, each name's values in order.
-func headers(m kafka.Message) map[string][]string {
-	out := map[string][]string{}
-	for _, h := range m.Headers {
-		out[h.Key] = append(out[h.Key], string(h.Value))
-	}
-	return out
 }
 
 var allSequenceHeaders = []string{header.SeqSource, header.SeqEpoch, header.SeqShard, header.Seq,

@@ -188,15 +188,7 @@ func readTopic(ctx context.Context, t *testing.T, brokers []string, topic string
 	var got []kafka.Message
 	for p := range partitions {
 		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
-		conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		end, err := conn.ReadLastOffset()
-		conn.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		end := endOffset(ctx, t, brokers, topic, p)
 		for off := int64(0); off < end; off++ {
 			m, err := r.ReadMessage(ctx)
 			if err != nil {
@@ -207,4 +199,19 @@ func readTopic(ctx context.Context, t *testing.T, brokers []string, topic string
 		r.Close()
 	}
 	return got
+}
+
+// endOffset returns the end offset of partition p of topic.
+func endOffset(ctx context.Context, t *testing.T, brokers []string, topic string, p int) int64 {
+	t.Helper()
+	conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	end, err := conn.ReadLastOffset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return end
 }

@@ -1,0 +1,250 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"gorm.io/gorm"
+
+	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
+	"github.com/inboxgo/inbox/conformance"
+	"github.com/inboxgo/inbox/conformance/testservers"
+	"github.com/inboxgo/inbox/storage"
+)
+
+// ownPool saves watermarks in a transaction of its own pool, committed
+// before SaveWatermarks returns: outside the caller's transaction, and
+// without holding the stream's row while that transaction runs.
+type ownPool struct {
+	*inboxpg.Store
+	db *gorm.DB
+}
+
+func (s ownPool) SaveWatermarks(ctx context.Context, _ *gorm.DB, writes []storage.WatermarkWrite) error {
+	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return s.Store.SaveWatermarks(ctx, tx, writes) })
+}
+
+// On a server that runs writers side by side, a store that writes outside
+// the caller's transaction does not make a second member wait: the check
+// says so (on SQLite the second member waits for the first one's write
+// lock whatever the store does).
+func TestWatermarkChecksCatchWritesOutsideTheTransaction(t *testing.T) {
+	dsn := testservers.PostgresDSN(t)
+	healthy := newHarness(dsn, nil, openDB, false)
+	broken := func(ctx context.Context) (*conformance.Harness, error) {
+		h, err := healthy(ctx)
+		if err != nil {
+			return nil, err
+		}
+		own, err := openDB(dsn)
+		if err != nil {
+			return nil, err
+		}
+		h.Store = ownPool{Store: h.Store.(*inboxpg.Store), db: own}
+		closeHarness := h.Close
+		h.Close = func() error { _ = closeDB(own); return closeHarness() }
+		return h, nil
+	}
+	for _, id := range []string{"watermark/second-member-waits", "watermark/atomic-with-effect"} {
+		c := check(t, id)
+		err := conformance.RunCheck(t.Context(), broken, c)
+		if err == nil || errors.Is(err, conformance.ErrSkipped) {
+			t.Errorf("check %s on a store that writes outside the transaction: %v, want it failed", id, err)
+			continue
+		}
+		t.Logf("caught: %v", err)
+	}
+}
+
+// check returns the suite's check id.
+func check(t *testing.T, id string) conformance.Check {
+	t.Helper()
+	for _, c := range conformance.Checks() {
+		if c.ID() == id {
+			return c
+		}
+	}
+	t.Fatalf("no check %s", id)
+	return conformance.Check{}
+}
+
+// Every update of a stream is a heap-only tuple update: no index covers
+// what it changes, so no index entry is written for it.
+func TestWatermarkUpdatesAreHOT(t *testing.T) {
+	db, store := fresh(t, inboxpg.Options{})
+	ctx := t.Context()
+	if err := store.MigrateWatermarks(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	k := storage.WatermarkKey{Scope: "c", Source: "src", Epoch: 1, Topic: "orders"}
+	if err := db.Transaction(func(tx *gorm.DB) error {
+		return store.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{{WatermarkKey: k, New: []byte("0")}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	table := `"` + store.Schema() + `"."` + store.Table() + inboxpg.WatermarkSuffix + `"`
+	const updates = 20
+	err := db.Transaction(func(tx *gorm.DB) error {
+		for i := range updates {
+			w := storage.WatermarkWrite{WatermarkKey: k, Old: fmt.Append(nil, i), New: fmt.Append(nil, i+1)}
+			if err := store.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{w}); err != nil {
+				return err
+			}
+		}
+		// This transaction's own counts: the server's statistics of other
+		// transactions arrive late.
+		var n struct{ Updated, HOT int64 }
+		if err := tx.Raw(`SELECT pg_stat_get_xact_tuples_updated(?::regclass) AS updated, pg_stat_get_xact_tuples_hot_updated(?::regclass) AS hot`,
+			table, table).Scan(&n).Error; err != nil {
+			return err
+		}
+		if n.Updated != updates || n.HOT != updates {
+			t.Errorf("%d updates of a stream: %d rows updated, %d of them heap-only; want all %d heap-only", updates, n.Updated, n.HOT, updates)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// MigrateWatermarks refuses a table of another layout, naming what it
+// found, and leaves it as it is.
+func TestMigrateWatermarksRefusesOtherLayouts(t *testing.T) {
+	for name, ddl := range map[string]string{
+		"a key without the epoch":      `(scope text COLLATE "C", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied bytea, PRIMARY KEY (scope, topic, partition_no, source))`,
+		"a nondeterministic collation": `(scope text COLLATE "und-x-icu-ci", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied bytea, PRIMARY KEY (scope, topic, partition_no, source, epoch))`,
+		"values as text":               `(scope text COLLATE "C", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied text, PRIMARY KEY (scope, topic, partition_no, source, epoch))`,
+		"no primary key":               `(scope text COLLATE "C", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied bytea)`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			db, store := fresh(t, inboxpg.Options{})
+			if strings.Contains(ddl, "icu") {
+				if err := db.Exec(`CREATE COLLATION IF NOT EXISTS "` + store.Schema() + `"."und-x-icu-ci" (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`).Error; err != nil {
+					t.Skipf("no ICU collations on this server: %v", err)
+				}
+				ddl = strings.ReplaceAll(ddl, `"und-x-icu-ci"`, `"`+store.Schema()+`"."und-x-icu-ci"`)
+			}
+			table := `"` + store.Schema() + `"."` + store.Table() + inboxpg.WatermarkSuffix + `"`
+			if err := db.Exec(`CREATE TABLE ` + table + ` ` + ddl).Error; err != nil {
+				t.Fatal(err)
+			}
+			err := store.MigrateWatermarks(t.Context(), db)
+			if err == nil || !strings.Contains(err.Error(), store.Table()+inboxpg.WatermarkSuffix) {
+				t.Fatalf("MigrateWatermarks on a table with %s: %v, want an error naming the table", name, err)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// The longest inbox table name New takes leaves no room for the watermark
+// table's suffix: the watermark methods refuse it, the inbox works.
+func TestWatermarkTableNameTooLong(t *testing.T) {
+	store, err := inboxpg.New(inboxpg.Options{Table: strings.Repeat("t", inboxpg.MaxTableBytes)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	w := storage.WatermarkWrite{WatermarkKey: storage.WatermarkKey{Scope: "s", Source: "r", Epoch: 1, Topic: "t"}, New: []byte("v")}
+	_, readErr := store.Watermarks(ctx, nil, "s", "", -1)
+	for name, err := range map[string]error{
+		"MigrateWatermarks": store.MigrateWatermarks(ctx, nil),
+		"SaveWatermarks":    store.SaveWatermarks(ctx, nil, []storage.WatermarkWrite{w}),
+		"Watermarks":        readErr,
+	} {
+		if !errors.Is(err, storage.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want an error wrapping storage.ErrInvalidConfig", name, err)
+		}
+	}
+}
+
+// Two members that each hold one stream and write the other's deadlock, and
+// a member that waits for a stream longer than its lock_timeout gives up:
+// both failures are ones IsRetryable reports, never "moved".
+func TestWatermarkLockFailuresAreRetryable(t *testing.T) {
+	db, store := fresh(t, inboxpg.Options{})
+	ctx := t.Context()
+	if err := store.MigrateWatermarks(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	a := storage.WatermarkKey{Scope: "c", Source: "src", Epoch: 1, Topic: "orders", Partition: 0}
+	b := a
+	b.Partition = 1
+	v := []byte("v")
+	write := func(k storage.WatermarkKey, to string) []storage.WatermarkWrite {
+		return []storage.WatermarkWrite{{WatermarkKey: k, Old: v, New: []byte(to)}}
+	}
+	if err := db.Transaction(func(tx *gorm.DB) error {
+		return store.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{{WatermarkKey: a, New: v}, {WatermarkKey: b, New: v}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("deadlock", func(t *testing.T) {
+		failed := crossWrites(t, db, func(tx *gorm.DB, i int, first bool) error {
+			k := [2]storage.WatermarkKey{a, b}[i]
+			if !first {
+				k = [2]storage.WatermarkKey{b, a}[i]
+			}
+			return store.SaveWatermarks(ctx, tx, write(k, fmt.Sprint(i)))
+		})
+		if len(failed) != 1 || !store.IsRetryable(failed[0]) || errors.Is(failed[0], storage.ErrWatermarkMoved) {
+			t.Fatalf("crossed writes: failures %v, want one the store calls retryable", failed)
+		}
+		t.Log(failed[0])
+	})
+	t.Run("lock timeout", func(t *testing.T) {
+		holder := db.Begin()
+		defer holder.Rollback()
+		if err := store.SaveWatermarks(ctx, holder, write(a, "held")); err != nil {
+			t.Fatal(err)
+		}
+		err := db.Transaction(func(tx *gorm.DB) error {
+			if err := tx.Exec(`SET LOCAL lock_timeout = '100ms'`).Error; err != nil {
+				return err
+			}
+			return store.SaveWatermarks(ctx, tx, write(a, "waiter"))
+		})
+		if !store.IsRetryable(err) || errors.Is(err, storage.ErrWatermarkMoved) {
+			t.Fatalf("a write that waited past lock_timeout: %v, want an error the store calls retryable", err)
+		}
+		t.Log(err)
+	})
+}
+
+// crossWrites runs two transactions on db: each makes its first write
+// (first true), then both make their second at once. A transaction whose
+// second write fails is rolled back at once, so that the other can go on;
+// the other is rolled back at the end. It returns the second writes'
+// failures.
+func crossWrites(t *testing.T, db *gorm.DB, write func(tx *gorm.DB, i int, first bool) error) []error {
+	t.Helper()
+	var txs [2]*gorm.DB
+	for i := range txs {
+		txs[i] = db.Begin()
+		defer txs[i].Rollback()
+		if err := write(txs[i], i, true); err != nil {
+			t.Fatalf("transaction %d's first write: %v", i, err)
+		}
+	}
+	type result struct {
+		i   int
+		err error
+	}
+	results := make(chan result, len(txs))
+	for i := range txs {
+		go func() { results <- result{i, write(txs[i], i, false)} }()
+	}
+	var failed []error
+	for range txs {
+		r := <-results
+		if r.err != nil {
+			failed = append(failed, r.err)
+			txs[r.i].Rollback()
+		}
+	}
+	return failed
+}

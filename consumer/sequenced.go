@@ -1,0 +1,485 @@
+package consumer
+
+// Sequenced dedup: messages of trusted outbox sources deduplicated by a
+// watermark per stream instead of an inbox row per event (see the package
+// doc, "Sequenced dedup").
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/batchopt"
+	"github.com/inboxgo/inbox/internal/txn"
+	"github.com/inboxgo/inbox/internal/watermark"
+	"github.com/inboxgo/inbox/storage"
+)
+
+// seqPos is where a message of a trusted source stands in its stream.
+type seqPos struct {
+	stream streamID
+	shard  int32
+	seq    int64
+	// rows says the message takes its inbox row: its shard is not in the
+	// stream's watermark, and adding it would make the stored value longer
+	// than storage.MaxWatermarkBytes (see watermarks.marks).
+	rows bool
+	// partitions is the partition count the source's shards are aligned
+	// with (header.SeqPartitions), 0 if they are not: only an aligned
+	// stream is contiguous, so only there is a gap a loss.
+	partitions int
+}
+
+type streamID struct {
+	source string
+	epoch  int64
+}
+
+// sequenceOf reads m's sequence headers. It returns nil for a message that
+// carries none, or whose source is not in trusted: such a message goes
+// through an inbox row. A trusted source's message whose headers are
+// incomplete or malformed is an error: it cannot be told from the events
+// around it, and guessing could drop it.
+func sequenceOf(m *kafka.Message, trusted map[string]bool) (*seqPos, error) {
+	src, srcKey, err := firstHeader(m.Headers, []string{header.SeqSource, header.CloudEventsSeqSource})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadSequence, err)
+	}
+	if srcKey == "" || !trusted[string(src)] {
+		return nil, nil
+	}
+	ce := srcKey == header.CloudEventsSeqSource
+	pick := func(plain, cloud string) string {
+		if ce {
+			return cloud
+		}
+		return plain
+	}
+	num := func(key string, min int64) (int64, error) {
+		raw, k, err := firstHeader(m.Headers, []string{key})
+		if err != nil {
+			return 0, fmt.Errorf("%w: %w", errBadSequence, err)
+		}
+		if k == "" {
+			return 0, fmt.Errorf("%w: source %q: header %q is missing", errBadSequence, src, key)
+		}
+		v, err := strconv.ParseInt(string(raw), 10, 64)
+		if err != nil || v < min || (raw[0] == '0' && key != header.CloudEventsSequence && len(raw) > 1) {
+			return 0, fmt.Errorf("%w: source %q: header %q is %q, not a decimal from %d", errBadSequence, src, key, shorten(raw), min)
+		}
+		return v, nil
+	}
+	p := &seqPos{stream: streamID{source: string(src)}}
+	if p.stream.epoch, err = num(pick(header.SeqEpoch, header.CloudEventsSeqEpoch), 1); err != nil {
+		return nil, err
+	}
+	shard, err := num(pick(header.SeqShard, header.CloudEventsSeqShard), 0)
+	if err != nil {
+		return nil, err
+	}
+	if shard >= maxShards {
+		return nil, fmt.Errorf("%w: source %q: shard %d out of range (an outbox has at most %d shards)", errBadSequence, src, shard, maxShards)
+	}
+	p.shard = int32(shard)
+	if p.seq, err = num(pick(header.Seq, header.CloudEventsSequence), 1); err != nil {
+		return nil, err
+	}
+	if raw, k, _ := firstHeader(m.Headers, []string{pick(header.SeqPartitions, header.CloudEventsSeqPartitions)}); k != "" {
+		n, err := strconv.Atoi(string(raw))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%w: source %q: header %q is %q, not a partition count", errBadSequence, src, k, shorten(raw))
+		}
+		if int(p.shard) != m.Partition {
+			return nil, fmt.Errorf("%w: source %q aligns shards with %d partitions, but shard %d arrived on partition %d (published by another producer, or the topic's partitions changed)",
+				errBadSequence, src, n, p.shard, m.Partition)
+		}
+		p.partitions = n
+	}
+	return p, nil
+}
+
+// maxShards bounds the shard numbers of a trusted source: the adapters'
+// outbox stores make at most this many.
+const maxShards = 1 << 16
+
+// errBadSequence is wrapped by the error of a trusted source's message
+// whose sequence headers are unusable; it goes to the failure policy as an
+// invalid message.
+var errBadSequence = fmt.Errorf("%w: bad sequence headers", inbox.ErrInvalidMessage)
+
+// watermarks is a worker's view of its partition's streams, as committed.
+type watermarks struct {
+	store     storage.WatermarkStore
+	scope     string
+	topic     string
+	partition int32
+	loaded    bool
+	streams   map[streamID]*streamState
+}
+
+type streamState struct {
+	stored  []byte // the committed value; nil: the stream has no row
+	applied watermark.Applied
+}
+
+func (w *worker) newWatermarks() *watermarks {
+	if len(w.c.trusted) == 0 {
+		return nil
+	}
+	return &watermarks{store: w.c.watermarks, scope: w.c.cfg.Consumer, topic: w.topic, partition: int32(w.partition)}
+}
+
+// load reads the committed watermarks of the partition's streams.
+func (s *watermarks) load(ctx context.Context, db *gorm.DB) error {
+	rows, err := s.store.Watermarks(ctx, db.WithContext(ctx), s.scope, s.topic, s.partition)
+	if err != nil {
+		return txn.DatabaseFailure("read watermarks", err)
+	}
+	streams := make(map[streamID]*streamState, len(rows))
+	for _, r := range rows {
+		if r.Scope != s.scope || r.Topic != s.topic || r.Partition != s.partition {
+			return fmt.Errorf("consumer: the watermark store returned a row of another stream (%+v)", r.WatermarkKey)
+		}
+		a, err := watermark.Decode(r.Applied)
+		if err != nil {
+			return fmt.Errorf("consumer: watermark of source %q epoch %d: %w", r.Source, r.Epoch, err)
+		}
+		streams[streamID{r.Source, r.Epoch}] = &streamState{stored: slices.Clone(r.Applied), applied: a}
+	}
+	s.streams, s.loaded = streams, true
+	return nil
+}
+
+// applied is the highest sequence number committed in p's shard, 0 if none.
+func (s *watermarks) applied(p *seqPos) (int64, bool) {
+	st := s.streams[p.stream]
+	if st == nil {
+		return 0, false
+	}
+	v, ok := st.applied[p.shard]
+	return v, ok
+}
+
+// ensureLoaded reads the watermarks if they are not loaded, retrying while
+// the database fails. ok is false when ctx ended first, or the stored
+// values cannot be read (then the partition is stopped).
+func (w *worker) ensureLoaded(ctx, dbCtx context.Context) (ok bool) {
+	if w.seq == nil || w.seq.loaded {
+		return true
+	}
+	for attempt := 1; ; attempt++ {
+		lctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' read", w.c.bound())
+		err := w.seq.load(lctx, w.c.db())
+		err = bounded(err)
+		cancel()
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		if !w.infrastructure(err) && !errors.As(err, new(*txn.TimeoutError)) {
+			w.stopPartition(&PartitionStoppedError{Topic: w.topic, Partition: w.partition, Offset: -1, Reason: ReasonInvalid, Err: err},
+				"PARTITION STOPPED: the partition's stored watermarks cannot be read; nothing is consumed until they are repaired")
+			return false
+		}
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // still retried: a missing table (Migrate not run) or a failing database
+		}
+		w.log.Log(ctx, level, "reading the watermarks failed; retrying", "attempt", attempt, "error", err, "retry_in", wait)
+		if backoff.Sleep(ctx, wait) != nil {
+			return false
+		}
+	}
+}
+
+// gapError is a message of an aligned stream whose number is past the
+// next one expected: messages were lost or reordered upstream.
+type gapError struct {
+	pos      *seqPos
+	expected int64
+}
+
+func (e *gapError) Error() string {
+	missing := fmt.Sprintf("%d", e.expected)
+	if e.pos.seq-1 > e.expected {
+		missing = fmt.Sprintf("%d..%d", e.expected, e.pos.seq-1)
+	}
+	return fmt.Sprintf("sequence gap in source %q epoch %d shard %d: got %d, expected %d (missing or reordered upstream: %s)",
+		e.pos.stream.source, e.pos.stream.epoch, e.pos.shard, e.pos.seq, e.expected, missing)
+}
+
+// firstGap returns the index of the first of items whose aligned stream
+// has a gap before it, with the gap, or len(items) and nil. A stream with
+// no committed number in the shard yet starts at the first number it sees:
+// a new group, or a topic whose head retention deleted.
+func (s *watermarks) firstGap(items []*item) (int, *gapError) {
+	type key struct {
+		id    streamID
+		shard int32
+	}
+	next := map[key]int64{} // the number expected next, per shard; absent: any
+	for i, it := range items {
+		p := it.seq
+		if p == nil || p.partitions == 0 {
+			continue
+		}
+		k := key{p.stream, p.shard}
+		exp, ok := next[k]
+		if !ok {
+			var v int64
+			if v, ok = s.applied(p); ok {
+				exp = v + 1
+			}
+		}
+		if ok && p.seq > exp {
+			return i, &gapError{pos: p, expected: exp}
+		}
+		next[k] = max(exp, p.seq+1)
+	}
+	return len(items), nil
+}
+
+// marks returns the dedup decision for each message of a call (seqOf[j] is
+// msgs[j]'s position, nil for the inbox row): covered by the watermark,
+// or new, in the chain of its stream's shard. consultRows adds the inbox
+// row's claim to the new ones.
+func (s *watermarks) marks(seqOf []*seqPos, consultRows bool) []batchopt.SeqMark {
+	type key struct {
+		id    streamID
+		shard int32
+	}
+	chains := map[key]int{}
+	sizes := map[streamID]int{} // the stream's value's length, with this call's new shards
+	var marks []batchopt.SeqMark
+	for j, p := range seqOf {
+		if p == nil {
+			continue
+		}
+		if marks == nil {
+			marks = make([]batchopt.SeqMark, len(seqOf))
+		}
+		k := key{p.stream, p.shard}
+		if _, tracked := chains[k]; !tracked && !p.rows {
+			size, ok := sizes[p.stream]
+			if !ok {
+				if st := s.streams[p.stream]; st != nil {
+					size = len(st.stored)
+				}
+			}
+			if _, held := s.applied(p); !held {
+				// A new shard's entry: at most 3 bytes of distance and 9 of
+				// number. A stream that would outgrow what the store keeps
+				// leaves its further shards to the inbox row: retrying a
+				// write the store refuses would never end.
+				if size+12 > storage.MaxWatermarkBytes {
+					p.rows = true
+				} else {
+					size += 12
+				}
+			}
+			sizes[p.stream] = size
+		}
+		if p.rows {
+			continue // the zero mark: the inbox row
+		}
+		c, ok := chains[k]
+		if !ok {
+			c = len(chains) + 1
+			chains[k] = c
+		}
+		v, _ := s.applied(p)
+		marks[j] = batchopt.SeqMark{Chain: c, Applied: p.seq <= v, Claim: consultRows}
+	}
+	return marks
+}
+
+// writer returns the Watermarks function of a call: for each transaction,
+// the writes that move the watermark of every stream it applies messages
+// of, from what the call's earlier transactions committed to what this one
+// will have applied (the store's compare-and-set).
+func (s *watermarks) writer(seqOf []*seqPos) func(group []int, committed []inbox.Outcome) []storage.WatermarkWrite {
+	return func(group []int, committed []inbox.Outcome) []storage.WatermarkWrite {
+		type draft struct {
+			old     []byte
+			applied watermark.Applied
+		}
+		drafts := map[streamID]*draft{}
+		get := func(id streamID) *draft {
+			d := drafts[id]
+			if d == nil {
+				d = &draft{applied: watermark.Applied{}}
+				if st := s.streams[id]; st != nil {
+					d.old = st.stored
+					maps.Copy(d.applied, st.applied)
+				}
+				drafts[id] = d
+			}
+			return d
+		}
+		for j, o := range committed {
+			if p := seqOf[j]; p != nil && !p.rows && (o == inbox.Processed || o == inbox.Duplicate) {
+				if d := get(p.stream); p.seq > d.applied[p.shard] {
+					d.applied[p.shard] = p.seq
+					d.old = watermark.Encode(d.applied)
+				}
+			}
+		}
+		news := map[streamID]watermark.Applied{}
+		for _, j := range group {
+			p := seqOf[j]
+			if p == nil || p.rows {
+				continue
+			}
+			d := get(p.stream)
+			n := news[p.stream]
+			if n == nil {
+				n = maps.Clone(d.applied)
+				news[p.stream] = n
+			}
+			n[p.shard] = max(n[p.shard], p.seq)
+		}
+		var writes []storage.WatermarkWrite
+		for id, n := range news {
+			d := drafts[id]
+			enc := watermark.Encode(n)
+			if bytes.Equal(enc, d.old) {
+				continue
+			}
+			writes = append(writes, storage.WatermarkWrite{
+				WatermarkKey: storage.WatermarkKey{Scope: s.scope, Source: id.source, Epoch: id.epoch, Topic: s.topic, Partition: s.partition},
+				Old:          d.old, New: enc,
+			})
+		}
+		slices.SortFunc(writes, func(a, b storage.WatermarkWrite) int { return a.Compare(b.WatermarkKey) })
+		return writes
+	}
+}
+
+// committed takes in what a call committed: results[j] of the message at
+// seqOf[j].
+func (s *watermarks) committed(seqOf []*seqPos, outcomes func(j int) inbox.Outcome) {
+	touched := map[streamID]bool{}
+	for j, p := range seqOf {
+		if p == nil || p.rows {
+			continue
+		}
+		if o := outcomes(j); o != inbox.Processed && o != inbox.Duplicate {
+			continue
+		}
+		st := s.streams[p.stream]
+		if st == nil {
+			st = &streamState{applied: watermark.Applied{}}
+			s.streams[p.stream] = st
+		}
+		if p.seq > st.applied[p.shard] {
+			st.applied[p.shard] = p.seq
+			touched[p.stream] = true
+		}
+	}
+	for id := range touched {
+		st := s.streams[id]
+		st.stored = watermark.Encode(st.applied)
+	}
+}
+
+// advancePast moves the watermark of it's stream past it in a transaction
+// of its own, retrying while the database fails: a message dead-lettered
+// is resolved, and must not show as a gap before the next one. ok is false
+// when ctx ended first.
+func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
+	p := it.seq
+	if w.seq == nil || p == nil || p.rows {
+		return true
+	}
+	seqOf := []*seqPos{p}
+	for attempt := 1; ; attempt++ {
+		if !w.ensureLoaded(ctx, dbCtx) {
+			return false
+		}
+		if v, _ := w.seq.applied(p); p.seq <= v {
+			return true
+		}
+		writes := w.seq.writer(seqOf)([]int{0}, []inbox.Outcome{0})
+		err := w.transact(dbCtx, func(tx *gorm.DB) error {
+			sctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' write", w.c.bound())
+			defer cancel()
+			return bounded(w.seq.store.SaveWatermarks(sctx, tx, writes))
+		})
+		if err == nil {
+			w.seq.committed(seqOf, func(int) inbox.Outcome { return inbox.Processed })
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		moved := errors.Is(err, storage.ErrWatermarkMoved)
+		if !moved && !w.infrastructure(err) {
+			// Nothing is lost by leaving it: the stream's next message then
+			// looks like a gap, and that stops the partition loudly.
+			w.log.Error("the watermark cannot be moved past a dead-lettered message; a later message of its stream may be taken for a gap",
+				"offset", it.msg.Offset, "error", err)
+			return true
+		}
+		w.seq.loaded = false
+		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		level := slog.LevelWarn
+		switch {
+		case attempt >= 5:
+			level = slog.LevelError // still retried: the database is failing, or members keep writing
+		case moved:
+			level = slog.LevelInfo
+		}
+		w.log.Log(ctx, level, "moving the watermark past a dead-lettered message failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
+		if backoff.Sleep(ctx, wait) != nil {
+			return false
+		}
+	}
+}
+
+// cutAtGap reads the watermarks if needed and returns the messages of
+// items before the first gap of an aligned stream, with the gap (the
+// partition then stops at the message after it), or all of items and nil.
+// stop is true when the partition stopped without a message to process
+// (the watermarks cannot be read) or ctx ended.
+func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item, _ *gapError, stop bool) {
+	if w.seq == nil {
+		return items, nil, false
+	}
+	if !w.ensureLoaded(ctx, dbCtx) {
+		return nil, nil, ctx.Err() == nil
+	}
+	n, gap := w.seq.firstGap(items)
+	if gap == nil || !w.stopAtGap(items[n], gap) {
+		return items, nil, false
+	}
+	return items[:n], gap, false
+}
+
+// stopAtGap stops the partition at it, the first message after a gap in
+// its aligned stream, or, with AcceptSequenceGaps, logs the gap and goes
+// on. It reports whether the partition stopped.
+func (w *worker) stopAtGap(it *item, gap *gapError) bool {
+	if w.c.cfg.AcceptSequenceGaps {
+		w.log.Error("a sequenced stream has a gap; accepting it (AcceptSequenceGaps): a missing message that arrives later is taken for a duplicate and skipped",
+			"offset", it.msg.Offset, "event_id", it.msg.EventID, "gap", gap.Error())
+		return false
+	}
+	w.stopPartition(&PartitionStoppedError{Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, EventID: it.msg.EventID, Reason: ReasonSequenceGap, Err: gap},
+		"PARTITION STOPPED: a message of a sequenced stream is missing before this one (lost or reordered upstream); nothing at or after it is committed until the missing message is republished, or the consumer restarted with AcceptSequenceGaps",
+		"event_id", it.msg.EventID)
+	return true
+}

@@ -1,0 +1,483 @@
+package consumer_test
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/conformance/testservers"
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
+	"github.com/inboxgo/inbox/internal/watermark"
+	"github.com/inboxgo/inbox/storage"
+)
+
+const testSource = "0123456789abcdef0123456789abcdef"
+
+// seqMessage is order n as the relay of source testSource publishes it in
+// epoch 1: shard and seq are its place in the outbox. aligned, if positive,
+// is the partition count the source's shards are aligned with (then shard
+// must be partition).
+func seqMessage(n, partition int, shard int32, seq int64, aligned int) kafka.Message {
+	return seqMessageIn(n, partition, 1, shard, seq, aligned)
+}
+
+func seqMessageIn(n, partition int, epoch int64, shard int32, seq int64, aligned int) kafka.Message {
+	m := orderMessage(n, partition)
+	m.Headers = append(m.Headers,
+		kafka.Header{Key: header.SeqSource, Value: []byte(testSource)},
+		kafka.Header{Key: header.SeqEpoch, Value: []byte(strconv.FormatInt(epoch, 10))},
+		kafka.Header{Key: header.SeqShard, Value: []byte(strconv.Itoa(int(shard)))},
+		kafka.Header{Key: header.Seq, Value: []byte(strconv.FormatInt(seq, 10))},
+	)
+	if aligned > 0 {
+		m.Headers = append(m.Headers, kafka.Header{Key: header.SeqPartitions, Value: []byte(strconv.Itoa(aligned))})
+	}
+	return m
+}
+
+func sequencedConfig(t *testing.T, brokers []string, s *shop, ev *events) consumer.Config {
+	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
+	cfg.SequencedSources = []string{testSource}
+	return cfg
+}
+
+// inboxRows counts the rows of the shop's inbox table.
+func (s *shop) inboxRows(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := s.db.Raw(`SELECT COUNT(*) FROM ` + cmp.Or(s.inboxTable, "inbox_messages")).Scan(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// watermarks returns the committed watermarks of the reserve-stock
+// consumer on orders, by partition and source.
+func (s *shop) watermarks(t *testing.T) map[int32]map[string]watermark.Applied {
+	t.Helper()
+	ws := s.ib.Store().(storage.WatermarkStore)
+	rows, err := ws.Watermarks(context.Background(), s.db, "reserve-stock", "orders", -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int32]map[string]watermark.Applied{}
+	for _, r := range rows {
+		a, err := watermark.Decode(r.Applied)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out[r.Partition] == nil {
+			out[r.Partition] = map[string]watermark.Applied{}
+		}
+		out[r.Partition][r.Source+"/"+strconv.FormatInt(r.Epoch, 10)] = a
+	}
+	return out
+}
+
+// Messages of a trusted source are deduplicated by the watermark alone (no
+// inbox row), those without sequence headers by their row, in the same
+// batches; redeliveries of both are caught.
+func TestSequencedDedupNeedsNoInboxRows(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 2, "orders")
+	s := newSQLiteShop(t)
+	var msgs []kafka.Message
+	seq := map[int32]int64{}
+	for i := range 40 {
+		p := i % 2
+		if i%5 == 4 {
+			msgs = append(msgs, orderMessage(i, p)) // no sequence headers
+			continue
+		}
+		shard := int32(i % 3) // shards spread over both partitions
+		seq[shard]++
+		msgs = append(msgs, seqMessage(i, p, shard, seq[shard], 0))
+	}
+	// Republications: every message again, same headers, later offsets.
+	msgs = append(msgs, msgs[:40]...)
+	produce(t, brokers, "orders", msgs...)
+	ev := newEvents()
+	cfg := sequencedConfig(t, brokers, s, ev)
+	cfg.BatchSize, cfg.BatchWait = 10, 200*time.Millisecond
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "80 messages", func() bool {
+		return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 80
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 40, nil)
+	if d := ev.count(hooks.Duplicate); d != 40 {
+		t.Errorf("%d duplicates, want 40", d)
+	}
+	sequenced := 0
+	for _, e := range append(ev.filter(hooks.Processed), ev.filter(hooks.Duplicate)...) {
+		if e.Sequenced {
+			sequenced++
+		}
+	}
+	if sequenced != 64 {
+		t.Errorf("%d outcomes reported as deduplicated by a watermark, want 64 (16 went through rows)", sequenced)
+	}
+	if n := s.inboxRows(t); n != 8 {
+		t.Errorf("%d inbox rows, want 8 (one per message without sequence headers)", n)
+	}
+	wm := s.watermarks(t)
+	for p := int32(0); p < 2; p++ {
+		a := wm[p][testSource+"/1"]
+		if len(a) != 3 {
+			t.Errorf("partition %d watermark %v, want the 3 shards", p, a)
+		}
+	}
+}
+
+// A message that fails inside its batch holds back the later messages of
+// its shard: were they committed, the watermark would pass it, and its
+// retry would be taken for a duplicate and never applied.
+func TestSequencedFailureHoldsBackItsShard(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	var msgs []kafka.Message
+	for i := range 12 {
+		// Two shards interleaved: 0, 1, 0, 1, ...
+		msgs = append(msgs, seqMessage(i, 0, int32(i%2), int64(i/2+1), 0))
+	}
+	produce(t, brokers, "orders", msgs...)
+	ev := newEvents()
+	cfg := sequencedConfig(t, brokers, s, ev)
+	cfg.BatchSize, cfg.BatchWait = 12, 2*time.Second
+	var mu sync.Mutex
+	failures := 0
+	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
+		if string(msg.Key) == "order-4" { // shard 0, seq 3
+			mu.Lock()
+			defer mu.Unlock()
+			if failures < 2 {
+				failures++
+				return errors.New("stock service briefly unavailable")
+			}
+		}
+		return s.reserve(ctx, tx, msg)
+	}
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "12 processed", func() bool { return ev.count(hooks.Processed) == 12 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 12, nil)
+	if d := ev.count(hooks.Duplicate); d != 0 {
+		t.Errorf("%d duplicates, want none", d)
+	}
+	// Only order-4's attempts were retries; the held-back messages of
+	// shard 0 (orders 6, 8, 10) were not charged.
+	for _, e := range ev.filter(hooks.Retry) {
+		if e.Scope == hooks.RetryMessage && e.EventID != "evt-order-4" {
+			t.Errorf("a held-back message was charged a retry: %+v", e)
+		}
+	}
+	if got := s.watermarks(t)[0][testSource+"/1"]; got[0] != 6 || got[1] != 6 {
+		t.Errorf("watermark %v, want shards 0 and 1 at 6", got)
+	}
+}
+
+// On an aligned stream a gap (a message lost upstream) stops the partition
+// at the message after it, naming the stream and the missing numbers.
+func TestSequencedGapStopsThePartition(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	produce(t, brokers, "orders",
+		seqMessage(0, 0, 0, 1, 1), seqMessage(1, 0, 0, 2, 1), // then 3 and 4 are lost
+		seqMessage(2, 0, 0, 5, 1), seqMessage(3, 0, 0, 6, 1))
+	ev := newEvents()
+	cfg := sequencedConfig(t, brokers, s, ev)
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
+	time.Sleep(300 * time.Millisecond)
+	err := r.stop(t)
+	var pse *consumer.PartitionStoppedError
+	if !errors.As(err, &pse) || pse.Reason != consumer.ReasonSequenceGap || pse.Offset != 2 {
+		t.Fatalf("Run returned %v, want the partition stopped at offset 2 for a sequence gap", err)
+	}
+	if msg := pse.Error(); !strings.Contains(msg, testSource) || !strings.Contains(msg, "3..4") {
+		t.Errorf("the gap's error %q does not name the source and the missing numbers 3..4", msg)
+	}
+	s.checkExactlyOnce(t, 2, nil)
+	if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 2 {
+		t.Errorf("committed %v, want 2 (held at the gap)", got)
+	}
+
+	// AcceptSequenceGaps goes on past it.
+	ev = newEvents()
+	cfg = sequencedConfig(t, brokers, s, ev)
+	cfg.AcceptSequenceGaps = true
+	r = start(t, cfg)
+	waitUntil(t, 30*time.Second, "the rest", func() bool { return ev.count(hooks.Processed) == 2 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 4, nil)
+}
+
+// A dead-lettered message of an aligned stream moves its watermark: the
+// next message, in a batch of its own, is not a gap.
+func TestSequencedDeadLetterIsNotAGap(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders", "orders.dlq")
+	s := newSQLiteShop(t)
+	var msgs []kafka.Message
+	for i := range 5 {
+		msgs = append(msgs, seqMessage(i, 0, 0, int64(i+1), 1))
+	}
+	produce(t, brokers, "orders", msgs...)
+	ev := newEvents()
+	cfg := sequencedConfig(t, brokers, s, ev)
+	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 2
+	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
+		if string(msg.Key) == "order-2" {
+			return errors.New("sku-2 is not sold here")
+		}
+		return s.reserve(ctx, tx, msg)
+	}
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "4 processed and 1 dead letter", func() bool {
+		return ev.count(hooks.Processed) == 4 && ev.count(hooks.DeadLettered) == 1
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run: %v (a dead letter taken for a gap?)", err)
+	}
+	s.checkExactlyOnce(t, 5, map[int]bool{2: true})
+	if got := s.watermarks(t)[0][testSource+"/1"]; got[0] != 5 {
+		t.Errorf("watermark %v, want shard 0 at 5", got)
+	}
+}
+
+// A watermark another member moved behind the consumer's back (a zombie's
+// or a new owner's commit) is caught by the compare-and-set: the consumer
+// reads it again, and the messages the other member applied are
+// duplicates.
+func TestSequencedWatermarkMovedByAnotherMember(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	produce(t, brokers, "orders", seqMessage(0, 0, 0, 1, 0), seqMessage(1, 0, 0, 2, 0))
+	ev := newEvents()
+	r := start(t, sequencedConfig(t, brokers, s, ev))
+	waitUntil(t, 30*time.Second, "2 processed", func() bool { return ev.count(hooks.Processed) == 2 })
+
+	// Another member applies orders 2 and 3 (seq 3 and 4) and moves the
+	// watermark, as its transaction would.
+	ws := s.ib.Store().(storage.WatermarkStore)
+	key := storage.WatermarkKey{Scope: "reserve-stock", Source: testSource, Epoch: 1, Topic: "orders", Partition: 0}
+	err := s.db.Transaction(func(tx *gorm.DB) error {
+		for i := 2; i <= 3; i++ {
+			if err := s.reserve(context.Background(), tx, consumer.Message{Message: orderMessage(i, 0)}); err != nil {
+				return err
+			}
+		}
+		return ws.SaveWatermarks(context.Background(), tx, []storage.WatermarkWrite{{WatermarkKey: key,
+			Old: watermark.Encode(watermark.Applied{0: 2}), New: watermark.Encode(watermark.Applied{0: 4})}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	produce(t, brokers, "orders", seqMessage(2, 0, 0, 3, 0), seqMessage(3, 0, 0, 4, 0), seqMessage(4, 0, 0, 5, 0))
+	waitUntil(t, 30*time.Second, "3 more", func() bool {
+		return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 5
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 5, nil)
+	if d := ev.count(hooks.Duplicate); d != 2 {
+		t.Errorf("%d duplicates, want 2 (the other member's)", d)
+	}
+}
+
+// A stream switched from inbox rows to sequenced dedup: within
+// SequencedRowsUntil a sequenced message also consults its row, so a copy
+// of a message applied through its row before the switch is a duplicate.
+func TestSequencedSwitchFromRowsConsultsThem(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	var msgs []kafka.Message
+	for i := range 6 {
+		msgs = append(msgs, seqMessage(i, 0, 0, int64(i+1), 0))
+	}
+	produce(t, brokers, "orders", msgs...)
+	ev := newEvents()
+	// Before the switch: the source is not trusted, every message takes its
+	// row.
+	r := start(t, baseConfig(t, brokers, "orders", "inventory", s, ev))
+	waitUntil(t, 30*time.Second, "6 processed", func() bool { return ev.count(hooks.Processed) == 6 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	// The relay republishes them (a lease taken over) after the switch.
+	produce(t, brokers, "orders", msgs...)
+	ev = newEvents()
+	cfg := sequencedConfig(t, brokers, s, ev)
+	cfg.SequencedRowsUntil = time.Now().Add(30 * 24 * time.Hour)
+	r = start(t, cfg)
+	waitUntil(t, 30*time.Second, "6 more", func() bool {
+		return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 6
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 6, nil)
+	if got := s.watermarks(t)[0][testSource+"/1"]; got[0] != 6 {
+		t.Errorf("watermark %v, want shard 0 at 6 (the rows' duplicates advance it too)", got)
+	}
+}
+
+// A new epoch (the producer's database restored) numbers its events from
+// where the restore left off: they are new events, applied, never taken for
+// the old epoch's.
+func TestSequencedNewEpochIsANewStream(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	produce(t, brokers, "orders",
+		seqMessageIn(0, 0, 1, 0, 1, 0), seqMessageIn(1, 0, 1, 0, 2, 0), seqMessageIn(2, 0, 1, 0, 3, 0),
+		// Restored to before seq 2; epoch 2 hands out 2 and 3 again.
+		seqMessageIn(3, 0, 2, 0, 2, 0), seqMessageIn(4, 0, 2, 0, 3, 0),
+		// A late copy of an epoch 1 message.
+		seqMessageIn(1, 0, 1, 0, 2, 0))
+	ev := newEvents()
+	r := start(t, sequencedConfig(t, brokers, s, ev))
+	waitUntil(t, 30*time.Second, "6 messages", func() bool {
+		return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 6
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 5, nil)
+}
+
+// A trusted source's message with unusable sequence headers is invalid:
+// the failure policy gets it, nothing is guessed.
+func TestSequencedBadHeadersAreInvalid(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 2, "orders", "orders.dlq")
+	s := newSQLiteShop(t)
+	noSeq := seqMessage(0, 0, 0, 1, 0)
+	noSeq.Headers = noSeq.Headers[:len(noSeq.Headers)-1]
+	badSeq := seqMessage(1, 0, 0, 1, 0)
+	badSeq.Headers[len(badSeq.Headers)-1].Value = []byte("01")
+	misplaced := seqMessage(2, 1, 0, 1, 2) // aligned shard 0 on partition 1
+	produce(t, brokers, "orders", noSeq, badSeq, misplaced)
+	ev := newEvents()
+	cfg := sequencedConfig(t, brokers, s, ev)
+	cfg.OnFailure, cfg.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "3 dead letters", func() bool { return ev.count(hooks.DeadLettered) == 3 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 0, nil)
+}
+
+// Sequenced dedup end to end on a real broker and every database: row and
+// watermark paths in the same batches, republications, a message that fails
+// twice inside its batch (its shard held back), stored offsets.
+func TestSequencedEndToEnd(t *testing.T) {
+	brokers := testservers.KafkaBrokers(t)
+	for _, be := range e2eBackends {
+		t.Run(be.name, func(t *testing.T) {
+			s := be.open(t)
+			topic := "seq-e2e-" + be.name + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+			createTopic(t, brokers, topic, 2)
+			const n = 60
+			var msgs []kafka.Message
+			seq := map[int32]int64{}
+			for i := range n {
+				p := i % 2
+				if i%6 == 5 {
+					msgs = append(msgs, orderMessage(i, p))
+					continue
+				}
+				shard := int32(i % 4)
+				seq[shard]++
+				msgs = append(msgs, seqMessage(i, p, shard, seq[shard], 0))
+			}
+			msgs = append(msgs, msgs[10:40]...)
+			produce(t, brokers, topic, msgs...)
+			ev := newEvents()
+			cfg := baseConfig(t, brokers, topic, "seq-"+topic, s, ev)
+			cfg.SequencedSources = []string{testSource}
+			cfg.StoreOffsets, cfg.OffsetsTable = true, "inbox_offsets"+s.suffix
+			cfg.BatchSize, cfg.BatchWait = 20, 300*time.Millisecond
+			var mu sync.Mutex
+			failures := 0
+			cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
+				if string(msg.Key) == "order-13" {
+					mu.Lock()
+					defer mu.Unlock()
+					if failures < 2 {
+						failures++
+						return errors.New("briefly unavailable")
+					}
+				}
+				return s.reserve(ctx, tx, msg)
+			}
+			r := start(t, cfg)
+			waitUntil(t, 60*time.Second, "every message", func() bool {
+				return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == n+30
+			})
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			s.checkExactlyOnce(t, n, nil)
+			if rows := s.inboxRows(t); rows != n/6 {
+				t.Errorf("%d inbox rows, want %d (the messages without sequence headers)", rows, n/6)
+			}
+		})
+	}
+}
+
+// The consumer's database failed over to a replica that lacked the last
+// commits: the watermark went back. The compare-and-set fails, and on an
+// aligned stream the consumer, reading it again, finds the numbers in
+// between missing before the next message: it stops loudly instead of
+// moving the watermark past them.
+func TestSequencedWatermarkWentBackIsAGap(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	produce(t, brokers, "orders", seqMessage(0, 0, 0, 1, 1), seqMessage(1, 0, 0, 2, 1), seqMessage(2, 0, 0, 3, 1))
+	ev := newEvents()
+	r := start(t, sequencedConfig(t, brokers, s, ev))
+	waitUntil(t, 30*time.Second, "3 processed", func() bool { return ev.count(hooks.Processed) == 3 })
+
+	// The failover: the database holds the watermark of seq 1 again.
+	ws := s.ib.Store().(storage.WatermarkStore)
+	key := storage.WatermarkKey{Scope: "reserve-stock", Source: testSource, Epoch: 1, Topic: "orders", Partition: 0}
+	err := s.db.Transaction(func(tx *gorm.DB) error {
+		return ws.SaveWatermarks(context.Background(), tx, []storage.WatermarkWrite{{WatermarkKey: key,
+			Old: watermark.Encode(watermark.Applied{0: 3}), New: watermark.Encode(watermark.Applied{0: 1})}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	produce(t, brokers, "orders", seqMessage(3, 0, 0, 4, 1))
+	waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
+	err = r.stop(t)
+	var pse *consumer.PartitionStoppedError
+	if !errors.As(err, &pse) || pse.Reason != consumer.ReasonSequenceGap || pse.Offset != 3 || !strings.Contains(pse.Error(), "2..3") {
+		t.Fatalf("Run returned %v, want the partition stopped at offset 3 for the gap 2..3", err)
+	}
+	s.checkExactlyOnce(t, 3, nil)
+}
