@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -25,6 +26,10 @@ import (
 // the driver's own.
 type admin interface {
 	terminate(ctx context.Context) (int, error)
+	// openTransactions counts the transactions open on the server in the
+	// sessions of the run's processes whose client ports are ports
+	// (opentx.go).
+	openTransactions(ctx context.Context, db *gorm.DB, ports []int) (int, error)
 	close()
 }
 
@@ -102,6 +107,13 @@ func (a *pgAdmin) close() {}
 type mysqlAdmin struct {
 	dsn  string // the driver's, with the privilege to create users
 	user string
+
+	// InnoDB refreshes what information_schema.INNODB_TRX shows at most
+	// every 100 ms, on a read at least that long after the previous one:
+	// reads spaced by less see transactions as they were, ended ones
+	// included (openTransactions).
+	trxMu   sync.Mutex
+	trxRead time.Time
 }
 
 // newMySQLAdmin creates a user for the run's consumers, with the rights of

@@ -36,6 +36,16 @@ type ChainConfig struct {
 	// run has duplicates on both topics whatever the random kills hit.
 	// 0: no such crash.
 	CrashAfter int
+	// Pauses stops a relay or consumer process with SIGSTOP this many times
+	// over the chaos phase and lets it go on (SIGCONT) after PauseFor to
+	// twice that, each role in turn: at most one process of a role is
+	// paused at a time, so its other processes stay healthy. Every other
+	// pause of a role is made to land inside a transaction the process
+	// holds open on the server (pause.go). The consumers then log at Warn
+	// and keep a trace, and with Config.StoreOffsets the stored offsets are
+	// read all along: none may ever go back.
+	Pauses   int
+	PauseFor time.Duration // default twice the larger of Config.Session and Lease
 }
 
 // ChainReport holds the figures of a chain run.
@@ -67,6 +77,17 @@ type ChainReport struct {
 	Problems   []string
 	CatchUp    time.Duration
 	Wall       time.Duration
+
+	StoreOffsets bool // the consumers stored their offsets (Config.StoreOffsets)
+	// The pauses (ChainConfig.Pauses), and what the processes said and
+	// charged meanwhile.
+	Pauses        []Pause
+	OffsetSamples int      // readings of every stored offset of both groups
+	OffsetsBack   []string // a stored offset read below an earlier reading of it
+	Charged       []string // from the traces: attempts charged to a message, dead letters, stopped partitions
+	Marks         []string // lines of markPatterns, by level
+	Fenced        int      // zombie workers that found their partition taken over (Warn)
+	LeaseLost     int      // relay cycles whose leases another relay had taken over (Warn)
 }
 
 // OK reports whether every check held.
@@ -93,6 +114,9 @@ func (r *ChainReport) String() string {
 	f("  process ERROR lines      %7d", r.ErrorLines)
 	for _, k := range r.ErrorKinds {
 		f("      %s", k)
+	}
+	if len(r.Pauses) > 0 {
+		r.writePauses(f)
 	}
 	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
 	f("  wall time                %7.1fs", r.Wall.Seconds())
@@ -151,6 +175,7 @@ type chainRun struct {
 	started int
 	pwg     sync.WaitGroup
 	errs    *errorLog
+	marks   *markLog
 	// firstRelay names the first relay process of each outbox, the one
 	// CrashAfter applies to.
 	firstRelay map[string]string
@@ -162,6 +187,7 @@ type chainProc struct {
 	proc
 	role    chainRole
 	relayID string
+	trace   string // a consumer's trace file
 }
 
 func (cc *ChainConfig) defaults() {
@@ -208,8 +234,9 @@ func RunChain(ctx context.Context, cfg Config, cc ChainConfig) (*ChainReport, er
 		run:  &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect}, rng: rand.New(rand.NewPCG(cfg.Seed, 15))},
 		cc:   cc,
 		crep: &ChainReport{Dialect: cfg.Dialect, Seed: cfg.Seed, Orders: cc.Orders, KillsByRole: map[string]int{}, DupSkipped: map[string]int{}},
-		errs: &errorLog{kinds: map[string]*errorKind{}}, firstRelay: map[string]string{},
+		errs: &errorLog{kinds: map[string]*errorKind{}}, marks: newMarkLog(), firstRelay: map[string]string{},
 	}
+	c.crep.StoreOffsets = cfg.StoreOffsets
 	c.primaryDir = cfg.DBDir
 	var err error
 	c.admin, c.backend, err = newAdmin(ctx, cfg, runID)
@@ -272,12 +299,17 @@ func (c *chainRun) runChaos(ctx context.Context, driver inventory.Chain, log *sl
 	defer cancelChaos()
 	superDone := make(chan struct{})
 	go func() { defer close(superDone); c.supervise(chaosCtx) }()
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	sampled := make(chan struct{})
+	go func() { defer close(sampled); c.sampleOffsets(sampleCtx) }()
 	var wg sync.WaitGroup
-	errs := make(chan error, 3)
-	wg.Add(3)
+	errs := make(chan error, 4)
+	wg.Add(4)
 	go func() { defer wg.Done(); errs <- c.serviceA(chaosCtx, driver, obA) }()
 	go func() { defer wg.Done(); errs <- c.killer(chaosCtx) }()
 	go func() { defer wg.Done(); errs <- c.disruptor(chaosCtx) }()
+	go func() { defer wg.Done(); errs <- c.pauser(chaosCtx) }()
 	wg.Wait()
 	close(errs)
 	var failed error
@@ -297,6 +329,8 @@ func (c *chainRun) runChaos(ctx context.Context, driver inventory.Chain, log *sl
 	c.crep.CatchUp = time.Since(quiet)
 	cancelChaos()
 	<-superDone
+	stopSampling()
+	<-sampled
 	c.stopAll()
 	if err != nil {
 		return err
@@ -394,21 +428,26 @@ func (c *chainRun) startLocked(ctx context.Context, role chainRole, relayID stri
 	if err != nil {
 		return err
 	}
-	w := &watcher{file: logFile, errors: c.errs}
+	w := &watcher{file: logFile, errors: c.errs, marks: c.marks}
+	trace := ""
+	if role.role == inventory.RoleConsumer && c.cc.Pauses > 0 {
+		trace = filepath.Join(c.cfg.WorkDir, name+".trace")
+	}
 	// The process is not bound to ctx: it is always ended by the run.
 	cmd, err := inventory.StartChainProcess(context.WithoutCancel(ctx), inventory.ChainProcessConfig{
 		Chain: c.chain, Role: role.role, Stage: role.stage, Name: name, Brokers: c.cfg.Brokers,
 		// The relays of an outbox share its shards, so killing one stops
 		// real work.
 		RelayID: relayID, Lease: c.cc.Lease, MaxShards: max(inventory.ChainShards/c.cc.Relays, 1), CrashAfter: crashAfter,
-		Group: "chain-" + role.stage + "-" + c.backend.RunID, Session: c.cfg.Session,
-		EventLog: filepath.Join(c.cfg.WorkDir, "events-"+role.stage+".log"),
+		Group: c.groupOf(role.stage), Session: c.cfg.Session,
+		EventLog:     filepath.Join(c.cfg.WorkDir, "events-"+role.stage+".log"),
+		StoreOffsets: c.cfg.StoreOffsets, Warnings: c.cc.Pauses > 0, Trace: trace,
 	}, w)
 	if err != nil {
 		logFile.Close()
 		return err
 	}
-	p := &chainProc{proc: proc{name: name, cmd: cmd, out: w, done: make(chan struct{})}, role: role, relayID: relayID}
+	p := &chainProc{proc: proc{name: name, cmd: cmd, out: w, done: make(chan struct{})}, role: role, relayID: relayID, trace: trace}
 	c.pwg.Go(func() {
 		_ = cmd.Wait()
 		logFile.Close()
@@ -597,10 +636,18 @@ func (c *chainRun) waitDone(ctx context.Context, driver inventory.Chain) error {
 			if !done {
 				break
 			}
-			p, err := inventory.GroupProgress(ctx, c.cfg.Brokers, "chain-"+g.stage+"-"+c.backend.RunID, g.topic, c.cfg.Partitions)
+			p, err := inventory.GroupProgress(ctx, c.cfg.Brokers, c.groupOf(g.stage), g.topic, c.cfg.Partitions)
 			done = err == nil && p.Done
 			if err == nil {
 				progress += fmt.Sprintf("; %s: %s", g.stage, p)
+			}
+			if done && c.cfg.StoreOffsets {
+				// Every partition's stored offset at its log end too: the
+				// position a member starts from.
+				done = c.stageStoredAtEnd(ctx, g.stage, g.topic, p.Ends)
+				if !done {
+					progress += " (stored offsets not yet at the end)"
+				}
 			}
 		}
 		if done {
@@ -658,5 +705,8 @@ func (c *chainRun) verify(ctx context.Context, driver inventory.Chain) error {
 	}
 	c.crep.Problems = append(c.crep.Problems, c.crep.OrdersTopic.Problems("OrderCreated")...)
 	c.crep.Problems = append(c.crep.Problems, c.crep.StockTopic.Problems("StockReserved")...)
-	return nil
+	return c.judgePauses()
 }
+
+// groupOf is the consumer group of a consuming stage.
+func (c *chainRun) groupOf(stage string) string { return "chain-" + stage + "-" + c.backend.RunID }

@@ -32,13 +32,21 @@ type fleet struct {
 	started  int
 	lastExit time.Time
 	wg       sync.WaitGroup
+
+	// prepare, if set, adjusts each process's configuration before it
+	// starts, and may give it a database link of its own (closed once the
+	// process ended).
+	prepare func(p *proc, pc *inventory.ProcessConfig) error
+	marks   *markLog // nil: none counted
 }
 
 type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  *watcher
-	done chan struct{}
+	name  string
+	cmd   *exec.Cmd
+	out   *watcher
+	done  chan struct{}
+	link  *proxy // the process's own way to the database, if prepare gave it one
+	trace string // its trace file, if prepare asked for one
 }
 
 func newFleet(r *run) *fleet {
@@ -59,24 +67,38 @@ func (f *fleet) startLocked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w := &watcher{file: logFile, errors: f.errors}
+	w := &watcher{file: logFile, errors: f.errors, marks: f.marks}
 	cfg := f.r.cfg
-	// The process is not bound to ctx: it is always ended by the fleet.
-	cmd, err := inventory.StartProcess(context.WithoutCancel(ctx), inventory.ProcessConfig{
+	pc := inventory.ProcessConfig{
 		Backend: f.r.backend, Brokers: cfg.Brokers, Topic: f.r.topic, Group: f.r.group, Name: name,
 		EventLog: f.eventLog, Session: cfg.Session, BatchSize: cfg.BatchSize, StoreOffsets: cfg.StoreOffsets,
 		DeadLetterTopic: f.r.dlq,
-	}, w)
+	}
+	p := &proc{name: name, out: w, done: make(chan struct{})}
+	if f.prepare != nil {
+		if err := f.prepare(p, &pc); err != nil {
+			logFile.Close()
+			return err
+		}
+	}
+	// The process is not bound to ctx: it is always ended by the fleet.
+	cmd, err := inventory.StartProcess(context.WithoutCancel(ctx), pc, w)
 	if err != nil {
 		logFile.Close()
+		if p.link != nil {
+			p.link.close()
+		}
 		return err
 	}
-	p := &proc{name: name, cmd: cmd, out: w, done: make(chan struct{})}
+	p.cmd = cmd
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
 		_ = cmd.Wait()
 		logFile.Close()
+		if p.link != nil {
+			p.link.close()
+		}
 		close(p.done)
 	}()
 	f.procs = append(f.procs, p)
@@ -195,6 +217,7 @@ type watcher struct {
 	mu      sync.Mutex
 	file    *os.File
 	errors  *errorLog
+	marks   *markLog // nil: none counted
 	partial []byte
 	last    []string
 	stop    string
@@ -218,6 +241,9 @@ func (w *watcher) Write(b []byte) (int, error) {
 		w.partial = w.partial[i+1:]
 		if strings.Contains(line, "level=ERROR") {
 			w.errors.add(line)
+		}
+		if w.marks != nil {
+			w.marks.add(line)
 		}
 		if strings.Contains(line, inventory.InjectedCrash) {
 			w.injected = true
@@ -254,6 +280,71 @@ func (w *watcher) tail() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return strings.Join(w.last, " | ")
+}
+
+// Lines a member logs when it loses its partitions or its leases, or
+// leaves its group (markLog counts them by level).
+const (
+	markFenced        = "partition taken over by a newer generation"
+	markLeaseLost     = "another relay took over shards"
+	markStalled       = "PARTITION STALLED"
+	markMessageFailed = "message failed"
+)
+
+var markPatterns = []string{markFenced, markLeaseLost, markStalled, markMessageFailed}
+
+// markLog counts the processes' lines that contain one of markPatterns,
+// by level: "WARN partition taken over ...".
+type markLog struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func newMarkLog() *markLog { return &markLog{n: map[string]int{}} }
+
+var levelField = regexp.MustCompile(`level=(\S+)`)
+
+func (m *markLog) add(line string) {
+	for _, p := range markPatterns {
+		if !strings.Contains(line, p) {
+			continue
+		}
+		level := ""
+		if m := levelField.FindStringSubmatch(line); m != nil {
+			level = m[1]
+		}
+		key := level + " " + p
+		m.mu.Lock()
+		m.n[key]++
+		m.mu.Unlock()
+	}
+}
+
+// count returns the lines of pattern at level ("ERROR", "WARN", "INFO";
+// "" for every level).
+func (m *markLog) count(level, pattern string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for k, v := range m.n {
+		l, p, _ := strings.Cut(k, " ")
+		if p == pattern && (level == "" || l == level) {
+			n += v
+		}
+	}
+	return n
+}
+
+// summary lists the counts, sorted.
+func (m *markLog) summary() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for k, v := range m.n {
+		out = append(out, fmt.Sprintf("%dx %s", v, k))
+	}
+	slices.Sort(out)
+	return out
 }
 
 // errorLog counts the consumers' ERROR lines by message and error text.

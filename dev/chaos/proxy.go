@@ -30,6 +30,9 @@ type proxy struct {
 	frozen bool
 	thaw   chan struct{} // closed by heal and cut
 	wg     sync.WaitGroup
+	// armed, if set, is closed when the proxy froze after forwarding a
+	// client's next write to the server (freezeAfterWrite).
+	armed chan struct{}
 }
 
 // link is one forwarded connection: c from the client, s to the server
@@ -136,6 +139,9 @@ func (p *proxy) pipe(l *link, dst, src net.Conn) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
+			if dst != l.c {
+				p.freezeIfArmed()
+			}
 		}
 		if err != nil {
 			return
@@ -160,6 +166,37 @@ func (p *proxy) freeze() {
 	if !p.frozen {
 		p.frozen, p.thaw = true, make(chan struct{})
 	}
+}
+
+// freezeAfterWrite arms the proxy to freeze right after it forwarded the
+// next write of any client to the server: that statement reaches the
+// server, and its answer is held. The returned channel is closed when it
+// froze; disarm undoes an armed freeze that has not happened.
+func (p *proxy) freezeAfterWrite() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ch := make(chan struct{})
+	p.armed = ch
+	return ch
+}
+
+func (p *proxy) disarm() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed = nil
+}
+
+func (p *proxy) freezeIfArmed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.armed == nil {
+		return
+	}
+	if !p.frozen {
+		p.frozen, p.thaw = true, make(chan struct{})
+	}
+	close(p.armed)
+	p.armed = nil
 }
 
 // heal forwards again, starting with what was held.
@@ -226,3 +263,20 @@ func (p *Proxy) Cut() { p.p.cut() }
 
 // Close stops the proxy and every connection through it.
 func (p *Proxy) Close() { p.p.close() }
+
+// serverPorts returns the local ports of the connections the proxy holds to
+// its target: the client ports the server sees.
+func (p *proxy) serverPorts() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ports []int
+	for _, l := range p.conns {
+		if l.s == nil {
+			continue
+		}
+		if a, ok := l.s.LocalAddr().(*net.TCPAddr); ok {
+			ports = append(ports, a.Port)
+		}
+	}
+	return ports
+}

@@ -133,11 +133,17 @@ func (b Backend) Reservations(ctx context.Context, db *gorm.DB) (int64, error) {
 // StoredOffsets returns the next offsets that group stored for topic's
 // partitions in OffsetsTable (consumer.Config.StoreOffsets), by partition.
 func (b Backend) StoredOffsets(ctx context.Context, db *gorm.DB, group, topic string) (map[int]int64, error) {
+	return StoredOffsets(ctx, db, b.OffsetsTable(), group, topic)
+}
+
+// StoredOffsets returns the next offsets that group stored for topic's
+// partitions in the offsets table table, by partition.
+func StoredOffsets(ctx context.Context, db *gorm.DB, table, group, topic string) (map[int]int64, error) {
 	var rows []struct {
 		Partition  int
 		NextOffset int64
 	}
-	err := db.WithContext(ctx).Table(b.OffsetsTable()).Select("*").
+	err := db.WithContext(ctx).Table(table).Select("*").
 		Where(map[string]any{"group_id": group, "topic": topic}).Find(&rows).Error
 	if err != nil {
 		return nil, err

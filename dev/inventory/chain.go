@@ -62,6 +62,12 @@ func (c Chain) ReorderTable() string  { return "chain_reorders_" + c.Backend.Run
 func (c Chain) OrdersTopic() string   { return "chain-orders-" + c.Backend.RunID }
 func (c Chain) StockTopic() string    { return "chain-stock-" + c.Backend.RunID }
 
+// OffsetsTable is the stored offsets' table of a consuming stage's
+// consumers (with StoreOffsets).
+func (c Chain) OffsetsTable(stage string) string {
+	return "chain_offsets_" + stage + "_" + c.Backend.RunID
+}
+
 // inboxTable is the inbox of the stage that consumes (reserve or ledger);
 // outboxTable the outbox of the stage that publishes (orders or reserve).
 func (c Chain) inboxTable(stage string) string  { return "chain_in_" + stage + "_" + c.Backend.RunID }
@@ -199,7 +205,7 @@ func (c Chain) Drop(ctx context.Context, db *gorm.DB) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	tables := []string{c.OrdersTable(), c.StockTable(), c.ReservedTable(), c.LedgerTable(), c.BookedTable(), c.ReorderTable(),
-		c.inboxTable(StageReserve), c.inboxTable(StageLedger)}
+		c.inboxTable(StageReserve), c.inboxTable(StageLedger), c.OffsetsTable(StageReserve), c.OffsetsTable(StageLedger)}
 	for _, stage := range []string{StageOrders, StageReserve} {
 		t := c.outboxTable(stage)
 		tables = append(tables, t, t+"_shards", t+"_relay", t+"_source")

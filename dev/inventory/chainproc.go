@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"syscall"
@@ -15,7 +14,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxgo/inbox/consumer"
-	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
 )
@@ -52,6 +50,12 @@ type ChainProcessConfig struct {
 	Group    string        `json:"group"`
 	Session  time.Duration `json:"session"`
 	EventLog string        `json:"event_log"`
+	// StoreOffsets runs a consumer with consumer.Config.StoreOffsets, in
+	// its stage's Chain.OffsetsTable.
+	StoreOffsets bool `json:"store_offsets"`
+	// Warnings and Trace are ProcessConfig's.
+	Warnings bool   `json:"warnings"`
+	Trace    string `json:"trace"`
 }
 
 // StartChainProcess starts this binary again as a chain process with cfg.
@@ -77,7 +81,7 @@ func StartChainProcess(ctx context.Context, cfg ChainProcessConfig, output io.Wr
 // RunChainProcess runs one relay or consumer of the chain until ctx ends.
 // A database that cannot be reached at start is waited for.
 func RunChainProcess(ctx context.Context, cfg ChainProcessConfig, stderr io.Writer) error {
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})).With("process", cfg.Name)
+	log := processLogger(stderr, cfg.Warnings).With("process", cfg.Name)
 	db, _, err := openRetrying(ctx, cfg.Chain.Backend, log)
 	if err != nil {
 		return err
@@ -134,13 +138,23 @@ func RunChainProcess(ctx context.Context, cfg ChainProcessConfig, stderr io.Writ
 			return err
 		}
 		defer events.Close()
+		hks, closeTrace, err := outcomeHooks(events, cfg.Trace)
+		if err != nil {
+			return err
+		}
+		defer closeTrace()
 		cons, err := consumer.New(consumer.Config{
 			Brokers: cfg.Brokers, GroupID: cfg.Group, Topics: []string{topic}, Inbox: ib, Consumer: cfg.Stage, Handler: h,
 			BatchWait: 20 * time.Millisecond, SessionTimeout: cfg.Session, HeartbeatInterval: cfg.Session / 4, RebalanceTimeout: 2 * cfg.Session,
-			Logger: log, Hooks: []hooks.Hook{hooks.EventFunc(logOutcome(events))},
+			Logger: log, Hooks: hks, StoreOffsets: cfg.StoreOffsets, OffsetsTable: c.OffsetsTable(cfg.Stage),
 		})
 		if err != nil {
 			return err
+		}
+		if cfg.StoreOffsets {
+			if err := migrateOffsets(ctx, cons, store, db, log); err != nil {
+				return err
+			}
 		}
 		return cons.Run(ctx)
 	}

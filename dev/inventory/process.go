@@ -47,6 +47,16 @@ type ProcessConfig struct {
 	// its partition. The scenario has no poison: whatever arrives there is
 	// a message the infrastructure failed, not the handler.
 	DeadLetterTopic string `json:"dead_letter_topic"`
+	// DatabaseTimeout and MaxProcessingStall are the consumer's
+	// (consumer.Config); 0 keeps its defaults.
+	DatabaseTimeout    time.Duration `json:"database_timeout"`
+	MaxProcessingStall time.Duration `json:"max_processing_stall"`
+	// Warnings logs Warn lines too, not only Error: what a member says
+	// when it loses its partitions is logged at Warn and Info.
+	Warnings bool `json:"warnings"`
+	// Trace, if set, is the file this process writes its trace to (see
+	// ReadTrace).
+	Trace string `json:"trace"`
 }
 
 // RunProcessFromEnv runs a consumer process if ProcessEnv is set, until
@@ -103,7 +113,7 @@ func StartProcess(ctx context.Context, cfg ProcessConfig, output io.Writer) (*ex
 // A database that cannot be reached at start (it is restarting) is waited
 // for, as the consumer waits for it once running.
 func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})).With("consumer", cfg.Name)
+	log := processLogger(stderr, cfg.Warnings).With("consumer", cfg.Name)
 	db, store, err := openRetrying(ctx, cfg.Backend, log)
 	if err != nil {
 		return err
@@ -117,54 +127,92 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 		return err
 	}
 	defer events.Close()
+	hks, closeTrace, err := outcomeHooks(events, cfg.Trace)
+	if err != nil {
+		return err
+	}
+	defer closeTrace()
 	batch := max(cfg.BatchSize, 1)
 	onFailure := consumer.StopPartition
 	if cfg.DeadLetterTopic != "" {
 		onFailure = consumer.DeadLetter
 	}
 	c, err := consumer.New(consumer.Config{
-		Brokers:           cfg.Brokers,
-		GroupID:           cfg.Group,
-		Topics:            []string{cfg.Topic},
-		Inbox:             ib,
-		Consumer:          "inventory",
-		Handler:           Handler(cfg.Backend),
-		BatchSize:         batch,
-		BatchWait:         20 * time.Millisecond,
-		SessionTimeout:    cfg.Session,
-		HeartbeatInterval: cfg.Session / 4,
-		RebalanceTimeout:  2 * cfg.Session,
-		Logger:            log,
-		Hooks:             []hooks.Hook{hooks.EventFunc(logOutcome(events))},
-		StoreOffsets:      cfg.StoreOffsets,
-		OffsetsTable:      cfg.Backend.OffsetsTable(),
-		OnFailure:         onFailure,
-		DeadLetterTopic:   cfg.DeadLetterTopic,
+		Brokers:            cfg.Brokers,
+		GroupID:            cfg.Group,
+		Topics:             []string{cfg.Topic},
+		Inbox:              ib,
+		Consumer:           "inventory",
+		Handler:            Handler(cfg.Backend),
+		BatchSize:          batch,
+		BatchWait:          20 * time.Millisecond,
+		SessionTimeout:     cfg.Session,
+		HeartbeatInterval:  cfg.Session / 4,
+		RebalanceTimeout:   2 * cfg.Session,
+		Logger:             log,
+		Hooks:              hks,
+		StoreOffsets:       cfg.StoreOffsets,
+		OffsetsTable:       cfg.Backend.OffsetsTable(),
+		OnFailure:          onFailure,
+		DeadLetterTopic:    cfg.DeadLetterTopic,
+		DatabaseTimeout:    cfg.DatabaseTimeout,
+		MaxProcessingStall: cfg.MaxProcessingStall,
 	})
 	if err != nil {
 		return err
 	}
 	if cfg.StoreOffsets {
-		// The database may be restarting or failing over: Migrate is tried
-		// again while its error is transient or the database cannot be
-		// reached; any other error fails the process.
-		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-			err := c.Migrate(ctx)
-			if err == nil {
-				break
-			}
-			if !store.IsRetryable(err) && reachable(ctx, db) {
-				return err
-			}
-			log.Warn("database not reachable for the offsets table; waiting", "error", err, "retry_in", wait)
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
-			case <-time.After(wait):
-			}
+		if err := migrateOffsets(ctx, c, store, db, log); err != nil {
+			return err
 		}
 	}
 	return c.Run(ctx)
+}
+
+// migrateOffsets creates the consumer's offsets table. The database may be
+// restarting or failing over: Migrate is tried again while its error is
+// transient or the database cannot be reached; any other error is
+// returned.
+func migrateOffsets(ctx context.Context, c *consumer.Consumer, store storage.InboxStore, db *gorm.DB, log *slog.Logger) error {
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		err := c.Migrate(ctx)
+		if err == nil {
+			return nil
+		}
+		if !store.IsRetryable(err) && reachable(ctx, db) {
+			return err
+		}
+		log.Warn("database not reachable for the offsets table; waiting", "error", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// processLogger logs at Error, or from Warn with warnings.
+func processLogger(w io.Writer, warnings bool) *slog.Logger {
+	level := slog.LevelError
+	if warnings {
+		level = slog.LevelWarn
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// outcomeHooks are a consumer process's hooks: its outcomes into the event
+// log and, if trace names a file, its trace there (closed by the returned
+// function).
+func outcomeHooks(events io.Writer, trace string) ([]hooks.Hook, func(), error) {
+	hks := []hooks.Hook{hooks.EventFunc(logOutcome(events))}
+	if trace == "" {
+		return hks, func() {}, nil
+	}
+	f, err := os.OpenFile(trace, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(hks, hooks.EventFunc(traceEvents(f))), func() { f.Close() }, nil
 }
 
 // reachable reports whether db answers a ping.

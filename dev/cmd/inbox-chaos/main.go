@@ -19,7 +19,20 @@
 // StockReserved through relay processes to a ledger's inbox, under SIGKILLs
 // of relays and consumers, broker and database restarts and connection
 // terminations: every order reserved once, every StockReserved published at
-// least once and booked once, in order per key. -phases selects the phases.
+// least once and booked once, in order per key.
+//
+// Then the pause phase (dev/chaos.RunPause; PostgreSQL and MariaDB, with
+// StoreOffsets off and on): the chain's relays and consumers stopped with
+// SIGSTOP past their lease and session timeout, half of the pauses inside a
+// transaction the process holds open, and let go on: besides the chain's
+// checks, no message charged an attempt and no stored offset ever read below
+// an earlier reading. Then the partition phase (dev/chaos.RunPartition;
+// PostgreSQL and MariaDB, StoreOffsets off and on): each inventory consumer
+// reaches the database through a link of its own, and one link at a time
+// freezes (no RST) and is healed or cut: the frozen member's partitions must
+// be committed on by a healthy member within MaxProcessingStall +
+// SessionTimeout + the rebalance, with no message charged anything.
+// -phases selects the phases.
 //
 // It needs real servers: run it through make chaos, which starts throwaway
 // ones with scripts/with-services.sh. The broker and database restarts use
@@ -43,6 +56,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,7 +95,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.StormLength, "storm-length", 4*time.Second, "length of a termination storm")
 	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
 	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
-	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates), faults (handler and configuration faults) and chain (the outbox chain under kills and restarts)")
+	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates), faults (handler and configuration faults), chain (the outbox chain under kills and restarts), pause (the chain's relays and consumers paused with SIGSTOP, with StoreOffsets off and on; PostgreSQL and MariaDB) and partition (a consumer's database link frozen, then healed or cut; PostgreSQL and MariaDB)")
+	var pc chaos.PauseConfig
+	fs.IntVar(&pc.Orders, "pause-orders", 2000, "pause phase: orders service A places, per run")
+	fs.IntVar(&pc.Pauses, "pauses", 12, "pause phase: SIGSTOPs per run, the roles (relays and consumers of both stages) in turn")
+	pauseDuration := fs.Duration("pause-duration", 60*time.Second, "pause phase: length of its chaos, per run")
+	fs.DurationVar(&pc.PauseFor, "pause-for", 0, "pause phase: shortest pause (each lasts this to twice this); 0: twice the larger of -session and the relays' lease (3s)")
+	var ptc chaos.PartitionConfig
+	partitionOrders := fs.Int("partition-orders", 6000, "partition phase: orders, produced at a steady rate while the links freeze, per run")
+	fs.IntVar(&ptc.Freezes, "freezes", 4, "partition phase: links frozen per run, one after the other, then healed and cut in turn")
+	fs.DurationVar(&ptc.FreezeFor, "freeze-for", 25*time.Second, "partition phase: how long each link stays frozen (at least the bound + 5s)")
+	fs.DurationVar(&ptc.DatabaseTimeout, "partition-database-timeout", 2*time.Second, "partition phase: the consumers' DatabaseTimeout")
+	fs.DurationVar(&ptc.MaxProcessingStall, "partition-max-stall", 8*time.Second, "partition phase: the consumers' MaxProcessingStall")
+	fs.DurationVar(&ptc.IdleTxTimeout, "partition-idle-tx-timeout", 4*time.Second, "partition phase: the server's idle-in-transaction timeout on the consumers' sessions")
 	var cc chaos.ChainConfig
 	fs.IntVar(&cc.Orders, "chain-orders", 3000, "chain phase: orders service A places")
 	chainDuration := fs.Duration("chain-duration", 60*time.Second, "chain phase: length of its chaos")
@@ -125,7 +151,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0 || c.Failovers < 0 || c.LeaderKills < 0:
 		return usage(stderr, "disruption counts must not be negative")
 	}
-	runChaos, runFaults, runChain := false, false, false
+	runChaos, runFaults, runChain, runPause, runPartition := false, false, false, false, false
 	for _, p := range strings.Split(*phases, ",") {
 		switch strings.TrimSpace(p) {
 		case "chaos":
@@ -134,9 +160,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 			runFaults = true
 		case "chain":
 			runChain = true
+		case "pause":
+			runPause = true
+		case "partition":
+			runPartition = true
 		default:
-			return usage(stderr, "-phases %q: want chaos, faults, chain, comma-separated", *phases)
+			return usage(stderr, "-phases %q: want chaos, faults, chain, pause, partition, comma-separated", *phases)
 		}
+	}
+	if pc.Orders < 1 || pc.Pauses < 1 || *pauseDuration <= 0 || pc.PauseFor < 0 {
+		return usage(stderr, "-pause-orders, -pauses and -pause-duration must be positive, -pause-for not negative")
+	}
+	if *partitionOrders < 1 || ptc.Freezes < 1 || ptc.FreezeFor <= 0 || ptc.DatabaseTimeout <= 0 || ptc.MaxProcessingStall <= ptc.DatabaseTimeout || ptc.IdleTxTimeout < time.Second {
+		return usage(stderr, "-partition-orders, -freezes, -freeze-for and -partition-database-timeout must be positive, -partition-max-stall above -partition-database-timeout, -partition-idle-tx-timeout at least 1s")
 	}
 	for _, b := range strings.Split(*faultBatches, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(b))
@@ -168,6 +204,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var reports []*chaos.Report
 	var faultReports []*chaos.FaultReport
 	var chainReports []*chaos.ChainReport
+	var pauseReports []*chaos.ChainReport
+	var partitionReports []*chaos.PartitionReport
 	for _, db := range strings.Split(*dbs, ",") {
 		cfg := c
 		cfg.Dialect = db
@@ -253,6 +291,57 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			dbFailed = dbFailed || err != nil || !crep.OK()
 		}
+		if runPause && ctx.Err() == nil && cfg.Failovers == 0 && cfg.LeaderKills == 0 {
+			if db == "sqlite" {
+				fmt.Fprintln(stdout, "pause phase: not run on SQLite (it needs a server to tell which paused process holds a transaction open)")
+			}
+			for _, storeOffsets := range []bool{false, true} {
+				if db == "sqlite" || ctx.Err() != nil {
+					break
+				}
+				pcfg := cfg
+				pcfg.Duration, pcfg.StoreOffsets = *pauseDuration, storeOffsets
+				// Each run's files apart: its judge reads every trace there.
+				if pcfg.WorkDir, err = runDir(dir, "pause", storeOffsets); err != nil {
+					fmt.Fprintln(stderr, "inbox-chaos:", err)
+					return 1
+				}
+				prep, err := chaos.RunPause(ctx, pcfg, pc)
+				if prep != nil {
+					fmt.Fprint(stdout, prep.String())
+					pauseReports = append(pauseReports, prep)
+				}
+				if err != nil {
+					fmt.Fprintf(stdout, "  pause phase FAILED: %v\n", err)
+				}
+				dbFailed = dbFailed || err != nil || !prep.OK()
+			}
+		}
+		if runPartition && ctx.Err() == nil && cfg.Failovers == 0 && cfg.LeaderKills == 0 {
+			if db == "sqlite" {
+				fmt.Fprintln(stdout, "partition phase: not run on SQLite (a local file: no database link to freeze)")
+			}
+			for _, storeOffsets := range []bool{false, true} {
+				if db == "sqlite" || ctx.Err() != nil {
+					break
+				}
+				pcfg := cfg
+				pcfg.Orders, pcfg.StoreOffsets = *partitionOrders, storeOffsets
+				if pcfg.WorkDir, err = runDir(dir, "partition", storeOffsets); err != nil {
+					fmt.Fprintln(stderr, "inbox-chaos:", err)
+					return 1
+				}
+				prep, err := chaos.RunPartition(ctx, pcfg, ptc)
+				if prep != nil {
+					fmt.Fprint(stdout, prep.String())
+					partitionReports = append(partitionReports, prep)
+				}
+				if err != nil {
+					fmt.Fprintf(stdout, "  partition phase FAILED: %v\n", err)
+				}
+				dbFailed = dbFailed || err != nil || !prep.OK()
+			}
+		}
 		failed = failed || dbFailed
 		if *keep || dbFailed {
 			fmt.Fprintf(stdout, "  files kept in %s\n", dir)
@@ -283,10 +372,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, chaos.ChainTable(chainReports))
 	}
+	if len(pauseReports) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, chaos.PauseTable(pauseReports))
+	}
+	if len(partitionReports) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, chaos.PartitionTable(partitionReports))
+	}
 	if failed {
 		return 1
 	}
 	return 0
+}
+
+// runDir makes the directory of one run of a phase in dir.
+func runDir(dir, phase string, storeOffsets bool) (string, error) {
+	sub := filepath.Join(dir, fmt.Sprintf("%s-store-offsets-%v", phase, storeOffsets))
+	return sub, os.Mkdir(sub, 0o755)
 }
 
 // table is the markdown table of docs/RELIABILITY.md.

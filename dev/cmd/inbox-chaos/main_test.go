@@ -23,6 +23,11 @@ func TestUsageErrors(t *testing.T) {
 		{"-fault-max-attempts", "1"},
 		{"-chain-orders", "0"},
 		{"-chain-kills", "-1"},
+		{"-pauses", "0"},
+		{"-pause-for", "-1s"},
+		{"-freezes", "0"},
+		{"-partition-max-stall", "1s"},
+		{"-partition-idle-tx-timeout", "10ms"},
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(args, &out, &errOut); code != 2 {
