@@ -25,9 +25,9 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 			// It waited for an earlier message of its stream, now
 			// resolved: its own first run, not a retry.
 			it.attempts = max(it.attempts-1, 0)
-			rs, ok := w.processInbox(ctx, dbCtx, []*item{it})
+			rs, ok := w.runAlone(ctx, dbCtx, it)
 			if !ok {
-				return abandoned
+				return w.unfinished(ctx)
 			}
 			if o := rs[0].Outcome; o == inbox.Processed || o == inbox.Duplicate {
 				w.finish(it, o)
@@ -54,9 +54,9 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
-		rs, ok := w.processInbox(ctx, dbCtx, []*item{it})
+		rs, ok := w.runAlone(ctx, dbCtx, it)
 		if !ok {
-			return abandoned
+			return w.unfinished(ctx)
 		}
 		if o := rs[0].Outcome; o == inbox.Processed || o == inbox.Duplicate {
 			w.finish(it, o)
@@ -64,6 +64,34 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 		}
 		err = rs[0].Err
 	}
+}
+
+// runAlone runs it through the inbox on its own. When a watermark moved
+// under it, the gap check runs again against what the database holds now:
+// ok is false, with w.gapStopped set, when the partition stopped at it.
+func (w *worker) runAlone(ctx, dbCtx context.Context, it *item) (rs []inbox.Result, ok bool) {
+	for {
+		rs, ok = w.processInbox(ctx, dbCtx, []*item{it})
+		if ok || !w.seqMoved {
+			return rs, ok
+		}
+		w.seqMoved = false
+		left, _, stop := w.cutAtGap(ctx, dbCtx, []*item{it})
+		if stop || len(left) == 0 {
+			w.gapStopped = ctx.Err() == nil
+			return nil, false
+		}
+	}
+}
+
+// unfinished is the resolution of a message runAlone left unfinished: the
+// partition stopped at it, or the worker is stopping.
+func (w *worker) unfinished(ctx context.Context) resolution {
+	if w.gapStopped && ctx.Err() == nil {
+		w.gapStopped = false
+		return stopped
+	}
+	return abandoned
 }
 
 // infrastructure reports whether err says the database failed rather than

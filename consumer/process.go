@@ -70,24 +70,23 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 	}
 
 	var gap *gapError
-	if w.seq != nil {
-		if !w.ensureLoaded(ctx, dbCtx) {
-			return ctx.Err() == nil // stopped: the watermarks cannot be read
+	var results []inbox.Result
+	for {
+		var stop bool
+		if items, gap, stop = w.cutAtGap(ctx, dbCtx, items); stop {
+			return true
 		}
-		var n int
-		if n, gap = w.seq.firstGap(items); gap != nil {
-			if w.stopAtGap(items[n], gap) {
-				// The messages before the gap are processed; the partition
-				// stops at it.
-				items = items[:n]
-			} else {
-				gap = nil
-			}
+		var ok bool
+		if results, ok = w.processInbox(ctx, dbCtx, items); ok {
+			break
 		}
-	}
-	results, ok := w.processInbox(ctx, dbCtx, items)
-	if !ok {
-		return false
+		if !w.seqMoved {
+			return false
+		}
+		// A watermark moved under the batch (another member, or a
+		// failover that lost commits): the gaps are checked again against
+		// what the database holds now.
+		w.seqMoved = false
 	}
 	// Every message whose effect committed is finished, also those after a
 	// failure: the tracker still holds the commit back at the failure.
@@ -260,12 +259,21 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			// failure: the watermarks are read again before the next run.
 			w.seq.loaded = false
 			if errors.Is(err, storage.ErrWatermarkMoved) {
-				w.log.Info("a watermark moved since it was read (another member wrote it, or the database lost commits in a failover); reading it again",
+				level := slog.LevelInfo
+				if attempt >= 5 {
+					level = slog.LevelError // still retried: members keep writing the stream
+				}
+				w.log.Log(ctx, level, "a watermark moved since it was read (another member wrote it, or the database lost commits in a failover); reading it again",
 					"messages", len(msgs), "error", err, "retry_in", wait)
 				if backoff.Sleep(ctx, wait) != nil {
 					return nil, false
 				}
-				continue
+				// Not the messages' doing: their run does not count.
+				for _, i := range idx {
+					items[i].attempts--
+				}
+				w.seqMoved = true
+				return nil, false
 			}
 		}
 		level := slog.LevelWarn

@@ -31,6 +31,10 @@ type seqPos struct {
 	stream streamID
 	shard  int32
 	seq    int64
+	// rows says the message takes its inbox row: its shard is not in the
+	// stream's watermark, and adding it would make the stored value longer
+	// than storage.MaxWatermarkBytes (see watermarks.marks).
+	rows bool
 	// partitions is the partition count the source's shards are aligned
 	// with (header.SeqPartitions), 0 if they are not: only an aligned
 	// stream is contiguous, so only there is a gap a loss.
@@ -84,8 +88,8 @@ func sequenceOf(m *kafka.Message, trusted map[string]bool) (*seqPos, error) {
 	if err != nil {
 		return nil, err
 	}
-	if shard > 1<<31-1 {
-		return nil, fmt.Errorf("%w: source %q: shard %d out of range", errBadSequence, src, shard)
+	if shard >= maxShards {
+		return nil, fmt.Errorf("%w: source %q: shard %d out of range (an outbox has at most %d shards)", errBadSequence, src, shard, maxShards)
 	}
 	p.shard = int32(shard)
 	if p.seq, err = num(pick(header.Seq, header.CloudEventsSequence), 1); err != nil {
@@ -104,6 +108,10 @@ func sequenceOf(m *kafka.Message, trusted map[string]bool) (*seqPos, error) {
 	}
 	return p, nil
 }
+
+// maxShards bounds the shard numbers of a trusted source: the adapters'
+// outbox stores make at most this many.
+const maxShards = 1 << 16
 
 // errBadSequence is wrapped by the error of a trusted source's message
 // whose sequence headers are unusable; it goes to the failure policy as an
@@ -187,7 +195,11 @@ func (w *worker) ensureLoaded(ctx, dbCtx context.Context) (ok bool) {
 			return false
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("reading the watermarks failed; retrying", "attempt", attempt, "error", err, "retry_in", wait)
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // still retried: a missing table (Migrate not run) or a failing database
+		}
+		w.log.Log(ctx, level, "reading the watermarks failed; retrying", "attempt", attempt, "error", err, "retry_in", wait)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}
@@ -251,6 +263,7 @@ func (s *watermarks) marks(seqOf []*seqPos, consultRows bool) []batchopt.SeqMark
 		shard int32
 	}
 	chains := map[key]int{}
+	sizes := map[streamID]int{} // the stream's value's length, with this call's new shards
 	var marks []batchopt.SeqMark
 	for j, p := range seqOf {
 		if p == nil {
@@ -260,6 +273,29 @@ func (s *watermarks) marks(seqOf []*seqPos, consultRows bool) []batchopt.SeqMark
 			marks = make([]batchopt.SeqMark, len(seqOf))
 		}
 		k := key{p.stream, p.shard}
+		if _, tracked := chains[k]; !tracked && !p.rows {
+			size, ok := sizes[p.stream]
+			if !ok {
+				if st := s.streams[p.stream]; st != nil {
+					size = len(st.stored)
+				}
+			}
+			if _, held := s.applied(p); !held {
+				// A new shard's entry: at most 3 bytes of distance and 9 of
+				// number. A stream that would outgrow what the store keeps
+				// leaves its further shards to the inbox row: retrying a
+				// write the store refuses would never end.
+				if size+12 > storage.MaxWatermarkBytes {
+					p.rows = true
+				} else {
+					size += 12
+				}
+			}
+			sizes[p.stream] = size
+		}
+		if p.rows {
+			continue // the zero mark: the inbox row
+		}
 		c, ok := chains[k]
 		if !ok {
 			c = len(chains) + 1
@@ -295,7 +331,7 @@ func (s *watermarks) writer(seqOf []*seqPos) func(group []int, committed []inbox
 			return d
 		}
 		for j, o := range committed {
-			if p := seqOf[j]; p != nil && (o == inbox.Processed || o == inbox.Duplicate) {
+			if p := seqOf[j]; p != nil && !p.rows && (o == inbox.Processed || o == inbox.Duplicate) {
 				if d := get(p.stream); p.seq > d.applied[p.shard] {
 					d.applied[p.shard] = p.seq
 					d.old = watermark.Encode(d.applied)
@@ -305,7 +341,7 @@ func (s *watermarks) writer(seqOf []*seqPos) func(group []int, committed []inbox
 		news := map[streamID]watermark.Applied{}
 		for _, j := range group {
 			p := seqOf[j]
-			if p == nil {
+			if p == nil || p.rows {
 				continue
 			}
 			d := get(p.stream)
@@ -338,7 +374,7 @@ func (s *watermarks) writer(seqOf []*seqPos) func(group []int, committed []inbox
 func (s *watermarks) committed(seqOf []*seqPos, outcomes func(j int) inbox.Outcome) {
 	touched := map[streamID]bool{}
 	for j, p := range seqOf {
-		if p == nil {
+		if p == nil || p.rows {
 			continue
 		}
 		if o := outcomes(j); o != inbox.Processed && o != inbox.Duplicate {
@@ -366,7 +402,7 @@ func (s *watermarks) committed(seqOf []*seqPos, outcomes func(j int) inbox.Outco
 // when ctx ended first.
 func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 	p := it.seq
-	if w.seq == nil || p == nil {
+	if w.seq == nil || p == nil || p.rows {
 		return true
 	}
 	seqOf := []*seqPos{p}
@@ -390,10 +426,21 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 		if ctx.Err() != nil {
 			return false
 		}
+		moved := errors.Is(err, storage.ErrWatermarkMoved)
+		if !moved && !w.infrastructure(err) {
+			// Nothing is lost by leaving it: the stream's next message then
+			// looks like a gap, and that stops the partition loudly.
+			w.log.Error("the watermark cannot be moved past a dead-lettered message; a later message of its stream may be taken for a gap",
+				"offset", it.msg.Offset, "error", err)
+			return true
+		}
 		w.seq.loaded = false
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		level := slog.LevelWarn
-		if errors.Is(err, storage.ErrWatermarkMoved) {
+		switch {
+		case attempt >= 5:
+			level = slog.LevelError // still retried: the database is failing, or members keep writing
+		case moved:
 			level = slog.LevelInfo
 		}
 		w.log.Log(ctx, level, "moving the watermark past a dead-lettered message failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
@@ -401,6 +448,25 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 			return false
 		}
 	}
+}
+
+// cutAtGap reads the watermarks if needed and returns the messages of
+// items before the first gap of an aligned stream, with the gap (the
+// partition then stops at the message after it), or all of items and nil.
+// stop is true when the partition stopped without a message to process
+// (the watermarks cannot be read) or ctx ended.
+func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item, _ *gapError, stop bool) {
+	if w.seq == nil {
+		return items, nil, false
+	}
+	if !w.ensureLoaded(ctx, dbCtx) {
+		return nil, nil, ctx.Err() == nil
+	}
+	n, gap := w.seq.firstGap(items)
+	if gap == nil || !w.stopAtGap(items[n], gap) {
+		return items, nil, false
+	}
+	return items[:n], gap, false
 }
 
 // stopAtGap stops the partition at it, the first message after a gap in

@@ -59,8 +59,12 @@ type worker struct {
 	// before a stored offset (lastOf).
 	batch []*item
 	// seq holds the partition's sequenced streams (nil without
-	// Config.SequencedSources).
-	seq *watermarks
+	// Config.SequencedSources); seqMoved says the last processInbox gave
+	// up because a watermark moved, gapStopped that runAlone stopped the
+	// partition at its message.
+	seq        *watermarks
+	seqMoved   bool
+	gapStopped bool
 
 	// waitingSince (UnixNano; 0: not waiting) is when the worker began
 	// waiting for the database to answer its work: the watchdog's view of

@@ -2,11 +2,13 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/inboxgo/inbox/hooks"
+	"github.com/inboxgo/inbox/internal/batchopt"
 )
 
 // Counters is a snapshot of an Inbox's totals since it was created.
@@ -59,6 +61,9 @@ func (ib *Inbox) recordFor(ctx context.Context, msg Message, out Outcome, err er
 			level = slog.LevelInfo
 		case callerRetries && IsDatabaseFailure(err):
 			level = slog.LevelWarn
+		case errors.Is(err, batchopt.ErrHeldBack):
+			// It did nothing wrong: it waits for an earlier message.
+			level = slog.LevelDebug
 		}
 		ib.log.LogAttrs(ctx, level, "message failed; nothing of it was committed",
 			slog.String("consumer", msg.Consumer), slog.String("event_id", msg.ID), slog.Any("error", err))

@@ -37,6 +37,8 @@ func backendSync(tb testing.TB, name string, pool int, sqliteSync string) *bench
 		be, err = bench.OpenPostgres(testservers.PostgresDSN(tb), pool)
 	case "mariadb":
 		be, err = bench.OpenMySQL(testservers.MySQLDSN(tb), pool)
+	default:
+		tb.Fatalf("unknown backend %q (INBOX_BENCH_BACKENDS takes %v)", name, backends)
 	}
 	if err != nil {
 		tb.Fatal(err)
@@ -460,7 +462,8 @@ func BenchmarkKafka(b *testing.B) {
 
 // BenchmarkKafkaPaired consumes one produced topic with the end-to-end
 // modes INBOX_BENCH_KAFKA_MODES names (comma-separated, the first the
-// reference; default the batched pipeline without the inbox and with it)
+// reference; default the batched pipeline without the inbox, with
+// sequenced dedup and with inbox rows)
 // in every round (INBOX_BENCH_ROUNDS, default 5), alternating their order,
 // on the databases INBOX_BENCH_BACKENDS names (default postgres), and
 // reports each mode's per-round throughput ratio to the reference: median
@@ -468,7 +471,7 @@ func BenchmarkKafka(b *testing.B) {
 func BenchmarkKafkaPaired(b *testing.B) {
 	brokers := testservers.KafkaBrokers(b)
 	n := envInt("INBOX_BENCH_KAFKA_EVENTS", bench.DefaultKafkaEvents)
-	modes := []string{bench.KafkaPlainBatched, bench.KafkaBatchHandler}
+	modes := []string{bench.KafkaPlainBatched, bench.KafkaSequencedBatchHandler, bench.KafkaBatchHandler}
 	if s := os.Getenv("INBOX_BENCH_KAFKA_MODES"); s != "" {
 		modes = strings.Split(s, ",")
 	}

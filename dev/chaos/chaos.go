@@ -13,11 +13,14 @@
 // messages (poison payloads, network errors, a handler's own deadline,
 // deferred constraints that fail at COMMIT) and a topic recreated under
 // StoreOffsets, each of which must end applied exactly once or
-// dead-lettered within MaxAttempts, within a budget.
+// dead-lettered within MaxAttempts, within a budget. RunChain is the outbox
+// chain under kills and restarts; RunPause the chain with its relays and
+// consumers paused (SIGSTOP) instead (pause.go); RunPartition freezes the
+// database links of consumer processes one at a time (partition.go).
 //
 // It is used by dev/cmd/inbox-chaos (make chaos, chaos-failover, chaos-cluster)
-// and by TestChaosShort, TestChaosFaults and TestFailoverShort (short runs
-// in make test).
+// and by TestChaosShort, TestChaosFaults, TestChaosChain, TestChaosPause,
+// TestChaosPartition and TestFailoverShort (short runs in make test).
 package chaos
 
 import (
@@ -358,6 +361,9 @@ type run struct {
 	primaryDir, standbyDir string // with Failovers: swapped by each one
 	dlq                    string // the consumers' dead-letter topic, with LeaderKills
 	proxy                  *proxy // the consumers' way to the MariaDB primary, with Failovers
+	// hurry, if set, is closed when the disruptions are over: the waves
+	// left are written without waiting between them.
+	hurry chan struct{}
 }
 
 func (r *run) say(format string, args ...any) {
@@ -533,9 +539,26 @@ func (r *run) produce(ctx context.Context, msgs []kafka.Message) error {
 		if waves <= 20 || (i+1)%(waves/10) == 0 {
 			r.say("wave %d/%d written (%d messages)", i+1, waves, hi-lo)
 		}
-		if i < waves-1 && backoff.Sleep(ctx, r.jitter(every)) != nil {
+		if i < waves-1 && r.sleepUnlessHurried(ctx, r.jitter(every)) != nil {
 			return ctx.Err()
 		}
+	}
+	return nil
+}
+
+// sleepUnlessHurried sleeps for d, or until ctx ends (its error) or hurry
+// is closed (nil).
+func (r *run) sleepUnlessHurried(ctx context.Context, d time.Duration) error {
+	if r.hurry == nil {
+		return backoff.Sleep(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.hurry:
+	case <-t.C:
 	}
 	return nil
 }

@@ -259,7 +259,7 @@ func RunPartition(ctx context.Context, cfg Config, pc PartitionConfig) (*Partiti
 	runID := fmt.Sprintf("%08x", rand.Uint32())
 	r := &partitionRun{
 		run: &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect}, rng: rand.New(rand.NewPCG(cfg.Seed, 23)),
-			topic: "chaos-partition-" + runID, group: "chaos-partition-" + runID},
+			topic: "chaos-partition-" + runID, group: "chaos-partition-" + runID, hurry: make(chan struct{})},
 		pc: pc, marks: newMarkLog(),
 		prep: &PartitionReport{Dialect: cfg.Dialect, Seed: cfg.Seed, Orders: cfg.Orders, BatchSize: cfg.BatchSize, StoreOffsets: cfg.StoreOffsets,
 			Consumers: cfg.Consumers, Session: cfg.Session, DatabaseTimeout: pc.DatabaseTimeout, MaxProcessingStall: pc.MaxProcessingStall,
@@ -388,8 +388,9 @@ func (r *partitionRun) partition(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		err := r.freezer(chaosCtx)
+		close(r.hurry) // the orders left need no freeze to fall into
 		if err != nil {
-			cancelChaos() // the orders need not go on
+			cancelChaos()
 		}
 		errs <- err
 	}()

@@ -50,6 +50,7 @@ type PauseConfig struct {
 	Orders   int           // orders service A places; default 1000
 	Pauses   int           // SIGSTOPs per run, spread over the roles; default 12
 	PauseFor time.Duration // see ChainConfig.PauseFor
+	Lease    time.Duration // the relays' lease; default 3 s
 }
 
 // RunPause runs the pause phase on cfg's database: the chain scenario
@@ -69,7 +70,7 @@ func RunPause(ctx context.Context, cfg Config, pc PauseConfig) (*ChainReport, er
 	if pc.Pauses <= 0 {
 		pc.Pauses = 12
 	}
-	return RunChain(ctx, cfg, ChainConfig{Orders: pc.Orders, Pauses: pc.Pauses, PauseFor: pc.PauseFor})
+	return RunChain(ctx, cfg, ChainConfig{Orders: pc.Orders, Pauses: pc.Pauses, PauseFor: pc.PauseFor, Lease: pc.Lease})
 }
 
 func (c *chainRun) pauseFor() time.Duration {
@@ -359,8 +360,8 @@ func sum(m map[string]int) int {
 // PauseTable is the markdown table of docs/RELIABILITY.md's pause section.
 func PauseTable(reps []*ChainReport) string {
 	var b strings.Builder
-	b.WriteString("| database | StoreOffsets | orders | SIGSTOPs (relays / consumers) | inside a transaction (relays / consumers) | paused for (s) | zombie workers fenced | relay leases lost | stored offsets read / went back | reserved | booked | lost | applied twice | reordered | attempts charged | ERROR lines | wall time |\n")
-	b.WriteString("|---|---|---:|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| database | StoreOffsets | orders | SIGSTOPs (relays / consumers) | inside a transaction (relays / consumers) | paused for (s) | zombie workers fenced | relay leases lost | copies published (OrderCreated / StockReserved) | duplicates dropped (B / ledger) | stored offsets read / went back | reserved | booked | lost | applied twice | reordered | attempts charged | ERROR lines | wall time |\n")
+	b.WriteString("|---|---|---:|---|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range reps {
 		var relays, consumers, relaysTx, consumersTx int
 		var lengths []time.Duration
@@ -384,9 +385,10 @@ func PauseTable(reps []*ChainReport) string {
 			offs = fmt.Sprintf("%d / %d", r.OffsetSamples, len(r.OffsetsBack))
 		}
 		lost := r.Ledger.ReserveLost + r.Ledger.BookLost + int64(r.OrdersTopic.Missing+r.StockTopic.Missing)
-		fmt.Fprintf(&b, "| %s | %v | %d | %d (%d / %d) | %d (%d / %d) | %s | %d | %d | %s | %d | %d | %d | %d | %d | %d | %d | %.0fs |\n",
+		fmt.Fprintf(&b, "| %s | %v | %d | %d (%d / %d) | %d (%d / %d) | %s | %d | %d | %d / %d | %d / %d | %s | %d | %d | %d | %d | %d | %d | %d | %.0fs |\n",
 			r.Dialect, r.StoreOffsets, r.Orders, len(r.Pauses), relays, consumers, relaysTx+consumersTx, relaysTx, consumersTx,
-			spreadOf(lengths), r.Fenced, r.LeaseLost, offs, r.Ledger.Reserved, r.Ledger.Booked, lost,
+			spreadOf(lengths), r.Fenced, r.LeaseLost, r.OrdersTopic.Duplicates, r.StockTopic.Duplicates,
+			r.DupSkipped[inventory.StageReserve], r.DupSkipped[inventory.StageLedger], offs, r.Ledger.Reserved, r.Ledger.Booked, lost,
 			r.Ledger.ReserveTwice+r.Ledger.BookTwice, r.Ledger.Reordered+int64(r.OrdersTopic.Reordered+r.StockTopic.Reordered),
 			len(r.Charged), r.ErrorLines, r.Wall.Seconds())
 	}

@@ -12,9 +12,9 @@ import (
 )
 
 // TestChaosPause is the pause phase, CI-sized: the chain's relays and
-// consumers stopped with SIGSTOP past their lease and session timeout (one
-// pause per role, half of them inside a transaction the process holds open
-// on the server) and let go on: every order reserved and booked once, in
+// consumers stopped with SIGSTOP for 4-8 s, past their 2 s lease and
+// session timeout (one pause per role, half of them inside a transaction
+// the process holds open on the server), and let go on: every order reserved and booked once, in
 // order, no message charged an attempt, and with StoreOffsets no stored
 // offset ever read below an earlier reading. PostgreSQL runs with
 // StoreOffsets, MariaDB without (make chaos runs both modes on both).
@@ -42,9 +42,9 @@ func TestChaosPause(t *testing.T) {
 			const pauses = 4
 			rep, err := chaos.RunPause(ctx, chaos.Config{
 				Dialect: db.dialect, DSN: db.dsn(t), Brokers: brokers, StoreOffsets: db.storeOffsets,
-				Waves: 10, Partitions: 4, Session: 3 * time.Second, Duration: 18 * time.Second,
+				Waves: 10, Partitions: 4, Session: 2 * time.Second, Duration: 14 * time.Second,
 				CatchUp: 2 * time.Minute, Seed: uint64(time.Now().UnixNano()), WorkDir: t.TempDir(), Log: testWriter{t},
-			}, chaos.PauseConfig{Orders: 300, Pauses: pauses})
+			}, chaos.PauseConfig{Orders: 240, Pauses: pauses, Lease: 2 * time.Second})
 			if rep != nil {
 				t.Log("\n" + rep.String())
 				reps = append(reps, rep)
@@ -59,8 +59,8 @@ func TestChaosPause(t *testing.T) {
 				t.Errorf("%d pauses, want %d", len(rep.Pauses), pauses)
 			}
 			for _, p := range rep.Pauses {
-				if p.For < 6*time.Second {
-					t.Errorf("%s paused for %v, want past the 3 s session timeout and lease, twice over", p.Process, p.For)
+				if p.For < 4*time.Second {
+					t.Errorf("%s paused for %v, want past the 2 s session timeout and lease, twice over", p.Process, p.For)
 				}
 			}
 		})

@@ -15,8 +15,9 @@
 // so a stuck message fails the run instead of hanging it.
 //
 // Then the chain phase (dev/chaos.RunChain): the outbox chain, service
-// A's OrderCreated through relay processes to service B's inbox, B's
-// StockReserved through relay processes to a ledger's inbox, under SIGKILLs
+// A's OrderCreated through relay processes to service B, which
+// deduplicates them by sequence, B's StockReserved through relay processes
+// to a ledger's inbox, under SIGKILLs
 // of relays and consumers, broker and database restarts and connection
 // terminations: every order reserved once, every StockReserved published at
 // least once and booked once, in order per key.
@@ -26,7 +27,20 @@
 // in each of several rounds; service B, which deduplicates by the
 // sequence of A's trusted source, must stop that partition with
 // consumer.ReasonSequenceGap naming the stream and the missing number,
-// every time, and apply nothing after it. -phases selects the phases.
+// every time, and apply nothing after it.
+//
+// Then the pause phase (dev/chaos.RunPause; PostgreSQL and MariaDB, with
+// StoreOffsets off and on): the chain's relays and consumers stopped with
+// SIGSTOP past their lease and session timeout, half of the pauses inside a
+// transaction the process holds open, and let go on: besides the chain's
+// checks, no message charged an attempt and no stored offset ever read below
+// an earlier reading. Then the partition phase (dev/chaos.RunPartition;
+// PostgreSQL and MariaDB, StoreOffsets off and on): each inventory consumer
+// reaches the database through a link of its own, and one link at a time
+// freezes (no RST) and is healed or cut: the frozen member's partitions must
+// be committed on by a healthy member within MaxProcessingStall +
+// SessionTimeout + the rebalance, with no message charged anything.
+// -phases selects the phases.
 //
 // It needs real servers: run it through make chaos, which starts throwaway
 // ones with scripts/with-services.sh. The broker and database restarts use
@@ -50,6 +64,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -314,6 +329,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 				}
 				pcfg := cfg
 				pcfg.Duration, pcfg.StoreOffsets = *pauseDuration, storeOffsets
+				// Each run's files apart: its judge reads every trace there.
+				if pcfg.WorkDir, err = runDir(dir, "pause", storeOffsets); err != nil {
+					fmt.Fprintln(stderr, "inbox-chaos:", err)
+					return 1
+				}
 				prep, err := chaos.RunPause(ctx, pcfg, pc)
 				if prep != nil {
 					fmt.Fprint(stdout, prep.String())
@@ -335,6 +355,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 				}
 				pcfg := cfg
 				pcfg.Orders, pcfg.StoreOffsets = *partitionOrders, storeOffsets
+				if pcfg.WorkDir, err = runDir(dir, "partition", storeOffsets); err != nil {
+					fmt.Fprintln(stderr, "inbox-chaos:", err)
+					return 1
+				}
 				prep, err := chaos.RunPartition(ctx, pcfg, ptc)
 				if prep != nil {
 					fmt.Fprint(stdout, prep.String())
@@ -392,6 +416,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// runDir makes the directory of one run of a phase in dir.
+func runDir(dir, phase string, storeOffsets bool) (string, error) {
+	sub := filepath.Join(dir, fmt.Sprintf("%s-store-offsets-%v", phase, storeOffsets))
+	return sub, os.Mkdir(sub, 0o755)
 }
 
 // table is the markdown table of docs/RELIABILITY.md.

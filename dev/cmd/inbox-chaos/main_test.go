@@ -25,6 +25,11 @@ func TestUsageErrors(t *testing.T) {
 		{"-chain-kills", "-1"},
 		{"-gap-rounds", "0"},
 		{"-gap-orders", "-1"},
+		{"-pauses", "0"},
+		{"-pause-for", "-1s"},
+		{"-freezes", "0"},
+		{"-partition-max-stall", "1s"},
+		{"-partition-idle-tx-timeout", "10ms"},
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(args, &out, &errOut); code != 2 {

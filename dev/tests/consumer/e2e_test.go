@@ -49,7 +49,7 @@ func newPostgresShop(t *testing.T) *shop {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, table := range []string{"inbox_e2e" + suffix, "reservations" + suffix, "stock" + suffix, "inbox_offsets" + suffix} {
+		for _, table := range []string{"inbox_e2e" + suffix, "inbox_e2e" + suffix + "_watermarks", "reservations" + suffix, "stock" + suffix, "inbox_offsets" + suffix} {
 			if err := db.Exec(`DROP TABLE IF EXISTS ` + table + ` CASCADE`).Error; err != nil {
 				t.Errorf("drop %s: %v", table, err)
 			}
@@ -58,7 +58,9 @@ func newPostgresShop(t *testing.T) *shop {
 			sqlDB.Close()
 		}
 	})
-	return setupShop(t, db, store, suffix)
+	sh := setupShop(t, db, store, suffix)
+	sh.inboxTable = "inbox_e2e" + suffix
+	return sh
 }
 
 func newMySQLShop(t *testing.T) *shop {
@@ -77,7 +79,7 @@ func newMySQLShop(t *testing.T) *shop {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, table := range []string{"inbox_e2e" + suffix, "reservations" + suffix, "stock" + suffix, "inbox_offsets" + suffix} {
+		for _, table := range []string{"inbox_e2e" + suffix, "inbox_e2e" + suffix + "_watermarks", "reservations" + suffix, "stock" + suffix, "inbox_offsets" + suffix} {
 			if err := db.Exec("DROP TABLE IF EXISTS `" + table + "`").Error; err != nil {
 				t.Errorf("drop %s: %v", table, err)
 			}
@@ -86,7 +88,9 @@ func newMySQLShop(t *testing.T) *shop {
 			sqlDB.Close()
 		}
 	})
-	return setupShop(t, db, store, suffix)
+	sh := setupShop(t, db, store, suffix)
+	sh.inboxTable = "inbox_e2e" + suffix
+	return sh
 }
 
 // createTopic creates topic on a real broker and waits until every

@@ -155,6 +155,9 @@ type shop struct {
 	db     *gorm.DB
 	ib     *inbox.Inbox
 	suffix string
+	// inboxTable is the inbox table's name, if not the SQLite adapter's
+	// default.
+	inboxTable string
 }
 
 func newSQLiteShop(t *testing.T) *shop {

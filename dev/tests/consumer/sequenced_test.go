@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/hooks"
@@ -53,7 +55,7 @@ func sequencedConfig(t *testing.T, brokers []string, s *shop, ev *events) consum
 func (s *shop) inboxRows(t *testing.T) int {
 	t.Helper()
 	var n int
-	if err := s.db.Raw(`SELECT COUNT(*) FROM inbox_messages`).Scan(&n).Error; err != nil {
+	if err := s.db.Raw(`SELECT COUNT(*) FROM ` + cmp.Or(s.inboxTable, "inbox_messages")).Scan(&n).Error; err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -369,13 +371,13 @@ func TestSequencedNewEpochIsANewStream(t *testing.T) {
 // the failure policy gets it, nothing is guessed.
 func TestSequencedBadHeadersAreInvalid(t *testing.T) {
 	t.Parallel()
-	brokers := newKfake(t, 2, "orders", "orders.dlq")
+	brokers := newKfake(t, 1, "orders", "orders.dlq")
 	s := newSQLiteShop(t)
 	noSeq := seqMessage(0, 0, 0, 1, 0)
 	noSeq.Headers = noSeq.Headers[:len(noSeq.Headers)-1]
 	badSeq := seqMessage(1, 0, 0, 1, 0)
 	badSeq.Headers[len(badSeq.Headers)-1].Value = []byte("01")
-	misplaced := seqMessage(2, 1, 0, 1, 2) // aligned shard 0 on partition 1
+	misplaced := seqMessage(2, 0, 1, 1, 2) // aligned shard 1 on partition 0
 	produce(t, brokers, "orders", noSeq, badSeq, misplaced)
 	ev := newEvents()
 	cfg := sequencedConfig(t, brokers, s, ev)
@@ -386,4 +388,96 @@ func TestSequencedBadHeadersAreInvalid(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.checkExactlyOnce(t, 0, nil)
+}
+
+// Sequenced dedup end to end on a real broker and every database: row and
+// watermark paths in the same batches, republications, a message that fails
+// twice inside its batch (its shard held back), stored offsets.
+func TestSequencedEndToEnd(t *testing.T) {
+	brokers := testservers.KafkaBrokers(t)
+	for _, be := range e2eBackends {
+		t.Run(be.name, func(t *testing.T) {
+			s := be.open(t)
+			topic := "seq-e2e-" + be.name + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+			createTopic(t, brokers, topic, 2)
+			const n = 60
+			var msgs []kafka.Message
+			seq := map[int32]int64{}
+			for i := range n {
+				p := i % 2
+				if i%6 == 5 {
+					msgs = append(msgs, orderMessage(i, p))
+					continue
+				}
+				shard := int32(i % 4)
+				seq[shard]++
+				msgs = append(msgs, seqMessage(i, p, shard, seq[shard], 0))
+			}
+			msgs = append(msgs, msgs[10:40]...)
+			produce(t, brokers, topic, msgs...)
+			ev := newEvents()
+			cfg := baseConfig(t, brokers, topic, "seq-"+topic, s, ev)
+			cfg.SequencedSources = []string{testSource}
+			cfg.StoreOffsets, cfg.OffsetsTable = true, "inbox_offsets"+s.suffix
+			cfg.BatchSize, cfg.BatchWait = 20, 300*time.Millisecond
+			var mu sync.Mutex
+			failures := 0
+			cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
+				if string(msg.Key) == "order-13" {
+					mu.Lock()
+					defer mu.Unlock()
+					if failures < 2 {
+						failures++
+						return errors.New("briefly unavailable")
+					}
+				}
+				return s.reserve(ctx, tx, msg)
+			}
+			r := start(t, cfg)
+			waitUntil(t, 60*time.Second, "every message", func() bool {
+				return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == n+30
+			})
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			s.checkExactlyOnce(t, n, nil)
+			if rows := s.inboxRows(t); rows != n/6 {
+				t.Errorf("%d inbox rows, want %d (the messages without sequence headers)", rows, n/6)
+			}
+		})
+	}
+}
+
+// The consumer's database failed over to a replica that lacked the last
+// commits: the watermark went back. The compare-and-set fails, and on an
+// aligned stream the consumer, reading it again, finds the numbers in
+// between missing before the next message: it stops loudly instead of
+// moving the watermark past them.
+func TestSequencedWatermarkWentBackIsAGap(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	produce(t, brokers, "orders", seqMessage(0, 0, 0, 1, 1), seqMessage(1, 0, 0, 2, 1), seqMessage(2, 0, 0, 3, 1))
+	ev := newEvents()
+	r := start(t, sequencedConfig(t, brokers, s, ev))
+	waitUntil(t, 30*time.Second, "3 processed", func() bool { return ev.count(hooks.Processed) == 3 })
+
+	// The failover: the database holds the watermark of seq 1 again.
+	ws := s.ib.Store().(storage.WatermarkStore)
+	key := storage.WatermarkKey{Scope: "reserve-stock", Source: testSource, Epoch: 1, Topic: "orders", Partition: 0}
+	err := s.db.Transaction(func(tx *gorm.DB) error {
+		return ws.SaveWatermarks(context.Background(), tx, []storage.WatermarkWrite{{WatermarkKey: key,
+			Old: watermark.Encode(watermark.Applied{0: 3}), New: watermark.Encode(watermark.Applied{0: 1})}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	produce(t, brokers, "orders", seqMessage(3, 0, 0, 4, 1))
+	waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
+	err = r.stop(t)
+	var pse *consumer.PartitionStoppedError
+	if !errors.As(err, &pse) || pse.Reason != consumer.ReasonSequenceGap || pse.Offset != 3 || !strings.Contains(pse.Error(), "2..3") {
+		t.Fatalf("Run returned %v, want the partition stopped at offset 3 for the gap 2..3", err)
+	}
+	s.checkExactlyOnce(t, 3, nil)
 }
