@@ -228,8 +228,13 @@ func TestStartupReplica(t *testing.T) {
 	if err := c.Migrate(ctx); err != nil {
 		t.Fatalf("Consumer.Migrate: %v", err)
 	}
+	// Stopped by its context, not Close: the other replicas may apply every
+	// order before this one's Run has begun, and a Close before Run makes
+	// Run refuse to start (consumer.ErrRunning).
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
 	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	go func() { done <- c.Run(runCtx) }()
 	// The group's work is done once every order is applied, whichever
 	// replica applied it.
 	deadline := time.Now().Add(60 * time.Second)
@@ -248,7 +253,7 @@ func TestStartupReplica(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	go c.Close()
+	stop()
 	select {
 	case err := <-done:
 		if err != nil && !errors.Is(err, context.Canceled) {
