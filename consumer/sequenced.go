@@ -46,6 +46,13 @@ type streamID struct {
 	epoch  int64
 }
 
+// shardKey is one shard of a stream: the unit a watermark number and a
+// chain of held-back messages belong to.
+type shardKey struct {
+	id    streamID
+	shard int32
+}
+
 // sequenceOf reads m's sequence headers. It returns nil for a message that
 // carries none, or whose source is not in trusted: such a message goes
 // through an inbox row. A trusted source's message whose headers are
@@ -227,17 +234,13 @@ func (e *gapError) Error() string {
 // no committed number in the shard yet starts at the first number it sees:
 // a new group, or a topic whose head retention deleted.
 func (s *watermarks) firstGap(items []*item) (int, *gapError) {
-	type key struct {
-		id    streamID
-		shard int32
-	}
-	next := map[key]int64{} // the number expected next, per shard; absent: any
+	next := map[shardKey]int64{} // the number expected next, per shard; absent: any
 	for i, it := range items {
 		p := it.seq
 		if p == nil || p.partitions == 0 {
 			continue
 		}
-		k := key{p.stream, p.shard}
+		k := shardKey{p.stream, p.shard}
 		exp, ok := next[k]
 		if !ok {
 			var v int64
@@ -258,11 +261,7 @@ func (s *watermarks) firstGap(items []*item) (int, *gapError) {
 // or new, in the chain of its stream's shard. consultRows adds the inbox
 // row's claim to the new ones.
 func (s *watermarks) marks(seqOf []*seqPos, consultRows bool) []batchopt.SeqMark {
-	type key struct {
-		id    streamID
-		shard int32
-	}
-	chains := map[key]int{}
+	chains := map[shardKey]int{}
 	sizes := map[streamID]int{} // the stream's value's length, with this call's new shards
 	var marks []batchopt.SeqMark
 	for j, p := range seqOf {
@@ -272,7 +271,7 @@ func (s *watermarks) marks(seqOf []*seqPos, consultRows bool) []batchopt.SeqMark
 		if marks == nil {
 			marks = make([]batchopt.SeqMark, len(seqOf))
 		}
-		k := key{p.stream, p.shard}
+		k := shardKey{p.stream, p.shard}
 		if _, tracked := chains[k]; !tracked && !p.rows {
 			size, ok := sizes[p.stream]
 			if !ok {
