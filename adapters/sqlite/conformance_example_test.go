@@ -4,6 +4,7 @@ package sqlite_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -70,11 +71,19 @@ func Example_conformance() {
 
 	failed := 0
 	for _, c := range conformance.Checks() {
-		if err := conformance.RunCheck(ctx, newHarness, c); err != nil {
+		err := conformance.RunCheck(ctx, newHarness, c)
+		switch {
+		case errors.Is(err, conformance.ErrSkipped):
+			// A capability the Store does not have (here: opening the
+			// transaction with its watermark writes in one round trip).
+			fmt.Println("skipped", c.ID())
+		case err != nil:
 			fmt.Println(err) // the check's id and what the Store got wrong
 			failed++
 		}
 	}
 	fmt.Println("checks failed:", failed)
-	// Output: checks failed: 0
+	// Output:
+	// skipped watermark/begin-and-save
+	// checks failed: 0
 }

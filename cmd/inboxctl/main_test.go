@@ -361,7 +361,10 @@ func TestCheckSQLite(t *testing.T) {
 	n := len(selectChecks(false, nil)) + 1
 	for _, want := range []string{"PASS  settings/verify", "PASS  schema/table-is-transactional", "PASS  atomicity/handler-error-rolls-back",
 		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-sequence/relay-headers", "PASS  outbox-expiry/never-unpublished",
-		fmt.Sprintf("PASS: %d of %d checks passed against sqlite", n, n)} {
+		// SQLite's store cannot open a transaction with its watermark
+		// writes in one round trip: that capability's check is skipped.
+		"SKIP  watermark/begin-and-save",
+		fmt.Sprintf("PASS: %d of %d checks passed, 1 skipped against sqlite", n-1, n)} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("check output lacks %q:\n%v", want, r)
 		}

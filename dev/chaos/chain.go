@@ -67,8 +67,9 @@ type ChainReport struct {
 	OrdersTopic, StockTopic inventory.TopicScan
 	// DupSkipped are the deliveries each consuming stage's inbox dropped as
 	// duplicates, as logged by its processes (a killed process may lose its
-	// last line).
+	// last line); Outcomes all that its processes logged, by dedup path.
 	DupSkipped map[string]int
+	Outcomes   map[string]inventory.Outcomes
 	Ledger     inventory.ChainLedger
 	Findings   []string // processes that exited on their own or stopped a partition
 	ErrorLines int
@@ -96,7 +97,7 @@ func (r *ChainReport) OK() bool { return len(r.Problems) == 0 }
 func (r *ChainReport) String() string {
 	var b strings.Builder
 	f := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	f("chain run on %s (seed %d): A -> relay -> B (inbox, outbox) -> relay -> ledger (inbox)", r.Dialect, r.Seed)
+	f("chain run on %s (seed %d): A (aligned outbox) -> relay -> B (watermarks, outbox) -> relay -> ledger (inbox rows)", r.Dialect, r.Seed)
 	f("  orders placed by A       %7d  (%d rows)", r.Orders, r.Ledger.Placed)
 	f("  SIGKILLs                 %7d  (%s; %d while busy)", r.Kills, fmtRoles(r.KillsByRole), r.BusyKills)
 	f("  injected relay crashes   %7d  (SIGKILL to itself between the broker's acknowledgement and marking published)", r.Injected)
@@ -107,10 +108,16 @@ func (r *ChainReport) String() string {
 		r.OrdersTopic.Messages, r.OrdersTopic.Distinct, r.OrdersTopic.Duplicates, r.OrdersTopic.Missing, r.OrdersTopic.Reordered)
 	f("  StockReserved in topic   %7d  (%d distinct, %d duplicates published, %d missing, %d first copies out of order)",
 		r.StockTopic.Messages, r.StockTopic.Distinct, r.StockTopic.Duplicates, r.StockTopic.Missing, r.StockTopic.Reordered)
-	f("  duplicates dropped       %7d  by B's inbox, %d by the ledger's", r.DupSkipped[inventory.StageReserve], r.DupSkipped[inventory.StageLedger])
+	f("  duplicates dropped       %7d  by B, %d by the ledger", r.DupSkipped[inventory.StageReserve], r.DupSkipped[inventory.StageLedger])
+	for _, stage := range []string{inventory.StageReserve, inventory.StageLedger} {
+		f("  %-24s %s", "dedup path ("+stage+")", fmtPaths(r.Outcomes[stage]))
+	}
+	f("  dedup state              %7d  watermark rows of B (one per stream), %d inbox rows of B, %d of the ledger",
+		r.Ledger.ReserveWatermarks, r.Ledger.ReserveInboxRows, r.Ledger.LedgerInboxRows)
 	f("  reserved (B)             %7d  (%d lost, %d twice)", r.Ledger.Reserved, r.Ledger.ReserveLost, r.Ledger.ReserveTwice)
 	f("  booked (ledger)          %7d  (%d lost, %d twice)", r.Ledger.Booked, r.Ledger.BookLost, r.Ledger.BookTwice)
 	f("  reordered within a key   %7d  (checked per key by B and by the ledger)", r.Ledger.Reordered)
+	f("  aligned stream gaps      %7d  (OrderCreated on the topic: %d messages of the aligned outbox A, read per stream)", len(r.OrdersTopic.StreamGaps), r.OrdersTopic.Aligned)
 	f("  process ERROR lines      %7d", r.ErrorLines)
 	for _, k := range r.ErrorKinds {
 		f("      %s", k)
@@ -120,8 +127,14 @@ func (r *ChainReport) String() string {
 	}
 	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
 	f("  wall time                %7.1fs", r.Wall.Seconds())
-	writeVerdict(f, r.Skipped, r.Findings, r.Problems, "every order reserved once, every StockReserved published and booked once, in order per key")
+	writeVerdict(f, r.Skipped, r.Findings, r.Problems, "every order reserved once, every StockReserved published and booked once, in order per key, each stage on its dedup path, no gap in A's streams")
 	return b.String()
+}
+
+// fmtPaths is a stage's logged outcomes by dedup path.
+func fmtPaths(o inventory.Outcomes) string {
+	return fmt.Sprintf("%d applied, %d duplicates by watermark; %d applied, %d duplicates by inbox row",
+		o.WatermarkProcessed, o.WatermarkDuplicates, o.Processed-o.WatermarkProcessed, o.Duplicates-o.WatermarkDuplicates)
 }
 
 func fmtRoles(m map[string]int) string {
@@ -135,16 +148,19 @@ func fmtRoles(m map[string]int) string {
 // ChainTable is the markdown table of docs/RELIABILITY.md's chain section.
 func ChainTable(reps []*ChainReport) string {
 	var b strings.Builder
-	b.WriteString("| database | orders | SIGKILLs (relays / consumers) | injected relay crashes | broker restarts | DB restarts | OrderCreated duplicates published | StockReserved duplicates published | duplicates dropped (B / ledger) | reserved | booked | lost | applied twice | reordered | wall time |\n")
-	b.WriteString("|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| database | orders | SIGKILLs (relays / consumers) | injected relay crashes | broker restarts | DB restarts | OrderCreated duplicates published | StockReserved duplicates published | duplicates dropped (B / ledger) | B by watermark (applied / duplicates) | ledger by inbox row (applied / duplicates) | reserved | booked | lost | applied twice | reordered | stream gaps | wall time |\n")
+	b.WriteString("|---|---:|---|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range reps {
 		relays := r.KillsByRole["relay orders"] + r.KillsByRole["relay reserve"]
 		lost := r.Ledger.ReserveLost + r.Ledger.BookLost + int64(r.OrdersTopic.Missing+r.StockTopic.Missing)
 		twice := r.Ledger.ReserveTwice + r.Ledger.BookTwice
-		fmt.Fprintf(&b, "| %s | %d | %d (%d / %d) | %d | %d | %d | %d | %d | %d / %d | %d | %d | %d | %d | %d | %.0fs |\n",
+		b2, l := r.Outcomes[inventory.StageReserve], r.Outcomes[inventory.StageLedger]
+		fmt.Fprintf(&b, "| %s | %d | %d (%d / %d) | %d | %d | %d | %d | %d | %d / %d | %d / %d | %d / %d | %d | %d | %d | %d | %d | %d | %.0fs |\n",
 			r.Dialect, r.Orders, r.Kills, relays, r.Kills-relays, r.Injected, r.BrokerRestarts, r.DBRestarts,
 			r.OrdersTopic.Duplicates, r.StockTopic.Duplicates, r.DupSkipped[inventory.StageReserve], r.DupSkipped[inventory.StageLedger],
-			r.Ledger.Reserved, r.Ledger.Booked, lost, twice, r.Ledger.Reordered+int64(r.OrdersTopic.Reordered+r.StockTopic.Reordered), r.Wall.Seconds())
+			b2.WatermarkProcessed, b2.WatermarkDuplicates, l.Processed-l.WatermarkProcessed, l.Duplicates-l.WatermarkDuplicates,
+			r.Ledger.Reserved, r.Ledger.Booked, lost, twice, r.Ledger.Reordered+int64(r.OrdersTopic.Reordered+r.StockTopic.Reordered),
+			len(r.OrdersTopic.StreamGaps)+len(r.StockTopic.StreamGaps), r.Wall.Seconds())
 	}
 	return b.String()
 }
@@ -188,6 +204,9 @@ type chainProc struct {
 	role    chainRole
 	relayID string
 	trace   string // a consumer's trace file
+	// crashes: the relay is to kill itself after CrashAfter publishes, so
+	// the random kills spare it (it is its outbox's first relay).
+	crashes bool
 }
 
 func (cc *ChainConfig) defaults() {
@@ -211,14 +230,17 @@ func (cc *ChainConfig) defaults() {
 // RunChain runs the outbox chain under chaos on cfg's database: service A
 // places orders in its process (this one) and enqueues OrderCreated in each
 // order's transaction; relay processes publish both outboxes; consumer
-// processes of service B reserve stock and enqueue StockReserved, through
-// B's inbox; consumer processes of the ledger book them, through the
-// ledger's inbox. Meanwhile relays and consumers are killed with SIGKILL at
-// random moments and replaced (a relay under its old id or a new one), the
-// broker and the database server are restarted, and connections are
-// terminated. After the chaos and a quiet period it checks that every order
-// was reserved exactly once, every StockReserved published at least once
-// and booked exactly once, and nothing applied out of its key's order.
+// processes of service B reserve stock and enqueue StockReserved,
+// deduplicating by the watermarks of outbox A's streams (A is aligned to
+// its topic, and its source trusted); consumer processes of the ledger
+// book them, through the ledger's inbox rows. Meanwhile relays and
+// consumers are killed with SIGKILL at random moments and replaced (a
+// relay under its old id or a new one), the broker and the database server
+// are restarted, and connections are terminated. After the chaos and a
+// quiet period it checks that every order was reserved exactly once, every
+// StockReserved published at least once and booked exactly once, nothing
+// applied out of its key's order, each stage's outcomes on its dedup path
+// only, and A's streams on the topic without a gap.
 //
 // An error means the run could not be carried out; a failed check is in
 // ChainReport.Problems.
@@ -233,7 +255,7 @@ func RunChain(ctx context.Context, cfg Config, cc ChainConfig) (*ChainReport, er
 	c := &chainRun{
 		run:  &run{cfg: cfg, rep: &Report{Dialect: cfg.Dialect}, rng: rand.New(rand.NewPCG(cfg.Seed, 15))},
 		cc:   cc,
-		crep: &ChainReport{Dialect: cfg.Dialect, Seed: cfg.Seed, Orders: cc.Orders, KillsByRole: map[string]int{}, DupSkipped: map[string]int{}},
+		crep: &ChainReport{Dialect: cfg.Dialect, Seed: cfg.Seed, Orders: cc.Orders, KillsByRole: map[string]int{}, DupSkipped: map[string]int{}, Outcomes: map[string]inventory.Outcomes{}},
 		errs: &errorLog{kinds: map[string]*errorKind{}}, marks: newMarkLog(), firstRelay: map[string]string{},
 	}
 	c.crep.StoreOffsets = cfg.StoreOffsets
@@ -244,10 +266,10 @@ func RunChain(ctx context.Context, cfg Config, cc ChainConfig) (*ChainReport, er
 		return nil, err
 	}
 	defer c.admin.close()
-	c.chain = inventory.Chain{Backend: c.backend}
+	c.chain = inventory.Chain{Backend: c.backend, Partitions: cfg.Partitions}
 	// The driver (service A and the checks) connects as given; the
 	// processes' connections are the ones marked for termination.
-	driver := inventory.Chain{Backend: c.backend}
+	driver := c.chain
 	if cfg.Dialect != "sqlite" {
 		driver.Backend.DSN = cfg.DSN
 	}
@@ -438,7 +460,7 @@ func (c *chainRun) startLocked(ctx context.Context, role chainRole, relayID stri
 		Chain: c.chain, Role: role.role, Stage: role.stage, Name: name, Brokers: c.cfg.Brokers,
 		// The relays of an outbox share its shards, so killing one stops
 		// real work.
-		RelayID: relayID, Lease: c.cc.Lease, MaxShards: max(inventory.ChainShards/c.cc.Relays, 1), CrashAfter: crashAfter,
+		RelayID: relayID, Lease: c.cc.Lease, MaxShards: max(c.chain.Shards(role.stage)/c.cc.Relays, 1), CrashAfter: crashAfter,
 		Group: c.groupOf(role.stage), Session: c.cfg.Session,
 		EventLog:     filepath.Join(c.cfg.WorkDir, "events-"+role.stage+".log"),
 		StoreOffsets: c.cfg.StoreOffsets, Warnings: c.cc.Pauses > 0, Trace: trace,
@@ -447,7 +469,7 @@ func (c *chainRun) startLocked(ctx context.Context, role chainRole, relayID stri
 		logFile.Close()
 		return err
 	}
-	p := &chainProc{proc: proc{name: name, cmd: cmd, out: w, done: make(chan struct{})}, role: role, relayID: relayID, trace: trace}
+	p := &chainProc{proc: proc{name: name, cmd: cmd, out: w, done: make(chan struct{})}, role: role, relayID: relayID, trace: trace, crashes: crashAfter > 0}
 	c.pwg.Go(func() {
 		_ = cmd.Wait()
 		logFile.Close()
@@ -509,11 +531,22 @@ func (c *chainRun) killRandom(ctx context.Context) error {
 	busy := c.waitBusy(ctx, role, 3*time.Second)
 	c.pmu.Lock()
 	defer c.pmu.Unlock()
-	var of []int
+	// A relay waiting for its injected crash is spared while its role has
+	// another process: a random kill before its CrashAfter-th publish
+	// would leave the run without the crash between the broker's
+	// acknowledgement and marking published.
+	var of, spared []int
 	for i, p := range c.procs {
-		if p.role == role {
+		switch {
+		case p.role != role:
+		case p.crashes:
+			spared = append(spared, i)
+		default:
 			of = append(of, i)
 		}
+	}
+	if len(of) == 0 {
+		of = spared
 	}
 	if len(of) == 0 {
 		return nil
@@ -680,6 +713,8 @@ func (c *chainRun) verify(ctx context.Context, driver inventory.Chain) error {
 			return err
 		}
 		c.crep.DupSkipped[stage] = out.Duplicates
+		c.crep.Outcomes[stage] = out
+		c.crep.Problems = append(c.crep.Problems, out.PathProblems(stage)...)
 	}
 	c.crep.ErrorLines, c.crep.ErrorKinds = c.errs.summary()
 	var err error

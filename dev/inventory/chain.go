@@ -20,7 +20,7 @@ import (
 	"github.com/inboxgo/inbox/storage"
 )
 
-// Chain is the two-service scenario of the outbox (issue 15), on one
+// Chain is the two-service scenario of the outbox, on one
 // database: service A takes orders and enqueues OrderCreated in the order's
 // transaction (outbox A); relay A publishes them; service B, the inventory,
 // consumes OrderCreated through its inbox, reserves stock and enqueues
@@ -32,8 +32,25 @@ import (
 // inside its transaction, that the per-key sequence number of each event is
 // the one after the last it applied: a reordering is recorded in a table,
 // where it survives the process that saw it being killed.
+//
+// The two consuming stages deduplicate in the two ways the consumer offers,
+// so that every run exercises both:
+//   - B trusts outbox A's source (consumer.Config.SequencedSources): it
+//     keeps one watermark row per stream instead of an inbox row per event.
+//     Outbox A is aligned to the orders topic (outbox.Config.AlignedTopic:
+//     its shards are the topic's partitions), so each stream is contiguous
+//     and a message lost between A's outbox and B stops B's partition
+//     (consumer.ReasonSequenceGap) instead of going unnoticed.
+//   - The ledger claims an inbox row per event, though StockReserved carries
+//     sequence headers too: outbox B keeps the default shards (more than
+//     the partitions, holding keys of several partitions each), the layout
+//     most outboxes have, and the inbox-row path stays under the same
+//     chaos.
 type Chain struct {
 	Backend Backend // Dialect, DSN and RunID (the suffix of every name)
+	// Partitions is the partition count of both topics, and so the shard
+	// count of the aligned outbox A.
+	Partitions int `json:"partitions"`
 }
 
 // Stages of the chain, as named in tables, processes and reports.
@@ -73,9 +90,22 @@ func (c Chain) OffsetsTable(stage string) string {
 func (c Chain) inboxTable(stage string) string  { return "chain_in_" + stage + "_" + c.Backend.RunID }
 func (c Chain) outboxTable(stage string) string { return "chain_out_" + stage + "_" + c.Backend.RunID }
 
-// ChainShards is the outboxes' shard count: small, so that several relays
-// really share (and take over) shards.
+// ChainShards is outbox B's shard count: small, so that several relays
+// really share (and take over) shards. Outbox A has one per partition.
 const ChainShards = 8
+
+// Shards is the shard count of a publishing stage's outbox.
+func (c Chain) Shards(stage string) int {
+	if stage == StageOrders {
+		return c.Partitions
+	}
+	return ChainShards
+}
+
+// Sequenced reports whether a consuming stage deduplicates the messages of
+// the outbox before it by their sequence (StageReserve), rather than by
+// inbox rows (StageLedger).
+func Sequenced(stage string) bool { return stage == StageReserve }
 
 // Open connects to the chain's database.
 func (c Chain) Open() (*gorm.DB, error) {
@@ -101,16 +131,46 @@ func (c Chain) Inbox(stage string) (storage.InboxStore, error) {
 // Outbox returns the outbox Store of a publishing stage (StageOrders or
 // StageReserve).
 func (c Chain) Outbox(stage string) (storage.OutboxStore, error) {
-	table := c.outboxTable(stage)
+	table, shards := c.outboxTable(stage), c.Shards(stage)
+	if shards < 1 {
+		return nil, fmt.Errorf("the %s outbox needs Chain.Partitions", stage)
+	}
 	switch c.Backend.Dialect {
 	case "sqlite":
-		return inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: table, Shards: ChainShards})
+		return inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: table, Shards: shards})
 	case "postgres":
-		return inboxpg.NewOutbox(inboxpg.OutboxOptions{Table: table, Shards: ChainShards})
+		return inboxpg.NewOutbox(inboxpg.OutboxOptions{Table: table, Shards: shards})
 	case "mysql":
-		return inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Shards: ChainShards})
+		return inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Shards: shards})
 	}
 	return nil, fmt.Errorf("unknown database %q", c.Backend.Dialect)
+}
+
+// watermarkTable is the watermark table of a consuming stage's inbox
+// (made by consumer.Consumer.Migrate when the stage is Sequenced).
+func (c Chain) watermarkTable(stage string) string {
+	suffix := inboxsqlite.WatermarkSuffix
+	switch c.Backend.Dialect {
+	case "postgres":
+		suffix = inboxpg.WatermarkSuffix
+	case "mysql":
+		suffix = inboxmysql.WatermarkSuffix
+	}
+	return c.inboxTable(stage) + suffix
+}
+
+// Source returns the source id and epoch of a publishing stage's outbox,
+// the values its relays stamp (storage.Sequenced).
+func (c Chain) Source(ctx context.Context, db *gorm.DB, stage string) (string, int64, error) {
+	store, err := c.Outbox(stage)
+	if err != nil {
+		return "", 0, err
+	}
+	sq, ok := store.(storage.Sequenced)
+	if !ok {
+		return "", 0, fmt.Errorf("the %s outbox store stamps no sequence", c.Backend.Dialect)
+	}
+	return sq.Source(ctx, db.WithContext(ctx))
 }
 
 // chainOrderRow is an order of service A.
@@ -205,7 +265,8 @@ func (c Chain) Drop(ctx context.Context, db *gorm.DB) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	tables := []string{c.OrdersTable(), c.StockTable(), c.ReservedTable(), c.LedgerTable(), c.BookedTable(), c.ReorderTable(),
-		c.inboxTable(StageReserve), c.inboxTable(StageLedger), c.OffsetsTable(StageReserve), c.OffsetsTable(StageLedger)}
+		c.inboxTable(StageReserve), c.inboxTable(StageLedger), c.OffsetsTable(StageReserve), c.OffsetsTable(StageLedger),
+		c.watermarkTable(StageReserve), c.watermarkTable(StageLedger)}
 	for _, stage := range []string{StageOrders, StageReserve} {
 		t := c.outboxTable(stage)
 		tables = append(tables, t, t+"_shards", t+"_relay", t+"_source")
@@ -228,7 +289,11 @@ func (c Chain) NewOutbox(db *gorm.DB, stage string, log *slog.Logger) (*outbox.O
 	if err != nil {
 		return nil, err
 	}
-	return outbox.New(db, store, outbox.Config{Logger: log})
+	cfg := outbox.Config{Logger: log}
+	if stage == StageOrders {
+		cfg.AlignedTopic = c.OrdersTopic()
+	}
+	return outbox.New(db, store, cfg)
 }
 
 // PlaceOrder is service A: it stores ev's order and enqueues OrderCreated
@@ -329,6 +394,54 @@ func ChainOrders(runID string, n int, skus []string) []ChainEvent {
 	return out
 }
 
+// OutboxEntry is a row of an outbox: its event and its place there, which
+// the relay stamps on the event's messages.
+type OutboxEntry struct {
+	EventID string
+	Shard   int32
+	Seq     int64
+}
+
+// OutboxEntries returns the rows of a publishing stage's outbox, published
+// or not, in shard and sequence order.
+func (c Chain) OutboxEntries(ctx context.Context, db *gorm.DB, stage string) ([]OutboxEntry, error) {
+	var rows []OutboxEntry
+	err := db.WithContext(ctx).Table(c.outboxTable(stage)).Select("event_id, shard, seq").Order("shard, seq").Scan(&rows).Error
+	return rows, err
+}
+
+// ReservedCounts returns how many times service B reserved each order, by
+// order id (orders never reserved are absent).
+func (c Chain) ReservedCounts(ctx context.Context, db *gorm.DB) (map[string]int64, error) {
+	m, _, err := effectCounts(db.WithContext(ctx), c.ReservedTable())
+	return m, err
+}
+
+// Reorders counts the events a stage applied out of their key's order.
+func (c Chain) Reorders(ctx context.Context, db *gorm.DB) (int64, error) {
+	var n int64
+	err := db.WithContext(ctx).Table(c.ReorderTable()).Count(&n).Error
+	return n, err
+}
+
+// effectCounts counts the effect rows of table per order, and in all.
+func effectCounts(db *gorm.DB, table string) (map[string]int64, int64, error) {
+	var rows []struct {
+		OrderID string
+		N       int64
+	}
+	if err := db.Table(table).Select("order_id, COUNT(*) AS n").Group("order_id").Scan(&rows).Error; err != nil {
+		return nil, 0, err
+	}
+	m := make(map[string]int64, len(rows))
+	var total int64
+	for _, r := range rows {
+		m[r.OrderID] = r.N
+		total += r.N
+	}
+	return m, total, nil
+}
+
 // Booked counts the effects the ledger applied.
 func (c Chain) Booked(ctx context.Context, db *gorm.DB) (int64, error) {
 	var n int64
@@ -352,6 +465,16 @@ type ChainLedger struct {
 	BookLost, BookTwice       int64 // orders the ledger never booked / booked more than once
 	Reordered                 int64 // events a stage applied out of their key's order
 	CountersOff               int64 // SKUs whose counter disagrees with the effect rows
+	// The dedup state each consuming stage left: B's streams in its
+	// watermark table and no inbox row (Sequenced), the ledger's inbox
+	// rows, one per event it booked.
+	ReserveInboxRows, LedgerInboxRows int64
+	// Rows of a Sequenced stage's watermark table: one per stream (source,
+	// epoch, partition).
+	ReserveWatermarks, LedgerWatermarks int64
+	// rowsOff are the dedup states that disagree with the path the stage
+	// should have taken.
+	rowsOff []string
 }
 
 // Problems lists what is wrong.
@@ -369,7 +492,7 @@ func (l ChainLedger) Problems() []string {
 	add(l.BookTwice, "StockReserved booked twice")
 	add(l.Reordered, "events applied out of their key's order")
 	add(l.CountersOff, "counters that disagree with their effect rows")
-	return p
+	return append(p, l.rowsOff...)
 }
 
 // Check reads the chain's tables and compares them with orders.
@@ -379,28 +502,12 @@ func (c Chain) Check(ctx context.Context, db *gorm.DB, orders []ChainEvent) (Cha
 	if err := db.Table(c.OrdersTable()).Count(&l.Placed).Error; err != nil {
 		return l, err
 	}
-	count := func(table string) (map[string]int64, int64, error) {
-		var rows []struct {
-			OrderID string
-			N       int64
-		}
-		if err := db.Table(table).Select("order_id, COUNT(*) AS n").Group("order_id").Scan(&rows).Error; err != nil {
-			return nil, 0, err
-		}
-		m := make(map[string]int64, len(rows))
-		var total int64
-		for _, r := range rows {
-			m[r.OrderID] = r.N
-			total += r.N
-		}
-		return m, total, nil
-	}
-	reserved, total, err := count(c.ReservedTable())
+	reserved, total, err := effectCounts(db, c.ReservedTable())
 	if err != nil {
 		return l, err
 	}
 	l.Reserved = total
-	booked, total, err := count(c.BookedTable())
+	booked, total, err := effectCounts(db, c.BookedTable())
 	if err != nil {
 		return l, err
 	}
@@ -425,6 +532,9 @@ func (c Chain) Check(ctx context.Context, db *gorm.DB, orders []ChainEvent) (Cha
 	if err := db.Table(c.ReorderTable()).Count(&l.Reordered).Error; err != nil {
 		return l, err
 	}
+	if err := c.checkDedup(db, &l, len(reserved), len(booked)); err != nil {
+		return l, err
+	}
 	for _, pair := range [][2]string{{c.StockTable(), c.ReservedTable()}, {c.LedgerTable(), c.BookedTable()}} {
 		var off int64
 		q := "SELECT COUNT(*) FROM " + pair[0] + " s WHERE s.applied <> (SELECT COUNT(*) FROM " + pair[1] + " e WHERE e.sku = s.sku)"
@@ -434,6 +544,56 @@ func (c Chain) Check(ctx context.Context, db *gorm.DB, orders []ChainEvent) (Cha
 		l.CountersOff += off
 	}
 	return l, nil
+}
+
+// checkDedup reads what each consuming stage kept to deduplicate, and
+// records in l.rowsOff where it is not what its path keeps: a Sequenced
+// stage keeps watermark rows and never an inbox row (SequencedRowsUntil is
+// not set), the other stage an inbox row per distinct event it applied
+// (the row commits with the effect).
+func (c Chain) checkDedup(db *gorm.DB, l *ChainLedger, distinctReserved, distinctBooked int) error {
+	for _, st := range []struct {
+		stage       string
+		rows, marks *int64
+		distinct    int
+	}{
+		{StageReserve, &l.ReserveInboxRows, &l.ReserveWatermarks, distinctReserved},
+		{StageLedger, &l.LedgerInboxRows, &l.LedgerWatermarks, distinctBooked},
+	} {
+		if err := db.Table(c.inboxTable(st.stage)).Count(st.rows).Error; err != nil {
+			return err
+		}
+		if !Sequenced(st.stage) {
+			if *st.rows != int64(st.distinct) {
+				l.rowsOff = append(l.rowsOff, fmt.Sprintf("%d inbox rows in the %s inbox for %d events applied", *st.rows, st.stage, st.distinct))
+			}
+			continue
+		}
+		if *st.rows != 0 {
+			l.rowsOff = append(l.rowsOff, fmt.Sprintf("%d inbox rows in the %s inbox: its messages went through inbox rows, not its watermarks", *st.rows, st.stage))
+		}
+		if err := db.Table(c.watermarkTable(st.stage)).Count(st.marks).Error; err != nil {
+			return err
+		}
+		if *st.marks == 0 && st.distinct > 0 {
+			l.rowsOff = append(l.rowsOff, fmt.Sprintf("%d events applied by %s, and no watermark row", st.distinct, st.stage))
+		}
+	}
+	return nil
+}
+
+// PathProblems checks that a consuming stage's processes logged their
+// outcomes (o) on its dedup path only (Sequenced), and some.
+func (o Outcomes) PathProblems(stage string) []string {
+	marks := o.WatermarkProcessed + o.WatermarkDuplicates
+	rows := o.Processed + o.Duplicates - marks
+	switch {
+	case Sequenced(stage) && (rows > 0 || marks == 0):
+		return []string{fmt.Sprintf("%s: %d outcomes by inbox row and %d by watermark; it trusts the source, so every one must be by watermark", stage, rows, marks)}
+	case !Sequenced(stage) && (marks > 0 || rows == 0):
+		return []string{fmt.Sprintf("%s: %d outcomes by watermark and %d by inbox row; it trusts no source, so every one must be by inbox row", stage, marks, rows)}
+	}
+	return nil
 }
 
 // Unpublished counts the rows of a publishing stage's outbox that no relay

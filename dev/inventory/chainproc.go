@@ -6,14 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
 )
@@ -45,6 +49,12 @@ type ChainProcessConfig struct {
 	// before it marks the messages published: the crash that makes a relay
 	// publish again. It first writes InjectedCrash to its output.
 	CrashAfter int `json:"crash_after"`
+	// Drop, if set, makes the relay of the aligned outbox A lose one
+	// message on purpose: the message its cycles stamp with this shard
+	// and sequence number is never sent, yet reported to the relay as
+	// published, as a broker that acknowledged a write it then lost would.
+	// The relay writes InjectedDrop to its output when it first drops it.
+	Drop *SeqPos `json:"drop,omitempty"`
 	// Consumers: the group, its session timeout, and the event log
 	// ("P"/"D" per processed or duplicate message, as Consume writes).
 	Group    string        `json:"group"`
@@ -99,9 +109,15 @@ func RunChainProcess(ctx context.Context, cfg ChainProcessConfig, stderr io.Writ
 		if err != nil {
 			return err
 		}
-		var p outbox.Publisher = pub
+		var p relayPublisher = pub
 		if cfg.CrashAfter > 0 {
-			p = &crashingPublisher{KafkaPublisher: pub, after: cfg.CrashAfter, out: stderr}
+			p = &crashingPublisher{relayPublisher: p, after: cfg.CrashAfter, out: stderr}
+		}
+		if cfg.Drop != nil {
+			if cfg.Stage != StageOrders {
+				return fmt.Errorf("drop: only the relay of the aligned outbox %s drops a message on purpose", StageOrders)
+			}
+			p = &droppingPublisher{relayPublisher: p, at: *cfg.Drop, out: stderr}
 		}
 		// Small cycles: a SIGKILL then often lands between a publish and
 		// its acknowledgement in the database.
@@ -121,6 +137,18 @@ func RunChainProcess(ctx context.Context, cfg ChainProcessConfig, stderr io.Writ
 		}
 		var topic string
 		var h consumer.Handler
+		var trusted []string
+		if Sequenced(cfg.Stage) {
+			// The outbox before the stage is the chain's own: its source
+			// is trusted. It lives in this database, so the id is read
+			// from its table; a deployment configures the id that
+			// inboxctl outbox source prints.
+			src, err := c.sourceRetrying(ctx, db, publisherOf(cfg.Stage), log)
+			if err != nil {
+				return err
+			}
+			trusted = []string{src}
+		}
 		switch cfg.Stage {
 		case StageReserve:
 			ob, err := c.NewOutbox(db, StageReserve, log)
@@ -147,12 +175,13 @@ func RunChainProcess(ctx context.Context, cfg ChainProcessConfig, stderr io.Writ
 			Brokers: cfg.Brokers, GroupID: cfg.Group, Topics: []string{topic}, Inbox: ib, Consumer: cfg.Stage, Handler: h,
 			BatchWait: 20 * time.Millisecond, SessionTimeout: cfg.Session, HeartbeatInterval: cfg.Session / 4, RebalanceTimeout: 2 * cfg.Session,
 			Logger: log, Hooks: hks, StoreOffsets: cfg.StoreOffsets, OffsetsTable: c.OffsetsTable(cfg.Stage),
+			SequencedSources: trusted,
 		})
 		if err != nil {
 			return err
 		}
-		if cfg.StoreOffsets {
-			if err := migrateOffsets(ctx, cons, store, db, log); err != nil {
+		if cfg.StoreOffsets || len(trusted) > 0 {
+			if err := migrateConsumer(ctx, cons, store, db, log); err != nil {
 				return err
 			}
 		}
@@ -161,28 +190,153 @@ func RunChainProcess(ctx context.Context, cfg ChainProcessConfig, stderr io.Writ
 	return fmt.Errorf("unknown chain role %q", cfg.Role)
 }
 
+// publisherOf is the publishing stage whose outbox a consuming stage
+// reads.
+func publisherOf(stage string) string {
+	if stage == StageReserve {
+		return StageOrders
+	}
+	return StageReserve
+}
+
+// sourceRetrying reads the source id of a stage's outbox (Chain.Source),
+// waiting while the database cannot be reached (it may be restarting).
+func (c Chain) sourceRetrying(ctx context.Context, db *gorm.DB, stage string, log *slog.Logger) (string, error) {
+	store, err := c.Outbox(stage)
+	if err != nil {
+		return "", err
+	}
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		src, _, err := c.Source(ctx, db, stage)
+		if err == nil {
+			return src, nil
+		}
+		if !store.IsRetryable(err) && reachable(ctx, db) {
+			return "", fmt.Errorf("source of the %s outbox: %w", stage, err)
+		}
+		log.Warn("database not reachable for the outbox's source; waiting", "error", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// relayPublisher is what a chain relay publishes through: KafkaPublisher,
+// or one of the wrappers below around it. It pins partitions, for the
+// aligned outbox A, and keeps the writer's Limits.
+type relayPublisher interface {
+	outbox.PinningPublisher
+	outbox.Limited
+}
+
 // InjectedCrash starts the line a relay writes before it kills itself
 // (ChainProcessConfig.CrashAfter).
 const InjectedCrash = "INJECTED CRASH"
 
-// crashingPublisher publishes through KafkaPublisher (keeping its Limits)
-// and kills its own process after the after-th acknowledged publish.
+// crashingPublisher publishes through relayPublisher and kills its own
+// process after the after-th acknowledged publish.
 type crashingPublisher struct {
-	*outbox.KafkaPublisher
+	relayPublisher
 	after, n int
 	out      io.Writer
 }
 
 func (p *crashingPublisher) Publish(ctx context.Context, msgs []kafka.Message) error {
-	if err := p.KafkaPublisher.Publish(ctx, msgs); err != nil {
+	if err := p.relayPublisher.Publish(ctx, msgs); err != nil {
 		return err
 	}
+	p.acknowledged(len(msgs))
+	return nil
+}
+
+func (p *crashingPublisher) PublishPinned(ctx context.Context, msgs []kafka.Message, partitions []int, count int) error {
+	if err := p.relayPublisher.PublishPinned(ctx, msgs, partitions, count); err != nil {
+		return err
+	}
+	p.acknowledged(len(msgs))
+	return nil
+}
+
+func (p *crashingPublisher) acknowledged(msgs int) {
 	if p.n++; p.n == p.after {
-		fmt.Fprintf(p.out, "%s: SIGKILL to itself after publish %d (%d messages acknowledged by the broker, not marked published)\n", InjectedCrash, p.n, len(msgs))
+		fmt.Fprintf(p.out, "%s: SIGKILL to itself after publish %d (%d messages acknowledged by the broker, not marked published)\n", InjectedCrash, p.n, msgs)
 		_ = syscall.Kill(syscall.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
 	}
-	return nil
+}
+
+// SeqPos names a message of an outbox by the sequence headers its relay
+// stamps: its shard and its number there.
+type SeqPos struct {
+	Shard int32 `json:"shard"`
+	Seq   int64 `json:"seq"`
+}
+
+// InjectedDrop starts the line a relay writes when it first drops the
+// message of ChainProcessConfig.Drop.
+const InjectedDrop = "INJECTED DROP"
+
+// droppingPublisher leaves out every copy of the message at its shard and
+// number and reports it sent: the relay marks it published, so no relay
+// ever sends it again, and its stream has a hole for good.
+type droppingPublisher struct {
+	relayPublisher
+	at      SeqPos
+	out     io.Writer
+	dropped bool
+}
+
+func (p *droppingPublisher) PublishPinned(ctx context.Context, msgs []kafka.Message, partitions []int, count int) error {
+	keep := make([]int, 0, len(msgs))
+	for i, m := range msgs {
+		if !p.chosen(m) {
+			keep = append(keep, i)
+			continue
+		}
+		if !p.dropped {
+			p.dropped = true
+			fmt.Fprintf(p.out, "%s: shard %d seq %d (event %s, partition %d) reported published, never sent\n",
+				InjectedDrop, p.at.Shard, p.at.Seq, headerValue(m, header.EventID), partitions[i])
+		}
+	}
+	if len(keep) == len(msgs) {
+		return p.relayPublisher.PublishPinned(ctx, msgs, partitions, count)
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	sent, sentParts := make([]kafka.Message, len(keep)), make([]int, len(keep))
+	for j, i := range keep {
+		sent[j], sentParts[j] = msgs[i], partitions[i]
+	}
+	err := p.relayPublisher.PublishPinned(ctx, sent, sentParts, count)
+	var perMessage kafka.WriteErrors
+	if err != nil && errors.As(err, &perMessage) && len(perMessage) == len(sent) {
+		// The relay reads one entry per message it handed over: the
+		// dropped one "succeeded".
+		all := make(kafka.WriteErrors, len(msgs))
+		for j, i := range keep {
+			all[i] = perMessage[j]
+		}
+		return all
+	}
+	return err
+}
+
+func (p *droppingPublisher) chosen(m kafka.Message) bool {
+	return headerValue(m, header.SeqShard) == strconv.Itoa(int(p.at.Shard)) && headerValue(m, header.Seq) == strconv.FormatInt(p.at.Seq, 10)
+}
+
+// headerValue is the value of m's first header named key, "" if none.
+func headerValue(m kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 func runChainFromEnv(ctx context.Context, raw string, stderr io.Writer) (bool, int) {
@@ -208,6 +362,27 @@ type TopicScan struct {
 	// first copy (N+1): the order the downstream inbox applies.
 	Reordered int
 	NoID      int // messages without an event id header
+	// Aligned counts the messages that carry an aligned outbox's sequence
+	// headers (header.SeqPartitions). Each of its streams (source, epoch,
+	// partition) must hold the numbers 1, 2, 3... in order, copies aside:
+	// StreamGaps are the places where a number came before the next one
+	// expected, what a consumer with gap detection stops at.
+	Aligned    int64
+	StreamGaps []StreamGap
+}
+
+// StreamGap is a hole in an aligned stream of a topic: on Partition, the
+// first number after Want-1 was Got, at Offset.
+type StreamGap struct {
+	Source    string
+	Epoch     string
+	Partition int
+	Offset    int64
+	Got, Want int64
+}
+
+func (g StreamGap) String() string {
+	return fmt.Sprintf("partition %d offset %d: seq %d where %d was next (source %s epoch %s)", g.Partition, g.Offset, g.Got, g.Want, g.Source, g.Epoch)
 }
 
 // ScanTopic reads every message of topic's partitions (up to their end
@@ -226,6 +401,11 @@ func ScanTopic(ctx context.Context, brokers []string, topic string, partitions i
 	}
 	seen := map[string]bool{}
 	lastFirst := map[string]int64{} // key -> N of its last first copy
+	type stream struct {
+		source, epoch string
+		partition     int
+	}
+	highest := map[stream]int64{} // the highest number seen on a stream
 	for _, p := range offs.Topics[topic] {
 		if p.Error != nil {
 			return s, p.Error
@@ -241,12 +421,20 @@ func ScanTopic(ctx context.Context, brokers []string, topic string, partitions i
 				return s, fmt.Errorf("read %s/%d: %w", topic, p.Partition, err)
 			}
 			s.Messages++
-			id := ""
-			for _, h := range m.Headers {
-				if h.Key == "event_id" {
-					id = string(h.Value)
+			if headerValue(m, header.SeqPartitions) != "" {
+				s.Aligned++
+				st := stream{headerValue(m, header.SeqSource), headerValue(m, header.SeqEpoch), m.Partition}
+				seq, err := strconv.ParseInt(headerValue(m, header.Seq), 10, 64)
+				if err != nil {
+					rd.Close()
+					return s, fmt.Errorf("%s/%d offset %d: sequence header: %w", topic, m.Partition, m.Offset, err)
 				}
+				if want := highest[st] + 1; seq > want {
+					s.StreamGaps = append(s.StreamGaps, StreamGap{Source: st.source, Epoch: st.epoch, Partition: m.Partition, Offset: m.Offset, Got: seq, Want: want})
+				}
+				highest[st] = max(highest[st], seq)
 			}
+			id := headerValue(m, header.EventID)
 			if id == "" {
 				s.NoID++
 			} else if !seen[id] {
@@ -288,6 +476,9 @@ func (s TopicScan) Problems(topic string) []string {
 	}
 	if s.NoID > 0 {
 		p = append(p, fmt.Sprintf("%s: %d messages without an event id", topic, s.NoID))
+	}
+	for _, g := range s.StreamGaps {
+		p = append(p, fmt.Sprintf("%s: a gap in an aligned stream, %s", topic, g))
 	}
 	return p
 }

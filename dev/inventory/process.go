@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -162,18 +163,19 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 		return err
 	}
 	if cfg.StoreOffsets {
-		if err := migrateOffsets(ctx, c, store, db, log); err != nil {
+		if err := migrateConsumer(ctx, c, store, db, log); err != nil {
 			return err
 		}
 	}
 	return c.Run(ctx)
 }
 
-// migrateOffsets creates the consumer's offsets table. The database may be
+// migrateConsumer creates the consumer's tables (consumer.Consumer.Migrate:
+// the offsets table, the watermark table). The database may be
 // restarting or failing over: Migrate is tried again while its error is
 // transient or the database cannot be reached; any other error is
 // returned.
-func migrateOffsets(ctx context.Context, c *consumer.Consumer, store storage.InboxStore, db *gorm.DB, log *slog.Logger) error {
+func migrateConsumer(ctx context.Context, c *consumer.Consumer, store storage.InboxStore, db *gorm.DB, log *slog.Logger) error {
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
 		err := c.Migrate(ctx)
 		if err == nil {
@@ -182,7 +184,7 @@ func migrateOffsets(ctx context.Context, c *consumer.Consumer, store storage.Inb
 		if !store.IsRetryable(err) && reachable(ctx, db) {
 			return err
 		}
-		log.Warn("database not reachable for the offsets table; waiting", "error", err, "retry_in", wait)
+		log.Warn("database not reachable for the consumer's tables; waiting", "error", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
@@ -249,27 +251,75 @@ func Handler(b Backend) consumer.Handler {
 	}
 }
 
-// logOutcome appends "P" or "D" per processed or duplicate message, "A" per
-// partition assignment and "R" per repositioning after a database failover,
-// one unbuffered write each, so a killed process loses at most the line of
-// the message it was on.
+// logOutcome appends "P" or "D" per processed or duplicate message ("PW",
+// "DW" when its stream's watermark decided it: the consumer's sequenced
+// dedup), "A" per partition assignment, "R" per repositioning after a
+// database failover, and a StopLine per stopped partition, one unbuffered
+// write each, so a killed process loses at most the line of the message
+// it was on.
 func logOutcome(w io.Writer) func(hooks.Event) {
 	return func(e hooks.Event) {
+		var line string
 		switch e.Kind {
 		case hooks.Processed:
-			_, _ = w.Write([]byte("P\n"))
+			line = "P"
 		case hooks.Duplicate:
-			_, _ = w.Write([]byte("D\n"))
+			line = "D"
 		case hooks.Assigned:
-			_, _ = w.Write([]byte("A\n"))
+			line = "A"
 		case hooks.Repositioned:
-			_, _ = w.Write([]byte("R\n"))
+			line = "R"
+		case hooks.PartitionStopped:
+			line = stopLine(e)
+		default:
+			return
 		}
+		if e.Sequenced {
+			line += "W"
+		}
+		_, _ = w.Write([]byte(line + "\n"))
 	}
 }
 
-// Outcomes are the counts of an event log.
-type Outcomes struct{ Processed, Duplicates, Assigned, Repositioned int }
+// stopPrefix starts the event log's line of a stopped partition: the
+// prefix, then the reason, topic, partition, offset, event id and error,
+// separated by tabs (the error's own tabs and newlines become spaces).
+const stopPrefix = "STOP"
+
+func stopLine(e hooks.Event) string {
+	st := Stop{Topic: e.Topic, Partition: e.Partition, Offset: e.Offset}
+	var pse *consumer.PartitionStoppedError
+	if errors.As(e.Err, &pse) {
+		st.Reason, st.EventID = pse.Reason, pse.EventID
+		if pse.Err != nil {
+			st.Err = pse.Err.Error()
+		}
+	} else if e.Err != nil {
+		st.Err = e.Err.Error()
+	}
+	clean := strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace
+	return strings.Join([]string{stopPrefix, clean(st.Reason), clean(st.Topic), strconv.Itoa(st.Partition),
+		strconv.FormatInt(st.Offset, 10), clean(st.EventID), clean(st.Err)}, "\t")
+}
+
+// Stop is a stopped partition, as an event log records it.
+type Stop struct {
+	Reason    string // a consumer.Reason constant
+	Topic     string
+	Partition int
+	Offset    int64  // the message it stopped at
+	EventID   string // that message's, if known
+	Err       string // the cause (PartitionStoppedError.Err)
+}
+
+// Outcomes are the counts of an event log. Processed and Duplicates count
+// both dedup paths; the Watermark counts are the part of them that the
+// consumer's sequenced dedup decided.
+type Outcomes struct {
+	Processed, Duplicates, Assigned, Repositioned int
+	WatermarkProcessed, WatermarkDuplicates       int
+	Stops                                         []Stop
+}
 
 // CountOutcomes reads an event log written by consumer processes.
 func CountOutcomes(path string) (Outcomes, error) {
@@ -284,13 +334,38 @@ func CountOutcomes(path string) (Outcomes, error) {
 			o.Processed++
 		case "D":
 			o.Duplicates++
+		case "PW":
+			o.Processed++
+			o.WatermarkProcessed++
+		case "DW":
+			o.Duplicates++
+			o.WatermarkDuplicates++
 		case "A":
 			o.Assigned++
 		case "R":
 			o.Repositioned++
+		default:
+			if st, ok := parseStop(line); ok {
+				o.Stops = append(o.Stops, st)
+			}
 		}
 	}
 	return o, nil
+}
+
+// parseStop reads a stopLine; a line cut short (the process was killed
+// while writing it) is not one.
+func parseStop(line string) (Stop, bool) {
+	f := strings.Split(line, "\t")
+	if len(f) != 7 || f[0] != stopPrefix {
+		return Stop{}, false
+	}
+	part, err1 := strconv.Atoi(f[3])
+	off, err2 := strconv.ParseInt(f[4], 10, 64)
+	if err1 != nil || err2 != nil {
+		return Stop{}, false
+	}
+	return Stop{Reason: f[1], Topic: f[2], Partition: part, Offset: off, EventID: f[5], Err: f[6]}, true
 }
 
 // SyncWriter serialises writes to w: the output of several consumer

@@ -15,11 +15,19 @@
 // so a stuck message fails the run instead of hanging it.
 //
 // Then the chain phase (dev/chaos.RunChain): the outbox chain, service
-// A's OrderCreated through relay processes to service B's inbox, B's
-// StockReserved through relay processes to a ledger's inbox, under SIGKILLs
+// A's OrderCreated through relay processes to service B, which
+// deduplicates them by sequence, B's StockReserved through relay processes
+// to a ledger's inbox, under SIGKILLs
 // of relays and consumers, broker and database restarts and connection
 // terminations: every order reserved once, every StockReserved published at
 // least once and booked once, in order per key.
+//
+// Then the gap phase (dev/chaos.RunGap): the chain's relay A drops one
+// message of its aligned outbox on purpose while reporting it published,
+// in each of several rounds; service B, which deduplicates by the
+// sequence of A's trusted source, must stop that partition with
+// consumer.ReasonSequenceGap naming the stream and the missing number,
+// every time, and apply nothing after it.
 //
 // Then the pause phase (dev/chaos.RunPause; PostgreSQL and MariaDB, with
 // StoreOffsets off and on): the chain's relays and consumers stopped with
@@ -95,7 +103,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.StormLength, "storm-length", 4*time.Second, "length of a termination storm")
 	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
 	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
-	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates), faults (handler and configuration faults), chain (the outbox chain under kills and restarts), pause (the chain's relays and consumers paused with SIGSTOP, with StoreOffsets off and on; PostgreSQL and MariaDB) and partition (a consumer's database link frozen, then healed or cut; PostgreSQL and MariaDB)")
+	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates), faults (handler and configuration faults), chain (the outbox chain under kills and restarts), gap (the chain's aligned outbox losing a message, which must stop its partition), pause (the chain's relays and consumers paused with SIGSTOP, with StoreOffsets off and on; PostgreSQL and MariaDB) and partition (a consumer's database link frozen, then healed or cut; PostgreSQL and MariaDB)")
 	var pc chaos.PauseConfig
 	fs.IntVar(&pc.Orders, "pause-orders", 2000, "pause phase: orders service A places, per run")
 	fs.IntVar(&pc.Pauses, "pauses", 12, "pause phase: SIGSTOPs per run, the roles (relays and consumers of both stages) in turn")
@@ -113,6 +121,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	chainDuration := fs.Duration("chain-duration", 60*time.Second, "chain phase: length of its chaos")
 	chainKills := fs.Int("chain-kills", 30, "chain phase: SIGKILLs of relay and consumer processes")
 	fs.IntVar(&cc.CrashAfter, "chain-crash-after", 3, "chain phase: the first relay of each outbox kills itself after this many acknowledged publishes, before marking them published (0: never)")
+	var gc chaos.GapConfig
+	fs.IntVar(&gc.Rounds, "gap-rounds", 5, "gap phase: rounds, each dropping one message of the chain's aligned outbox")
+	fs.IntVar(&gc.Orders, "gap-orders", 600, "gap phase: orders service A places per round")
 	var fc chaos.FaultConfig
 	fs.IntVar(&fc.Healthy, "fault-healthy", 1000, "faults phase: healthy orders per round")
 	fs.IntVar(&fc.PerClass, "fault-per-class", 10, "faults phase: messages of each fault class per round")
@@ -151,7 +162,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0 || c.Failovers < 0 || c.LeaderKills < 0:
 		return usage(stderr, "disruption counts must not be negative")
 	}
-	runChaos, runFaults, runChain, runPause, runPartition := false, false, false, false, false
+	runChaos, runFaults, runChain, runGap, runPause, runPartition := false, false, false, false, false, false
 	for _, p := range strings.Split(*phases, ",") {
 		switch strings.TrimSpace(p) {
 		case "chaos":
@@ -160,13 +171,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 			runFaults = true
 		case "chain":
 			runChain = true
+		case "gap":
+			runGap = true
 		case "pause":
 			runPause = true
 		case "partition":
 			runPartition = true
 		default:
-			return usage(stderr, "-phases %q: want chaos, faults, chain, pause, partition, comma-separated", *phases)
+			return usage(stderr, "-phases %q: want chaos, faults, chain, gap, pause, partition, comma-separated", *phases)
 		}
+	}
+	if gc.Rounds < 1 || gc.Orders < 1 {
+		return usage(stderr, "-gap-rounds and -gap-orders must be positive")
 	}
 	if pc.Orders < 1 || pc.Pauses < 1 || *pauseDuration <= 0 || pc.PauseFor < 0 {
 		return usage(stderr, "-pause-orders, -pauses and -pause-duration must be positive, -pause-for not negative")
@@ -204,6 +220,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var reports []*chaos.Report
 	var faultReports []*chaos.FaultReport
 	var chainReports []*chaos.ChainReport
+	var gapReports []*chaos.GapReport
 	var pauseReports []*chaos.ChainReport
 	var partitionReports []*chaos.PartitionReport
 	for _, db := range strings.Split(*dbs, ",") {
@@ -291,6 +308,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			dbFailed = dbFailed || err != nil || !crep.OK()
 		}
+		if runGap && ctx.Err() == nil && cfg.Failovers == 0 && cfg.LeaderKills == 0 {
+			grep, err := chaos.RunGap(ctx, cfg, gc)
+			if grep != nil {
+				fmt.Fprint(stdout, grep.String())
+				gapReports = append(gapReports, grep)
+			}
+			if err != nil {
+				fmt.Fprintf(stdout, "  gap phase FAILED: %v\n", err)
+			}
+			dbFailed = dbFailed || err != nil || !grep.OK()
+		}
 		if runPause && ctx.Err() == nil && cfg.Failovers == 0 && cfg.LeaderKills == 0 {
 			if db == "sqlite" {
 				fmt.Fprintln(stdout, "pause phase: not run on SQLite (it needs a server to tell which paused process holds a transaction open)")
@@ -371,6 +399,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(chainReports) > 0 {
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, chaos.ChainTable(chainReports))
+	}
+	if len(gapReports) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, chaos.GapTable(gapReports))
 	}
 	if len(pauseReports) > 0 {
 		fmt.Fprintln(stdout)

@@ -23,6 +23,8 @@ func TestUsageErrors(t *testing.T) {
 		{"-fault-max-attempts", "1"},
 		{"-chain-orders", "0"},
 		{"-chain-kills", "-1"},
+		{"-gap-rounds", "0"},
+		{"-gap-orders", "-1"},
 		{"-pauses", "0"},
 		{"-pause-for", "-1s"},
 		{"-freezes", "0"},

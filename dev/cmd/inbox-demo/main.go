@@ -10,9 +10,10 @@
 //
 // Then the outbox chain: service A places orders and enqueues OrderCreated
 // in each order's transaction, a relay publishes them, service B reserves
-// stock through its inbox and enqueues StockReserved in the same
+// stock, deduplicating by the sequence the relay stamped (a watermark per
+// stream, no inbox row), and enqueues StockReserved in the same
 // transaction, a second relay publishes those, and a ledger books them
-// through its inbox. The first relay kills itself between the broker's
+// through its inbox rows. The first relay kills itself between the broker's
 // acknowledgement and marking a batch published, B's consumer is killed
 // mid-stream; the demo then checks that every order was reserved once,
 // every StockReserved published at least once and booked once, and nothing

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -34,6 +35,11 @@ func expectVerified(t *testing.T, out string, code int) {
 	}
 	if !strings.Contains(out, "chain verification     OK") {
 		t.Fatalf("no passing chain verification line")
+	}
+	// B's outcomes are by watermark only, the ledger's by inbox row only
+	// (the verification fails otherwise); the line must say so.
+	if !regexp.MustCompile(`dedup paths +B [1-9][0-9]* outcomes by watermark .*, 0 by inbox row; ledger [1-9][0-9]* by inbox row, 0 by watermark`).MatchString(out) {
+		t.Fatalf("no dedup paths line showing B on watermarks and the ledger on inbox rows")
 	}
 	if !strings.Contains(out, "applied, ") || strings.Contains(out, "FAILED") {
 		t.Fatalf("unexpected report")

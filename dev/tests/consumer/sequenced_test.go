@@ -371,13 +371,13 @@ func TestSequencedNewEpochIsANewStream(t *testing.T) {
 // the failure policy gets it, nothing is guessed.
 func TestSequencedBadHeadersAreInvalid(t *testing.T) {
 	t.Parallel()
-	brokers := newKfake(t, 2, "orders", "orders.dlq")
+	brokers := newKfake(t, 1, "orders", "orders.dlq")
 	s := newSQLiteShop(t)
 	noSeq := seqMessage(0, 0, 0, 1, 0)
 	noSeq.Headers = noSeq.Headers[:len(noSeq.Headers)-1]
 	badSeq := seqMessage(1, 0, 0, 1, 0)
 	badSeq.Headers[len(badSeq.Headers)-1].Value = []byte("01")
-	misplaced := seqMessage(2, 1, 0, 1, 2) // aligned shard 0 on partition 1
+	misplaced := seqMessage(2, 0, 1, 1, 2) // aligned shard 1 on partition 0
 	produce(t, brokers, "orders", noSeq, badSeq, misplaced)
 	ev := newEvents()
 	cfg := sequencedConfig(t, brokers, s, ev)
