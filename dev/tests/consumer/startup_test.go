@@ -252,8 +252,13 @@ func TestStartupReplica(t *testing.T) {
 	if err := c.Migrate(ctx); err != nil {
 		t.Fatalf("Consumer.Migrate: %v", err)
 	}
+	// Stopped by its context, not Close: the other replicas may apply every
+	// order before this one's Run has begun, and a Close before Run makes
+	// Run refuse to start (consumer.ErrRunning).
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
 	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	go func() { done <- c.Run(runCtx) }()
 	// The group's work is done once every order is applied, whichever
 	// replica applied it; this replica's once its Run maintained the inbox
 	// (the others may have applied every order before it got so far).
@@ -280,7 +285,7 @@ func TestStartupReplica(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	go c.Close()
+	stop()
 	select {
 	case err := <-done:
 		if err != nil && !errors.Is(err, context.Canceled) {
