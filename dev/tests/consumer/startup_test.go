@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/inboxgo/inbox/conformance/atonce"
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/storage"
@@ -100,7 +102,9 @@ func TestConsumersStartingAtTheSameInstant(t *testing.T) {
 		msgs[i] = orderMessage(i, i%startupPartitions)
 	}
 	produce(t, brokers, "orders", msgs...)
-	for _, name := range []string{"sqlite", "postgres", "mysql"} {
+	// The slowest first: go test runs as many parallel subtests at once as
+	// the machine has cores, two on CI's.
+	for _, name := range []string{"postgres", "mysql", "sqlite"} {
 		t.Run(name, func(t *testing.T) {
 			// The databases in parallel: a round mostly waits, each
 			// replica's Migrate for the one before it.
@@ -203,12 +207,34 @@ func TestStartupReplica(t *testing.T) {
 	if err := db.Exec(`SELECT 1`).Error; err != nil {
 		t.Fatal(err)
 	}
-	ib, err := inbox.New(db, startupStore(t, name, suffix), inbox.Config{Logger: testLogger(t), RetentionDays: 30})
+	// One coming day to prepare, not a week: each round is a fresh table.
+	ib, err := inbox.New(db, startupStore(t, name, suffix), inbox.Config{Logger: testLogger(t), RetentionDays: 30, PrepareDays: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := &shop{db: db, ib: ib, suffix: "_" + suffix}
+	// Run maintains the inbox at once (the coming days' partitions), on
+	// every replica at the same instant too; its first maintenance tells
+	// that Run is under way.
+	var maintMu sync.Mutex
+	var maintErrs []error
+	maintained := make(chan struct{})
 	c, err := consumer.New(consumer.Config{
+		Hooks: []hooks.Hook{hooks.EventFunc(func(e hooks.Event) {
+			if e.Kind != hooks.Maintenance {
+				return
+			}
+			maintMu.Lock()
+			defer maintMu.Unlock()
+			if e.Err != nil {
+				maintErrs = append(maintErrs, e.Err)
+			}
+			select {
+			case <-maintained:
+			default:
+				close(maintained)
+			}
+		})},
 		Brokers: strings.Split(os.Getenv(startupBrokersVar), ","), GroupID: "startup-" + suffix, Topics: []string{"orders"},
 		Inbox: ib, Consumer: "reserve-stock", Handler: s.reserve,
 		StoreOffsets: true, OffsetsTable: "inbox_offsets_startup_" + suffix,
@@ -221,7 +247,6 @@ func TestStartupReplica(t *testing.T) {
 	}
 	ctx := context.Background()
 	atonce.Ready()
-
 	if err := ib.Migrate(ctx); err != nil {
 		t.Fatalf("Inbox.Migrate: %v", err)
 	}
@@ -236,8 +261,16 @@ func TestStartupReplica(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 	// The group's work is done once every order is applied, whichever
-	// replica applied it.
+	// replica applied it; this replica's once its Run maintained the inbox
+	// (the others may have applied every order before it got so far).
 	deadline := time.Now().Add(60 * time.Second)
+	select {
+	case <-maintained:
+	case err := <-done:
+		t.Fatalf("Run returned at once: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("Run did not maintain the inbox within 60s")
+	}
 	for {
 		var n int64
 		if err := db.Raw(`SELECT COUNT(*) FROM reservations` + s.suffix).Scan(&n).Error; err == nil && n >= startupOrders {
@@ -261,5 +294,10 @@ func TestStartupReplica(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return within 30s of Close")
+	}
+	maintMu.Lock()
+	defer maintMu.Unlock()
+	for _, err := range maintErrs {
+		t.Errorf("the inbox's maintenance at the start of Run failed: %v", err)
 	}
 }
