@@ -25,12 +25,7 @@ const claimChunk = 1000
 // clientFoundRows), reading back this statement's claim token by primary key
 // only when one statement holds both kinds.
 func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
-	for i := range rows {
-		if err := checkRow(rows[i]); err != nil {
-			return nil, fmt.Errorf("mysql: claim in %s, row %d: %w", s.name, i, err)
-		}
-	}
-	if err := s.missingDay(rows); err != nil {
+	if err := s.checkClaim(rows); err != nil {
 		return nil, err
 	}
 	// The statements go straight to the transaction's connection: GORM
@@ -49,6 +44,22 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow)
 	if conn == nil {
 		return nil, fmt.Errorf("mysql: claim in %s: the *gorm.DB has no connection", s.name)
 	}
+	return s.claimOn(ctx, conn, rows)
+}
+
+// checkClaim refuses rows the table cannot hold exactly, and rows of a day
+// the Store knows has no partition, before any statement runs.
+func (s *Store) checkClaim(rows []storage.InboxRow) error {
+	for i := range rows {
+		if err := checkRow(rows[i]); err != nil {
+			return fmt.Errorf("mysql: claim in %s, row %d: %w", s.name, i, err)
+		}
+	}
+	return s.missingDay(rows)
+}
+
+// claimOn claims rows, checked by checkClaim, on conn.
+func (s *Store) claimOn(ctx context.Context, conn gorm.ConnPool, rows []storage.InboxRow) ([]bool, error) {
 	// InnoDB locks each row's key as the statement reaches it; two claims
 	// that reach shared keys in different orders deadlock (1213). In key
 	// order, the later one waits for the earlier one instead.

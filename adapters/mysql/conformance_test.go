@@ -3,6 +3,7 @@ package mysql_test
 import (
 	"context"
 	"database/sql"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,7 +77,11 @@ func openDB(dsn string, open opener) (*gorm.DB, error) { return open(dsn) }
 // table), dropped again in Close. withOutbox adds the outbox Store, on
 // tables of its own (the outbox's, with their _shards, _relay and _source
 // tables), dropped in Close too.
-func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bool) conformance.HarnessMaker {
+//
+// Each harness's Close records in owned whether its Store ran a
+// transaction on a connection of its own with autocommit off (BeginClaim,
+// BeginSaveWatermarks), then closes the Store.
+func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bool, owned *ownedUse) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		db, err := openDB(dsn, open)
 		if err != nil {
@@ -94,6 +99,10 @@ func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bo
 			Open:      func(context.Context) (*gorm.DB, error) { return openDB(dsn, open) },
 			Features:  conformance.Features{ExpiryCountsRows: false, Watermarks: true},
 			Close: func() error {
+				owned.note(len(inboxmysql.OwnedPools(store)) > 0)
+				if err := store.Close(); err != nil {
+					return err
+				}
 				var dropErr error
 				for _, table := range tables {
 					if err := db.Exec("DROP TABLE IF EXISTS `" + table + "`").Error; err != nil && dropErr == nil {
@@ -143,14 +152,65 @@ func TestConformance(t *testing.T) {
 		{"clientFoundRows=false", map[string]string{"clientFoundRows": "false"}, recommended, nil, true},
 		{"clientFoundRows=true", map[string]string{"clientFoundRows": "true"}, recommended, nil, false},
 		{"plain-gorm+interpolateParams+clientFoundRows", map[string]string{"clientFoundRows": "true", "interpolateParams": "true"}, plainGORM, nil, true},
-		{"plain-gorm+PrepareStmt", nil, preparedGORM, nil, false},
+		{"plain-gorm+PrepareStmt", nil, preparedGORM, nil, false}, // the generic path: BEGIN, then Claim
 		{"plain-gorm, server-side prepared statements", map[string]string{"interpolateParams": "false"}, plainGORM, nil, false},
 		{"parseTime=false+loc=Asia/Tokyo+time_zone=-10:00", map[string]string{"parseTime": "false", "loc": "Asia/Tokyo", "time_zone": "'-10:00'"}, recommended, nil, false},
 		{"READ-COMMITTED", nil, recommended, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, false},
 		{"SERIALIZABLE", nil, recommended, &sql.TxOptions{Isolation: sql.LevelSerializable}, false},
 	} {
 		t.Run(v.name, func(t *testing.T) {
-			conformance.Run(t, newHarness(withParams(t, dsn, v.params), v.open, v.tx, v.withOutbox))
+			var owned ownedUse
+			conformance.Run(t, newHarness(withParams(t, dsn, v.params), v.open, v.tx, v.withOutbox, &owned))
+			// The checks that process messages ran their transactions on
+			// connections of the Store's own, except under GORM's prepared
+			// statements, where the inbox begins them with BEGIN.
+			prepared := v.name == "plain-gorm+PrepareStmt"
+			for id, used := range owned.byCheck(t) {
+				if used == prepared && (prepared || ownedChecks[id]) {
+					t.Errorf("%s: a connection of the Store's own opened: %v, want %v", id, used, !prepared)
+				}
+				t.Logf("%s: owned %v", id, used)
+			}
 		})
 	}
+}
+
+// ownedChecks are checks whose inbox transactions all begin with a claim
+// or a watermark write.
+var ownedChecks = map[string]bool{
+	"atomicity/first-delivery-commits-row-and-effect": true,
+	"atomicity/handler-error-rolls-back":              true,
+	"atomicity/handler-panic-rolls-back":              true,
+	"atomicity/cancelled-context-rolls-back":          true,
+	"watermark/atomic-with-effect":                    true,
+	"watermark/begin-and-save":                        true,
+}
+
+// ownedUse records, harness by harness, whether its Store opened a pool
+// of its own. conformance.Run makes one harness per check, in the order of
+// conformance.Checks.
+type ownedUse struct {
+	mu   sync.Mutex
+	used []bool
+}
+
+func (o *ownedUse) note(used bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.used = append(o.used, used)
+}
+
+func (o *ownedUse) byCheck(t *testing.T) map[string]bool {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	checks := conformance.Checks()
+	if len(o.used) != len(checks) {
+		t.Fatalf("%d harnesses closed for %d checks", len(o.used), len(checks))
+	}
+	out := make(map[string]bool, len(checks))
+	for i, c := range checks {
+		out[c.ID()] = o.used[i]
+	}
+	return out
 }

@@ -105,6 +105,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,6 +142,10 @@ type Options struct {
 	// partitions for when it creates the table; the day before today gets
 	// one as well. Default 7.
 	InitialDays int
+	// OwnedPool configures the connections, autocommit off, on which
+	// Process and ProcessBatch open their transactions with the claim
+	// (see "Three round trips" in the package documentation).
+	OwnedPool OwnedPool
 }
 
 // Store is the MySQL/MariaDB inbox Store.
@@ -160,6 +165,7 @@ type Store struct {
 
 	claimOne string // buildClaimSQL(1), made by New
 	wm       watermarkSQL
+	owned    *ownedPools
 }
 
 // New returns a Store for the configured table.
@@ -177,7 +183,8 @@ func New(opts Options) (*Store, error) {
 		}
 		qualified = "`" + opts.Schema + "`." + qualified
 	}
-	if opts.LockWait < 0 || opts.DDLLockWait < 0 || opts.InitialDays < 0 {
+	if opts.LockWait < 0 || opts.DDLLockWait < 0 || opts.InitialDays < 0 ||
+		opts.OwnedPool.MaxOpen < 0 || opts.OwnedPool.MaxIdle < 0 || opts.OwnedPool.MaxIdleTime < 0 || opts.OwnedPool.MaxLifetime < 0 {
 		return nil, fmt.Errorf("%w: negative value in %+v", storage.ErrInvalidConfig, opts)
 	}
 	if opts.LockWait == 0 {
@@ -199,6 +206,9 @@ func New(opts Options) (*Store, error) {
 	}
 	s.claimOne = s.buildClaimSQL(1)
 	s.wm = newWatermarkSQL(s)
+	s.owned = newOwnedPools(opts.OwnedPool)
+	// A Store dropped without Close closes its pools once it is collected.
+	runtime.AddCleanup(s, func(p *ownedPools) { _ = p.close() }, s.owned)
 	return s, nil
 }
 

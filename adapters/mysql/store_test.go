@@ -48,7 +48,10 @@ func newStore(t *testing.T, db *gorm.DB, opts inboxmysql.Options) *inboxmysql.St
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = db.Exec("DROP TABLE IF EXISTS `" + store.Table() + "`").Error })
+	t.Cleanup(func() {
+		_ = store.Close()
+		_ = db.Exec("DROP TABLE IF EXISTS `" + store.Table() + "`").Error
+	})
 	if err := store.Migrate(t.Context(), db); err != nil {
 		t.Fatal(err)
 	}

@@ -3,11 +3,9 @@ package postgres
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -15,13 +13,14 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/internal/keyorder"
+	"github.com/inboxgo/inbox/internal/ownedtx"
 	"github.com/inboxgo/inbox/storage"
 )
 
 // BeginClaim opens a transaction and claims rows in it in one round trip:
 // BEGIN and the claim travel as one pgx pipeline on a connection taken from
 // db's pool. The transaction is then one database/sql does not know about,
-// so the returned *gorm.DB runs on a connection pool value of this package
+// so the returned *gorm.DB runs on a connection pool value (ownedtx.Tx)
 // that commits and rolls back itself, takes savepoints for GORM's nested
 // transactions, refuses Begin, and rolls back (or, failing that, discards
 // the connection) on every path that does not commit. It is used only on
@@ -102,7 +101,7 @@ func (c commandTag) RowsAffected() (int64, error) { return c.ct.RowsAffected(), 
 // pipeline on a connection taken from db's pool, and read reads their
 // results (after BEGIN's). The transaction is then one database/sql does
 // not know about, so the returned *gorm.DB runs on a connection pool value
-// of this package that commits and rolls back itself, takes savepoints for
+// (ownedtx.Tx) that commits and rolls back itself, takes savepoints for
 // GORM's nested transactions, refuses Begin, and rolls back (or, failing
 // that, discards the connection) on every path that does not commit. ok is
 // false, with nothing opened, on another driver than pgx's database/sql
@@ -143,7 +142,7 @@ func beginPipelined(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, queue
 		return err
 	})
 	if err != nil {
-		(&pipelinedTx{ctx: ctx, conn: conn}).abandon()
+		ownedtx.Abandon(conn, pipelined)
 		return nil, false, err
 	}
 	// The transaction goes by db's context, not by the call's; db is the
@@ -154,7 +153,7 @@ func beginPipelined(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, queue
 		txCtx = ctx
 		db.Statement.Context = ctx
 	}
-	db.Statement.ConnPool = &pipelinedTx{ctx: txCtx, conn: conn}
+	db.Statement.ConnPool = ownedtx.New(txCtx, conn, pipelined)
 	return db, true, nil
 }
 
@@ -207,89 +206,21 @@ func claimArraysResult(br pgx.BatchResults, sorted []storage.InboxRow, order []i
 	return keyorder.Unsort(order, inserted), nil
 }
 
-// pipelinedTx is a transaction opened by BeginClaim on conn: a
-// gorm.ConnPool and gorm.TxCommitter that ends it with COMMIT or ROLLBACK
-// and then returns conn to its pool. It has no BeginTx, so GORM's Begin on
-// it fails and its nested Transaction takes a savepoint, as on a *sql.Tx.
-type pipelinedTx struct {
-	ctx   context.Context // the transaction's: once it ends, COMMIT is refused, as database/sql does
-	conn  *sql.Conn
-	ended bool
-}
-
-func (t *pipelinedTx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
-	return t.conn.PrepareContext(ctx, query)
-}
-
-func (t *pipelinedTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	return t.conn.ExecContext(ctx, query, args...)
-}
-
-func (t *pipelinedTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	return t.conn.QueryContext(ctx, query, args...)
-}
-
-func (t *pipelinedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	return t.conn.QueryRowContext(ctx, query, args...)
-}
-
-// errCommitRolledBack is COMMIT's answer for a transaction the server had
-// already aborted (after a failed statement): nothing was committed.
-var errCommitRolledBack = errors.New("postgres: COMMIT rolled back the transaction, which an earlier failed statement had aborted")
-
-// Commit commits. A COMMIT that the server answers with ROLLBACK (an aborted
-// transaction) is an error, as pgx's own Tx.Commit reports it.
-func (t *pipelinedTx) Commit() error {
-	if t.ended {
-		return sql.ErrTxDone
-	}
-	if err := t.ctx.Err(); err != nil {
-		_ = t.Rollback()
-		return err
-	}
-	t.ended = true
-	err := t.conn.Raw(func(dc any) error {
+// pipelined ends the transactions beginPipelined opens (ownedtx.Tx). A
+// COMMIT that the server answers with ROLLBACK (an aborted transaction) is
+// an error, as pgx's own Tx.Commit reports it.
+var pipelined = &ownedtx.Dialect{Commit: func(conn *sql.Conn) error {
+	return conn.Raw(func(dc any) error {
 		ct, err := dc.(*stdlib.Conn).Conn().Exec(context.Background(), "COMMIT")
 		if err != nil {
 			return err
 		}
 		if strings.EqualFold(ct.String(), "ROLLBACK") {
-			return errCommitRolledBack
+			return fmt.Errorf("postgres: %w", ownedtx.ErrCommitRolledBack)
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, errCommitRolledBack) {
-		t.discard()
-	}
-	_ = t.conn.Close()
-	return err
-}
-
-// Rollback rolls back; a connection that cannot roll back is discarded.
-func (t *pipelinedTx) Rollback() error {
-	if t.ended {
-		return sql.ErrTxDone
-	}
-	t.ended = true
-	// Bounded: a connection that cannot answer within it is discarded.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err := t.conn.ExecContext(ctx, "ROLLBACK")
-	if err != nil {
-		t.discard()
-	}
-	_ = t.conn.Close()
-	return err
-}
-
-// abandon rolls back whatever BeginClaim opened, for a BeginClaim that
-// failed half-way.
-func (t *pipelinedTx) abandon() { _ = t.Rollback() }
-
-// discard makes database/sql close conn instead of pooling it.
-func (t *pipelinedTx) discard() {
-	_ = t.conn.Raw(func(any) error { return driver.ErrBadConn })
-}
+}}
 
 var (
 	_ storage.ClaimBeginner     = (*Store)(nil)
