@@ -88,6 +88,41 @@
 // always differs (one equal to the old value is refused), and 0 is
 // storage.ErrWatermarkMoved.
 //
+// # Three round trips
+//
+// BEGIN is a round trip of its own on go-sql-driver/mysql (stacking it
+// with the claim would need the DSN's multiStatements, which lets every
+// statement on the pool carry stacked queries). So the Store opens, per
+// DSN and isolation level it is used with, a connection pool of its own
+// from the DSN of db's GORM dialector, whose connections run with
+// autocommit off and that level as their session default: the claim's
+// statement (or, with nothing to claim, the watermark write's) opens the
+// transaction, and Process costs the claim, the handler's statements and
+// COMMIT, as the bare effect costs BEGIN, its statements and COMMIT
+// ([Store.BeginClaim], storage.ClaimBeginner). After COMMIT or ROLLBACK
+// such a connection has no transaction open until its next statement; a
+// connection that fails to roll back, or whose transaction ran a statement
+// that mentions autocommit, is closed instead of pooled. The caller's pool
+// is not touched: its connections keep autocommit on.
+//
+// The cost is server connections: each such pool holds up to
+// OwnedPool.MaxOpen connections (by default the caller's pool's
+// MaxOpenConnections), on top of the caller's pool, and they count against
+// the server's max_connections; an idle one closes after
+// OwnedPool.MaxIdleTime (one minute). The handler's statements run on the
+// Store's connection, with the caller's DSN settings. [Store.Close]
+// closes the pools; the application calls it when it is done with the
+// Store (the inbox and the consumer never do).
+//
+// The Store uses its own connections only where it can open the caller's
+// pool again: a *sql.DB that GORM's mysql dialector opened from a DSN
+// with go-sql-driver/mysql (not a Conn of the caller's own, a custom
+// DriverName, or a wrapped dialector), outside a transaction, without
+// GORM's prepared statements (PrepareStmt), for a read-write transaction
+// at the default level or one of MySQL's four. Elsewhere, and with
+// OwnedPool.Disabled, the inbox begins with BEGIN on the caller's pool:
+// four round trips.
+//
 // # Settings
 //
 // Open the database with [Open] (or a DSN from [StrictDSN]) so that every

@@ -14,13 +14,16 @@ package bench
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	gormpg "gorm.io/driver/postgres"
@@ -66,6 +69,9 @@ type Backend struct {
 	PoolSize int
 
 	dir string // SQLite: the directory holding the database file
+
+	rawMu sync.Mutex
+	raw   *sql.DB // MariaDB: the raw floors' pool with autocommit off (autocommitOff)
 }
 
 // Close closes the pool and removes what Open created locally.
@@ -73,6 +79,9 @@ func (b *Backend) Close() error {
 	var errs []error
 	if sqlDB, err := b.DB.DB(); err == nil {
 		errs = append(errs, sqlDB.Close())
+	}
+	if b.raw != nil {
+		errs = append(errs, b.raw.Close())
 	}
 	if b.dir != "" {
 		errs = append(errs, os.RemoveAll(b.dir))
@@ -312,6 +321,9 @@ func (f *Fixture) fillStock(ctx context.Context) error {
 func (f *Fixture) Drop(ctx context.Context) error {
 	db := f.Backend.DB.WithContext(ctx)
 	var errs []error
+	if c, ok := f.Store.(io.Closer); ok {
+		errs = append(errs, c.Close()) // the mysql Store's own connections
+	}
 	for _, t := range []string{f.Stock, f.Dedup, f.Level, f.InboxTable} {
 		q := `DROP TABLE IF EXISTS ` + t
 		if f.Backend.Dialect == Postgres {

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -11,9 +12,11 @@ import (
 	"strings"
 	"time"
 
+	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
+	gormmysql "gorm.io/driver/mysql"
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
@@ -379,15 +382,25 @@ func applyUpsert(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 var Floor = []Variant{
 	{Key: "a0", Name: "effect only, raw SQL (BEGIN, UPDATE, COMMIT)", apply: applyRawEffect},
 	{Key: "b0", Name: "inbox row and effect, raw SQL with Process's round trips", Dedup: true, apply: applyRawClaim},
+	{Key: "b0-begin", Name: "inbox row and effect, raw SQL, BEGIN a round trip of its own (MariaDB: the path without the Store's connections)", Dedup: true, apply: applyRawClaimBegin},
 	{Key: "a20", Name: "set-based effect per batch, raw SQL (BEGIN, UPDATE, COMMIT)", Batched: true, apply: applyRawSetEffect},
 	{Key: "c20", Name: "inbox rows of a batch and set-based effect, raw SQL with ProcessBatchFunc's round trips", Batched: true, Dedup: true, apply: applyRawBatchClaim},
 }
 
-// rawTx runs fn in a transaction on one connection of f's pool without
-// GORM: on PostgreSQL through pgx, with BEGIN and first (if any) in one
-// pipeline; elsewhere through database/sql, one round trip per statement.
+// rawTx runs fn in a transaction on one connection without GORM, with the
+// round trips of the adapters' own transactions: on PostgreSQL through
+// pgx, with BEGIN and first (if any) in one pipeline; on MariaDB, when
+// there is a first statement, on a connection with autocommit off where
+// first opens the transaction (as the mysql Store's own connections do);
+// elsewhere through database/sql, one round trip per statement.
 // Transient failures are retried as the other variants retry them.
 func (f *Fixture) rawTx(ctx context.Context, first *rawStmt, fn func(firstN int64, exec rawExec) error) error {
+	return f.rawTxBegin(ctx, first, f.Backend.Dialect == MySQL && first != nil, fn)
+}
+
+// rawTxBegin is rawTx with BEGIN a statement of its own on MariaDB unless
+// autocommitOff.
+func (f *Fixture) rawTxBegin(ctx context.Context, first *rawStmt, autocommitOff bool, fn func(firstN int64, exec rawExec) error) error {
 	sqlDB, err := f.Backend.DB.DB()
 	if err != nil {
 		return err
@@ -395,6 +408,9 @@ func (f *Fixture) rawTx(ctx context.Context, first *rawStmt, fn func(firstN int6
 	return f.withRetry(ctx, func() error {
 		if f.Backend.Dialect == Postgres {
 			return f.rawPgxTx(ctx, sqlDB, first, fn)
+		}
+		if autocommitOff {
+			return f.rawAutocommitOffTx(ctx, first, fn)
 		}
 		tx, err := sqlDB.BeginTx(ctx, nil)
 		if err != nil {
@@ -483,6 +499,79 @@ func (f *Fixture) rawPgxTx(ctx context.Context, sqlDB *sql.DB, first *rawStmt, f
 	})
 }
 
+// rawAutocommitOffTx runs first, fn's statements and COMMIT on a
+// connection of the backend's pool with autocommit off (see
+// Backend.autocommitOff), where first opens the transaction.
+func (f *Fixture) rawAutocommitOffTx(ctx context.Context, first *rawStmt, fn func(firstN int64, exec rawExec) error) error {
+	pool, err := f.Backend.autocommitOff()
+	if err != nil {
+		return err
+	}
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	committed := false
+	defer func() {
+		if !committed {
+			if _, err := conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			}
+		}
+	}()
+	exec := func(q string, args ...any) (int64, error) {
+		res, err := conn.ExecContext(ctx, q, args...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
+	firstN, err := exec(first.sql, first.args...)
+	if err != nil {
+		return err
+	}
+	if err := fn(firstN, exec); err != nil {
+		return err
+	}
+	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+		return err
+	}
+	committed = true
+	return nil
+}
+
+// autocommitOff returns the backend's second pool, opened on first use
+// from the DSN of its GORM dialector with autocommit=0 (the driver sets
+// it on every connection), of the same size as its own pool.
+func (b *Backend) autocommitOff() (*sql.DB, error) {
+	b.rawMu.Lock()
+	defer b.rawMu.Unlock()
+	if b.raw != nil {
+		return b.raw, nil
+	}
+	d, ok := b.DB.Dialector.(*gormmysql.Dialector)
+	if !ok || d.DSN == "" {
+		return nil, fmt.Errorf("bench: %s has no DSN to open a pool with autocommit off from", b.Name)
+	}
+	cfg, err := gomysql.ParseDSN(d.DSN)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["autocommit"] = "0"
+	connector, err := gomysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	b.raw = sql.OpenDB(connector)
+	b.raw.SetMaxOpenConns(b.PoolSize)
+	b.raw.SetMaxIdleConns(b.PoolSize)
+	return b.raw, nil
+}
+
 // rawEffect is the effect's UPDATE in the dialect's placeholders.
 func (f *Fixture) rawEffect(exec rawExec, sku int64) error {
 	q := `UPDATE ` + f.Stock + ` SET reserved = reserved + 1 WHERE sku = ?`
@@ -530,6 +619,22 @@ func applyRawClaim(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 		applied = 0
 		// 1 row affected: inserted; a duplicate affects 0 rows (2 with
 		// MariaDB's ON DUPLICATE KEY UPDATE).
+		if claimed != 1 {
+			return nil
+		}
+		applied = 1
+		return f.rawEffect(exec, e.SKU)
+	})
+	return applied, err
+}
+
+// applyRawClaimBegin is applyRawClaim with BEGIN a round trip of its own
+// on MariaDB too.
+func applyRawClaimBegin(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	e := evs[0]
+	applied := 0
+	err := f.rawTxBegin(ctx, f.rawClaim(e), false, func(claimed int64, exec rawExec) error {
+		applied = 0
 		if claimed != 1 {
 			return nil
 		}
