@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -480,4 +481,61 @@ func TestSequencedWatermarkWentBackIsAGap(t *testing.T) {
 		t.Fatalf("Run returned %v, want the partition stopped at offset 3 for the gap 2..3", err)
 	}
 	s.checkExactlyOnce(t, 3, nil)
+}
+
+// Copies of messages already applied, in batches of their own (a relay's
+// republication, a replay), run no transaction on the watermark path and
+// claim their rows on the row path: either way the stored offset follows
+// the group's past them, so that the partition's next owner starts where
+// the group committed, without the Warn of a failover that lost commits.
+func TestDuplicatesMoveTheStoredOffset(t *testing.T) {
+	t.Parallel()
+	for name, msg := range map[string]func(i int) kafka.Message{
+		"watermark": func(i int) kafka.Message { return seqMessage(i, 0, 0, int64(i+1), 0) },
+		"row":       func(i int) kafka.Message { return orderMessage(i, 0) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			brokers := newKfake(t, 1, "orders")
+			s := newSQLiteShop(t)
+			var msgs []kafka.Message
+			for i := range 4 {
+				msgs = append(msgs, msg(i))
+			}
+			produce(t, brokers, "orders", msgs...)
+			ev := newEvents()
+			cfg := sequencedConfig(t, brokers, s, ev)
+			cfg.StoreOffsets = true
+			cfg.BatchSize, cfg.BatchWait = 2, 200*time.Millisecond
+			r := start(t, cfg)
+			waitUntil(t, 30*time.Second, "4 processed", func() bool { return ev.count(hooks.Processed) == 4 })
+			produce(t, brokers, "orders", msgs...)
+			waitUntil(t, 30*time.Second, "4 duplicates", func() bool { return ev.count(hooks.Duplicate) == 4 })
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			s.checkExactlyOnce(t, 4, nil)
+			if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 8 {
+				t.Errorf("the group committed %v, want 8", got)
+			}
+			if got := storedOffset(t, s, "inventory", "orders", 0); got != 8 {
+				t.Errorf("stored offset %d, want 8, the group's", got)
+			}
+
+			// The next owner.
+			ev2, rec := newEvents(), newRecorder(t)
+			cfg.Hooks, cfg.Logger = []hooks.Hook{hooks.EventFunc(ev2.on)}, slog.New(rec)
+			r2 := start(t, cfg)
+			waitUntil(t, 30*time.Second, "the partition to be assigned", func() bool { return ev2.count(hooks.Assigned) == 1 })
+			if err := r2.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			if at := ev2.filter(hooks.Assigned)[0].Offset; at != 8 {
+				t.Errorf("the next owner started at %d, want 8", at)
+			}
+			if _, warned := rec.find(slog.LevelWarn, "behind the group's committed one"); warned {
+				t.Error("the next owner warned of a stored offset behind the group's, with no failover")
+			}
+		})
+	}
 }
