@@ -158,9 +158,17 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		return results, true
 	}
 	var opts batchopt.Options[inbox.Outcome]
-	if len(w.c.contexts) > 0 {
+	if len(w.c.contexts) > 0 || w.seq != nil {
 		opts.MessageContext = func(ctx context.Context, j int) context.Context {
-			return w.messageContext(ctx, items[idx[j]])
+			it := items[idx[j]]
+			ctx = w.messageContext(ctx, it)
+			if it.watermarked() {
+				// For the inbox's MessageTracers (the span's dedup path):
+				// the call is made after marks decided it.
+				ctx = hooks.WithSequenced(ctx, storage.InboxRow{Consumer: msgs[j].Consumer, EventID: msgs[j].ID,
+					Topic: msgs[j].Topic, Partition: msgs[j].Partition, Offset: msgs[j].Offset})
+			}
+			return ctx
 		}
 	}
 	// The call runs under a context of its own, which a write of the stored
@@ -543,7 +551,7 @@ func (w *worker) finish(it *item, o inbox.Outcome) {
 		kind = hooks.Duplicate
 		w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
 	}
-	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Sequenced: it.seq != nil})
+	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Sequenced: it.watermarked()})
 	next, _ := w.tracker.committable()
 	w.c.clearStopped(w.topic, w.partition, next)
 }

@@ -5,20 +5,26 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/hooks"
+	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/watermark"
+	inboxotel "github.com/inboxgo/inbox/otel"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -537,5 +543,76 @@ func TestDuplicatesMoveTheStoredOffset(t *testing.T) {
 				t.Error("the next owner warned of a stored offset behind the group's, with no failover")
 			}
 		})
+	}
+}
+
+// The process span of each message says how it was deduplicated, as the
+// inbox.messages metric does: inbox.dedup "watermark" for a sequenced
+// message, applied or a copy the watermark covers (the inbox decides the
+// copy without a transaction, but the message still has its span), "row"
+// for a message without sequence headers; none on an attempt that failed.
+func TestSequencedSpansCarryTheDedupPath(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	otelHook, err := inboxotel.New(inboxotel.Options{TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.New(s.db, s.ib.Store(), inbox.Config{Logger: testLogger(t), RetentionDays: 30, Hooks: []hooks.Hook{otelHook}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Orders 0 and 1 sequenced, 2 on its row; then a copy of each.
+	msgs := []kafka.Message{seqMessage(0, 0, 0, 1, 0), seqMessage(1, 0, 0, 2, 0), orderMessage(2, 0)}
+	produce(t, brokers, "orders", msgs...)
+	ev := newEvents()
+	cfg := sequencedConfig(t, brokers, s, ev)
+	cfg.Inbox = ib
+	cfg.Hooks = append(cfg.Hooks, otelHook)
+	var failed atomic.Bool
+	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
+		if string(msg.Key) == "order-1" && !failed.Swap(true) {
+			return errors.New("stock service briefly unavailable")
+		}
+		return s.reserve(ctx, tx, msg)
+	}
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "3 processed", func() bool { return ev.count(hooks.Processed) == 3 })
+	produce(t, brokers, "orders", msgs...)
+	waitUntil(t, 30*time.Second, "3 duplicates", func() bool { return ev.count(hooks.Duplicate) == 3 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 3, nil)
+
+	got := map[string]int{} // "order outcome dedup" -> spans
+	for _, sp := range spans.Ended() {
+		if !strings.HasPrefix(sp.Name(), "process") {
+			continue
+		}
+		var order, outcome, dedup string
+		for _, kv := range sp.Attributes() {
+			switch kv.Key {
+			case "messaging.message.id":
+				order = strings.TrimPrefix(kv.Value.AsString(), "evt-")
+			case "inbox.outcome":
+				outcome = kv.Value.AsString()
+			case "inbox.dedup":
+				dedup = kv.Value.AsString()
+			}
+		}
+		got[order+" "+outcome+" "+dedup]++
+	}
+	want := map[string]int{
+		"order-0 processed watermark": 1, "order-0 duplicate watermark": 1,
+		"order-1 failed ": 1, "order-1 processed watermark": 1, "order-1 duplicate watermark": 1,
+		"order-2 processed row": 1, "order-2 duplicate row": 1,
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("process spans by order, outcome and inbox.dedup:\n got %v\nwant %v", got, want)
 	}
 }
