@@ -91,6 +91,28 @@ func (s *shop) watermarks(t *testing.T) map[int32]map[string]watermark.Applied {
 	return out
 }
 
+// setWatermark moves the reserve-stock consumer's watermark of testSource
+// epoch 1 on orders partition 0 from "from" to "to" behind the consumer's
+// back, with the compare-and-set a member's transaction makes, and with
+// apply's writes (nil: none) in the same transaction.
+func (s *shop) setWatermark(t *testing.T, from, to watermark.Applied, apply func(tx *gorm.DB) error) {
+	t.Helper()
+	ws := s.ib.Store().(storage.WatermarkStore)
+	key := storage.WatermarkKey{Scope: "reserve-stock", Source: testSource, Epoch: 1, Topic: "orders", Partition: 0}
+	err := s.db.Transaction(func(tx *gorm.DB) error {
+		if apply != nil {
+			if err := apply(tx); err != nil {
+				return err
+			}
+		}
+		return ws.SaveWatermarks(context.Background(), tx, []storage.WatermarkWrite{{WatermarkKey: key,
+			Old: watermark.Encode(from), New: watermark.Encode(to)}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Messages of a trusted source are deduplicated by the watermark alone (no
 // inbox row), those without sequence headers by their row, in the same
 // batches; redeliveries of both are caught.
@@ -285,20 +307,14 @@ func TestSequencedWatermarkMovedByAnotherMember(t *testing.T) {
 
 	// Another member applies orders 2 and 3 (seq 3 and 4) and moves the
 	// watermark, as its transaction would.
-	ws := s.ib.Store().(storage.WatermarkStore)
-	key := storage.WatermarkKey{Scope: "reserve-stock", Source: testSource, Epoch: 1, Topic: "orders", Partition: 0}
-	err := s.db.Transaction(func(tx *gorm.DB) error {
+	s.setWatermark(t, watermark.Applied{0: 2}, watermark.Applied{0: 4}, func(tx *gorm.DB) error {
 		for i := 2; i <= 3; i++ {
 			if err := s.reserve(context.Background(), tx, consumer.Message{Message: orderMessage(i, 0)}); err != nil {
 				return err
 			}
 		}
-		return ws.SaveWatermarks(context.Background(), tx, []storage.WatermarkWrite{{WatermarkKey: key,
-			Old: watermark.Encode(watermark.Applied{0: 2}), New: watermark.Encode(watermark.Applied{0: 4})}})
+		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	produce(t, brokers, "orders", seqMessage(2, 0, 0, 3, 0), seqMessage(3, 0, 0, 4, 0), seqMessage(4, 0, 0, 5, 0))
 	waitUntil(t, 30*time.Second, "3 more", func() bool {
 		return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 5
@@ -470,18 +486,10 @@ func TestSequencedWatermarkWentBackIsAGap(t *testing.T) {
 	waitUntil(t, 30*time.Second, "3 processed", func() bool { return ev.count(hooks.Processed) == 3 })
 
 	// The failover: the database holds the watermark of seq 1 again.
-	ws := s.ib.Store().(storage.WatermarkStore)
-	key := storage.WatermarkKey{Scope: "reserve-stock", Source: testSource, Epoch: 1, Topic: "orders", Partition: 0}
-	err := s.db.Transaction(func(tx *gorm.DB) error {
-		return ws.SaveWatermarks(context.Background(), tx, []storage.WatermarkWrite{{WatermarkKey: key,
-			Old: watermark.Encode(watermark.Applied{0: 3}), New: watermark.Encode(watermark.Applied{0: 1})}})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s.setWatermark(t, watermark.Applied{0: 3}, watermark.Applied{0: 1}, nil)
 	produce(t, brokers, "orders", seqMessage(3, 0, 0, 4, 1))
 	waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
-	err = r.stop(t)
+	err := r.stop(t)
 	var pse *consumer.PartitionStoppedError
 	if !errors.As(err, &pse) || pse.Reason != consumer.ReasonSequenceGap || pse.Offset != 3 || !strings.Contains(pse.Error(), "2..3") {
 		t.Fatalf("Run returned %v, want the partition stopped at offset 3 for the gap 2..3", err)
