@@ -423,23 +423,12 @@ func TestBatchRetriedMessageStoresTheBatchsOffset(t *testing.T) {
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
 	cfg.BatchSize, cfg.BatchWait, cfg.StoreOffsets = 6, time.Second, true
-	var failed atomic.Bool
-	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
-		if string(msg.Key) == "order-1" && !failed.Swap(true) {
-			return errors.New("stock service briefly unavailable")
-		}
-		return s.reserve(ctx, tx, msg)
-	}
+	cfg.Handler = s.failingOnce("order-1")
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "6 processed", func() bool { return ev.count(hooks.Processed) == 6 })
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
 	s.checkExactlyOnce(t, 6, nil)
-	if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 6 {
-		t.Errorf("the group committed %v, want 6", got)
-	}
-	if got := storedOffset(t, s, "inventory", "orders", 0); got != 6 {
-		t.Errorf("stored offset %d, want 6, the group's", got)
-	}
+	s.checkStoredAtGroup(t, brokers, 6)
 }

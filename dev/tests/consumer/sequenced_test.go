@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -529,12 +528,7 @@ func TestDuplicatesMoveTheStoredOffset(t *testing.T) {
 				t.Fatal(err)
 			}
 			s.checkExactlyOnce(t, 4, nil)
-			if got := committed(t, brokers, "inventory", "orders", 1); got[0] != 8 {
-				t.Errorf("the group committed %v, want 8", got)
-			}
-			if got := storedOffset(t, s, "inventory", "orders", 0); got != 8 {
-				t.Errorf("stored offset %d, want 8, the group's", got)
-			}
+			s.checkStoredAtGroup(t, brokers, 8)
 
 			// The next owner.
 			ev2, rec := newEvents(), newRecorder(t)
@@ -581,13 +575,7 @@ func TestSequencedSpansCarryTheDedupPath(t *testing.T) {
 	cfg := sequencedConfig(t, brokers, s, ev)
 	cfg.Inbox = ib
 	cfg.Hooks = append(cfg.Hooks, otelHook)
-	var failed atomic.Bool
-	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
-		if string(msg.Key) == "order-1" && !failed.Swap(true) {
-			return errors.New("stock service briefly unavailable")
-		}
-		return s.reserve(ctx, tx, msg)
-	}
+	cfg.Handler = s.failingOnce("order-1")
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "3 processed", func() bool { return ev.count(hooks.Processed) == 3 })
 	produce(t, brokers, "orders", msgs...)
