@@ -126,14 +126,14 @@ func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) 
 // The group's committed offset must not pass the stored one: the
 // partition's next owner starts at the stored offset, and takes a group's
 // offset ahead of it for commits a database failover lost. Most messages
-// move the stored offset in their own transaction; those finished without
-// one that writes it (duplicates a watermark covers, which run no
-// transaction; the rest of a batch that committed before its failed
-// message, retried alone, did) are written here, in a transaction of the
-// write alone, once per Kafka commit (at most once per CommitInterval)
-// rather than once per batch. One attempt: after a failure the next commit
-// tries again, and the messages past the stored offset are redelivered to
-// a next owner, which finds them applied.
+// move the stored offset in their own transaction. Those that do not
+// (duplicates a watermark covers run none; the messages of a batch after
+// one that failed commit in one that cannot move it past that message,
+// whose retry alone stores only its own offset) have it written here, in
+// a transaction of the write alone, once per Kafka commit (at most once
+// per CommitInterval) rather than once per batch. One attempt: after a
+// failure the next commit tries again, and a next owner gets the messages
+// past the stored offset again and finds them applied.
 func (w *worker) storeCommittable(dbCtx context.Context, next int64) (int64, bool) {
 	last := int64(0)
 	if w.tail.next == next {

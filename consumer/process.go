@@ -163,8 +163,8 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			it := items[idx[j]]
 			ctx = w.messageContext(ctx, it)
 			if it.watermarked() {
-				// For the inbox's MessageTracers (the span's dedup path):
-				// the call is made after marks decided it.
+				// Tells the inbox's MessageTracers how it is deduplicated
+				// (marks decided it before this call).
 				ctx = hooks.WithSequenced(ctx, storage.InboxRow{Consumer: msgs[j].Consumer, EventID: msgs[j].ID,
 					Topic: msgs[j].Topic, Partition: msgs[j].Partition, Offset: msgs[j].Offset})
 			}
