@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -611,4 +612,52 @@ func TestSequencedSpansCarryTheDedupPath(t *testing.T) {
 	if !maps.Equal(got, want) {
 		t.Errorf("process spans by order, outcome and inbox.dedup:\n got %v\nwant %v", got, want)
 	}
+}
+
+// While the write of the stored offset before a Kafka commit fails, the
+// group commits only what is stored, so that the partition's next owner
+// never finds the group ahead of the database; once the database answers,
+// both move on.
+func TestDuplicatesCommitOnlyWhatIsStored(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	var failing atomic.Bool
+	err := s.db.Callback().Update().Before("gorm:update").Register("fail-offsets", func(db *gorm.DB) {
+		if failing.Load() && db.Statement.Table == consumer.DefaultOffsetsTable {
+			_ = db.AddError(errors.New("database briefly unavailable"))
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []kafka.Message
+	for i := range 4 {
+		msgs = append(msgs, seqMessage(i, 0, 0, int64(i+1), 0))
+	}
+	produce(t, brokers, "orders", msgs...)
+	ev, rec := newEvents(), newRecorder(t)
+	cfg := sequencedConfig(t, brokers, s, ev)
+	cfg.StoreOffsets, cfg.Logger = true, slog.New(rec)
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "4 processed", func() bool { return ev.count(hooks.Processed) == 4 })
+	waitUntil(t, 30*time.Second, "the group's commit of 4", func() bool { return committed(t, brokers, "inventory", "orders", 1)[0] == 4 })
+
+	failing.Store(true)
+	produce(t, brokers, "orders", msgs...)
+	waitUntil(t, 30*time.Second, "4 duplicates", func() bool { return ev.count(hooks.Duplicate) == 4 })
+	waitUntil(t, 30*time.Second, "a failed write of the stored offset, or a commit past it", func() bool {
+		_, ok := rec.find(slog.LevelWarn, "cannot store the partition's offset before committing it")
+		return ok || committed(t, brokers, "inventory", "orders", 1)[0] != 4
+	})
+	s.checkStoredAtGroup(t, brokers, 4)
+
+	failing.Store(false)
+	waitUntil(t, 30*time.Second, "the stored offset and the group's at 8", func() bool {
+		return committed(t, brokers, "inventory", "orders", 1)[0] == 8 && storedOffset(t, s, "inventory", "orders", 0) == 8
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 4, nil)
 }
