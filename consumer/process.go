@@ -158,17 +158,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		return results, true
 	}
 	var opts batchopt.Options[inbox.Outcome]
-	if len(w.c.contexts) > 0 || w.seq != nil {
+	if len(w.c.contexts) > 0 {
 		opts.MessageContext = func(ctx context.Context, j int) context.Context {
-			it := items[idx[j]]
-			ctx = w.messageContext(ctx, it)
-			if it.watermarked() {
-				// Tells the inbox's MessageTracers how it is deduplicated
-				// (marks decided it before this call).
-				ctx = hooks.WithSequenced(ctx, storage.InboxRow{Consumer: msgs[j].Consumer, EventID: msgs[j].ID,
-					Topic: msgs[j].Topic, Partition: msgs[j].Partition, Offset: msgs[j].Offset})
-			}
-			return ctx
+			return w.messageContext(ctx, items[idx[j]])
 		}
 	}
 	// The call runs under a context of its own, which a write of the stored

@@ -58,10 +58,10 @@ func (f EventFunc) OnEvent(ev Event) { f(ev) }
 // allowed), which is called exactly once, from the same goroutine, when the
 // work is over.
 //
-// A consumer.Consumer marks the context of each message it deduplicates by
-// its sequenced stream's watermark rather than an inbox row (see
-// Event.Sequenced); [IsSequenced] tells a tracer which path the message
-// takes.
+// The inbox marks the context of each message its caller (a
+// consumer.Consumer) deduplicates by a sequenced stream's watermark rather
+// than an inbox row (see Event.Sequenced); [IsSequenced] tells a tracer
+// which path the message takes.
 type MessageTracer interface {
 	TraceMessage(ctx context.Context, row storage.InboxRow) (context.Context, func(outcome Kind, err error))
 }
@@ -85,9 +85,8 @@ func markOf(row storage.InboxRow) sequencedMark {
 // WithSequenced returns ctx marked for the message row names (by its
 // Consumer, EventID, Topic, Partition and Offset; Day and EventTime are
 // not compared): it is deduplicated by its sequenced stream's watermark,
-// not by an inbox row. The consumer marks the context it hands the inbox
-// for such a message, which the message's MessageTracer is then called
-// under.
+// not by an inbox row. The inbox calls the MessageTracers of such a message
+// under a context so marked.
 func WithSequenced(ctx context.Context, row storage.InboxRow) context.Context {
 	return context.WithValue(ctx, sequencedKey{}, markOf(row))
 }
