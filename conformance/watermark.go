@@ -29,7 +29,7 @@ var watermarkChecks = []Check{
 		Doc: "a write from a stale value, an insert of a stream that has a row and an update of one that has none are ErrWatermarkMoved and change nothing; one such write among several fails the call, and after the rollback none is applied",
 		Run: checkWatermarkCAS},
 	{Watermarks: true, Area: "watermark", Name: "rejects-invalid-writes",
-		Doc: "names out of bounds, an epoch below 1, a negative partition, a value over MaxWatermarkBytes, no new value, or a new value equal to the old one are ErrInvalidConfig, and nothing is written",
+		Doc: "names out of bounds, not UTF-8 or holding NUL, an epoch below 1, a negative partition, a value over MaxWatermarkBytes, no new value, a new value equal to the old one, or keys not distinct and sorted are ErrInvalidConfig, and nothing is written; Watermarks refuses a scope or topic no row can hold",
 		Run: checkWatermarkInvalid},
 	{Watermarks: true, Area: "watermark", Name: "second-member-waits",
 		Doc: "a member writing from the value another member's open transaction is replacing waits for it: ErrWatermarkMoved if that one commits, written if it rolls back (inserts and updates)",
@@ -44,7 +44,7 @@ var watermarkChecks = []Check{
 		Doc: "a store that opens the transaction with its writes (storage.WatermarkBeginner) writes them in that transaction: committed with an effect, rolled back with it, and a stale write is ErrWatermarkMoved with nothing left open (skipped for a store without the capability, or one that cannot use it on the harness's pool: the inbox then begins the transaction itself and calls SaveWatermarks, which the other checks cover)",
 		Run: checkWatermarkBeginAndSave},
 	{Watermarks: true, Unmigrated: true, Area: "watermark", Name: "migrate-concurrently",
-		Doc: "MigrateWatermarks run at the same instant by several processes on a database with the inbox table and no watermark table all succeed, and run again it keeps the rows",
+		Doc: "MigrateWatermarks run at the same instant by several processes on a database with the inbox table and no watermark table all succeed, and run again it keeps the rows; a Store that can verify its tables (storage.Verifier) takes the table it made",
 		Run: checkWatermarkMigrate},
 }
 
@@ -393,27 +393,40 @@ func checkWatermarkInvalid(ctx context.Context, env *Env) error {
 		change(&c)
 		return c
 	}
+	later := with(func(k *storage.WatermarkKey) { k.Partition = 1 })
+	one := func(w storage.WatermarkWrite) []storage.WatermarkWrite { return []storage.WatermarkWrite{w} }
 	cases := []struct {
-		what  string
-		write storage.WatermarkWrite
+		what   string
+		writes []storage.WatermarkWrite
 	}{
-		{"an empty scope", wmWrite(with(func(k *storage.WatermarkKey) { k.Scope = "" }), nil, []byte("v"))},
-		{"a scope over MaxConsumerBytes", wmWrite(with(func(k *storage.WatermarkKey) { k.Scope = strings.Repeat("s", storage.MaxConsumerBytes+1) }), nil, []byte("v"))},
-		{"an empty source", wmWrite(with(func(k *storage.WatermarkKey) { k.Source = "" }), nil, []byte("v"))},
-		{"a source over MaxSourceBytes", wmWrite(with(func(k *storage.WatermarkKey) { k.Source = strings.Repeat("r", storage.MaxSourceBytes+1) }), nil, []byte("v"))},
-		{"an empty topic", wmWrite(with(func(k *storage.WatermarkKey) { k.Topic = "" }), nil, []byte("v"))},
-		{"a topic over MaxTopicBytes", wmWrite(with(func(k *storage.WatermarkKey) { k.Topic = strings.Repeat("t", storage.MaxTopicBytes+1) }), nil, []byte("v"))},
-		{"epoch 0", wmWrite(with(func(k *storage.WatermarkKey) { k.Epoch = 0 }), nil, []byte("v"))},
-		{"a negative partition", wmWrite(with(func(k *storage.WatermarkKey) { k.Partition = -1 }), nil, []byte("v"))},
-		{"a value over MaxWatermarkBytes", wmWrite(k, nil, make([]byte, storage.MaxWatermarkBytes+1))},
-		{"no new value", wmWrite(k, nil, nil)},
-		{"a new value equal to the old one", wmWrite(k, []byte("v"), []byte("v"))},
+		{"keys out of order", []storage.WatermarkWrite{wmWrite(later, nil, []byte("v")), wmWrite(k, nil, []byte("v"))}},
+		{"a key twice", []storage.WatermarkWrite{wmWrite(k, nil, []byte("v")), wmWrite(k, []byte("v"), []byte("w"))}},
+		{"a NUL byte in the scope", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Scope = "wm-\x00invalid" }), nil, []byte("v")))},
+		{"invalid UTF-8 in the topic", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Topic = "orders\xff" }), nil, []byte("v")))},
+		{"an empty scope", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Scope = "" }), nil, []byte("v")))},
+		{"a scope over MaxConsumerBytes", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Scope = strings.Repeat("s", storage.MaxConsumerBytes+1) }), nil, []byte("v")))},
+		{"an empty source", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Source = "" }), nil, []byte("v")))},
+		{"a source over MaxSourceBytes", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Source = strings.Repeat("r", storage.MaxSourceBytes+1) }), nil, []byte("v")))},
+		{"an empty topic", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Topic = "" }), nil, []byte("v")))},
+		{"a topic over MaxTopicBytes", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Topic = strings.Repeat("t", storage.MaxTopicBytes+1) }), nil, []byte("v")))},
+		{"epoch 0", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Epoch = 0 }), nil, []byte("v")))},
+		{"a negative partition", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Partition = -1 }), nil, []byte("v")))},
+		{"a value over MaxWatermarkBytes", one(wmWrite(k, nil, make([]byte, storage.MaxWatermarkBytes+1)))},
+		{"no new value", one(wmWrite(k, nil, nil))},
+		{"a new value equal to the old one", one(wmWrite(k, []byte("v"), []byte("v")))},
 	}
 	for _, c := range cases {
 		// Committed unless refused: a store that takes the write keeps it.
-		err := env.saveTx(ctx, env.H.DB, "", []storage.WatermarkWrite{c.write}, nil)
+		err := env.saveTx(ctx, env.H.DB, "", c.writes, nil)
 		if !errors.Is(err, storage.ErrInvalidConfig) {
 			return fmt.Errorf("a write with %s: %v, want an error wrapping storage.ErrInvalidConfig", c.what, err)
+		}
+	}
+	for _, f := range []struct{ what, scope, topic string }{
+		{"an empty scope", "", ""}, {"a NUL byte in the scope", "wm-\x00invalid", ""}, {"a topic over MaxTopicBytes", k.Scope, strings.Repeat("t", storage.MaxTopicBytes+1)},
+	} {
+		if _, err := env.watermarks().Watermarks(ctx, env.H.DB.WithContext(ctx), f.scope, f.topic, -1); !errors.Is(err, storage.ErrInvalidConfig) {
+			return fmt.Errorf("Watermarks of %s: %v, want an error wrapping storage.ErrInvalidConfig", f.what, err)
 		}
 	}
 	got, err := env.stored(ctx, env.H.DB, k.Scope, "", -1)
@@ -654,6 +667,11 @@ func checkWatermarkMigrate(ctx context.Context, env *Env) error {
 	}
 	if err := env.expectValue(ctx, "after MigrateWatermarks ran again", k, []byte("v1")); err != nil {
 		return err
+	}
+	if v, ok := env.H.Store.(storage.Verifier); ok {
+		if err := v.Verify(ctx, env.H.DB); err != nil {
+			return fmt.Errorf("the Store's Verify on the table MigrateWatermarks made: %w", err)
+		}
 	}
 	return env.save(ctx, env.H.DB, wmWrite(k, []byte("v1"), []byte("v2")))
 }

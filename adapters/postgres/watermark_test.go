@@ -111,15 +111,23 @@ func TestWatermarkUpdatesAreHOT(t *testing.T) {
 	}
 }
 
-// MigrateWatermarks refuses a table of another layout, naming what it
-// found, and leaves it as it is.
+// MigrateWatermarks and Verify refuse a watermark table of another
+// layout, naming the table and what they found.
 func TestMigrateWatermarksRefusesOtherLayouts(t *testing.T) {
-	for name, ddl := range map[string]string{
-		"a key without the epoch":      `(scope text COLLATE "C", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied bytea, PRIMARY KEY (scope, topic, partition_no, source))`,
-		"a nondeterministic collation": `(scope text COLLATE "und-x-icu-ci", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied bytea, PRIMARY KEY (scope, topic, partition_no, source, epoch))`,
-		"values as text":               `(scope text COLLATE "C", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied text, PRIMARY KEY (scope, topic, partition_no, source, epoch))`,
-		"no primary key":               `(scope text COLLATE "C", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied bytea)`,
+	const names = `scope text COLLATE "C" NOT NULL, source text COLLATE "C" NOT NULL, topic text COLLATE "C" NOT NULL`
+	const rest = `epoch bigint NOT NULL, partition_no integer NOT NULL, applied bytea NOT NULL, updated_at timestamptz NOT NULL`
+	const key = `PRIMARY KEY (scope, topic, partition_no, source, epoch)`
+	for name, c := range map[string]struct{ ddl, says string }{
+		"a key without the epoch": {`(` + names + `, ` + rest + `, PRIMARY KEY (scope, topic, partition_no, source))`, "primary key is (scope,topic,partition_no,source)"},
+		"a nondeterministic collation": {`(` + strings.Replace(names, `scope text COLLATE "C"`, `scope text COLLATE "und-x-icu-ci"`, 1) + `, ` + rest + `, ` + key + `)`,
+			"column scope has a nondeterministic collation"},
+		"values as text":       {`(` + names + `, ` + strings.Replace(rest, "applied bytea", "applied text", 1) + `, ` + key + `)`, `column applied has type "text", want bytea`},
+		"a 32-bit epoch":       {`(` + names + `, ` + strings.Replace(rest, "epoch bigint", "epoch integer", 1) + `, ` + key + `)`, `column epoch has type "integer", want bigint`},
+		"a nullable value":     {`(` + names + `, ` + strings.Replace(rest, "applied bytea NOT NULL", "applied bytea", 1) + `, ` + key + `)`, "column applied is nullable"},
+		"no updated_at column": {`(` + names + `, ` + strings.Replace(rest, ", updated_at timestamptz NOT NULL", "", 1) + `, ` + key + `)`, "no column updated_at"},
+		"no primary key":       {`(` + names + `, ` + rest + `)`, "primary key is ()"},
 	} {
+		ddl := c.ddl
 		t.Run(name, func(t *testing.T) {
 			db, store := fresh(t, inboxpg.Options{})
 			if strings.Contains(ddl, "icu") {
@@ -132,11 +140,14 @@ func TestMigrateWatermarksRefusesOtherLayouts(t *testing.T) {
 			if err := db.Exec(`CREATE TABLE ` + table + ` ` + ddl).Error; err != nil {
 				t.Fatal(err)
 			}
-			err := store.MigrateWatermarks(t.Context(), db)
-			if err == nil || !strings.Contains(err.Error(), store.Table()+inboxpg.WatermarkSuffix) {
-				t.Fatalf("MigrateWatermarks on a table with %s: %v, want an error naming the table", name, err)
+			for what, err := range map[string]error{
+				"MigrateWatermarks": store.MigrateWatermarks(t.Context(), db),
+				"Verify":            store.Verify(t.Context(), db),
+			} {
+				if err == nil || !strings.Contains(err.Error(), store.Table()+inboxpg.WatermarkSuffix) || !strings.Contains(err.Error(), c.says) {
+					t.Errorf("%s on a table with %s: %v, want an error naming the table that says %q", what, name, err, c.says)
+				}
 			}
-			t.Log(err)
 		})
 	}
 }

@@ -337,32 +337,6 @@ func TestWatermarkTableNameTooLong(t *testing.T) {
 	}
 }
 
-// Names that another adapter could not store exactly (PostgreSQL's text
-// holds neither NUL nor invalid UTF-8), and keys out of order, are refused
-// on every adapter alike.
-func TestWatermarkWritesRefused(t *testing.T) {
-	store, err := inboxsqlite.New(inboxsqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := storage.WatermarkKey{Scope: "s", Source: "r", Epoch: 1, Topic: "t"}
-	later := k
-	later.Partition = 1
-	for name, writes := range map[string][]storage.WatermarkWrite{
-		"NUL in the scope":       {{WatermarkKey: storage.WatermarkKey{Scope: "s\x00", Source: "r", Epoch: 1, Topic: "t"}, New: []byte("v")}},
-		"invalid UTF-8 in topic": {{WatermarkKey: storage.WatermarkKey{Scope: "s", Source: "r", Epoch: 1, Topic: "t\xff"}, New: []byte("v")}},
-		"keys out of order":      {{WatermarkKey: later, New: []byte("v")}, {WatermarkKey: k, New: []byte("v")}},
-		"a key twice":            {{WatermarkKey: k, New: []byte("v")}, {WatermarkKey: k, Old: []byte("v"), New: []byte("w")}},
-	} {
-		if err := store.SaveWatermarks(t.Context(), nil, writes); !errors.Is(err, storage.ErrInvalidConfig) {
-			t.Errorf("%s: %v, want an error wrapping storage.ErrInvalidConfig", name, err)
-		}
-	}
-	if _, err := store.Watermarks(t.Context(), nil, "", "", -1); !errors.Is(err, storage.ErrInvalidConfig) {
-		t.Errorf("Watermarks of an empty scope: %v, want an error wrapping storage.ErrInvalidConfig", err)
-	}
-}
-
 // A member that waits for the write lock longer than its busy timeout
 // fails with SQLITE_BUSY, which IsRetryable reports: never "moved".
 func TestWatermarkBusyIsRetryable(t *testing.T) {
@@ -400,4 +374,83 @@ func TestWatermarkBusyIsRetryable(t *testing.T) {
 		t.Fatalf("a write that waited past the busy timeout: %v, want an error the store calls retryable", err)
 	}
 	t.Log(err)
+}
+
+// MigrateWatermarks and Verify refuse a watermark table of another layout,
+// naming the table and what they found, and leave it as it is; Verify
+// takes the table MigrateWatermarks makes, and no table at all (sequenced
+// dedup not in use).
+func TestWatermarkLayoutRefused(t *testing.T) {
+	const good = `scope TEXT NOT NULL, source TEXT NOT NULL, epoch INTEGER NOT NULL, topic TEXT NOT NULL, partition_no INTEGER NOT NULL,
+		applied BLOB NOT NULL, updated_at TEXT NOT NULL`
+	const key = `PRIMARY KEY (scope, topic, partition_no, source, epoch)`
+	cases := map[string]struct{ ddl, says string }{
+		"not STRICT":              {`(` + good + `, ` + key + `)`, "not STRICT"},
+		"values as TEXT":          {`(` + strings.Replace(good, "applied BLOB", "applied TEXT", 1) + `, ` + key + `) STRICT`, "column applied is TEXT, want BLOB"},
+		"a nullable value":        {`(` + strings.Replace(good, "applied BLOB NOT NULL", "applied BLOB", 1) + `, ` + key + `) STRICT`, "column applied is nullable"},
+		"a key without the epoch": {`(` + good + `, PRIMARY KEY (scope, topic, partition_no, source)) STRICT`, "column epoch is at place 0 of the primary key, want 5"},
+		"no primary key":          {`(` + good + `) STRICT`, "column scope is at place 0 of the primary key, want 1"},
+		"the key in another order": {`(` + good + `, PRIMARY KEY (scope, source, epoch, topic, partition_no)) STRICT`,
+			"column topic is at place 4 of the primary key, want 2"},
+		"names folded":         {`(` + strings.Replace(good, "scope TEXT NOT NULL", "scope TEXT NOT NULL COLLATE NOCASE", 1) + `, ` + key + `) STRICT`, "collation NOCASE"},
+		"no updated_at column": {`(` + strings.Replace(good, ", updated_at TEXT NOT NULL", "", 1) + `, ` + key + `) STRICT`, "no column updated_at"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			db, store := verifiable(t)
+			table := watermarkTable(store)
+			if err := db.Exec(`CREATE TABLE ` + table + ` ` + c.ddl).Error; err != nil {
+				t.Fatal(err)
+			}
+			definition := func() (ddl string) {
+				if err := db.Raw(`SELECT sql FROM sqlite_schema WHERE name = ?`, table).Scan(&ddl).Error; err != nil {
+					t.Fatal(err)
+				}
+				return ddl
+			}
+			before := definition()
+			for what, err := range map[string]error{
+				"MigrateWatermarks": store.MigrateWatermarks(t.Context(), db),
+				"Verify":            store.Verify(t.Context(), db),
+			} {
+				if err == nil || !strings.Contains(err.Error(), table) || !strings.Contains(err.Error(), c.says) {
+					t.Errorf("%s on a table with %s: %v, want an error naming %s that says %q", what, name, err, table, c.says)
+				}
+			}
+			if after := definition(); after != before {
+				t.Errorf("the table was changed from\n%s\nto\n%s", before, after)
+			}
+		})
+	}
+	t.Run("absent, then migrated", func(t *testing.T) {
+		db, store := verifiable(t)
+		if err := store.Verify(t.Context(), db); err != nil {
+			t.Fatalf("Verify without a watermark table: %v", err)
+		}
+		if err := store.MigrateWatermarks(t.Context(), db); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Verify(t.Context(), db); err != nil {
+			t.Fatalf("Verify of the table MigrateWatermarks made: %v", err)
+		}
+	})
+}
+
+// verifiable is a database Verify finds safe, with the inbox table of the
+// store it returns.
+func verifiable(t *testing.T) (*gorm.DB, *inboxsqlite.Store) {
+	t.Helper()
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "inbox.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closePool(db) })
+	store, err := inboxsqlite.New(inboxsqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	return db, store
 }
