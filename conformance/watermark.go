@@ -34,6 +34,9 @@ var watermarkChecks = []Check{
 	{Watermarks: true, Area: "watermark", Name: "second-member-waits",
 		Doc: "a member writing from the value another member's open transaction is replacing waits for it: ErrWatermarkMoved if that one commits, written if it rolls back (inserts and updates)",
 		Run: checkWatermarkSecondWaits},
+	{Watermarks: true, Area: "watermark", Name: "crossed-writes",
+		Doc: "two members that each hold one stream and then write the other's (a deadlock; on a database with one writer, a wait for the write lock): one fails with an error the Store's IsRetryable reports, never ErrWatermarkMoved, and the other commits both writes",
+		Run: checkWatermarkCrossed},
 	{Watermarks: true, Area: "watermark", Name: "racing-members",
 		Doc: "16 members write one stream from the same value at once, each with an effect in its transaction: exactly one wins, the others get ErrWatermarkMoved, one effect commits",
 		Run: checkWatermarkRace},
@@ -453,6 +456,66 @@ func checkWatermarkSecondWaits(ctx context.Context, env *Env) error {
 	return nil
 }
 
+func checkWatermarkCrossed(ctx context.Context, env *Env) error {
+	other, done, err := env.otherPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	a, b := wmKey("wm-crossed", "orders", 0), wmKey("wm-crossed", "orders", 1)
+	v := []byte("v")
+	if err := env.save(ctx, env.H.DB, wmWrite(a, nil, v), wmWrite(b, nil, v)); err != nil {
+		return fmt.Errorf("first values: %w", err)
+	}
+	pools := [2]*gorm.DB{env.H.DB, other}
+	streams := [2][2]storage.WatermarkKey{{a, b}, {b, a}}
+	var errs [2]error
+	// Each member writes its second stream once both hold their first, or
+	// once the other has failed (on a database with one writer the
+	// second member waits for the first one's write lock to begin).
+	var holding, members sync.WaitGroup
+	holding.Add(len(pools))
+	for i := range pools {
+		members.Go(func() {
+			held := sync.OnceFunc(holding.Done)
+			defer held()
+			value := fmt.Appendf(nil, "member-%d", i)
+			errs[i] = pools[i].WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+				if err := env.watermarks().SaveWatermarks(ctx, tx, []storage.WatermarkWrite{wmWrite(streams[i][0], v, value)}); err != nil {
+					return err
+				}
+				held()
+				holding.Wait()
+				return env.watermarks().SaveWatermarks(ctx, tx, []storage.WatermarkWrite{wmWrite(streams[i][1], v, value)})
+			}, env.H.TxOptions)
+		})
+	}
+	members.Wait()
+	winner := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && winner >= 0:
+			return errors.New("both members committed their crossed writes: one of them wrote from a value the other had replaced")
+		case err == nil:
+			winner = i
+		case errors.Is(err, storage.ErrWatermarkMoved):
+			return fmt.Errorf("member %d's crossed write: %v, want an error the Store calls retryable, not ErrWatermarkMoved (no value moved: it lost a lock conflict)", i, err)
+		case !env.H.Store.IsRetryable(err):
+			return fmt.Errorf("member %d's crossed write: %w, which the Store's IsRetryable does not report", i, err)
+		}
+	}
+	if winner < 0 {
+		return fmt.Errorf("neither member committed its crossed writes: %w", errors.Join(errs[0], errs[1]))
+	}
+	want := fmt.Appendf(nil, "member-%d", winner)
+	for _, k := range []storage.WatermarkKey{a, b} {
+		if err := env.expectValue(ctx, "after the crossed writes", k, want); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // holdFor is how long a member's transaction holds a stream's row while
 // another member writes it.
 const holdFor = 300 * time.Millisecond
@@ -752,4 +815,27 @@ func checkWatermarkBeginAndSave(ctx context.Context, env *Env) error {
 	// Nothing was left open: every connection of the pool can take the
 	// row's lock at once.
 	return env.save(ctx, env.H.DB, wmWrite(k, []byte("v2"), []byte("v3")))
+}
+
+// CheckNoWatermarkTable checks a WatermarkStore made for an inbox table
+// whose name leaves no room for a watermark table: MigrateWatermarks,
+// SaveWatermarks and Watermarks each refuse with an error wrapping
+// storage.ErrInvalidConfig before they touch a database (they are given
+// none). It returns what it found wrong, or nil; adapter tests call it.
+func CheckNoWatermarkTable(ctx context.Context, s storage.WatermarkStore) error {
+	w := wmWrite(wmKey("s", "t", 0), nil, []byte("v"))
+	var errs []error
+	for _, c := range []struct {
+		method string
+		err    error
+	}{
+		{"MigrateWatermarks", runRecovered("MigrateWatermarks", func() error { return s.MigrateWatermarks(ctx, nil) })},
+		{"SaveWatermarks", runRecovered("SaveWatermarks", func() error { return s.SaveWatermarks(ctx, nil, []storage.WatermarkWrite{w}) })},
+		{"Watermarks", runRecovered("Watermarks", func() error { _, err := s.Watermarks(ctx, nil, "s", "", -1); return err })},
+	} {
+		if !errors.Is(c.err, storage.ErrInvalidConfig) {
+			errs = append(errs, fmt.Errorf("%s without a watermark table: %v, want an error wrapping storage.ErrInvalidConfig", c.method, c.err))
+		}
+	}
+	return errors.Join(errs...)
 }
