@@ -429,7 +429,7 @@ func checkWatermarkInvalid(ctx context.Context, env *Env) error {
 		{"an empty scope", "", ""}, {"a NUL byte in the scope", "wm-\x00invalid", ""}, {"a topic over MaxTopicBytes", k.Scope, strings.Repeat("t", storage.MaxTopicBytes+1)},
 	} {
 		if _, err := env.watermarks().Watermarks(ctx, env.H.DB.WithContext(ctx), f.scope, f.topic, -1); !errors.Is(err, storage.ErrInvalidConfig) {
-			return fmt.Errorf("Watermarks of %s: %v, want an error wrapping storage.ErrInvalidConfig", f.what, err)
+			return fmt.Errorf("a read of %s: %v, want an error wrapping storage.ErrInvalidConfig", f.what, err)
 		}
 	}
 	got, err := env.stored(ctx, env.H.DB, k.Scope, "", -1)
