@@ -839,3 +839,50 @@ func CheckNoWatermarkTable(ctx context.Context, s storage.WatermarkStore) error 
 	}
 	return errors.Join(errs...)
 }
+
+// CheckWatermarkLockWait checks that a member whose write waits for a
+// stream's row (or the database's write lock) longer than its database
+// lets it gives up with an error the store's IsRetryable reports, never
+// ErrWatermarkMoved: an open transaction on db holds the stream while one
+// on waiter, prepared by shortWait (nil for nothing; a short lock timeout
+// for its session, say), writes it from the same value. The store's
+// watermark table must exist on db. It returns what it found wrong, or
+// nil; adapter tests call it with their dialect's way to wait briefly.
+func CheckWatermarkLockWait(ctx context.Context, store storage.InboxStore, db, waiter *gorm.DB, shortWait func(tx *gorm.DB) error) error {
+	ws, ok := store.(storage.WatermarkStore)
+	if !ok {
+		return fmt.Errorf("the store's type %T does not implement storage.WatermarkStore", store)
+	}
+	k := wmKey("wm-lock-wait", "orders", 0)
+	v := []byte("v")
+	if err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		return ws.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{wmWrite(k, nil, v)})
+	}); err != nil {
+		return fmt.Errorf("first value: %w", err)
+	}
+	holder := db.WithContext(ctx).Begin()
+	if holder.Error != nil {
+		return fmt.Errorf("begin the holder's transaction: %w", holder.Error)
+	}
+	defer holder.Rollback()
+	if err := ws.SaveWatermarks(ctx, holder, []storage.WatermarkWrite{wmWrite(k, v, []byte("held"))}); err != nil {
+		return fmt.Errorf("the holder's write: %w", err)
+	}
+	err := waiter.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if shortWait != nil {
+			if err := shortWait(tx); err != nil {
+				return fmt.Errorf("shorten the wait: %w", err)
+			}
+		}
+		return ws.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{wmWrite(k, v, []byte("waiter"))})
+	})
+	switch {
+	case err == nil:
+		return errors.New("a write of a stream another transaction holds succeeded: it did not wait for the holder")
+	case errors.Is(err, storage.ErrWatermarkMoved):
+		return fmt.Errorf("a write that waited past its lock wait: %w, want an error the store calls retryable, not ErrWatermarkMoved", err)
+	case !store.IsRetryable(err):
+		return fmt.Errorf("a write that waited past its lock wait: %w, which the store's IsRetryable does not report", err)
+	}
+	return nil
+}

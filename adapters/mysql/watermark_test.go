@@ -1,7 +1,6 @@
 package mysql_test
 
 import (
-	"errors"
 	"strings"
 	"testing"
 
@@ -9,7 +8,6 @@ import (
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	"github.com/inboxgo/inbox/conformance"
-	"github.com/inboxgo/inbox/storage"
 )
 
 // MigrateWatermarks and Verify refuse a watermark table of another
@@ -73,29 +71,7 @@ func TestWatermarkLockTimeoutIsRetryable(t *testing.T) {
 	if err := store.MigrateWatermarks(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	k := storage.WatermarkKey{Scope: "c", Source: "src", Epoch: 1, Topic: "orders"}
-	v := []byte("v")
-	write := func(to string) []storage.WatermarkWrite {
-		return []storage.WatermarkWrite{{WatermarkKey: k, Old: v, New: []byte(to)}}
-	}
-	if err := db.Transaction(func(tx *gorm.DB) error {
-		return store.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{{WatermarkKey: k, New: v}})
-	}); err != nil {
+	if err := conformance.CheckWatermarkLockWait(ctx, store, db, db, shortWait); err != nil {
 		t.Fatal(err)
 	}
-	holder := db.Begin()
-	defer holder.Rollback()
-	if err := store.SaveWatermarks(ctx, holder, write("held")); err != nil {
-		t.Fatal(err)
-	}
-	err := db.Transaction(func(tx *gorm.DB) error {
-		if err := shortWait(tx); err != nil {
-			return err
-		}
-		return store.SaveWatermarks(ctx, tx, write("waiter"))
-	})
-	if !store.IsRetryable(err) || errors.Is(err, storage.ErrWatermarkMoved) {
-		t.Fatalf("a write that waited past the lock wait timeout: %v, want an error the store calls retryable", err)
-	}
-	t.Log(err)
 }
