@@ -29,11 +29,14 @@ var watermarkChecks = []Check{
 		Doc: "a write from a stale value, an insert of a stream that has a row and an update of one that has none are ErrWatermarkMoved and change nothing; one such write among several fails the call, and after the rollback none is applied",
 		Run: checkWatermarkCAS},
 	{Watermarks: true, Area: "watermark", Name: "rejects-invalid-writes",
-		Doc: "names out of bounds, an epoch below 1, a negative partition, a value over MaxWatermarkBytes, no new value, or a new value equal to the old one are ErrInvalidConfig, and nothing is written",
+		Doc: "names out of bounds, not UTF-8 or holding NUL, an epoch below 1, a negative partition, a value over MaxWatermarkBytes, no new value, a new value equal to the old one, or keys not distinct and sorted are ErrInvalidConfig, and nothing is written; Watermarks refuses a scope or topic no row can hold",
 		Run: checkWatermarkInvalid},
 	{Watermarks: true, Area: "watermark", Name: "second-member-waits",
 		Doc: "a member writing from the value another member's open transaction is replacing waits for it: ErrWatermarkMoved if that one commits, written if it rolls back (inserts and updates)",
 		Run: checkWatermarkSecondWaits},
+	{Watermarks: true, Area: "watermark", Name: "crossed-writes",
+		Doc: "two members that each hold one stream and then write the other's (a deadlock; on a database with one writer, a wait for the write lock): one fails with an error the Store's IsRetryable reports, never ErrWatermarkMoved, and the other commits both writes",
+		Run: checkWatermarkCrossed},
 	{Watermarks: true, Area: "watermark", Name: "racing-members",
 		Doc: "16 members write one stream from the same value at once, each with an effect in its transaction: exactly one wins, the others get ErrWatermarkMoved, one effect commits",
 		Run: checkWatermarkRace},
@@ -44,7 +47,7 @@ var watermarkChecks = []Check{
 		Doc: "a store that opens the transaction with its writes (storage.WatermarkBeginner) writes them in that transaction: committed with an effect, rolled back with it, and a stale write is ErrWatermarkMoved with nothing left open (skipped for a store without the capability, or one that cannot use it on the harness's pool: the inbox then begins the transaction itself and calls SaveWatermarks, which the other checks cover)",
 		Run: checkWatermarkBeginAndSave},
 	{Watermarks: true, Unmigrated: true, Area: "watermark", Name: "migrate-concurrently",
-		Doc: "MigrateWatermarks run at the same instant by several processes on a database with the inbox table and no watermark table all succeed, and run again it keeps the rows",
+		Doc: "MigrateWatermarks run at the same instant by several processes on a database with the inbox table and no watermark table all succeed, and run again it keeps the rows; a Store that can verify its tables (storage.Verifier) takes the table it made",
 		Run: checkWatermarkMigrate},
 }
 
@@ -393,27 +396,40 @@ func checkWatermarkInvalid(ctx context.Context, env *Env) error {
 		change(&c)
 		return c
 	}
+	later := with(func(k *storage.WatermarkKey) { k.Partition = 1 })
+	one := func(w storage.WatermarkWrite) []storage.WatermarkWrite { return []storage.WatermarkWrite{w} }
 	cases := []struct {
-		what  string
-		write storage.WatermarkWrite
+		what   string
+		writes []storage.WatermarkWrite
 	}{
-		{"an empty scope", wmWrite(with(func(k *storage.WatermarkKey) { k.Scope = "" }), nil, []byte("v"))},
-		{"a scope over MaxConsumerBytes", wmWrite(with(func(k *storage.WatermarkKey) { k.Scope = strings.Repeat("s", storage.MaxConsumerBytes+1) }), nil, []byte("v"))},
-		{"an empty source", wmWrite(with(func(k *storage.WatermarkKey) { k.Source = "" }), nil, []byte("v"))},
-		{"a source over MaxSourceBytes", wmWrite(with(func(k *storage.WatermarkKey) { k.Source = strings.Repeat("r", storage.MaxSourceBytes+1) }), nil, []byte("v"))},
-		{"an empty topic", wmWrite(with(func(k *storage.WatermarkKey) { k.Topic = "" }), nil, []byte("v"))},
-		{"a topic over MaxTopicBytes", wmWrite(with(func(k *storage.WatermarkKey) { k.Topic = strings.Repeat("t", storage.MaxTopicBytes+1) }), nil, []byte("v"))},
-		{"epoch 0", wmWrite(with(func(k *storage.WatermarkKey) { k.Epoch = 0 }), nil, []byte("v"))},
-		{"a negative partition", wmWrite(with(func(k *storage.WatermarkKey) { k.Partition = -1 }), nil, []byte("v"))},
-		{"a value over MaxWatermarkBytes", wmWrite(k, nil, make([]byte, storage.MaxWatermarkBytes+1))},
-		{"no new value", wmWrite(k, nil, nil)},
-		{"a new value equal to the old one", wmWrite(k, []byte("v"), []byte("v"))},
+		{"keys out of order", []storage.WatermarkWrite{wmWrite(later, nil, []byte("v")), wmWrite(k, nil, []byte("v"))}},
+		{"a key twice", []storage.WatermarkWrite{wmWrite(k, nil, []byte("v")), wmWrite(k, []byte("v"), []byte("w"))}},
+		{"a NUL byte in the scope", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Scope = "wm-\x00invalid" }), nil, []byte("v")))},
+		{"invalid UTF-8 in the topic", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Topic = "orders\xff" }), nil, []byte("v")))},
+		{"an empty scope", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Scope = "" }), nil, []byte("v")))},
+		{"a scope over MaxConsumerBytes", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Scope = strings.Repeat("s", storage.MaxConsumerBytes+1) }), nil, []byte("v")))},
+		{"an empty source", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Source = "" }), nil, []byte("v")))},
+		{"a source over MaxSourceBytes", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Source = strings.Repeat("r", storage.MaxSourceBytes+1) }), nil, []byte("v")))},
+		{"an empty topic", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Topic = "" }), nil, []byte("v")))},
+		{"a topic over MaxTopicBytes", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Topic = strings.Repeat("t", storage.MaxTopicBytes+1) }), nil, []byte("v")))},
+		{"epoch 0", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Epoch = 0 }), nil, []byte("v")))},
+		{"a negative partition", one(wmWrite(with(func(k *storage.WatermarkKey) { k.Partition = -1 }), nil, []byte("v")))},
+		{"a value over MaxWatermarkBytes", one(wmWrite(k, nil, make([]byte, storage.MaxWatermarkBytes+1)))},
+		{"no new value", one(wmWrite(k, nil, nil))},
+		{"a new value equal to the old one", one(wmWrite(k, []byte("v"), []byte("v")))},
 	}
 	for _, c := range cases {
 		// Committed unless refused: a store that takes the write keeps it.
-		err := env.saveTx(ctx, env.H.DB, "", []storage.WatermarkWrite{c.write}, nil)
+		err := env.saveTx(ctx, env.H.DB, "", c.writes, nil)
 		if !errors.Is(err, storage.ErrInvalidConfig) {
 			return fmt.Errorf("a write with %s: %v, want an error wrapping storage.ErrInvalidConfig", c.what, err)
+		}
+	}
+	for _, f := range []struct{ what, scope, topic string }{
+		{"an empty scope", "", ""}, {"a NUL byte in the scope", "wm-\x00invalid", ""}, {"a topic over MaxTopicBytes", k.Scope, strings.Repeat("t", storage.MaxTopicBytes+1)},
+	} {
+		if _, err := env.watermarks().Watermarks(ctx, env.H.DB.WithContext(ctx), f.scope, f.topic, -1); !errors.Is(err, storage.ErrInvalidConfig) {
+			return fmt.Errorf("a read of %s: %v, want an error wrapping storage.ErrInvalidConfig", f.what, err)
 		}
 	}
 	got, err := env.stored(ctx, env.H.DB, k.Scope, "", -1)
@@ -435,6 +451,66 @@ func checkWatermarkSecondWaits(ctx context.Context, env *Env) error {
 			if err := secondWaits(ctx, env, other, insert, commit); err != nil {
 				return fmt.Errorf("%s: %w", what, err)
 			}
+		}
+	}
+	return nil
+}
+
+func checkWatermarkCrossed(ctx context.Context, env *Env) error {
+	other, done, err := env.otherPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	a, b := wmKey("wm-crossed", "orders", 0), wmKey("wm-crossed", "orders", 1)
+	v := []byte("v")
+	if err := env.save(ctx, env.H.DB, wmWrite(a, nil, v), wmWrite(b, nil, v)); err != nil {
+		return fmt.Errorf("first values: %w", err)
+	}
+	pools := [2]*gorm.DB{env.H.DB, other}
+	streams := [2][2]storage.WatermarkKey{{a, b}, {b, a}}
+	var errs [2]error
+	// Each member writes its second stream once both hold their first, or
+	// once the other has failed (on a database with one writer the
+	// second member waits for the first one's write lock to begin).
+	var holding, members sync.WaitGroup
+	holding.Add(len(pools))
+	for i := range pools {
+		members.Go(func() {
+			held := sync.OnceFunc(holding.Done)
+			defer held()
+			value := fmt.Appendf(nil, "member-%d", i)
+			errs[i] = pools[i].WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+				if err := env.watermarks().SaveWatermarks(ctx, tx, []storage.WatermarkWrite{wmWrite(streams[i][0], v, value)}); err != nil {
+					return err
+				}
+				held()
+				holding.Wait()
+				return env.watermarks().SaveWatermarks(ctx, tx, []storage.WatermarkWrite{wmWrite(streams[i][1], v, value)})
+			}, env.H.TxOptions)
+		})
+	}
+	members.Wait()
+	winner := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && winner >= 0:
+			return errors.New("both members committed their crossed writes: one of them wrote from a value the other had replaced")
+		case err == nil:
+			winner = i
+		case errors.Is(err, storage.ErrWatermarkMoved):
+			return fmt.Errorf("member %d's crossed write: %v, want an error the Store calls retryable, not ErrWatermarkMoved (no value moved: it lost a lock conflict)", i, err)
+		case !env.H.Store.IsRetryable(err):
+			return fmt.Errorf("member %d's crossed write: %w, which the Store's IsRetryable does not report", i, err)
+		}
+	}
+	if winner < 0 {
+		return fmt.Errorf("neither member committed its crossed writes: %w", errors.Join(errs[0], errs[1]))
+	}
+	want := fmt.Appendf(nil, "member-%d", winner)
+	for _, k := range []storage.WatermarkKey{a, b} {
+		if err := env.expectValue(ctx, "after the crossed writes", k, want); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -655,6 +731,11 @@ func checkWatermarkMigrate(ctx context.Context, env *Env) error {
 	if err := env.expectValue(ctx, "after MigrateWatermarks ran again", k, []byte("v1")); err != nil {
 		return err
 	}
+	if v, ok := env.H.Store.(storage.Verifier); ok {
+		if err := v.Verify(ctx, env.H.DB); err != nil {
+			return fmt.Errorf("the Store's Verify on the table MigrateWatermarks made: %w", err)
+		}
+	}
 	return env.save(ctx, env.H.DB, wmWrite(k, []byte("v1"), []byte("v2")))
 }
 
@@ -734,4 +815,74 @@ func checkWatermarkBeginAndSave(ctx context.Context, env *Env) error {
 	// Nothing was left open: every connection of the pool can take the
 	// row's lock at once.
 	return env.save(ctx, env.H.DB, wmWrite(k, []byte("v2"), []byte("v3")))
+}
+
+// CheckNoWatermarkTable checks a WatermarkStore made for an inbox table
+// whose name leaves no room for a watermark table: MigrateWatermarks,
+// SaveWatermarks and Watermarks each refuse with an error wrapping
+// storage.ErrInvalidConfig before they touch a database (they are given
+// none). It returns what it found wrong, or nil; adapter tests call it.
+func CheckNoWatermarkTable(ctx context.Context, s storage.WatermarkStore) error {
+	w := wmWrite(wmKey("s", "t", 0), nil, []byte("v"))
+	var errs []error
+	for _, c := range []struct {
+		method string
+		err    error
+	}{
+		{"MigrateWatermarks", runRecovered("MigrateWatermarks", func() error { return s.MigrateWatermarks(ctx, nil) })},
+		{"SaveWatermarks", runRecovered("SaveWatermarks", func() error { return s.SaveWatermarks(ctx, nil, []storage.WatermarkWrite{w}) })},
+		{"Watermarks", runRecovered("Watermarks", func() error { _, err := s.Watermarks(ctx, nil, "s", "", -1); return err })},
+	} {
+		if !errors.Is(c.err, storage.ErrInvalidConfig) {
+			errs = append(errs, fmt.Errorf("%s without a watermark table: %v, want an error wrapping storage.ErrInvalidConfig", c.method, c.err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CheckWatermarkLockWait checks that a member whose write waits for a
+// stream's row (or the database's write lock) longer than its database
+// lets it gives up with an error the store's IsRetryable reports, never
+// ErrWatermarkMoved: an open transaction on db holds the stream while one
+// on waiter, prepared by shortWait (nil for nothing; a short lock timeout
+// for its session, say), writes it from the same value. The store's
+// watermark table must exist on db. It returns what it found wrong, or
+// nil; adapter tests call it with their dialect's way to wait briefly.
+func CheckWatermarkLockWait(ctx context.Context, store storage.InboxStore, db, waiter *gorm.DB, shortWait func(tx *gorm.DB) error) error {
+	ws, ok := store.(storage.WatermarkStore)
+	if !ok {
+		return fmt.Errorf("the store's type %T does not implement storage.WatermarkStore", store)
+	}
+	k := wmKey("wm-lock-wait", "orders", 0)
+	v := []byte("v")
+	if err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		return ws.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{wmWrite(k, nil, v)})
+	}); err != nil {
+		return fmt.Errorf("first value: %w", err)
+	}
+	holder := db.WithContext(ctx).Begin()
+	if holder.Error != nil {
+		return fmt.Errorf("begin the holder's transaction: %w", holder.Error)
+	}
+	defer holder.Rollback()
+	if err := ws.SaveWatermarks(ctx, holder, []storage.WatermarkWrite{wmWrite(k, v, []byte("held"))}); err != nil {
+		return fmt.Errorf("the holder's write: %w", err)
+	}
+	err := waiter.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if shortWait != nil {
+			if err := shortWait(tx); err != nil {
+				return fmt.Errorf("shorten the wait: %w", err)
+			}
+		}
+		return ws.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{wmWrite(k, v, []byte("waiter"))})
+	})
+	switch {
+	case err == nil:
+		return errors.New("a write of a stream another transaction holds succeeded: it did not wait for the holder")
+	case errors.Is(err, storage.ErrWatermarkMoved):
+		return fmt.Errorf("a write that waited past its lock wait: %w, want an error the store calls retryable, not ErrWatermarkMoved", err)
+	case !store.IsRetryable(err):
+		return fmt.Errorf("a write that waited past its lock wait: %w, which the store's IsRetryable does not report", err)
+	}
+	return nil
 }

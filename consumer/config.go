@@ -238,8 +238,16 @@ type Config struct {
 	// it; the group's is used only for a partition without a row, and the
 	// offset it resolves to is then stored at once. The offset after a
 	// dead-lettered message is stored too (retried while the database
-	// fails). A crash between the database commit and the Kafka commit then
-	// causes no redelivery. Call Migrate first.
+	// fails). Where no transaction stores a finished message's offset (a
+	// batch of duplicates that a watermark of SequencedSources covers runs
+	// none; the messages of a batch after one that failed commit without
+	// it, and that one, retried alone, stores its own), it is stored in a
+	// transaction of its own before it is committed to Kafka: once per
+	// commit (CommitInterval), not per batch; if that write fails, only the
+	// stored offset is committed. The group's committed offset is thus
+	// never ahead of the stored one unless the database lost commits. A
+	// crash between the database commit and the Kafka commit then causes
+	// no redelivery. Call Migrate first.
 	//
 	// Why behind too: after a failover to an asynchronous replica the last
 	// commits the old primary acknowledged are gone, effects, inbox rows and

@@ -75,11 +75,14 @@
 // the last acknowledged commits (asynchronous replication) takes their
 // stored offset with them, so the consumer applies those messages again,
 // exactly once, where resuming from the group's offset would skip them.
-// The stored offset never passes a message that is not finished; it may
-// lag behind (after a duplicate, or when a batch had a failure), which
-// costs only redeliveries that the inbox absorbs. Writing it costs one
-// small upsert per processed message. Since the stored offset wins over the
-// group's, reset a group's position by deleting its rows as well.
+// The stored offset never passes a message that is not finished, and the
+// group's committed offset never passes the stored one: an offset no
+// transaction of its messages stored (duplicates a watermark covers, the
+// rest of a batch whose failed message was retried alone) is stored before
+// it is committed to Kafka, in one small transaction per commit. Writing
+// it costs one small upsert per processed message. Since the stored offset
+// wins over the group's, reset a group's position by deleting its rows as
+// well.
 //
 // # Sequenced dedup
 //

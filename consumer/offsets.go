@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/inboxgo/inbox/hooks"
@@ -113,4 +114,58 @@ func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) 
 		return true
 	}
 	return false
+}
+
+// storeCommittable returns the offset that commit may commit to Kafka for
+// next, the committable offset, which is past the stored offset (w.floor):
+// next, once written as the stored offset, or w.floor if the write failed;
+// ok is false, with w.lost set, if the stored offset moved back or a newer
+// generation wrote it (the worker then repositions or stops, as after a
+// batch's write).
+//
+// The group's committed offset must not pass the stored one: the
+// partition's next owner starts at the stored offset, and takes a group's
+// offset ahead of it for commits a database failover lost. Most messages
+// move the stored offset in their own transaction. Those that do not
+// (duplicates a watermark covers run none; the messages of a batch after
+// one that failed commit in one that cannot move it past that message,
+// whose retry alone stores only its own offset) have it written here, in
+// a transaction of the write alone, once per Kafka commit (at most once
+// per CommitInterval) rather than once per batch. One attempt: after a
+// failure the next commit tries again, and a next owner gets the messages
+// past the stored offset again and finds them applied.
+func (w *worker) storeCommittable(dbCtx context.Context, next int64) (int64, bool) {
+	last := int64(0)
+	if w.tail.next == next {
+		last = w.tail.last
+	}
+	w.beginDB()
+	err := w.storeOnce(dbCtx, w.floor, next, last)
+	w.endDB()
+	switch {
+	case err == nil:
+		return next, true
+	case errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver):
+		return 0, false
+	}
+	level := slog.LevelWarn
+	if dbCtx.Err() != nil {
+		level = slog.LevelDebug // stopping: the next owner redelivers them
+	}
+	w.log.Log(dbCtx, level, "cannot store the partition's offset before committing it; committing the stored one",
+		"offset", next, "stored", w.floor, "error", err)
+	return w.floor, true
+}
+
+// noteTail keeps the committable offset and the fingerprint of the message
+// before it when the batch in process (w.batch) is done and left the
+// stored offset behind it, for storeCommittable.
+func (w *worker) noteTail() {
+	w.tail.next = -1
+	if !w.c.cfg.StoreOffsets {
+		return
+	}
+	if next, ok := w.tracker.committable(); ok && next > w.floor {
+		w.tail.next, w.tail.last = next, w.lastOf(next)
+	}
 }

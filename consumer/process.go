@@ -41,6 +41,7 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 	}
 	w.batch = items
 	defer func() { w.batch = nil }()
+	defer w.noteTail()
 	defer func() {
 		last := batch[len(batch)-1]
 		if last.HighWaterMark > 0 {
@@ -131,6 +132,10 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 // admission per message and attempt): the stored offset never passes a
 // message that failed, was rejected or is still to be retried. Everything
 // before the batch is finished: a worker resolves each batch before the next.
+// What finishes without such a write (a call that runs no transaction, all
+// of its messages duplicates a watermark covers; messages that committed
+// before a failed one this call retries alone) is stored before its Kafka
+// commit (storeCommittable).
 func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (results []inbox.Result, ok bool) {
 	results = make([]inbox.Result, len(items))
 	var msgs []inbox.Message
@@ -538,7 +543,7 @@ func (w *worker) finish(it *item, o inbox.Outcome) {
 		kind = hooks.Duplicate
 		w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
 	}
-	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Sequenced: it.seq != nil})
+	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Sequenced: it.watermarked()})
 	next, _ := w.tracker.committable()
 	w.c.clearStopped(w.topic, w.partition, next)
 }

@@ -116,6 +116,11 @@ func sequenceOf(m *kafka.Message, trusted map[string]bool) (*seqPos, error) {
 	return p, nil
 }
 
+// watermarked reports whether it is deduplicated by its stream's
+// watermark: it has a place in a trusted stream whose watermark holds (or
+// takes) its shard.
+func (it *item) watermarked() bool { return it.seq != nil && !it.seq.rows }
+
 // maxShards bounds the shard numbers of a trusted source: the adapters'
 // outbox stores make at most this many.
 const maxShards = 1 << 16

@@ -37,6 +37,11 @@ func TestMarksLeaveShardsThatDoNotFitToTheRow(t *testing.T) {
 	if marks[1].Chain != 0 || !fresh.rows {
 		t.Errorf("mark %+v (rows %v) for a shard that does not fit, want the inbox row", marks[1], fresh.rows)
 	}
+	// Its outcome is reported (hooks.Event.Sequenced, the span's dedup
+	// path) as the row's.
+	if (&item{seq: fresh}).watermarked() || !(&item{seq: known}).watermarked() {
+		t.Error("the message left to the row is reported as deduplicated by the watermark, or the chained one is not")
+	}
 	writes := s.writer([]*seqPos{known, fresh, nil, other})([]int{0, 1, 3}, make([]inbox.Outcome, 4))
 	for _, w := range writes {
 		a, err := watermark.Decode(w.New)

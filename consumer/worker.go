@@ -51,6 +51,10 @@ type worker struct {
 	lost         error
 	takenBy      int32
 	lastPosCheck time.Time
+	// tail is the committable offset when the last batch was done, with
+	// the fingerprint of the message before it, kept when the batch left
+	// the stored offset behind it (see storeCommittable).
+	tail struct{ next, last int64 }
 	// stored is the row the position was read from (Next -1: none), and
 	// logStart the log start offset checkLog found.
 	stored   offsets.Row
@@ -150,7 +154,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	if commitStart {
 		// Now, not with the first processed message: a restart before it
 		// must begin here too.
-		w.commit(true)
+		w.commit(dbCtx, true)
 	}
 	if beyondEnd != nil {
 		w.stopPartition(beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
@@ -225,13 +229,13 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			}
 			lastLogCheck = time.Now()
 		}
-		w.commit(false)
+		w.commit(dbCtx, false)
 	}
 	if w.c.crashed(ctx) {
 		return
 	}
 	closeReader()
-	w.commit(true)
+	w.commit(dbCtx, true)
 	if halted {
 		// Keep the partition (and the generation) until the next rebalance or
 		// the end of Run: returning would trigger a rebalance at once, and the
@@ -275,9 +279,9 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 	stored := row.Next
 	switch {
 	case w.assigned >= 0 && stored < w.assigned:
-		// Not an error: a failover to a replica that lacked the last
-		// commits, or a commit to Kafka after an offset that did not
-		// move the stored one (a duplicate), look the same.
+		// A member commits to Kafka only offsets it stored (see
+		// storeCommittable): the database lost commits, or the offsets
+		// were reset in Kafka alone, or StoreOffsets was off for a while.
 		w.log.Warn("starting at the stored offset, behind the group's committed one: the database's position wins (after a database failover its last commits may be gone); the messages in between are delivered again",
 			"stored", stored, "group_committed", w.assigned, "redelivered", w.assigned-stored)
 	case stored != w.assigned:
@@ -396,17 +400,11 @@ func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next, last int64) 
 	w.beginDB()
 	defer w.endDB()
 	for attempt := 1; ; attempt++ {
-		err := txn.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, w.c.bound(), func(tx *gorm.DB) error {
-			actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
-			defer cancel()
-			return bounded(w.c.offsets.Advance(actx, tx, w.topic, w.partition, floor, w.write(next, last)))
-		})
+		err := w.storeOnce(dbCtx, floor, next, last)
 		if err == nil {
-			w.floor = max(w.floor, next)
 			return true
 		}
 		if errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver) {
-			w.lost = err
 			return false
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
@@ -415,6 +413,24 @@ func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next, last int64) 
 			return false
 		}
 	}
+}
+
+// storeOnce is one attempt of storeNext: the write in a transaction of its
+// own. It sets w.lost if the stored offset moved back or a newer
+// generation wrote it.
+func (w *worker) storeOnce(dbCtx context.Context, floor, next, last int64) error {
+	err := txn.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, w.c.bound(), func(tx *gorm.DB) error {
+		actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
+		defer cancel()
+		return bounded(w.c.offsets.Advance(actx, tx, w.topic, w.partition, floor, w.write(next, last)))
+	})
+	switch {
+	case err == nil:
+		w.floor = max(w.floor, next)
+	case errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver):
+		w.lost = err
+	}
+	return err
 }
 
 // write is what a write of next as the stored offset stores: with this
@@ -474,14 +490,20 @@ func (w *worker) afterCommit(ctx context.Context, processed int) bool {
 }
 
 // commit commits the committable offset to Kafka if it moved, at most once
-// per CommitInterval unless force.
-func (w *worker) commit(force bool) {
+// per CommitInterval unless force. With StoreOffsets it commits no offset
+// the database does not hold (see storeCommittable).
+func (w *worker) commit(dbCtx context.Context, force bool) {
 	next, ok := w.tracker.committable()
 	if !ok || next <= w.lastCommitted {
 		return
 	}
 	if !force && w.c.cfg.CommitInterval > 0 && time.Since(w.lastCommitAt) < w.c.cfg.CommitInterval {
 		return
+	}
+	if w.c.cfg.StoreOffsets && next > w.floor {
+		if next, ok = w.storeCommittable(dbCtx, next); !ok || next <= w.lastCommitted {
+			return
+		}
 	}
 	w.commitMu.Lock()
 	err := w.gen.commit(w.topic, w.partition, next)

@@ -57,8 +57,47 @@ func (f EventFunc) OnEvent(ev Event) { f(ev) }
 // from the one passed in; nil keeps that one) and an end function (nil
 // allowed), which is called exactly once, from the same goroutine, when the
 // work is over.
+//
+// The inbox marks the context of each message its caller (a
+// consumer.Consumer) deduplicates by a sequenced stream's watermark rather
+// than an inbox row (see Event.Sequenced); [IsSequenced] tells a tracer
+// which path the message takes.
 type MessageTracer interface {
 	TraceMessage(ctx context.Context, row storage.InboxRow) (context.Context, func(outcome Kind, err error))
+}
+
+// sequencedKey is the context key of the mark of WithSequenced.
+type sequencedKey struct{}
+
+// sequencedMark names the message a mark of WithSequenced is for: a
+// message of an inbox call made under a derived context (from the
+// handler) is not that one.
+type sequencedMark struct {
+	consumer, eventID, topic string
+	partition                int32
+	offset                   int64
+}
+
+func markOf(row storage.InboxRow) sequencedMark {
+	return sequencedMark{consumer: row.Consumer, eventID: row.EventID, topic: row.Topic, partition: row.Partition, offset: row.Offset}
+}
+
+// WithSequenced returns ctx marked for the message row names (by its
+// Consumer, EventID, Topic, Partition and Offset; Day and EventTime are
+// not compared): it is deduplicated by its sequenced stream's watermark,
+// not by an inbox row. The inbox calls the MessageTracers of such a message
+// under a context so marked.
+func WithSequenced(ctx context.Context, row storage.InboxRow) context.Context {
+	return context.WithValue(ctx, sequencedKey{}, markOf(row))
+}
+
+// IsSequenced reports whether ctx carries the mark of [WithSequenced] for
+// the message row names. A MessageTracer calls it with the ctx and row it
+// was given; a message of another inbox call made under a context derived
+// from that one (a handler's call of another inbox) is not marked by it.
+func IsSequenced(ctx context.Context, row storage.InboxRow) bool {
+	m, ok := ctx.Value(sequencedKey{}).(sequencedMark)
+	return ok && m == markOf(row)
 }
 
 // ClaimTracer surrounds each claim of inbox rows: once per transaction

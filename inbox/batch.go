@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/batchopt"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
@@ -210,6 +211,11 @@ func (b *batchRun) startMessages(ctx context.Context) (ends []func(Outcome, erro
 		mctx := ctx
 		if mc != nil {
 			mctx = orContext(mc(ctx, i), ctx)
+		}
+		if traced && b.mark(i).Chain > 0 {
+			// Tells the tracers the message is deduplicated by its stream's
+			// watermark; marked only when traced, as the mark allocates.
+			mctx = hooks.WithSequenced(mctx, m.row())
 		}
 		b.ctxs[i], ends[i] = b.ib.startMessage(mctx, m)
 	}

@@ -27,9 +27,13 @@
 // messaging.destination.partition.id, messaging.kafka.partition,
 // messaging.kafka.offset, messaging.message.id (the event id),
 // messaging.consumer.group.name (Options.ConsumerGroup), inbox.consumer
-// and, when it ends, inbox.outcome (processed, duplicate or failed) and
-// the error. Its children are "inbox claim" (one per transaction attempt:
-// inbox.claim.rows, inbox.claim.new) and "inbox handler"
+// and, when it ends, inbox.outcome (processed, duplicate or failed), for a
+// processed or duplicate message inbox.dedup (how it was deduplicated:
+// "row", by its inbox row, or "watermark", by its sequenced stream's
+// watermark under a consumer's Config.SequencedSources; a copy the
+// watermark covers has its span too, though no transaction runs for it),
+// and the error. Its children are "inbox claim" (one per transaction
+// attempt: inbox.claim.rows, inbox.claim.new) and "inbox handler"
 // (inbox.handler.messages); the handler's context is the handler span's.
 // Every attempt of the consumer at a message is a span of its own. In a
 // batch, the claim of a transaction is a child of the span of its first
@@ -39,7 +43,8 @@
 //
 // The meter "github.com/inboxgo/inbox/otel" records:
 //
-//   - inbox.messages (counter): messages by inbox.outcome, each message
+//   - inbox.messages (counter): messages by inbox.outcome (and inbox.dedup,
+//     as on the span, for processed and duplicate), each message
 //     counted once when its fate is decided. With a consumer: processed or
 //     duplicate when its effect committed, failed when the consumer gave up
 //     on it (it was dead-lettered or its partition stopped at it; a message

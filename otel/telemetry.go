@@ -120,9 +120,16 @@ func (t *telemetry) startMessage(ctx context.Context, m storage.InboxRow) (conte
 	if t.group != "" {
 		attrs = append(attrs, keyConsumerGroup.String(t.group))
 	}
+	dedup := dedupRow
+	if hooks.IsSequenced(ctx, m) {
+		dedup = dedupWatermark
+	}
 	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 	return ctx, func(o hooks.Kind, err error) {
 		span.SetAttributes(keyOutcome.String(o.String()))
+		if o == hooks.Processed || o == hooks.Duplicate {
+			span.SetAttributes(keyDedup.String(dedup))
+		}
 		endSpan(span, err)
 		t.duration.Record(context.Background(), time.Since(start).Seconds(),
 			metric.WithAttributes(t.messageAttrs(m.Consumer, m.Topic, keyOutcome.String(o.String()))...))

@@ -80,8 +80,11 @@ type MaintenanceReport struct {
 
 // Verifier is an optional InboxStore capability: Verify checks that the database
 // and connection settings behind db keep the InboxStore's guarantees (a
-// transactional table engine, a strict SQL mode, write-ahead logging) and
-// returns an error naming each setting that does not.
+// transactional table engine, a strict SQL mode, write-ahead logging), and
+// so do the layouts of its tables, the watermark table of a WatermarkStore
+// included when it exists (without one sequenced dedup is not in use, which
+// is no problem), and returns an error naming each setting or column that
+// does not.
 type Verifier interface {
 	Verify(ctx context.Context, db *gorm.DB) error
 }
@@ -154,7 +157,9 @@ const MaxDayPreparations = 3
 // DDL in a migration tool (goose, Atlas, golang-migrate). MigrationSQL
 // returns the statements Migrate runs on a database without the inbox
 // table, followed by those that prepare the days Today through
-// PrepareThrough of plan, in order, each a complete statement without a
+// PrepareThrough of plan and, for a WatermarkStore, those MigrateWatermarks
+// runs on a database without the watermark table (none when the store has
+// no watermark table), in order, each a complete statement without a
 // terminating semicolon. Maintain must still run afterwards (the consumer
 // does, hourly): it prepares the following days and expires old ones.
 type SchemaPrinter interface {

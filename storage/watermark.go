@@ -1,10 +1,14 @@
 package storage
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"gorm.io/gorm"
 )
@@ -109,4 +113,133 @@ type WatermarkRow struct {
 type WatermarkWrite struct {
 	WatermarkKey
 	Old, New []byte
+}
+
+// CheckWatermarkWrites refuses, before any statement runs, writes that the
+// WatermarkStore contract rules out or that some adapter could not store
+// exactly; SaveWatermarks implementations call it first. Its error wraps
+// ErrInvalidConfig and names the first write refused and why: a key whose
+// scope, source or topic is empty, longer than MaxConsumerBytes,
+// MaxSourceBytes or MaxTopicBytes, not UTF-8 or holding a NUL byte (which
+// PostgreSQL's text cannot hold), an epoch below 1 or a negative
+// partition; no new value, one longer than MaxWatermarkBytes, or one equal
+// to the old value (an UPDATE that changes nothing may report 0 rows,
+// which would read as moved); keys not distinct and sorted by
+// WatermarkKey.Compare.
+func CheckWatermarkWrites(writes []WatermarkWrite) error {
+	for i, w := range writes {
+		if err := checkWatermarkKey(w.WatermarkKey); err != nil {
+			return fmt.Errorf("write %d: %w", i, err)
+		}
+		switch {
+		case w.New == nil:
+			return fmt.Errorf("%w: write %d (%s) has no new value", ErrInvalidConfig, i, streamText(w.WatermarkKey))
+		case len(w.New) > MaxWatermarkBytes:
+			return fmt.Errorf("%w: write %d (%s): a value of %d bytes, at most %d allowed", ErrInvalidConfig, i, streamText(w.WatermarkKey), len(w.New), MaxWatermarkBytes)
+		case w.Old != nil && bytes.Equal(w.Old, w.New):
+			return fmt.Errorf("%w: write %d (%s): the new value equals the old one", ErrInvalidConfig, i, streamText(w.WatermarkKey))
+		case i > 0 && writes[i-1].Compare(w.WatermarkKey) >= 0:
+			return fmt.Errorf("%w: write %d (%s): keys not distinct and sorted", ErrInvalidConfig, i, streamText(w.WatermarkKey))
+		}
+	}
+	return nil
+}
+
+// CheckWatermarkFilter refuses, with an error wrapping ErrInvalidConfig, a
+// scope or topic of a Watermarks call that no row can hold (by the rules
+// of CheckWatermarkWrites); an empty topic is allowed: it selects every
+// topic.
+func CheckWatermarkFilter(scope, topic string) error {
+	if err := checkWatermarkName("scope", scope, MaxConsumerBytes); err != nil {
+		return err
+	}
+	if topic == "" {
+		return nil
+	}
+	return checkWatermarkName("topic", topic, MaxTopicBytes)
+}
+
+// CheckWatermarkSaved turns the outcome of the statement that saved w (an
+// INSERT for a nil Old, a compare-and-set UPDATE otherwise) into
+// SaveWatermarks' answer: nil when it affected exactly one row; execErr
+// when it failed, wrapped with the stream's name; an error wrapping
+// ErrWatermarkMoved when it affected none (the stream has a row already,
+// or does not hold Old); any other count, or a count res cannot tell, is
+// an error wrapping neither. It decides by the count alone, as the
+// contract asks: a statement whose duplicate key is an error rather than
+// 0 rows passes a result of 0 rows instead.
+func CheckWatermarkSaved(w WatermarkWrite, res sql.Result, execErr error) error {
+	if execErr != nil {
+		return fmt.Errorf("%s: %w", streamText(w.WatermarkKey), execErr)
+	}
+	if res == nil {
+		return fmt.Errorf("%s: the statement returned no result", streamText(w.WatermarkKey))
+	}
+	n, err := res.RowsAffected()
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: rows affected: %w", streamText(w.WatermarkKey), err)
+	case n == 0 && w.Old == nil:
+		return fmt.Errorf("%w: %s already has a row", ErrWatermarkMoved, streamText(w.WatermarkKey))
+	case n == 0:
+		return fmt.Errorf("%w: %s does not hold the value read (changed, or no row)", ErrWatermarkMoved, streamText(w.WatermarkKey))
+	case n != 1:
+		return fmt.Errorf("%s: %d rows affected, want 1", streamText(w.WatermarkKey), n)
+	}
+	return nil
+}
+
+// ScanWatermarks reads rows of a SELECT of scope, source, epoch, topic,
+// partition_no and applied, in that order, and closes them. Names may come
+// as text or as bytes; an applied value is never nil (the column is NOT
+// NULL, and a nil Applied would say the stream has no row).
+func ScanWatermarks(rows *sql.Rows) ([]WatermarkRow, error) {
+	defer rows.Close()
+	var out []WatermarkRow
+	for rows.Next() {
+		var r WatermarkRow
+		var scope, source, topic []byte
+		if err := rows.Scan(&scope, &source, &r.Epoch, &topic, &r.Partition, &r.Applied); err != nil {
+			return nil, err
+		}
+		r.Scope, r.Source, r.Topic = string(scope), string(source), string(topic)
+		if r.Applied == nil {
+			r.Applied = []byte{}
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func checkWatermarkKey(k WatermarkKey) error {
+	for _, f := range []struct {
+		what, v string
+		max     int
+	}{{"scope", k.Scope, MaxConsumerBytes}, {"source", k.Source, MaxSourceBytes}, {"topic", k.Topic, MaxTopicBytes}} {
+		if err := checkWatermarkName(f.what, f.v, f.max); err != nil {
+			return err
+		}
+	}
+	switch {
+	case k.Epoch < 1:
+		return fmt.Errorf("%w: %s: epoch below 1", ErrInvalidConfig, streamText(k))
+	case k.Partition < 0:
+		return fmt.Errorf("%w: %s: negative partition", ErrInvalidConfig, streamText(k))
+	}
+	return nil
+}
+
+func checkWatermarkName(what, v string, maxBytes int) error {
+	if v == "" || len(v) > maxBytes {
+		return fmt.Errorf("%w: watermark %s of %d bytes (1..%d allowed)", ErrInvalidConfig, what, len(v), maxBytes)
+	}
+	if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+		return fmt.Errorf("%w: watermark %s %q is not UTF-8 without NUL bytes", ErrInvalidConfig, what, v)
+	}
+	return nil
+}
+
+// streamText names a stream in errors.
+func streamText(k WatermarkKey) string {
+	return fmt.Sprintf("stream %q/%q[%d] of source %q epoch %d", k.Scope, k.Topic, k.Partition, k.Source, k.Epoch)
 }

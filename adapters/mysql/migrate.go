@@ -18,7 +18,8 @@ func (s *Store) createTable(today time.Time) string {
 
 // MigrationSQL returns Migrate's CREATE TABLE with a partition for each day
 // from the day before plan.Today through plan.PrepareThrough (at least
-// Options.InitialDays ahead, as Migrate makes them).
+// Options.InitialDays ahead, as Migrate makes them), and MigrateWatermarks'
+// watermark table, unless the inbox table's name leaves no room for one.
 func (s *Store) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 	today := storage.DayOf(plan.Today)
 	if plan.PrepareThrough.Before(today) {
@@ -28,7 +29,11 @@ func (s *Store) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 	if plan.PrepareThrough.After(last) {
 		last = storage.DayOf(plan.PrepareThrough)
 	}
-	return []string{s.createTableFor(today.AddDate(0, 0, -1), last)}, nil
+	stmts := []string{s.createTableFor(today.AddDate(0, 0, -1), last)}
+	if s.wm.err == nil {
+		stmts = append(stmts, s.watermarkTable())
+	}
+	return stmts, nil
 }
 
 // createTableFor is the inbox table, partitioned by LIST COLUMNS(day), with

@@ -56,7 +56,9 @@ func parseVersion(version string) Server {
 // Verify checks the server version, that the session's sql_mode is strict
 // (a value too long for its column is an error, not silently cut), and that
 // the inbox table is InnoDB, stores consumer and event id as binary strings,
-// and is partitioned by LIST COLUMNS(day), one day per partition.
+// and is partitioned by LIST COLUMNS(day), one day per partition; and,
+// if the watermark table exists, its layout (see MigrateWatermarks;
+// without one, sequenced dedup is not in use, which is no problem).
 func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	db = db.WithContext(ctx)
 	server, problems, err := sessionProblems(ctx, db)
@@ -71,6 +73,11 @@ func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	}
 	if _, err := s.listLayout(db); err != nil {
 		problems = append(problems, err)
+	}
+	if s.wm.err == nil {
+		if err := s.checkWatermarkLayout(db, false); err != nil {
+			problems = append(problems, err)
+		}
 	}
 	rows, err := db.Raw(`SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS
 		WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?`, nullIfEmpty(s.schema), s.name).Rows()

@@ -1,15 +1,14 @@
 package mysql
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
-	"unicode/utf8"
 
 	gomysql "github.com/go-sql-driver/mysql"
 	"gorm.io/gorm"
@@ -74,8 +73,8 @@ func (s *Store) watermarkTable() string {
 
 // MigrateWatermarks creates the watermark table <table>_watermarks unless
 // it exists, under a named lock of its own (GET_LOCK, as Migrate's), and
-// checks the layout of an existing one: InnoDB, its key, binary names, a
-// BLOB type for the values. It never converts a table.
+// checks the layout of an existing one (see Verify): InnoDB, its columns
+// and their types, its key. It never converts a table.
 func (s *Store) MigrateWatermarks(ctx context.Context, db *gorm.DB) error {
 	if s.wm.err != nil {
 		return s.wm.err
@@ -84,17 +83,38 @@ func (s *Store) MigrateWatermarks(ctx context.Context, db *gorm.DB) error {
 		if err := conn.Exec(s.watermarkTable()).Error; err != nil {
 			return fmt.Errorf("mysql: create %s: %w", s.wm.name, err)
 		}
-		return s.checkWatermarkLayout(conn)
+		return s.checkWatermarkLayout(conn, true)
 	})
 }
 
-// checkWatermarkLayout reports how an existing watermark table differs
-// from what the compare-and-set relies on.
-func (s *Store) checkWatermarkLayout(db *gorm.DB) error {
+// watermarkColumns are the watermark table's columns, the DATA_TYPEs
+// each may have, and the bytes a VARBINARY must hold at least.
+var watermarkColumns = map[string]struct {
+	types []string
+	bytes int
+}{
+	"scope":        {[]string{"varbinary"}, storage.MaxConsumerBytes},
+	"source":       {[]string{"varbinary"}, storage.MaxSourceBytes},
+	"epoch":        {[]string{"bigint"}, 0},
+	"topic":        {[]string{"varbinary"}, storage.MaxTopicBytes},
+	"partition_no": {[]string{"int"}, 0},
+	"applied":      {[]string{"blob", "mediumblob", "longblob"}, 0},
+	"updated_at":   {[]string{"datetime"}, 0},
+}
+
+// checkWatermarkLayout reports how the watermark table differs from what
+// the compare-and-set relies on and MigrateWatermarks makes: InnoDB, its
+// columns of their types (binary names, long enough, NOT NULL; a BLOB type
+// for the values), its primary key. A missing table is an error when
+// mustExist, and otherwise not in use: nil.
+func (s *Store) checkWatermarkLayout(db *gorm.DB, mustExist bool) error {
 	var engine sql.NullString
 	err := db.Raw(`SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?`,
 		nullIfEmpty(s.schema), s.wm.name).Row().Scan(&engine)
 	if errors.Is(err, sql.ErrNoRows) {
+		if !mustExist {
+			return nil
+		}
 		return fmt.Errorf("mysql: watermark table %s does not exist; run MigrateWatermarks", s.wm.name)
 	}
 	if err != nil {
@@ -105,24 +125,35 @@ func (s *Store) checkWatermarkLayout(db *gorm.DB) error {
 		problems = append(problems, fmt.Sprintf("engine %q, not InnoDB: its rows would survive a rollback", engine.String))
 	}
 	var cols []struct {
-		Name, Type string
+		Name, Type, Nullable string
+		Length               sql.NullInt64
 	}
-	if err := db.Raw(`SELECT COLUMN_NAME AS name, DATA_TYPE AS type FROM information_schema.COLUMNS
+	if err := db.Raw(`SELECT COLUMN_NAME AS name, DATA_TYPE AS type, IS_NULLABLE AS nullable, CHARACTER_MAXIMUM_LENGTH AS length
+		FROM information_schema.COLUMNS
 		WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?`, nullIfEmpty(s.schema), s.wm.name).Scan(&cols).Error; err != nil {
 		return fmt.Errorf("mysql: read the columns of %s: %w", s.wm.name, err)
 	}
-	want := map[string][]string{"scope": {"varbinary"}, "source": {"varbinary"}, "topic": {"varbinary"},
-		"applied": {"blob", "mediumblob", "longblob"}}
+	seen := map[string]bool{}
 	for _, c := range cols {
-		if types, ok := want[strings.ToLower(c.Name)]; ok {
-			if !slices.Contains(types, strings.ToLower(c.Type)) {
-				problems = append(problems, fmt.Sprintf("column %s is %s, want %s", c.Name, c.Type, strings.Join(types, " or ")))
-			}
-			delete(want, strings.ToLower(c.Name))
+		name := strings.ToLower(c.Name)
+		want, ok := watermarkColumns[name]
+		if !ok {
+			continue
+		}
+		seen[name] = true
+		switch {
+		case !slices.Contains(want.types, strings.ToLower(c.Type)):
+			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", c.Name, c.Type, strings.Join(want.types, " or ")))
+		case want.bytes > 0 && c.Length.Int64 < int64(want.bytes):
+			problems = append(problems, fmt.Sprintf("column %s holds %d bytes, want %d", c.Name, c.Length.Int64, want.bytes))
+		case !strings.EqualFold(c.Nullable, "NO"):
+			problems = append(problems, fmt.Sprintf("column %s is nullable, want NOT NULL", c.Name))
 		}
 	}
-	for _, c := range slices.Sorted(maps.Keys(want)) {
-		problems = append(problems, "no column "+c)
+	for _, c := range slices.Sorted(maps.Keys(watermarkColumns)) {
+		if !seen[c] {
+			problems = append(problems, "no column "+c)
+		}
 	}
 	var key []string
 	if err := db.Raw(`SELECT COLUMN_NAME FROM information_schema.STATISTICS
@@ -154,7 +185,7 @@ func (s *Store) SaveWatermarks(ctx context.Context, tx *gorm.DB, writes []storag
 	if s.wm.err != nil {
 		return s.wm.err
 	}
-	if err := checkWatermarkWrites(writes); err != nil {
+	if err := storage.CheckWatermarkWrites(writes); err != nil {
 		return fmt.Errorf("mysql: save watermarks in %s: %w", s.wm.name, err)
 	}
 	// Both statements have a fixed text: under gorm.Config{PrepareStmt:
@@ -170,15 +201,13 @@ func (s *Store) SaveWatermarks(ctx context.Context, tx *gorm.DB, writes []storag
 			res, err = conn.ExecContext(ctx, s.wm.insert, []byte(w.Scope), []byte(w.Source), w.Epoch, []byte(w.Topic), w.Partition, w.New)
 			var me *gomysql.MySQLError
 			if errors.As(err, &me) && me.Number == errDupEntry {
-				return fmt.Errorf("mysql: save the watermark in %s: %w: %s already has a row", s.wm.name, storage.ErrWatermarkMoved, keyText(w.WatermarkKey))
+				// The INSERT inserted no row: the stream has one.
+				res, err = driver.RowsAffected(0), nil
 			}
 		} else {
 			res, err = conn.ExecContext(ctx, s.wm.update, w.New, []byte(w.Scope), []byte(w.Topic), w.Partition, []byte(w.Source), w.Epoch, w.Old)
 		}
-		if err != nil {
-			return fmt.Errorf("mysql: save the watermark of %s in %s: %w", keyText(w.WatermarkKey), s.wm.name, err)
-		}
-		if err := oneRow(res, w); err != nil {
+		if err := storage.CheckWatermarkSaved(w, res, err); err != nil {
 			return fmt.Errorf("mysql: save the watermark in %s: %w", s.wm.name, err)
 		}
 	}
@@ -191,7 +220,7 @@ func (s *Store) Watermarks(ctx context.Context, db *gorm.DB, scope, topic string
 	if s.wm.err != nil {
 		return nil, s.wm.err
 	}
-	if err := checkWatermarkFilter(scope, topic); err != nil {
+	if err := storage.CheckWatermarkFilter(scope, topic); err != nil {
 		return nil, fmt.Errorf("mysql: read watermarks of %s: %w", s.wm.name, err)
 	}
 	q := "SELECT scope, source, epoch, topic, partition_no, applied FROM " + s.wm.table + " WHERE scope = ?"
@@ -212,48 +241,11 @@ func (s *Store) Watermarks(ctx context.Context, db *gorm.DB, scope, topic string
 	if err != nil {
 		return nil, fmt.Errorf("mysql: read watermarks of %s: %w", s.wm.name, err)
 	}
-	out, err := scanWatermarks(rows)
+	out, err := storage.ScanWatermarks(rows)
 	if err != nil {
 		return nil, fmt.Errorf("mysql: read watermarks of %s: %w", s.wm.name, err)
 	}
 	return out, nil
-}
-
-// scanWatermarks reads the rows of a SELECT of scope, source, epoch,
-// topic, partition_no and applied, and closes them.
-func scanWatermarks(rows *sql.Rows) ([]storage.WatermarkRow, error) {
-	defer rows.Close()
-	var out []storage.WatermarkRow
-	for rows.Next() {
-		var r storage.WatermarkRow
-		var scope, source, topic []byte
-		if err := rows.Scan(&scope, &source, &r.Epoch, &topic, &r.Partition, &r.Applied); err != nil {
-			return nil, err
-		}
-		r.Scope, r.Source, r.Topic = string(scope), string(source), string(topic)
-		// The column is NOT NULL: a nil slice here is an empty value,
-		// and nil would tell the caller the stream has no row.
-		if r.Applied == nil {
-			r.Applied = []byte{}
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
-}
-
-// oneRow turns the affected-row count of w's statement into its outcome:
-// 1 is written, 0 is moved, anything else is an error.
-func oneRow(res sql.Result, w storage.WatermarkWrite) error {
-	n, err := res.RowsAffected()
-	switch {
-	case err != nil:
-		return fmt.Errorf("%s: rows affected: %w", keyText(w.WatermarkKey), err)
-	case n == 0:
-		return fmt.Errorf("%w: %s does not hold the value read (changed, or no row)", storage.ErrWatermarkMoved, keyText(w.WatermarkKey))
-	case n != 1:
-		return fmt.Errorf("%s: %d rows affected, want 1", keyText(w.WatermarkKey), n)
-	}
-	return nil
 }
 
 // connOf is db's connection pool (a transaction's connection, for a
@@ -263,78 +255,6 @@ func connOf(db *gorm.DB) gorm.ConnPool {
 		return nil
 	}
 	return db.Statement.ConnPool
-}
-
-// keyText names a stream in errors.
-func keyText(k storage.WatermarkKey) string {
-	return fmt.Sprintf("stream %q/%q[%d] of source %q epoch %d", k.Scope, k.Topic, k.Partition, k.Source, k.Epoch)
-}
-
-// checkWatermarkWrites refuses, before any statement runs, writes the
-// table cannot store exactly or the contract rules out: a key out of
-// bounds, no new value or one longer than storage.MaxWatermarkBytes, a new
-// value equal to the old one (its UPDATE would change no row, and without
-// clientFoundRows report 0 rows: "moved"), keys not distinct and sorted.
-func checkWatermarkWrites(writes []storage.WatermarkWrite) error {
-	for i, w := range writes {
-		if err := checkWatermarkKey(w.WatermarkKey); err != nil {
-			return fmt.Errorf("write %d: %w", i, err)
-		}
-		switch {
-		case w.New == nil:
-			return fmt.Errorf("%w: write %d (%s) has no new value", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey))
-		case len(w.New) > storage.MaxWatermarkBytes:
-			return fmt.Errorf("%w: write %d (%s): a value of %d bytes, at most %d allowed", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey), len(w.New), storage.MaxWatermarkBytes)
-		case w.Old != nil && bytes.Equal(w.Old, w.New):
-			return fmt.Errorf("%w: write %d (%s): the new value equals the old one", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey))
-		case i > 0 && writes[i-1].Compare(w.WatermarkKey) >= 0:
-			return fmt.Errorf("%w: write %d (%s): keys not distinct and sorted", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey))
-		}
-	}
-	return nil
-}
-
-// checkWatermarkKey refuses a key whose names are empty, longer than their
-// columns, not UTF-8 or hold a NUL (as every adapter does: PostgreSQL's
-// text cannot hold them), or whose epoch or partition is out of range.
-func checkWatermarkKey(k storage.WatermarkKey) error {
-	for _, f := range []struct {
-		what, v string
-		max     int
-	}{{"scope", k.Scope, storage.MaxConsumerBytes}, {"source", k.Source, storage.MaxSourceBytes}, {"topic", k.Topic, storage.MaxTopicBytes}} {
-		if err := checkName(f.what, f.v, f.max); err != nil {
-			return err
-		}
-	}
-	switch {
-	case k.Epoch < 1:
-		return fmt.Errorf("%w: %s: epoch below 1", storage.ErrInvalidConfig, keyText(k))
-	case k.Partition < 0:
-		return fmt.Errorf("%w: %s: negative partition", storage.ErrInvalidConfig, keyText(k))
-	}
-	return nil
-}
-
-// checkWatermarkFilter refuses a scope or topic no row can hold; an empty
-// topic selects every topic.
-func checkWatermarkFilter(scope, topic string) error {
-	if err := checkName("scope", scope, storage.MaxConsumerBytes); err != nil {
-		return err
-	}
-	if topic == "" {
-		return nil
-	}
-	return checkName("topic", topic, storage.MaxTopicBytes)
-}
-
-func checkName(what, v string, maxBytes int) error {
-	if v == "" || len(v) > maxBytes {
-		return fmt.Errorf("%w: watermark %s of %d bytes (1..%d allowed)", storage.ErrInvalidConfig, what, len(v), maxBytes)
-	}
-	if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
-		return fmt.Errorf("%w: watermark %s %q is not UTF-8 without NUL bytes", storage.ErrInvalidConfig, what, v)
-	}
-	return nil
 }
 
 var _ storage.WatermarkStore = (*Store)(nil)

@@ -28,10 +28,11 @@ func (s *Store) createStatements() []string {
 	}
 }
 
-// MigrationSQL returns the schema and table statements of Migrate, and a
+// MigrationSQL returns the schema and table statements of Migrate, a
 // partition for each day from plan.Today through plan.PrepareThrough,
-// created directly: on an empty table that is what Maintain's steps for a
-// new partition come to.
+// created directly (on an empty table that is what Maintain's steps for a
+// new partition come to), and MigrateWatermarks' watermark table, unless
+// the inbox table's name leaves no room for one.
 func (s *Store) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 	if plan.PrepareThrough.Before(plan.Today) {
 		return nil, fmt.Errorf("%w: plan prepares through %s, before %s", storage.ErrInvalidConfig, dayText(plan.PrepareThrough), dayText(plan.Today))
@@ -39,6 +40,9 @@ func (s *Store) MigrationSQL(plan storage.MaintenancePlan) ([]string, error) {
 	stmts := append([]string{`CREATE SCHEMA IF NOT EXISTS ` + quoteIdent(s.schema)}, s.createStatements()...)
 	for d := storage.DayOf(plan.Today); !d.After(plan.PrepareThrough); d = d.AddDate(0, 0, 1) {
 		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.qualified(partitionName(s.table, d))+` PARTITION OF `+s.parent()+` `+bounds(d))
+	}
+	if s.wm.err == nil {
+		stmts = append(stmts, s.watermarkStatements()...)
 	}
 	return stmts, nil
 }
@@ -183,16 +187,23 @@ func (s *Store) checkLayout(ctx context.Context, db *gorm.DB) error {
 	return nil
 }
 
-// Verify checks the inbox table's layout (see Migrate) and the server
-// settings that durability of committed inbox rows rests on: fsync and
-// full_page_writes on, synchronous_commit not off. With synchronous_commit
-// off a crash can lose transactions that were reported committed, after the
-// consumer committed their broker offsets: those messages would be lost.
+// Verify checks the inbox table's layout (see Migrate), the watermark
+// table's if it exists (see MigrateWatermarks; without one, sequenced
+// dedup is not in use, which is no problem), and the server settings that
+// durability of committed inbox rows rests on: fsync and full_page_writes
+// on, synchronous_commit not off. With synchronous_commit off a crash can
+// lose transactions that were reported committed, after the consumer
+// committed their broker offsets: those messages would be lost.
 func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
 	db = db.WithContext(ctx)
 	var problems []error
 	if err := s.checkLayout(ctx, db); err != nil {
 		problems = append(problems, err)
+	}
+	if s.wm.err == nil {
+		if err := s.checkWatermarkLayout(ctx, db, false); err != nil {
+			problems = append(problems, err)
+		}
 	}
 	settings, err := durabilityProblems(db)
 	if err != nil {

@@ -33,8 +33,9 @@ func ExampleNew() {
 // golang-migrate) write MigrationSQL's statements into a migration instead
 // of calling Migrate. Maintain must still run afterwards (RunMaintenance,
 // or the consumer does it hourly): it creates the following days'
-// partitions and drops expired ones. Only the first line of each statement
-// is printed here.
+// partitions and drops expired ones. The last statement makes the
+// watermark table of sequenced dedup. Only the first line of each
+// statement is printed here.
 func ExampleStore_MigrationSQL() {
 	store, err := inboxpg.New(inboxpg.Options{Schema: "billing", Table: "inbox_messages"})
 	if err != nil {
@@ -54,4 +55,5 @@ func ExampleStore_MigrationSQL() {
 	// CREATE TABLE IF NOT EXISTS "billing"."inbox_messages" (
 	// CREATE TABLE IF NOT EXISTS "billing"."inbox_messages_p20261201" PARTITION OF "billing"."inbox_messages" FOR VALUES FROM ('2026-12-01') TO ('2026-12-02')
 	// CREATE TABLE IF NOT EXISTS "billing"."inbox_messages_p20261202" PARTITION OF "billing"."inbox_messages" FOR VALUES FROM ('2026-12-02') TO ('2026-12-03')
+	// CREATE TABLE IF NOT EXISTS "billing"."inbox_messages_watermarks" (
 }

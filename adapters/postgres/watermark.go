@@ -1,13 +1,13 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"gorm.io/gorm"
 
@@ -66,8 +66,9 @@ func (s *Store) watermarkStatements() []string {
 // the schema, if it is missing) unless it exists, in one transaction
 // under the store's advisory lock (two CREATE TABLE IF NOT EXISTS of one
 // name at once can fail on the catalog's unique index), and checks the
-// layout of an existing one: its key, byte-for-byte comparison of its
-// names, bytea values. It never converts a table.
+// layout of an existing one (see Verify): its columns and their types,
+// byte-for-byte comparison of its names, its key. It never converts a
+// table.
 func (s *Store) MigrateWatermarks(ctx context.Context, db *gorm.DB) error {
 	if s.wm.err != nil {
 		return s.wm.err
@@ -89,17 +90,25 @@ func (s *Store) MigrateWatermarks(ctx context.Context, db *gorm.DB) error {
 	if err != nil {
 		return err
 	}
-	return s.checkWatermarkLayout(ctx, db)
+	return s.checkWatermarkLayout(ctx, db, true)
 }
 
-// checkWatermarkLayout reports how an existing watermark table differs
-// from what the compare-and-set relies on.
-func (s *Store) checkWatermarkLayout(ctx context.Context, db *gorm.DB) error {
-	var layout struct {
-		Found         bool
-		PrimaryKey    string
-		Deterministic bool
-		AppliedType   string
+// watermarkColumns are the watermark table's columns and their types, as
+// format_type names them.
+var watermarkColumns = map[string]string{
+	"scope": "text", "source": "text", "epoch": "bigint", "topic": "text",
+	"partition_no": "integer", "applied": "bytea", "updated_at": "timestamp with time zone",
+}
+
+// checkWatermarkLayout reports how the watermark table differs from what
+// the compare-and-set relies on and MigrateWatermarks makes: its columns,
+// of their types and NOT NULL, names compared byte for byte (a
+// deterministic collation), its primary key. A missing table is an error
+// when mustExist, and otherwise not in use: nil.
+func (s *Store) checkWatermarkLayout(ctx context.Context, db *gorm.DB, mustExist bool) error {
+	var found struct {
+		Found      bool
+		PrimaryKey string
 	}
 	err := db.WithContext(ctx).Raw(`
 		SELECT true AS found,
@@ -107,30 +116,59 @@ func (s *Store) checkWatermarkLayout(ctx context.Context, db *gorm.DB) error {
 		                   FROM pg_constraint con,
 		                        unnest(con.conkey) WITH ORDINALITY AS k(attnum, ord)
 		                   JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-		                  WHERE con.conrelid = c.oid AND con.contype = 'p'), '') AS primary_key,
-		       COALESCE((SELECT bool_and(coll.collisdeterministic) AND count(*) = 3 FROM pg_attribute a
-		                   JOIN pg_collation coll ON coll.oid = a.attcollation
-		                  WHERE a.attrelid = c.oid AND a.attname IN ('scope', 'topic', 'source') AND NOT a.attisdropped), false) AS deterministic,
-		       COALESCE((SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
-		                  WHERE a.attrelid = c.oid AND a.attname = 'applied' AND NOT a.attisdropped), '') AS applied_type
+		                  WHERE con.conrelid = c.oid AND con.contype = 'p'), '') AS primary_key
 		  FROM pg_class c
 		  JOIN pg_namespace n ON n.oid = c.relnamespace
-		 WHERE n.nspname = ? AND c.relname = ?`, s.schema, s.wm.name).Scan(&layout).Error
+		 WHERE n.nspname = ? AND c.relname = ?`, s.schema, s.wm.name).Scan(&found).Error
 	if err != nil {
 		return fmt.Errorf("postgres: read the layout of %s: %w", s.wm.table, err)
 	}
-	if !layout.Found {
+	if !found.Found {
+		if !mustExist {
+			return nil
+		}
 		return fmt.Errorf("postgres: watermark table %s does not exist; run MigrateWatermarks", s.wm.table)
 	}
+	var cols []struct {
+		Name, Type    string
+		NotNull       bool
+		Deterministic sql.NullBool
+	}
+	err = db.WithContext(ctx).Raw(`
+		SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull AS not_null,
+		       coll.collisdeterministic AS deterministic
+		  FROM pg_attribute a
+		  JOIN pg_class c ON c.oid = a.attrelid
+		  JOIN pg_namespace n ON n.oid = c.relnamespace
+		  LEFT JOIN pg_collation coll ON coll.oid = a.attcollation
+		 WHERE n.nspname = ? AND c.relname = ? AND a.attnum > 0 AND NOT a.attisdropped`, s.schema, s.wm.name).Scan(&cols).Error
+	if err != nil {
+		return fmt.Errorf("postgres: read the columns of %s: %w", s.wm.table, err)
+	}
 	var problems []string
-	if layout.PrimaryKey != "scope,topic,partition_no,source,epoch" {
-		problems = append(problems, fmt.Sprintf("primary key is (%s), want (scope,topic,partition_no,source,epoch)", layout.PrimaryKey))
+	seen := map[string]bool{}
+	for _, c := range cols {
+		want, ok := watermarkColumns[c.Name]
+		if !ok {
+			continue
+		}
+		seen[c.Name] = true
+		switch {
+		case c.Type != want:
+			problems = append(problems, fmt.Sprintf("column %s has type %q, want %s", c.Name, c.Type, want))
+		case !c.NotNull:
+			problems = append(problems, fmt.Sprintf("column %s is nullable, want NOT NULL", c.Name))
+		case want == "text" && !c.Deterministic.Bool:
+			problems = append(problems, fmt.Sprintf("column %s has a nondeterministic collation: names differing in case or form could collide", c.Name))
+		}
 	}
-	if !layout.Deterministic {
-		problems = append(problems, "scope, topic or source is missing or has a nondeterministic collation: names differing in case or form could collide")
+	for _, c := range slices.Sorted(maps.Keys(watermarkColumns)) {
+		if !seen[c] {
+			problems = append(problems, "no column "+c)
+		}
 	}
-	if layout.AppliedType != "bytea" {
-		problems = append(problems, fmt.Sprintf("column applied has type %q, want bytea", layout.AppliedType))
+	if found.PrimaryKey != "scope,topic,partition_no,source,epoch" {
+		problems = append(problems, fmt.Sprintf("primary key is (%s), want (scope,topic,partition_no,source,epoch)", found.PrimaryKey))
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("postgres: watermark table %s has an unexpected layout: %s", s.wm.table, strings.Join(problems, "; "))
@@ -151,7 +189,7 @@ func (s *Store) SaveWatermarks(ctx context.Context, tx *gorm.DB, writes []storag
 	if s.wm.err != nil {
 		return s.wm.err
 	}
-	if err := checkWatermarkWrites(writes); err != nil {
+	if err := storage.CheckWatermarkWrites(writes); err != nil {
 		return fmt.Errorf("postgres: save watermarks in %s: %w", s.wm.table, err)
 	}
 	conn := connOf(tx)
@@ -166,10 +204,7 @@ func (s *Store) SaveWatermarks(ctx context.Context, tx *gorm.DB, writes []storag
 		} else {
 			res, err = conn.ExecContext(ctx, s.wm.update, w.New, w.Scope, w.Topic, w.Partition, w.Source, w.Epoch, w.Old)
 		}
-		if err != nil {
-			return fmt.Errorf("postgres: save the watermark of %s in %s: %w", keyText(w.WatermarkKey), s.wm.table, err)
-		}
-		if err := oneRow(res, w); err != nil {
+		if err := storage.CheckWatermarkSaved(w, res, err); err != nil {
 			return fmt.Errorf("postgres: save the watermark in %s: %w", s.wm.table, err)
 		}
 	}
@@ -182,7 +217,7 @@ func (s *Store) Watermarks(ctx context.Context, db *gorm.DB, scope, topic string
 	if s.wm.err != nil {
 		return nil, s.wm.err
 	}
-	if err := checkWatermarkFilter(scope, topic); err != nil {
+	if err := storage.CheckWatermarkFilter(scope, topic); err != nil {
 		return nil, fmt.Errorf("postgres: read watermarks of %s: %w", s.wm.table, err)
 	}
 	q := `SELECT scope, source, epoch, topic, partition_no, applied FROM ` + s.wm.table + ` WHERE scope = $1`
@@ -203,48 +238,23 @@ func (s *Store) Watermarks(ctx context.Context, db *gorm.DB, scope, topic string
 	if err != nil {
 		return nil, fmt.Errorf("postgres: read watermarks of %s: %w", s.wm.table, err)
 	}
-	out, err := scanWatermarks(rows)
+	out, err := storage.ScanWatermarks(rows)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: read watermarks of %s: %w", s.wm.table, err)
 	}
 	return out, nil
 }
 
-// scanWatermarks reads the rows of a SELECT of scope, source, epoch,
-// topic, partition_no and applied, and closes them.
-func scanWatermarks(rows *sql.Rows) ([]storage.WatermarkRow, error) {
-	defer rows.Close()
-	var out []storage.WatermarkRow
-	for rows.Next() {
-		var r storage.WatermarkRow
-		if err := rows.Scan(&r.Scope, &r.Source, &r.Epoch, &r.Topic, &r.Partition, &r.Applied); err != nil {
-			return nil, err
-		}
-		// The column is NOT NULL: a nil slice here is an empty value,
-		// and nil would tell the caller the stream has no row.
-		if r.Applied == nil {
-			r.Applied = []byte{}
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+// The pipelined path's names for the storage checks.
+var checkWatermarkWrites = storage.CheckWatermarkWrites
+
+func oneRow(res sql.Result, w storage.WatermarkWrite) error {
+	return storage.CheckWatermarkSaved(w, res, nil)
 }
 
-// oneRow turns the affected-row count of w's statement into its outcome:
-// 1 is written, 0 is moved, anything else is an error.
-func oneRow(res sql.Result, w storage.WatermarkWrite) error {
-	n, err := res.RowsAffected()
-	switch {
-	case err != nil:
-		return fmt.Errorf("%s: rows affected: %w", keyText(w.WatermarkKey), err)
-	case n == 0 && w.Old == nil:
-		return fmt.Errorf("%w: %s already has a row", storage.ErrWatermarkMoved, keyText(w.WatermarkKey))
-	case n == 0:
-		return fmt.Errorf("%w: %s does not hold the value read (changed, or no row)", storage.ErrWatermarkMoved, keyText(w.WatermarkKey))
-	case n != 1:
-		return fmt.Errorf("%s: %d rows affected, want 1", keyText(w.WatermarkKey), n)
-	}
-	return nil
+// keyText names a stream in errors, as the storage checks do.
+func keyText(k storage.WatermarkKey) string {
+	return fmt.Sprintf("stream %q/%q[%d] of source %q epoch %d", k.Scope, k.Topic, k.Partition, k.Source, k.Epoch)
 }
 
 // connOf is db's connection pool (a transaction's connection, for a
@@ -254,77 +264,6 @@ func connOf(db *gorm.DB) gorm.ConnPool {
 		return nil
 	}
 	return db.Statement.ConnPool
-}
-
-// keyText names a stream in errors.
-func keyText(k storage.WatermarkKey) string {
-	return fmt.Sprintf("stream %q/%q[%d] of source %q epoch %d", k.Scope, k.Topic, k.Partition, k.Source, k.Epoch)
-}
-
-// checkWatermarkWrites refuses, before any statement runs, writes the
-// table cannot store exactly or the contract rules out: a key out of
-// bounds, no new value or one longer than storage.MaxWatermarkBytes, a new
-// value equal to the old one, keys not distinct and sorted.
-func checkWatermarkWrites(writes []storage.WatermarkWrite) error {
-	for i, w := range writes {
-		if err := checkWatermarkKey(w.WatermarkKey); err != nil {
-			return fmt.Errorf("write %d: %w", i, err)
-		}
-		switch {
-		case w.New == nil:
-			return fmt.Errorf("%w: write %d (%s) has no new value", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey))
-		case len(w.New) > storage.MaxWatermarkBytes:
-			return fmt.Errorf("%w: write %d (%s): a value of %d bytes, at most %d allowed", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey), len(w.New), storage.MaxWatermarkBytes)
-		case w.Old != nil && bytes.Equal(w.Old, w.New):
-			return fmt.Errorf("%w: write %d (%s): the new value equals the old one", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey))
-		case i > 0 && writes[i-1].Compare(w.WatermarkKey) >= 0:
-			return fmt.Errorf("%w: write %d (%s): keys not distinct and sorted", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey))
-		}
-	}
-	return nil
-}
-
-// checkWatermarkKey refuses a key whose names are empty, longer than their
-// limits, not UTF-8 or hold a NUL (which text refuses), or whose epoch or
-// partition is out of range.
-func checkWatermarkKey(k storage.WatermarkKey) error {
-	for _, f := range []struct {
-		what, v string
-		max     int
-	}{{"scope", k.Scope, storage.MaxConsumerBytes}, {"source", k.Source, storage.MaxSourceBytes}, {"topic", k.Topic, storage.MaxTopicBytes}} {
-		if err := checkName(f.what, f.v, f.max); err != nil {
-			return err
-		}
-	}
-	switch {
-	case k.Epoch < 1:
-		return fmt.Errorf("%w: %s: epoch below 1", storage.ErrInvalidConfig, keyText(k))
-	case k.Partition < 0:
-		return fmt.Errorf("%w: %s: negative partition", storage.ErrInvalidConfig, keyText(k))
-	}
-	return nil
-}
-
-// checkWatermarkFilter refuses a scope or topic no row can hold; an empty
-// topic selects every topic.
-func checkWatermarkFilter(scope, topic string) error {
-	if err := checkName("scope", scope, storage.MaxConsumerBytes); err != nil {
-		return err
-	}
-	if topic == "" {
-		return nil
-	}
-	return checkName("topic", topic, storage.MaxTopicBytes)
-}
-
-func checkName(what, v string, maxBytes int) error {
-	if v == "" || len(v) > maxBytes {
-		return fmt.Errorf("%w: watermark %s of %d bytes (1..%d allowed)", storage.ErrInvalidConfig, what, len(v), maxBytes)
-	}
-	if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
-		return fmt.Errorf("%w: watermark %s %q is not UTF-8 without NUL bytes", storage.ErrInvalidConfig, what, v)
-	}
-	return nil
 }
 
 var _ storage.WatermarkStore = (*Store)(nil)

@@ -111,15 +111,23 @@ func TestWatermarkUpdatesAreHOT(t *testing.T) {
 	}
 }
 
-// MigrateWatermarks refuses a table of another layout, naming what it
-// found, and leaves it as it is.
+// MigrateWatermarks and Verify refuse a watermark table of another
+// layout, naming the table and what they found.
 func TestMigrateWatermarksRefusesOtherLayouts(t *testing.T) {
-	for name, ddl := range map[string]string{
-		"a key without the epoch":      `(scope text COLLATE "C", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied bytea, PRIMARY KEY (scope, topic, partition_no, source))`,
-		"a nondeterministic collation": `(scope text COLLATE "und-x-icu-ci", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied bytea, PRIMARY KEY (scope, topic, partition_no, source, epoch))`,
-		"values as text":               `(scope text COLLATE "C", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied text, PRIMARY KEY (scope, topic, partition_no, source, epoch))`,
-		"no primary key":               `(scope text COLLATE "C", source text COLLATE "C", epoch bigint, topic text COLLATE "C", partition_no integer, applied bytea)`,
+	const names = `scope text COLLATE "C" NOT NULL, source text COLLATE "C" NOT NULL, topic text COLLATE "C" NOT NULL`
+	const rest = `epoch bigint NOT NULL, partition_no integer NOT NULL, applied bytea NOT NULL, updated_at timestamptz NOT NULL`
+	const key = `PRIMARY KEY (scope, topic, partition_no, source, epoch)`
+	for name, c := range map[string]struct{ ddl, says string }{
+		"a key without the epoch": {`(` + names + `, ` + rest + `, PRIMARY KEY (scope, topic, partition_no, source))`, "primary key is (scope,topic,partition_no,source)"},
+		"a nondeterministic collation": {`(` + strings.Replace(names, `scope text COLLATE "C"`, `scope text COLLATE "und-x-icu-ci"`, 1) + `, ` + rest + `, ` + key + `)`,
+			"column scope has a nondeterministic collation"},
+		"values as text":       {`(` + names + `, ` + strings.Replace(rest, "applied bytea", "applied text", 1) + `, ` + key + `)`, `column applied has type "text", want bytea`},
+		"a 32-bit epoch":       {`(` + names + `, ` + strings.Replace(rest, "epoch bigint", "epoch integer", 1) + `, ` + key + `)`, `column epoch has type "integer", want bigint`},
+		"a nullable value":     {`(` + names + `, ` + strings.Replace(rest, "applied bytea NOT NULL", "applied bytea", 1) + `, ` + key + `)`, "column applied is nullable"},
+		"no updated_at column": {`(` + names + `, ` + strings.Replace(rest, ", updated_at timestamptz NOT NULL", "", 1) + `, ` + key + `)`, "no column updated_at"},
+		"no primary key":       {`(` + names + `, ` + rest + `)`, "primary key is ()"},
 	} {
+		ddl := c.ddl
 		t.Run(name, func(t *testing.T) {
 			db, store := fresh(t, inboxpg.Options{})
 			if strings.Contains(ddl, "icu") {
@@ -132,11 +140,14 @@ func TestMigrateWatermarksRefusesOtherLayouts(t *testing.T) {
 			if err := db.Exec(`CREATE TABLE ` + table + ` ` + ddl).Error; err != nil {
 				t.Fatal(err)
 			}
-			err := store.MigrateWatermarks(t.Context(), db)
-			if err == nil || !strings.Contains(err.Error(), store.Table()+inboxpg.WatermarkSuffix) {
-				t.Fatalf("MigrateWatermarks on a table with %s: %v, want an error naming the table", name, err)
+			for what, err := range map[string]error{
+				"MigrateWatermarks": store.MigrateWatermarks(t.Context(), db),
+				"Verify":            store.Verify(t.Context(), db),
+			} {
+				if err == nil || !strings.Contains(err.Error(), store.Table()+inboxpg.WatermarkSuffix) || !strings.Contains(err.Error(), c.says) {
+					t.Errorf("%s on a table with %s: %v, want an error naming the table that says %q", what, name, err, c.says)
+				}
 			}
-			t.Log(err)
 		})
 	}
 }
@@ -148,103 +159,22 @@ func TestWatermarkTableNameTooLong(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := t.Context()
-	w := storage.WatermarkWrite{WatermarkKey: storage.WatermarkKey{Scope: "s", Source: "r", Epoch: 1, Topic: "t"}, New: []byte("v")}
-	_, readErr := store.Watermarks(ctx, nil, "s", "", -1)
-	for name, err := range map[string]error{
-		"MigrateWatermarks": store.MigrateWatermarks(ctx, nil),
-		"SaveWatermarks":    store.SaveWatermarks(ctx, nil, []storage.WatermarkWrite{w}),
-		"Watermarks":        readErr,
-	} {
-		if !errors.Is(err, storage.ErrInvalidConfig) {
-			t.Errorf("%s: %v, want an error wrapping storage.ErrInvalidConfig", name, err)
-		}
+	if err := conformance.CheckNoWatermarkTable(t.Context(), store); err != nil {
+		t.Error(err)
 	}
 }
 
-// Two members that each hold one stream and write the other's deadlock, and
-// a member that waits for a stream longer than its lock_timeout gives up:
-// both failures are ones IsRetryable reports, never "moved".
-func TestWatermarkLockFailuresAreRetryable(t *testing.T) {
+// A member that waits for a stream longer than its lock_timeout gives up
+// with an error IsRetryable reports, never "moved" (a deadlock is the
+// suite's watermark/crossed-writes).
+func TestWatermarkLockTimeoutIsRetryable(t *testing.T) {
 	db, store := fresh(t, inboxpg.Options{})
 	ctx := t.Context()
+	shortWait := func(tx *gorm.DB) error { return tx.Exec(`SET LOCAL lock_timeout = '100ms'`).Error }
 	if err := store.MigrateWatermarks(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	a := storage.WatermarkKey{Scope: "c", Source: "src", Epoch: 1, Topic: "orders", Partition: 0}
-	b := a
-	b.Partition = 1
-	v := []byte("v")
-	write := func(k storage.WatermarkKey, to string) []storage.WatermarkWrite {
-		return []storage.WatermarkWrite{{WatermarkKey: k, Old: v, New: []byte(to)}}
-	}
-	if err := db.Transaction(func(tx *gorm.DB) error {
-		return store.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{{WatermarkKey: a, New: v}, {WatermarkKey: b, New: v}})
-	}); err != nil {
+	if err := conformance.CheckWatermarkLockWait(ctx, store, db, db, shortWait); err != nil {
 		t.Fatal(err)
 	}
-	t.Run("deadlock", func(t *testing.T) {
-		failed := crossWrites(t, db, func(tx *gorm.DB, i int, first bool) error {
-			k := [2]storage.WatermarkKey{a, b}[i]
-			if !first {
-				k = [2]storage.WatermarkKey{b, a}[i]
-			}
-			return store.SaveWatermarks(ctx, tx, write(k, fmt.Sprint(i)))
-		})
-		if len(failed) != 1 || !store.IsRetryable(failed[0]) || errors.Is(failed[0], storage.ErrWatermarkMoved) {
-			t.Fatalf("crossed writes: failures %v, want one the store calls retryable", failed)
-		}
-		t.Log(failed[0])
-	})
-	t.Run("lock timeout", func(t *testing.T) {
-		holder := db.Begin()
-		defer holder.Rollback()
-		if err := store.SaveWatermarks(ctx, holder, write(a, "held")); err != nil {
-			t.Fatal(err)
-		}
-		err := db.Transaction(func(tx *gorm.DB) error {
-			if err := tx.Exec(`SET LOCAL lock_timeout = '100ms'`).Error; err != nil {
-				return err
-			}
-			return store.SaveWatermarks(ctx, tx, write(a, "waiter"))
-		})
-		if !store.IsRetryable(err) || errors.Is(err, storage.ErrWatermarkMoved) {
-			t.Fatalf("a write that waited past lock_timeout: %v, want an error the store calls retryable", err)
-		}
-		t.Log(err)
-	})
-}
-
-// crossWrites runs two transactions on db: each makes its first write
-// (first true), then both make their second at once. A transaction whose
-// second write fails is rolled back at once, so that the other can go on;
-// the other is rolled back at the end. It returns the second writes'
-// failures.
-func crossWrites(t *testing.T, db *gorm.DB, write func(tx *gorm.DB, i int, first bool) error) []error {
-	t.Helper()
-	var txs [2]*gorm.DB
-	for i := range txs {
-		txs[i] = db.Begin()
-		defer txs[i].Rollback()
-		if err := write(txs[i], i, true); err != nil {
-			t.Fatalf("transaction %d's first write: %v", i, err)
-		}
-	}
-	type result struct {
-		i   int
-		err error
-	}
-	results := make(chan result, len(txs))
-	for i := range txs {
-		go func() { results <- result{i, write(txs[i], i, false)} }()
-	}
-	var failed []error
-	for range txs {
-		r := <-results
-		if r.err != nil {
-			failed = append(failed, r.err)
-			txs[r.i].Rollback()
-		}
-	}
-	return failed
 }

@@ -131,10 +131,15 @@ func (s *Store) Migrate(ctx context.Context, db *gorm.DB) error {
 	})
 }
 
-// MigrationSQL returns Migrate's statements; SQLite has no partitions to
-// prepare.
+// MigrationSQL returns Migrate's statements (SQLite has no partitions to
+// prepare) and MigrateWatermarks' watermark table, unless the inbox
+// table's name leaves no room for one.
 func (s *Store) MigrationSQL(storage.MaintenancePlan) ([]string, error) {
-	return s.createStatements(), nil
+	stmts := s.createStatements()
+	if table, err := s.watermarkTable(); err == nil {
+		stmts = append(stmts, watermarkStatements(table)...)
+	}
+	return stmts, nil
 }
 
 func (s *Store) createStatements() []string {
@@ -304,8 +309,17 @@ func isRetryable(err error) bool {
 }
 
 // Verify checks that the connection uses write-ahead logging, a busy
-// timeout and durable commits (synchronous FULL or EXTRA).
-func (s *Store) Verify(ctx context.Context, db *gorm.DB) error { return verifySettings(ctx, db) }
+// timeout and durable commits (synchronous FULL or EXTRA), and, if the
+// watermark table exists, its layout (see MigrateWatermarks; without one,
+// sequenced dedup is not in use, which is no problem).
+func (s *Store) Verify(ctx context.Context, db *gorm.DB) error {
+	err := verifySettings(ctx, db)
+	table, noTable := s.watermarkTable()
+	if noTable != nil {
+		return err
+	}
+	return errors.Join(err, checkWatermarkLayout(db.WithContext(ctx), table, false))
+}
 
 func verifySettings(ctx context.Context, db *gorm.DB) error {
 	db = db.WithContext(ctx)

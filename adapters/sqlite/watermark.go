@@ -1,12 +1,13 @@
 package sqlite
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
+	"regexp"
+	"slices"
 	"strings"
-	"unicode/utf8"
 
 	"gorm.io/gorm"
 
@@ -45,7 +46,9 @@ func watermarkStatements(table string) []string {
 }
 
 // MigrateWatermarks creates the watermark table <table>_watermarks unless
-// it exists. Concurrent callers are serialised by SQLite's write lock.
+// it exists, and checks the layout of an existing one (see Verify). It
+// never converts a table. Concurrent callers are serialised by SQLite's
+// write lock.
 func (s *Store) MigrateWatermarks(ctx context.Context, db *gorm.DB) error {
 	table, err := s.watermarkTable()
 	if err != nil {
@@ -57,8 +60,88 @@ func (s *Store) MigrateWatermarks(ctx context.Context, db *gorm.DB) error {
 				return fmt.Errorf("sqlite: migrate %s: %w", table, err)
 			}
 		}
-		return nil
+		return checkWatermarkLayout(tx, table, true)
 	})
+}
+
+// watermarkColumns are the watermark table's columns, their declared
+// types and their places in the primary key (0: none).
+var watermarkColumns = map[string]struct {
+	typ string
+	pk  int
+}{
+	"scope": {"TEXT", 1}, "topic": {"TEXT", 2}, "partition_no": {"INTEGER", 3}, "source": {"TEXT", 4}, "epoch": {"INTEGER", 5},
+	"applied": {"BLOB", 0}, "updated_at": {"TEXT", 0},
+}
+
+// collation finds the collations a CREATE TABLE names.
+var collation = regexp.MustCompile(`(?i)\bCOLLATE\s+"?(\w+)`)
+
+// checkWatermarkLayout reports how the watermark table differs from what
+// the compare-and-set relies on and MigrateWatermarks makes: STRICT (a
+// value of another type is refused, not converted), its columns of their
+// types and NOT NULL, names compared byte for byte (no collation but
+// BINARY), its primary key. A missing table is an error when mustExist,
+// and otherwise not in use: nil.
+func checkWatermarkLayout(db *gorm.DB, table string, mustExist bool) error {
+	var defs []struct {
+		SQL    string
+		Strict bool
+	}
+	if err := db.Raw(`SELECT m.sql AS sql, COALESCE(l.strict, 0) AS strict FROM sqlite_schema m
+		LEFT JOIN pragma_table_list l ON l.name = m.name AND l.schema = 'main'
+		WHERE m.type = 'table' AND m.name = ?`, table).Scan(&defs).Error; err != nil {
+		return fmt.Errorf("sqlite: read the layout of %s: %w", table, err)
+	}
+	if len(defs) == 0 {
+		if !mustExist {
+			return nil
+		}
+		return fmt.Errorf("sqlite: watermark table %s does not exist; run MigrateWatermarks", table)
+	}
+	var problems []string
+	if !defs[0].Strict {
+		problems = append(problems, "not STRICT: a value of another type would be stored converted")
+	}
+	for _, m := range collation.FindAllStringSubmatch(defs[0].SQL, -1) {
+		if !strings.EqualFold(m[1], "BINARY") {
+			problems = append(problems, fmt.Sprintf("collation %s: names differing in case could collide", m[1]))
+		}
+	}
+	var cols []struct {
+		Name, Type string
+		NotNull    bool
+		PK         int
+	}
+	if err := db.Raw(`SELECT name, type, "notnull" AS not_null, pk FROM pragma_table_info(?)`, table).Scan(&cols).Error; err != nil {
+		return fmt.Errorf("sqlite: read the columns of %s: %w", table, err)
+	}
+	seen := map[string]bool{}
+	for _, c := range cols {
+		name := strings.ToLower(c.Name)
+		want, ok := watermarkColumns[name]
+		if !ok {
+			continue
+		}
+		seen[name] = true
+		switch {
+		case !strings.EqualFold(c.Type, want.typ):
+			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", c.Name, c.Type, want.typ))
+		case !c.NotNull:
+			problems = append(problems, fmt.Sprintf("column %s is nullable, want NOT NULL", c.Name))
+		case c.PK != want.pk:
+			problems = append(problems, fmt.Sprintf("column %s is at place %d of the primary key, want %d (scope, topic, partition_no, source, epoch)", c.Name, c.PK, want.pk))
+		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(watermarkColumns)) {
+		if !seen[c] {
+			problems = append(problems, "no column "+c)
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("sqlite: watermark table %s has an unexpected layout: %s", table, strings.Join(problems, "; "))
+	}
+	return nil
 }
 
 // SaveWatermarks runs one statement per write on tx's connection, as it is:
@@ -74,7 +157,7 @@ func (s *Store) SaveWatermarks(ctx context.Context, tx *gorm.DB, writes []storag
 	if err != nil {
 		return err
 	}
-	if err := checkWatermarkWrites(writes); err != nil {
+	if err := storage.CheckWatermarkWrites(writes); err != nil {
 		return fmt.Errorf("sqlite: save watermarks in %s: %w", table, err)
 	}
 	conn := connOf(tx)
@@ -92,10 +175,7 @@ func (s *Store) SaveWatermarks(ctx context.Context, tx *gorm.DB, writes []storag
 		} else {
 			res, err = conn.ExecContext(ctx, update, w.New, w.Scope, w.Topic, w.Partition, w.Source, w.Epoch, w.Old)
 		}
-		if err != nil {
-			return fmt.Errorf("sqlite: save the watermark of %s in %s: %w", keyText(w.WatermarkKey), table, err)
-		}
-		if err := oneRow(res, w); err != nil {
+		if err := storage.CheckWatermarkSaved(w, res, err); err != nil {
 			return fmt.Errorf("sqlite: save the watermark in %s: %w", table, err)
 		}
 	}
@@ -109,7 +189,7 @@ func (s *Store) Watermarks(ctx context.Context, db *gorm.DB, scope, topic string
 	if err != nil {
 		return nil, err
 	}
-	if err := checkWatermarkFilter(scope, topic); err != nil {
+	if err := storage.CheckWatermarkFilter(scope, topic); err != nil {
 		return nil, fmt.Errorf("sqlite: read watermarks of %s: %w", table, err)
 	}
 	q := `SELECT scope, source, epoch, topic, partition_no, applied FROM ` + table + ` WHERE scope = ?`
@@ -130,48 +210,11 @@ func (s *Store) Watermarks(ctx context.Context, db *gorm.DB, scope, topic string
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: read watermarks of %s: %w", table, err)
 	}
-	out, err := scanWatermarks(rows)
+	out, err := storage.ScanWatermarks(rows)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: read watermarks of %s: %w", table, err)
 	}
 	return out, nil
-}
-
-// scanWatermarks reads the rows of a SELECT of scope, source, epoch,
-// topic, partition_no and applied, and closes them.
-func scanWatermarks(rows *sql.Rows) ([]storage.WatermarkRow, error) {
-	defer rows.Close()
-	var out []storage.WatermarkRow
-	for rows.Next() {
-		var r storage.WatermarkRow
-		if err := rows.Scan(&r.Scope, &r.Source, &r.Epoch, &r.Topic, &r.Partition, &r.Applied); err != nil {
-			return nil, err
-		}
-		// The column is NOT NULL: a nil slice here is an empty value,
-		// and nil would tell the caller the stream has no row.
-		if r.Applied == nil {
-			r.Applied = []byte{}
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
-}
-
-// oneRow turns the affected-row count of w's statement into its outcome:
-// 1 is written, 0 is moved, anything else is an error.
-func oneRow(res sql.Result, w storage.WatermarkWrite) error {
-	n, err := res.RowsAffected()
-	switch {
-	case err != nil:
-		return fmt.Errorf("%s: rows affected: %w", keyText(w.WatermarkKey), err)
-	case n == 0 && w.Old == nil:
-		return fmt.Errorf("%w: %s already has a row", storage.ErrWatermarkMoved, keyText(w.WatermarkKey))
-	case n == 0:
-		return fmt.Errorf("%w: %s does not hold the value read (changed, or no row)", storage.ErrWatermarkMoved, keyText(w.WatermarkKey))
-	case n != 1:
-		return fmt.Errorf("%s: %d rows affected, want 1", keyText(w.WatermarkKey), n)
-	}
-	return nil
 }
 
 // connOf is db's connection pool (a transaction's connection, for a
@@ -181,78 +224,6 @@ func connOf(db *gorm.DB) gorm.ConnPool {
 		return nil
 	}
 	return db.Statement.ConnPool
-}
-
-// keyText names a stream in errors.
-func keyText(k storage.WatermarkKey) string {
-	return fmt.Sprintf("stream %q/%q[%d] of source %q epoch %d", k.Scope, k.Topic, k.Partition, k.Source, k.Epoch)
-}
-
-// checkWatermarkWrites refuses, before any statement runs, writes the
-// contract rules out or another adapter could not store exactly: a key
-// out of bounds, no new value or one longer than
-// storage.MaxWatermarkBytes, a new value equal to the old one, keys not
-// distinct and sorted.
-func checkWatermarkWrites(writes []storage.WatermarkWrite) error {
-	for i, w := range writes {
-		if err := checkWatermarkKey(w.WatermarkKey); err != nil {
-			return fmt.Errorf("write %d: %w", i, err)
-		}
-		switch {
-		case w.New == nil:
-			return fmt.Errorf("%w: write %d (%s) has no new value", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey))
-		case len(w.New) > storage.MaxWatermarkBytes:
-			return fmt.Errorf("%w: write %d (%s): a value of %d bytes, at most %d allowed", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey), len(w.New), storage.MaxWatermarkBytes)
-		case w.Old != nil && bytes.Equal(w.Old, w.New):
-			return fmt.Errorf("%w: write %d (%s): the new value equals the old one", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey))
-		case i > 0 && writes[i-1].Compare(w.WatermarkKey) >= 0:
-			return fmt.Errorf("%w: write %d (%s): keys not distinct and sorted", storage.ErrInvalidConfig, i, keyText(w.WatermarkKey))
-		}
-	}
-	return nil
-}
-
-// checkWatermarkKey refuses a key whose names are empty, longer than their
-// limits, not UTF-8 or hold a NUL (as every adapter does: PostgreSQL's
-// text cannot hold them), or whose epoch or partition is out of range.
-func checkWatermarkKey(k storage.WatermarkKey) error {
-	for _, f := range []struct {
-		what, v string
-		max     int
-	}{{"scope", k.Scope, storage.MaxConsumerBytes}, {"source", k.Source, storage.MaxSourceBytes}, {"topic", k.Topic, storage.MaxTopicBytes}} {
-		if err := checkName(f.what, f.v, f.max); err != nil {
-			return err
-		}
-	}
-	switch {
-	case k.Epoch < 1:
-		return fmt.Errorf("%w: %s: epoch below 1", storage.ErrInvalidConfig, keyText(k))
-	case k.Partition < 0:
-		return fmt.Errorf("%w: %s: negative partition", storage.ErrInvalidConfig, keyText(k))
-	}
-	return nil
-}
-
-// checkWatermarkFilter refuses a scope or topic no row can hold; an empty
-// topic selects every topic.
-func checkWatermarkFilter(scope, topic string) error {
-	if err := checkName("scope", scope, storage.MaxConsumerBytes); err != nil {
-		return err
-	}
-	if topic == "" {
-		return nil
-	}
-	return checkName("topic", topic, storage.MaxTopicBytes)
-}
-
-func checkName(what, v string, maxBytes int) error {
-	if v == "" || len(v) > maxBytes {
-		return fmt.Errorf("%w: watermark %s of %d bytes (1..%d allowed)", storage.ErrInvalidConfig, what, len(v), maxBytes)
-	}
-	if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
-		return fmt.Errorf("%w: watermark %s %q is not UTF-8 without NUL bytes", storage.ErrInvalidConfig, what, v)
-	}
-	return nil
 }
 
 var _ storage.WatermarkStore = (*Store)(nil)

@@ -179,6 +179,12 @@ func (s literalPartition) Watermarks(ctx context.Context, db *gorm.DB, scope, to
 	return rows, err
 }
 
+// permanent calls no failure transient: a member that lost a lock
+// conflict would give up, or report the stream moved.
+type permanent struct{ *inboxsqlite.Store }
+
+func (permanent) IsRetryable(error) bool { return false }
+
 // hidden is the healthy store behind a wrapper that hides its optional
 // capabilities, as a third party's logging wrapper would.
 type hidden struct{ storage.InboxStore }
@@ -270,30 +276,33 @@ func TestWatermarkChecksFailBrokenStores(t *testing.T) {
 		{"ignores-the-filters",
 			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return unfiltered{s} },
 			[]string{"watermark/filters"}},
+		{"calls-lock-conflicts-permanent",
+			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return permanent{s} },
+			[]string{"watermark/crossed-writes"}},
 		{"takes-a-negative-partition-literally",
 			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return literalPartition{s} },
 			[]string{"watermark/round-trip", "watermark/filters"}},
 	}
-	checks := watermarkChecks(t)
+	checks := map[string]conformance.Check{}
+	for _, c := range watermarkChecks(t) {
+		checks[c.ID()] = c
+	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			found := map[string]error{}
-			for _, c := range checks {
-				err := conformance.RunCheck(t.Context(), watermarkHarness(t, tc.wrap, true), c)
-				found[c.ID()] = err
-				if err != nil {
-					t.Logf("caught: %v", err)
-				}
-			}
 			for _, id := range tc.mustFail {
-				err, ran := found[id]
-				switch {
-				case !ran:
+				c, ok := checks[id]
+				if !ok {
 					t.Errorf("no check %s", id)
+					continue
+				}
+				err := conformance.RunCheck(t.Context(), watermarkHarness(t, tc.wrap, true), c)
+				switch {
 				case err == nil:
 					t.Errorf("check %s passed a store that %s", id, tc.name)
 				case errors.Is(err, conformance.ErrSkipped):
 					t.Errorf("check %s did not run on a store that %s: %v", id, tc.name, err)
+				default:
+					t.Logf("caught: %v", err)
 				}
 			}
 		})
@@ -323,43 +332,8 @@ func TestWatermarkTableNameTooLong(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := t.Context()
-	w := storage.WatermarkWrite{WatermarkKey: storage.WatermarkKey{Scope: "s", Source: "r", Epoch: 1, Topic: "t"}, New: []byte("v")}
-	_, readErr := store.Watermarks(ctx, nil, "s", "", -1)
-	for name, err := range map[string]error{
-		"MigrateWatermarks": store.MigrateWatermarks(ctx, nil),
-		"SaveWatermarks":    store.SaveWatermarks(ctx, nil, []storage.WatermarkWrite{w}),
-		"Watermarks":        readErr,
-	} {
-		if !errors.Is(err, storage.ErrInvalidConfig) {
-			t.Errorf("%s: %v, want an error wrapping storage.ErrInvalidConfig", name, err)
-		}
-	}
-}
-
-// Names that another adapter could not store exactly (PostgreSQL's text
-// holds neither NUL nor invalid UTF-8), and keys out of order, are refused
-// on every adapter alike.
-func TestWatermarkWritesRefused(t *testing.T) {
-	store, err := inboxsqlite.New(inboxsqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := storage.WatermarkKey{Scope: "s", Source: "r", Epoch: 1, Topic: "t"}
-	later := k
-	later.Partition = 1
-	for name, writes := range map[string][]storage.WatermarkWrite{
-		"NUL in the scope":       {{WatermarkKey: storage.WatermarkKey{Scope: "s\x00", Source: "r", Epoch: 1, Topic: "t"}, New: []byte("v")}},
-		"invalid UTF-8 in topic": {{WatermarkKey: storage.WatermarkKey{Scope: "s", Source: "r", Epoch: 1, Topic: "t\xff"}, New: []byte("v")}},
-		"keys out of order":      {{WatermarkKey: later, New: []byte("v")}, {WatermarkKey: k, New: []byte("v")}},
-		"a key twice":            {{WatermarkKey: k, New: []byte("v")}, {WatermarkKey: k, Old: []byte("v"), New: []byte("w")}},
-	} {
-		if err := store.SaveWatermarks(t.Context(), nil, writes); !errors.Is(err, storage.ErrInvalidConfig) {
-			t.Errorf("%s: %v, want an error wrapping storage.ErrInvalidConfig", name, err)
-		}
-	}
-	if _, err := store.Watermarks(t.Context(), nil, "", "", -1); !errors.Is(err, storage.ErrInvalidConfig) {
-		t.Errorf("Watermarks of an empty scope: %v, want an error wrapping storage.ErrInvalidConfig", err)
+	if err := conformance.CheckNoWatermarkTable(t.Context(), store); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -387,17 +361,86 @@ func TestWatermarkBusyIsRetryable(t *testing.T) {
 	if err := store.MigrateWatermarks(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	k := storage.WatermarkKey{Scope: "c", Source: "src", Epoch: 1, Topic: "orders"}
-	holder := db.Begin()
-	defer holder.Rollback()
-	if err := store.SaveWatermarks(ctx, holder, []storage.WatermarkWrite{{WatermarkKey: k, New: []byte("held")}}); err != nil {
+	if err := conformance.CheckWatermarkLockWait(ctx, store, db, impatient, nil); err != nil {
 		t.Fatal(err)
 	}
-	err = impatient.Transaction(func(tx *gorm.DB) error {
-		return store.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{{WatermarkKey: k, New: []byte("waiter")}})
-	})
-	if !store.IsRetryable(err) || errors.Is(err, storage.ErrWatermarkMoved) {
-		t.Fatalf("a write that waited past the busy timeout: %v, want an error the store calls retryable", err)
+}
+
+// MigrateWatermarks and Verify refuse a watermark table of another layout,
+// naming the table and what they found, and leave it as it is; Verify
+// takes the table MigrateWatermarks makes, and no table at all (sequenced
+// dedup not in use).
+func TestWatermarkLayoutRefused(t *testing.T) {
+	const good = `scope TEXT NOT NULL, source TEXT NOT NULL, epoch INTEGER NOT NULL, topic TEXT NOT NULL, partition_no INTEGER NOT NULL,
+		applied BLOB NOT NULL, updated_at TEXT NOT NULL`
+	const key = `PRIMARY KEY (scope, topic, partition_no, source, epoch)`
+	cases := map[string]struct{ ddl, says string }{
+		"not STRICT":              {`(` + good + `, ` + key + `)`, "not STRICT"},
+		"values as TEXT":          {`(` + strings.Replace(good, "applied BLOB", "applied TEXT", 1) + `, ` + key + `) STRICT`, "column applied is TEXT, want BLOB"},
+		"a nullable value":        {`(` + strings.Replace(good, "applied BLOB NOT NULL", "applied BLOB", 1) + `, ` + key + `) STRICT`, "column applied is nullable"},
+		"a key without the epoch": {`(` + good + `, PRIMARY KEY (scope, topic, partition_no, source)) STRICT`, "column epoch is at place 0 of the primary key, want 5"},
+		"no primary key":          {`(` + good + `) STRICT`, "column scope is at place 0 of the primary key, want 1"},
+		"the key in another order": {`(` + good + `, PRIMARY KEY (scope, source, epoch, topic, partition_no)) STRICT`,
+			"column topic is at place 4 of the primary key, want 2"},
+		"names folded":         {`(` + strings.Replace(good, "scope TEXT NOT NULL", "scope TEXT NOT NULL COLLATE NOCASE", 1) + `, ` + key + `) STRICT`, "collation NOCASE"},
+		"no updated_at column": {`(` + strings.Replace(good, ", updated_at TEXT NOT NULL", "", 1) + `, ` + key + `) STRICT`, "no column updated_at"},
 	}
-	t.Log(err)
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			db, store := verifiable(t)
+			table := watermarkTable(store)
+			if err := db.Exec(`CREATE TABLE ` + table + ` ` + c.ddl).Error; err != nil {
+				t.Fatal(err)
+			}
+			definition := func() (ddl string) {
+				if err := db.Raw(`SELECT sql FROM sqlite_schema WHERE name = ?`, table).Scan(&ddl).Error; err != nil {
+					t.Fatal(err)
+				}
+				return ddl
+			}
+			before := definition()
+			for what, err := range map[string]error{
+				"MigrateWatermarks": store.MigrateWatermarks(t.Context(), db),
+				"Verify":            store.Verify(t.Context(), db),
+			} {
+				if err == nil || !strings.Contains(err.Error(), table) || !strings.Contains(err.Error(), c.says) {
+					t.Errorf("%s on a table with %s: %v, want an error naming %s that says %q", what, name, err, table, c.says)
+				}
+			}
+			if after := definition(); after != before {
+				t.Errorf("the table was changed from\n%s\nto\n%s", before, after)
+			}
+		})
+	}
+	t.Run("absent, then migrated", func(t *testing.T) {
+		db, store := verifiable(t)
+		if err := store.Verify(t.Context(), db); err != nil {
+			t.Fatalf("Verify without a watermark table: %v", err)
+		}
+		if err := store.MigrateWatermarks(t.Context(), db); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Verify(t.Context(), db); err != nil {
+			t.Fatalf("Verify of the table MigrateWatermarks made: %v", err)
+		}
+	})
+}
+
+// verifiable is a database Verify finds safe, with the inbox table of the
+// store it returns.
+func verifiable(t *testing.T) (*gorm.DB, *inboxsqlite.Store) {
+	t.Helper()
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "inbox.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closePool(db) })
+	store, err := inboxsqlite.New(inboxsqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	return db, store
 }

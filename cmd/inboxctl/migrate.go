@@ -24,9 +24,8 @@ It also creates (or checks) the watermark table of sequenced dedup,
 <table>_watermarks in the same schema (see inboxctl watermarks), which a
 consumer with Config.SequencedSources needs. An inbox table whose name is
 too long to add the suffix has none: migrate warns and succeeds, since only
-such consumers need it. --print-sql leaves the watermark table out, because
-the adapters cannot print its DDL, and says so in the output: create it by
-running migrate against the database (or the consumer's Migrate).`,
+such consumers need it. --print-sql prints the watermark table's DDL after
+the inbox table's (and, for such a name, says that it has none).`,
 	examples: `  inboxctl migrate --dsn 'postgres://app@db:5432/app' --schema inbox
   inboxctl migrate --dialect mysql --dsn 'app:secret@tcp(db:3306)/app?parseTime=true'
   INBOX_DSN='file:/var/lib/app/app.db?_journal_mode=WAL&_busy_timeout=5000&_txlock=immediate&_synchronous=FULL' inboxctl migrate --table orders_inbox
@@ -132,8 +131,7 @@ func printMigrationSQL(o *options, prepareDays int, stdout, stderr io.Writer) in
 			if storage.ValidateIdentifier("watermark table name", wm) != nil {
 				return fmt.Sprintf("no watermark table: the inbox table's name is too long for %s, so consumers on it cannot use sequenced dedup", wm)
 			}
-			return fmt.Sprintf("the watermark table %s of sequenced dedup, because the %s adapter cannot print its DDL; "+
-				"inboxctl migrate against the database (or the consumer's Migrate) creates it", qualified(o.schema, wm), b.name)
+			return ""
 		},
 	})
 }

@@ -17,7 +17,8 @@ import (
 
 // TestMigratePrintSQL applies what `migrate --print-sql` prints to a
 // database without the inbox table, as a migration tool would, and checks
-// that the Store finds the table it makes: Migrate and Verify accept it,
+// that the Store finds the tables it makes: Migrate, MigrateWatermarks and
+// Verify accept them, watermarks are written,
 // today's and the prepared days' rows are claimed (and deduplicated), and
 // Maintain takes over from there.
 func TestMigratePrintSQL(t *testing.T) {
@@ -27,7 +28,7 @@ func TestMigratePrintSQL(t *testing.T) {
 		args    func(table string) []string
 		store   func(t *testing.T, table string) (storage.InboxStore, string)
 	}{
-		{dialectSQLite, func(t testing.TB) string { return emptySQLite(t.(*testing.T)) }, func(table string) []string { return []string{"--table", table} },
+		{dialectSQLite, func(t testing.TB) string { return inboxsqlite.DSN(emptySQLite(t.(*testing.T))) }, func(table string) []string { return []string{"--table", table} },
 			func(t *testing.T, table string) (storage.InboxStore, string) {
 				s, err := inboxsqlite.New(inboxsqlite.Options{Table: table})
 				if err != nil {
@@ -64,7 +65,7 @@ func TestMigratePrintSQL(t *testing.T) {
 				if schema != "" {
 					_ = db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`).Error
 				} else {
-					_ = db.Exec("DROP TABLE IF EXISTS " + table).Error
+					_ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + inboxmysql.WatermarkSuffix).Error
 				}
 			})
 			n := 0
@@ -89,10 +90,18 @@ func TestMigratePrintSQL(t *testing.T) {
 			if err := store.Migrate(ctx, db); err != nil {
 				t.Fatalf("Migrate on the printed table: %v", err)
 			}
-			if v, ok := store.(storage.Verifier); ok && c.dialect != dialectSQLite {
-				if err := v.Verify(ctx, db); err != nil {
-					t.Fatalf("Verify on the printed table: %v", err)
+			if err := store.(storage.Verifier).Verify(ctx, db); err != nil {
+				t.Fatalf("Verify on the printed tables: %v", err)
+			}
+			wm := store.(storage.WatermarkStore)
+			k := storage.WatermarkKey{Scope: "c", Source: "src", Epoch: 1, Topic: "orders"}
+			for _, w := range []storage.WatermarkWrite{{WatermarkKey: k, New: []byte("v1")}, {WatermarkKey: k, Old: []byte("v1"), New: []byte("v2")}} {
+				if err := db.Transaction(func(tx *gorm.DB) error { return wm.SaveWatermarks(ctx, tx, []storage.WatermarkWrite{w}) }); err != nil {
+					t.Fatalf("a watermark write on the printed watermark table: %v", err)
 				}
+			}
+			if err := wm.MigrateWatermarks(ctx, db); err != nil {
+				t.Fatalf("MigrateWatermarks on the printed watermark table: %v", err)
 			}
 			today := storage.DayOf(time.Now())
 			for d := range 4 {

@@ -197,6 +197,8 @@ type Fixture struct {
 	// WatermarkTable is the store's watermark table (sequenced dedup), as
 	// it goes into SQL.
 	WatermarkTable string
+
+	wm rawWatermarks // the watermarks of variant s20
 }
 
 // randomSuffix returns 8 random hex digits for table names.
@@ -249,6 +251,11 @@ func NewFixture(ctx context.Context, b *Backend, skus int, cfg inbox.Config, pas
 	}
 	if err := f.Inbox.Migrate(ctx); err != nil {
 		return nil, err
+	}
+	if ws, ok := f.Store.(storage.WatermarkStore); ok {
+		if err := ws.MigrateWatermarks(ctx, db); err != nil {
+			return nil, err
+		}
 	}
 	if err := f.Prepare(ctx, Today().AddDate(0, 0, -pastDays), Today().AddDate(0, 0, 7)); err != nil {
 		return nil, err
@@ -324,7 +331,7 @@ func (f *Fixture) Drop(ctx context.Context) error {
 	if c, ok := f.Store.(io.Closer); ok {
 		errs = append(errs, c.Close()) // the mysql Store's own connections
 	}
-	for _, t := range []string{f.Stock, f.Dedup, f.Level, f.InboxTable} {
+	for _, t := range []string{f.Stock, f.Dedup, f.Level, f.InboxTable, f.WatermarkTable} {
 		q := `DROP TABLE IF EXISTS ` + t
 		if f.Backend.Dialect == Postgres {
 			q += ` CASCADE`
@@ -339,6 +346,13 @@ func (f *Fixture) Drop(ctx context.Context) error {
 func (f *Fixture) Reserved(ctx context.Context) (int64, error) {
 	var n int64
 	err := f.Backend.DB.WithContext(ctx).Raw(`SELECT COALESCE(SUM(reserved), 0) FROM ` + f.Stock).Scan(&n).Error
+	return n, err
+}
+
+// WatermarkRows counts the rows of the watermark table.
+func (f *Fixture) WatermarkRows(ctx context.Context) (int64, error) {
+	var n int64
+	err := f.Backend.DB.WithContext(ctx).Raw(`SELECT COUNT(*) FROM ` + f.WatermarkTable).Scan(&n).Error
 	return n, err
 }
 

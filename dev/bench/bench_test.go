@@ -108,6 +108,15 @@ func TestVariantsApplyEachEffectOnce(t *testing.T) {
 							t.Errorf("inbox holds %d rows, want %d", rows, n)
 						}
 					}
+					if v.Key == "s0" || v.Key == "s20" {
+						rows, err := f.WatermarkRows(ctx)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if rows != workers {
+							t.Errorf("the watermark table holds %d rows, want one per worker's stream, %d", rows, workers)
+						}
+					}
 					wantOps := 0
 					for _, p := range bench.Partition(evs, workers) {
 						wantOps += (len(p) + first.Batch - 1) / first.Batch
@@ -313,7 +322,7 @@ func BenchmarkTrackingCost(b *testing.B) {
 // and the spread. Each round's log line also gives every variant's CPU time
 // per event, of this process and, when INBOX_BENCH_SERVER_PID names the
 // server's process, of the server. The floors of bench.Floor (a0, b0, a20,
-// c20) are selected by key like the others.
+// c20, s0, s20) are selected by key like the others.
 func BenchmarkPaired(b *testing.B) {
 	if os.Getenv("INBOX_BENCH_VARIANTS") == "" {
 		b.Setenv("INBOX_BENCH_VARIANTS", "a,b,c2")

@@ -130,6 +130,9 @@ func Apply(ctx context.Context, f *Fixture, v Variant, evs []Event, workers, bat
 		return res, err
 	}
 	parts := Partition(evs, workers)
+	f.wm.mu.Lock()
+	f.wm.streams = workers
+	f.wm.mu.Unlock()
 	var applied atomic.Int64
 	ops := make([][]Op, workers)
 	errs := make([]error, workers)

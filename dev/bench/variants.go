@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/internal/watermark"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -378,13 +380,18 @@ func applyUpsert(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 // Floor pairs the bare effect and the inbox's claim plus the effect, both
 // written as raw SQL on database/sql (pgx itself on PostgreSQL), without
 // GORM or the inbox, with the round trips Process makes on each database:
-// what the database and the driver cost, the floor of (b)/(a).
+// what the database and the driver cost, the floor of (b)/(a). (s0) and
+// (s20) are the same for sequenced dedup: the compare-and-set write of a
+// watermark row per stream (one per worker) with BEGIN, instead of the
+// inbox rows.
 var Floor = []Variant{
 	{Key: "a0", Name: "effect only, raw SQL (BEGIN, UPDATE, COMMIT)", apply: applyRawEffect},
 	{Key: "b0", Name: "inbox row and effect, raw SQL with Process's round trips", Dedup: true, apply: applyRawClaim},
 	{Key: "b0-begin", Name: "inbox row and effect, raw SQL, BEGIN a round trip of its own (MariaDB: the path without the Store's connections)", Dedup: true, apply: applyRawClaimBegin},
 	{Key: "a20", Name: "set-based effect per batch, raw SQL (BEGIN, UPDATE, COMMIT)", Batched: true, apply: applyRawSetEffect},
 	{Key: "c20", Name: "inbox rows of a batch and set-based effect, raw SQL with ProcessBatchFunc's round trips", Batched: true, Dedup: true, apply: applyRawBatchClaim},
+	{Key: "s0", Name: "watermark of the event's stream and the effect, raw SQL with sequenced dedup's round trips", Dedup: true, apply: applyRawWatermark},
+	{Key: "s20", Name: "watermark of a batch's stream and set-based effect, raw SQL with sequenced dedup's round trips", Batched: true, Dedup: true, apply: applyRawWatermark},
 }
 
 // rawTx runs fn in a transaction on one connection without GORM, with the
@@ -744,4 +751,80 @@ func applyRawBatchClaim(ctx context.Context, f *Fixture, evs []Event) (int, erro
 		return f.rawSetEffect(exec, evs)
 	})
 	return applied, err
+}
+
+// rawWatermarks is what applyRawWatermark knows of its streams' watermarks,
+// as the consumer knows them: read once, then kept in memory.
+type rawWatermarks struct {
+	mu      sync.Mutex
+	streams int             // one stream per worker (Apply sets it)
+	applied map[int32]int64 // per stream, the Seq of the last event applied
+}
+
+// rawWatermark is the compare-and-set write of the watermark of the
+// stream of evs (one per worker, like a partition) that the sequenced
+// consumer sends with BEGIN, in the adapter's SQL: an INSERT for a stream
+// without a row, otherwise an UPDATE ... WHERE applied = the old value. ok
+// is false when evs were applied already (a replay): the consumer then runs
+// no transaction at all.
+func (f *Fixture) rawWatermark(evs []Event) (stmt *rawStmt, commit func(), ok bool) {
+	f.wm.mu.Lock()
+	defer f.wm.mu.Unlock()
+	stream := int32(evs[0].SKU % int64(max(f.wm.streams, 1)))
+	last := evs[len(evs)-1].Seq
+	old, seen := f.wm.applied[stream]
+	if seen && last <= old {
+		return nil, nil, false
+	}
+	value := watermark.Encode(watermark.Applied{stream: last})
+	const scope, source, epoch, topic = "bench", BenchSource, 1, "bench"
+	commit = func() {
+		f.wm.mu.Lock()
+		defer f.wm.mu.Unlock()
+		if f.wm.applied == nil {
+			f.wm.applied = map[int32]int64{}
+		}
+		f.wm.applied[stream] = last
+	}
+	t := f.WatermarkTable
+	if !seen {
+		q := `INSERT INTO ` + t + ` (scope, source, epoch, topic, partition_no, applied) VALUES (?, ?, ?, ?, ?, ?)`
+		switch f.Backend.Dialect {
+		case Postgres:
+			q = `INSERT INTO ` + t + ` (scope, source, epoch, topic, partition_no, applied) VALUES ($1, $2, $3, $4, $5, $6)`
+		case MySQL:
+			q = `INSERT INTO ` + t + ` (scope, source, epoch, topic, partition_no, applied, updated_at) VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))`
+		}
+		return &rawStmt{q, []any{scope, source, epoch, topic, stream, value}}, commit, true
+	}
+	q := `UPDATE ` + t + ` SET applied = ?, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+		WHERE scope = ? AND topic = ? AND partition_no = ? AND source = ? AND epoch = ? AND applied = ?`
+	switch f.Backend.Dialect {
+	case Postgres:
+		q = `UPDATE ` + t + ` SET applied = $1, updated_at = now()
+			WHERE scope = $2 AND topic = $3 AND partition_no = $4 AND source = $5 AND epoch = $6 AND applied = $7`
+	case MySQL:
+		q = `UPDATE ` + t + ` SET applied = ?, updated_at = UTC_TIMESTAMP(6)
+			WHERE scope = ? AND topic = ? AND partition_no = ? AND source = ? AND epoch = ? AND applied = ?`
+	}
+	oldValue := watermark.Encode(watermark.Applied{stream: old})
+	return &rawStmt{q, []any{value, scope, topic, stream, source, epoch, oldValue}}, commit, true
+}
+
+func applyRawWatermark(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	stmt, commit, ok := f.rawWatermark(evs)
+	if !ok {
+		return 0, nil
+	}
+	err := f.rawTx(ctx, stmt, func(written int64, exec rawExec) error {
+		if written != 1 {
+			return fmt.Errorf("bench: the watermark write matched %d rows, want 1", written)
+		}
+		return f.rawSetEffect(exec, evs)
+	})
+	if err != nil {
+		return 0, err
+	}
+	commit()
+	return len(evs), nil
 }

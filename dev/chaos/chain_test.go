@@ -2,12 +2,9 @@ package chaos_test
 
 import (
 	"context"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/dev/chaos"
 )
 
@@ -26,35 +23,13 @@ import (
 // broker and database restarts on private servers. INBOX_CHAIN_DB
 // (comma-separated) limits the databases.
 func TestChaosChain(t *testing.T) {
-	brokers := testservers.KafkaBrokers(t)
-	only := os.Getenv("INBOX_CHAIN_DB")
-	var reps []*chaos.ChainReport
-	for _, db := range []struct {
-		dialect string
-		dsn     func(testing.TB) string
-	}{
-		{"sqlite", func(testing.TB) string { return "" }},
-		{"postgres", testservers.PostgresDSN},
-		{"mysql", testservers.MySQLDSN},
-	} {
-		if only != "" && !strings.Contains(","+only+",", ","+db.dialect+",") {
-			continue
-		}
-		t.Run(db.dialect, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-			defer cancel()
-			rep, err := chaos.RunChain(ctx, chaos.Config{
-				Dialect: db.dialect, DSN: db.dsn(t), Brokers: brokers,
-				Waves: 8, Partitions: 4, Session: 3 * time.Second, Duration: 20 * time.Second, Kills: 8, Terminations: 2,
-				CatchUp: 2 * time.Minute, Seed: uint64(time.Now().UnixNano()), WorkDir: t.TempDir(), Log: testWriter{t},
-			}, chaos.ChainConfig{Orders: 400, Lease: 2 * time.Second, CrashAfter: 3})
-			if rep != nil {
-				t.Log("\n" + rep.String())
-				reps = append(reps, rep)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+	runPhase(t, "INBOX_CHAIN_DB", 4*time.Minute, []phaseDB{sqliteDB, postgresDB, mysqlDB},
+		func(ctx context.Context, cfg chaos.Config, _ phaseDB) (*chaos.ChainReport, error) {
+			cfg.Waves, cfg.Partitions, cfg.Kills, cfg.Terminations = 8, 4, 8, 2
+			cfg.Session, cfg.Duration, cfg.CatchUp = 3*time.Second, 20*time.Second, 2*time.Minute
+			return chaos.RunChain(ctx, cfg, chaos.ChainConfig{Orders: 400, Lease: 2 * time.Second, CrashAfter: 3})
+		},
+		func(t *testing.T, rep *chaos.ChainReport) {
 			for _, p := range rep.Problems {
 				t.Error(p)
 			}
@@ -74,7 +49,6 @@ func TestChaosChain(t *testing.T) {
 			if rep.Injected == 0 {
 				t.Errorf("no relay crashed between publish and acknowledgement (CrashAfter 3): the run made no duplicates on purpose")
 			}
-		})
-	}
-	t.Log("\n" + chaos.ChainTable(reps))
+		},
+		chaos.ChainTable)
 }

@@ -2,12 +2,9 @@ package chaos_test
 
 import (
 	"context"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/dev/chaos"
 )
 
@@ -23,41 +20,18 @@ import (
 // It restarts nothing, so it runs on the shared servers. INBOX_GAP_DB
 // (comma-separated) limits the databases.
 func TestChaosGap(t *testing.T) {
-	brokers := testservers.KafkaBrokers(t)
-	only := os.Getenv("INBOX_GAP_DB")
-	var reps []*chaos.GapReport
-	for _, db := range []struct {
-		dialect string
-		dsn     func(testing.TB) string
-	}{
-		{"sqlite", func(testing.TB) string { return "" }},
-		{"postgres", testservers.PostgresDSN},
-		{"mysql", testservers.MySQLDSN},
-	} {
-		if only != "" && !strings.Contains(","+only+",", ","+db.dialect+",") {
-			continue
-		}
-		t.Run(db.dialect, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			rep, err := chaos.RunGap(ctx, chaos.Config{
-				Dialect: db.dialect, DSN: db.dsn(t), Brokers: brokers, Partitions: 3, Session: 3 * time.Second,
-				Seed: uint64(time.Now().UnixNano()), WorkDir: t.TempDir(), Log: testWriter{t},
-			}, chaos.GapConfig{Rounds: 2, Orders: 90, Budget: 40 * time.Second})
-			if rep != nil {
-				t.Log("\n" + rep.String())
-				reps = append(reps, rep)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+	runPhase(t, "INBOX_GAP_DB", 3*time.Minute, []phaseDB{sqliteDB, postgresDB, mysqlDB},
+		func(ctx context.Context, cfg chaos.Config, _ phaseDB) (*chaos.GapReport, error) {
+			cfg.Partitions, cfg.Session = 3, 3*time.Second
+			return chaos.RunGap(ctx, cfg, chaos.GapConfig{Rounds: 2, Orders: 90, Budget: 40 * time.Second})
+		},
+		func(t *testing.T, rep *chaos.GapReport) {
 			for _, p := range rep.Problems() {
 				t.Error(p)
 			}
 			if named, want := rep.Detections(); named != want || want == 0 {
 				t.Errorf("the gap was detected %d times, want %d", named, want)
 			}
-		})
-	}
-	t.Log("\n" + chaos.GapTable(reps))
+		},
+		chaos.GapTable)
 }

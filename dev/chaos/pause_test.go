@@ -2,12 +2,9 @@ package chaos_test
 
 import (
 	"context"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/dev/chaos"
 )
 
@@ -22,36 +19,16 @@ import (
 // It restarts nothing, so it runs on the shared servers. INBOX_PAUSE_DB
 // (comma-separated) limits the databases.
 func TestChaosPause(t *testing.T) {
-	brokers := testservers.KafkaBrokers(t)
-	only := os.Getenv("INBOX_PAUSE_DB")
-	var reps []*chaos.ChainReport
-	for _, db := range []struct {
-		dialect      string
-		dsn          func(testing.TB) string
-		storeOffsets bool
-	}{
-		{"postgres", testservers.PostgresDSN, true},
-		{"mysql", testservers.MySQLDSN, false},
-	} {
-		if only != "" && !strings.Contains(","+only+",", ","+db.dialect+",") {
-			continue
-		}
-		t.Run(db.dialect, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			const pauses = 4
-			rep, err := chaos.RunPause(ctx, chaos.Config{
-				Dialect: db.dialect, DSN: db.dsn(t), Brokers: brokers, StoreOffsets: db.storeOffsets,
-				Waves: 10, Partitions: 4, Session: 2 * time.Second, Duration: 14 * time.Second,
-				CatchUp: 2 * time.Minute, Seed: uint64(time.Now().UnixNano()), WorkDir: t.TempDir(), Log: testWriter{t},
-			}, chaos.PauseConfig{Orders: 240, Pauses: pauses, Lease: 2 * time.Second})
-			if rep != nil {
-				t.Log("\n" + rep.String())
-				reps = append(reps, rep)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+	const pauses = 4
+	pg := postgresDB
+	pg.storeOffsets = true
+	runPhase(t, "INBOX_PAUSE_DB", 3*time.Minute, []phaseDB{pg, mysqlDB},
+		func(ctx context.Context, cfg chaos.Config, _ phaseDB) (*chaos.ChainReport, error) {
+			cfg.Waves, cfg.Partitions = 10, 4
+			cfg.Session, cfg.Duration, cfg.CatchUp = 2*time.Second, 14*time.Second, 2*time.Minute
+			return chaos.RunPause(ctx, cfg, chaos.PauseConfig{Orders: 240, Pauses: pauses, Lease: 2 * time.Second})
+		},
+		func(t *testing.T, rep *chaos.ChainReport) {
 			for _, p := range rep.Problems {
 				t.Error(p)
 			}
@@ -63,7 +40,6 @@ func TestChaosPause(t *testing.T) {
 					t.Errorf("%s paused for %v, want past the 2 s session timeout and lease, twice over", p.Process, p.For)
 				}
 			}
-		})
-	}
-	t.Log("\n" + chaos.PauseTable(reps))
+		},
+		chaos.PauseTable)
 }

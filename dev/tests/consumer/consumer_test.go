@@ -411,3 +411,24 @@ func TestBatchStopStoresNoOffsetPastThePoison(t *testing.T) {
 		})
 	}
 }
+
+// A message that fails inside its batch is retried alone after the rest of
+// the batch committed; once it commits, the stored offset follows the
+// group's past the whole batch, not only past that message.
+func TestBatchRetriedMessageStoresTheBatchsOffset(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	sendOrders(t, brokers, "orders", 1, 6, nil)
+	ev := newEvents()
+	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
+	cfg.BatchSize, cfg.BatchWait, cfg.StoreOffsets = 6, time.Second, true
+	cfg.Handler = s.failingOnce("order-1")
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "6 processed", func() bool { return ev.count(hooks.Processed) == 6 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 6, nil)
+	s.checkStoredAtGroup(t, brokers, 6)
+}

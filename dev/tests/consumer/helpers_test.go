@@ -220,6 +220,30 @@ func (s *shop) reserve(ctx context.Context, tx *gorm.DB, msg consumer.Message) e
 	return tx.Exec(`UPDATE stock`+s.suffix+` SET reserved = reserved + ? WHERE sku = ?`, o.Qty, o.SKU).Error
 }
 
+// failingOnce is the reserve handler, but for the first attempt at the
+// order with key, which fails as a brief outage of a service would.
+func (s *shop) failingOnce(key string) consumer.Handler {
+	var failed atomic.Bool
+	return func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
+		if string(msg.Key) == key && !failed.Swap(true) {
+			return errors.New("stock service briefly unavailable")
+		}
+		return s.reserve(ctx, tx, msg)
+	}
+}
+
+// checkStoredAtGroup asserts that partition 0 of orders is committed by
+// the inventory group and stored in s at next.
+func (s *shop) checkStoredAtGroup(t *testing.T, brokers []string, next int64) {
+	t.Helper()
+	if got := committed(t, brokers, "inventory", "orders", 1); got[0] != next {
+		t.Errorf("the group committed %v, want %d", got, next)
+	}
+	if got := storedOffset(t, s, "inventory", "orders", 0); got != next {
+		t.Errorf("stored offset %d, want %d, the group's", got, next)
+	}
+}
+
 // counts returns the reservations per order.
 func (s *shop) counts(t *testing.T) map[string]int {
 	t.Helper()

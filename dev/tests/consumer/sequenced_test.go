@@ -4,20 +4,27 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/hooks"
+	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/watermark"
+	inboxotel "github.com/inboxgo/inbox/otel"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -82,6 +89,28 @@ func (s *shop) watermarks(t *testing.T) map[int32]map[string]watermark.Applied {
 		out[r.Partition][r.Source+"/"+strconv.FormatInt(r.Epoch, 10)] = a
 	}
 	return out
+}
+
+// setWatermark moves the reserve-stock consumer's watermark of testSource
+// epoch 1 on orders partition 0 from "from" to "to" behind the consumer's
+// back, with the compare-and-set a member's transaction makes, and with
+// apply's writes (nil: none) in the same transaction.
+func (s *shop) setWatermark(t *testing.T, from, to watermark.Applied, apply func(tx *gorm.DB) error) {
+	t.Helper()
+	ws := s.ib.Store().(storage.WatermarkStore)
+	key := storage.WatermarkKey{Scope: "reserve-stock", Source: testSource, Epoch: 1, Topic: "orders", Partition: 0}
+	err := s.db.Transaction(func(tx *gorm.DB) error {
+		if apply != nil {
+			if err := apply(tx); err != nil {
+				return err
+			}
+		}
+		return ws.SaveWatermarks(context.Background(), tx, []storage.WatermarkWrite{{WatermarkKey: key,
+			Old: watermark.Encode(from), New: watermark.Encode(to)}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Messages of a trusted source are deduplicated by the watermark alone (no
@@ -278,20 +307,14 @@ func TestSequencedWatermarkMovedByAnotherMember(t *testing.T) {
 
 	// Another member applies orders 2 and 3 (seq 3 and 4) and moves the
 	// watermark, as its transaction would.
-	ws := s.ib.Store().(storage.WatermarkStore)
-	key := storage.WatermarkKey{Scope: "reserve-stock", Source: testSource, Epoch: 1, Topic: "orders", Partition: 0}
-	err := s.db.Transaction(func(tx *gorm.DB) error {
+	s.setWatermark(t, watermark.Applied{0: 2}, watermark.Applied{0: 4}, func(tx *gorm.DB) error {
 		for i := 2; i <= 3; i++ {
 			if err := s.reserve(context.Background(), tx, consumer.Message{Message: orderMessage(i, 0)}); err != nil {
 				return err
 			}
 		}
-		return ws.SaveWatermarks(context.Background(), tx, []storage.WatermarkWrite{{WatermarkKey: key,
-			Old: watermark.Encode(watermark.Applied{0: 2}), New: watermark.Encode(watermark.Applied{0: 4})}})
+		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	produce(t, brokers, "orders", seqMessage(2, 0, 0, 3, 0), seqMessage(3, 0, 0, 4, 0), seqMessage(4, 0, 0, 5, 0))
 	waitUntil(t, 30*time.Second, "3 more", func() bool {
 		return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 5
@@ -463,21 +486,178 @@ func TestSequencedWatermarkWentBackIsAGap(t *testing.T) {
 	waitUntil(t, 30*time.Second, "3 processed", func() bool { return ev.count(hooks.Processed) == 3 })
 
 	// The failover: the database holds the watermark of seq 1 again.
-	ws := s.ib.Store().(storage.WatermarkStore)
-	key := storage.WatermarkKey{Scope: "reserve-stock", Source: testSource, Epoch: 1, Topic: "orders", Partition: 0}
-	err := s.db.Transaction(func(tx *gorm.DB) error {
-		return ws.SaveWatermarks(context.Background(), tx, []storage.WatermarkWrite{{WatermarkKey: key,
-			Old: watermark.Encode(watermark.Applied{0: 3}), New: watermark.Encode(watermark.Applied{0: 1})}})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s.setWatermark(t, watermark.Applied{0: 3}, watermark.Applied{0: 1}, nil)
 	produce(t, brokers, "orders", seqMessage(3, 0, 0, 4, 1))
 	waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
-	err = r.stop(t)
+	err := r.stop(t)
 	var pse *consumer.PartitionStoppedError
 	if !errors.As(err, &pse) || pse.Reason != consumer.ReasonSequenceGap || pse.Offset != 3 || !strings.Contains(pse.Error(), "2..3") {
 		t.Fatalf("Run returned %v, want the partition stopped at offset 3 for the gap 2..3", err)
 	}
 	s.checkExactlyOnce(t, 3, nil)
+}
+
+// Copies of messages already applied, in batches of their own (a relay's
+// republication, a replay), run no transaction on the watermark path and
+// claim their rows on the row path: either way the stored offset follows
+// the group's past them, so that the partition's next owner starts where
+// the group committed, without the Warn of a failover that lost commits.
+func TestDuplicatesMoveTheStoredOffset(t *testing.T) {
+	t.Parallel()
+	for name, msg := range map[string]func(i int) kafka.Message{
+		"watermark": func(i int) kafka.Message { return seqMessage(i, 0, 0, int64(i+1), 0) },
+		"row":       func(i int) kafka.Message { return orderMessage(i, 0) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			brokers := newKfake(t, 1, "orders")
+			s := newSQLiteShop(t)
+			var msgs []kafka.Message
+			for i := range 4 {
+				msgs = append(msgs, msg(i))
+			}
+			produce(t, brokers, "orders", msgs...)
+			ev := newEvents()
+			cfg := sequencedConfig(t, brokers, s, ev)
+			cfg.StoreOffsets = true
+			cfg.BatchSize, cfg.BatchWait = 2, 200*time.Millisecond
+			r := start(t, cfg)
+			waitUntil(t, 30*time.Second, "4 processed", func() bool { return ev.count(hooks.Processed) == 4 })
+			produce(t, brokers, "orders", msgs...)
+			waitUntil(t, 30*time.Second, "4 duplicates", func() bool { return ev.count(hooks.Duplicate) == 4 })
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			s.checkExactlyOnce(t, 4, nil)
+			s.checkStoredAtGroup(t, brokers, 8)
+
+			// The next owner.
+			ev2, rec := newEvents(), newRecorder(t)
+			cfg.Hooks, cfg.Logger = []hooks.Hook{hooks.EventFunc(ev2.on)}, slog.New(rec)
+			r2 := start(t, cfg)
+			waitUntil(t, 30*time.Second, "the partition to be assigned", func() bool { return ev2.count(hooks.Assigned) == 1 })
+			if err := r2.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			if at := ev2.filter(hooks.Assigned)[0].Offset; at != 8 {
+				t.Errorf("the next owner started at %d, want 8", at)
+			}
+			if _, warned := rec.find(slog.LevelWarn, "behind the group's committed one"); warned {
+				t.Error("the next owner warned of a stored offset behind the group's, with no failover")
+			}
+		})
+	}
+}
+
+// The process span of each message says how it was deduplicated, as the
+// inbox.messages metric does: inbox.dedup "watermark" for a sequenced
+// message, applied or a copy the watermark covers (the inbox decides the
+// copy without a transaction, but the message still has its span), "row"
+// for a message without sequence headers; none on an attempt that failed.
+func TestSequencedSpansCarryTheDedupPath(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	otelHook, err := inboxotel.New(inboxotel.Options{TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.New(s.db, s.ib.Store(), inbox.Config{Logger: testLogger(t), RetentionDays: 30, Hooks: []hooks.Hook{otelHook}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Orders 0 and 1 sequenced, 2 on its row; then a copy of each.
+	msgs := []kafka.Message{seqMessage(0, 0, 0, 1, 0), seqMessage(1, 0, 0, 2, 0), orderMessage(2, 0)}
+	produce(t, brokers, "orders", msgs...)
+	ev := newEvents()
+	cfg := sequencedConfig(t, brokers, s, ev)
+	cfg.Inbox = ib
+	cfg.Hooks = append(cfg.Hooks, otelHook)
+	cfg.Handler = s.failingOnce("order-1")
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "3 processed", func() bool { return ev.count(hooks.Processed) == 3 })
+	produce(t, brokers, "orders", msgs...)
+	waitUntil(t, 30*time.Second, "3 duplicates", func() bool { return ev.count(hooks.Duplicate) == 3 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 3, nil)
+
+	got := map[string]int{} // "order outcome dedup" -> spans
+	for _, sp := range spans.Ended() {
+		if !strings.HasPrefix(sp.Name(), "process") {
+			continue
+		}
+		var order, outcome, dedup string
+		for _, kv := range sp.Attributes() {
+			switch kv.Key {
+			case "messaging.message.id":
+				order = strings.TrimPrefix(kv.Value.AsString(), "evt-")
+			case "inbox.outcome":
+				outcome = kv.Value.AsString()
+			case "inbox.dedup":
+				dedup = kv.Value.AsString()
+			}
+		}
+		got[order+" "+outcome+" "+dedup]++
+	}
+	want := map[string]int{
+		"order-0 processed watermark": 1, "order-0 duplicate watermark": 1,
+		"order-1 failed ": 1, "order-1 processed watermark": 1, "order-1 duplicate watermark": 1,
+		"order-2 processed row": 1, "order-2 duplicate row": 1,
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("process spans by order, outcome and inbox.dedup:\n got %v\nwant %v", got, want)
+	}
+}
+
+// While the write of the stored offset before a Kafka commit fails, the
+// group commits only what is stored, so that the partition's next owner
+// never finds the group ahead of the database; once the database answers,
+// both move on.
+func TestDuplicatesCommitOnlyWhatIsStored(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	var failing atomic.Bool
+	err := s.db.Callback().Update().Before("gorm:update").Register("fail-offsets", func(db *gorm.DB) {
+		if failing.Load() && db.Statement.Table == consumer.DefaultOffsetsTable {
+			_ = db.AddError(errors.New("database briefly unavailable"))
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []kafka.Message
+	for i := range 4 {
+		msgs = append(msgs, seqMessage(i, 0, 0, int64(i+1), 0))
+	}
+	produce(t, brokers, "orders", msgs...)
+	ev, rec := newEvents(), newRecorder(t)
+	cfg := sequencedConfig(t, brokers, s, ev)
+	cfg.StoreOffsets, cfg.Logger = true, slog.New(rec)
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "4 processed", func() bool { return ev.count(hooks.Processed) == 4 })
+	waitUntil(t, 30*time.Second, "the group's commit of 4", func() bool { return committed(t, brokers, "inventory", "orders", 1)[0] == 4 })
+
+	failing.Store(true)
+	produce(t, brokers, "orders", msgs...)
+	waitUntil(t, 30*time.Second, "4 duplicates", func() bool { return ev.count(hooks.Duplicate) == 4 })
+	waitUntil(t, 30*time.Second, "a failed write of the stored offset, or a commit past it", func() bool {
+		_, ok := rec.find(slog.LevelWarn, "cannot store the partition's offset before committing it")
+		return ok || committed(t, brokers, "inventory", "orders", 1)[0] != 4
+	})
+	s.checkStoredAtGroup(t, brokers, 4)
+
+	failing.Store(false)
+	waitUntil(t, 30*time.Second, "the stored offset and the group's at 8", func() bool {
+		return committed(t, brokers, "inventory", "orders", 1)[0] == 8 && storedOffset(t, s, "inventory", "orders", 0) == 8
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	s.checkExactlyOnce(t, 4, nil)
 }
