@@ -300,7 +300,7 @@ func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 	if !ok || err != nil {
 		return nil, nil, false, err
 	}
-	inserted, err := s.claimOn(ctx, tx, rows)
+	inserted, err := s.claimOn(ctx, tx.Conn(), rows)
 	if err != nil {
 		_ = tx.Rollback()
 		return nil, nil, false, err
@@ -324,13 +324,14 @@ func (s *Store) BeginSaveWatermarks(ctx context.Context, db *gorm.DB, opts *sql.
 	}
 	// SaveWatermarks checks the writes before its first statement, and
 	// runs its statements on the session's connection pool value.
-	pool, stmtCtx := db.Statement.ConnPool, db.Statement.Context
-	if err := s.SaveWatermarks(ctx, become(ctx, db, tx), writes); err != nil {
+	pool := db.Statement.ConnPool
+	db.Statement.ConnPool = tx.Conn()
+	if err := s.SaveWatermarks(ctx, db, writes); err != nil {
 		_ = tx.Rollback()
-		db.Statement.ConnPool, db.Statement.Context = pool, stmtCtx
+		db.Statement.ConnPool = pool
 		return nil, false, err
 	}
-	return db, true, nil
+	return become(ctx, db, tx), true, nil
 }
 
 var (

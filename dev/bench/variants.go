@@ -382,8 +382,10 @@ func applyUpsert(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 // GORM or the inbox, with the round trips Process makes on each database:
 // what the database and the driver cost, the floor of (b)/(a). (s0) and
 // (s20) are the same for sequenced dedup: the compare-and-set write of a
-// watermark row per stream (one per worker) with BEGIN, instead of the
-// inbox rows.
+// watermark row per stream (one per worker) instead of the inbox rows,
+// with BEGIN as rawTx sends it. (b0-begin) is (b0) with BEGIN a round trip
+// of its own on MariaDB too: the inbox's path where the mysql Store cannot
+// use connections of its own.
 var Floor = []Variant{
 	{Key: "a0", Name: "effect only, raw SQL (BEGIN, UPDATE, COMMIT)", apply: applyRawEffect},
 	{Key: "b0", Name: "inbox row and effect, raw SQL with Process's round trips", Dedup: true, apply: applyRawClaim},

@@ -59,6 +59,10 @@ func New(ctx context.Context, conn *sql.Conn, d *Dialect) *Tx {
 	return &Tx{ctx: ctx, conn: conn, d: d}
 }
 
+// Conn is the transaction's connection, for the adapter's own statements
+// (which Dialect.Taints need not see).
+func (t *Tx) Conn() *sql.Conn { return t.conn }
+
 func (t *Tx) note(query string) {
 	if !t.tainted && t.d.Taints != nil && t.d.Taints(query) {
 		t.tainted = true
