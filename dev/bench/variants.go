@@ -622,28 +622,23 @@ func (f *Fixture) rawClaim(e Event) *rawStmt {
 }
 
 func applyRawClaim(ctx context.Context, f *Fixture, evs []Event) (int, error) {
-	e := evs[0]
-	applied := 0
-	err := f.rawTx(ctx, f.rawClaim(e), func(claimed int64, exec rawExec) error {
-		applied = 0
-		// 1 row affected: inserted; a duplicate affects 0 rows (2 with
-		// MariaDB's ON DUPLICATE KEY UPDATE).
-		if claimed != 1 {
-			return nil
-		}
-		applied = 1
-		return f.rawEffect(exec, e.SKU)
-	})
-	return applied, err
+	return f.rawClaimAndEffect(ctx, evs[0], f.Backend.Dialect == MySQL)
 }
 
 // applyRawClaimBegin is applyRawClaim with BEGIN a round trip of its own
 // on MariaDB too.
 func applyRawClaimBegin(ctx context.Context, f *Fixture, evs []Event) (int, error) {
-	e := evs[0]
+	return f.rawClaimAndEffect(ctx, evs[0], false)
+}
+
+// rawClaimAndEffect claims e and applies its effect if the claim inserted
+// the row (see rawTxBegin for autocommitOff).
+func (f *Fixture) rawClaimAndEffect(ctx context.Context, e Event, autocommitOff bool) (int, error) {
 	applied := 0
-	err := f.rawTxBegin(ctx, f.rawClaim(e), false, func(claimed int64, exec rawExec) error {
+	err := f.rawTxBegin(ctx, f.rawClaim(e), autocommitOff, func(claimed int64, exec rawExec) error {
 		applied = 0
+		// 1 row affected: inserted; a duplicate affects 0 rows (2 with
+		// MariaDB's ON DUPLICATE KEY UPDATE).
 		if claimed != 1 {
 			return nil
 		}
