@@ -227,7 +227,10 @@ func TestOwnedTransactionsKeepTheContract(t *testing.T) {
 	t.Cleanup(func() { _ = db.Exec("DROP TABLE IF EXISTS `" + store.Table() + inboxmysql.WatermarkSuffix + "`").Error })
 	k := storage.WatermarkKey{Scope: "c", Source: "s", Epoch: 1, Topic: "t", Partition: 0}
 	for _, w := range []storage.WatermarkWrite{{WatermarkKey: k, New: []byte("v1")}, {WatermarkKey: k, New: []byte("v2")}, {WatermarkKey: k, Old: []byte("v0"), New: []byte("v2")}} {
-		tx, ok, err := store.BeginSaveWatermarks(t.Context(), db.WithContext(t.Context()), nil, []storage.WatermarkWrite{w})
+		// Bounded: a connection never handed back would hold the call.
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		tx, ok, err := store.BeginSaveWatermarks(ctx, db.WithContext(t.Context()), nil, []storage.WatermarkWrite{w})
+		cancel()
 		switch {
 		case w.Old == nil && string(w.New) == "v1":
 			if err != nil || !ok {
