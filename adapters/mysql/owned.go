@@ -72,7 +72,7 @@ func newOwnedPools(cfg OwnedPool) *ownedPools {
 // every transaction with BEGIN on the caller's pool. Transactions still
 // open end as usual, and their connections close as they end. The
 // application calls it when it is done with the Store, as it closes its
-// own *sql.DB, once the inbox, consumer or relay using the Store has
+// own *sql.DB, once the inbox or consumer using the Store has
 // stopped; a Store that is never closed closes its pools once it is
 // garbage collected, and idle connections close after
 // OwnedPool.MaxIdleTime meanwhile. Close is idempotent.
