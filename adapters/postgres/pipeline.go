@@ -66,7 +66,7 @@ func (s *Store) BeginSaveWatermarks(ctx context.Context, db *gorm.DB, opts *sql.
 	if len(writes) == 0 {
 		return nil, false, nil
 	}
-	if err := checkWatermarkWrites(writes); err != nil {
+	if err := storage.CheckWatermarkWrites(writes); err != nil {
 		return nil, false, fmt.Errorf("postgres: save watermarks in %s: %w", s.wm.table, err)
 	}
 	return beginPipelined(ctx, db, opts, func(b *pgx.Batch) {
@@ -80,10 +80,7 @@ func (s *Store) BeginSaveWatermarks(ctx context.Context, db *gorm.DB, opts *sql.
 	}, func(br pgx.BatchResults) error {
 		for _, w := range writes {
 			ct, err := br.Exec()
-			if err != nil {
-				return fmt.Errorf("postgres: save the watermark of %s in %s: %w", keyText(w.WatermarkKey), s.wm.table, err)
-			}
-			if err := oneRow(commandTag{ct}, w); err != nil {
+			if err := storage.CheckWatermarkSaved(w, commandTag{ct}, err); err != nil {
 				return fmt.Errorf("postgres: save the watermark in %s: %w", s.wm.table, err)
 			}
 		}

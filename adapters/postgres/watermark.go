@@ -245,18 +245,6 @@ func (s *Store) Watermarks(ctx context.Context, db *gorm.DB, scope, topic string
 	return out, nil
 }
 
-// The pipelined path's names for the storage checks.
-var checkWatermarkWrites = storage.CheckWatermarkWrites
-
-func oneRow(res sql.Result, w storage.WatermarkWrite) error {
-	return storage.CheckWatermarkSaved(w, res, nil)
-}
-
-// keyText names a stream in errors, as the storage checks do.
-func keyText(k storage.WatermarkKey) string {
-	return fmt.Sprintf("stream %q/%q[%d] of source %q epoch %d", k.Scope, k.Topic, k.Partition, k.Source, k.Epoch)
-}
-
 // connOf is db's connection pool (a transaction's connection, for a
 // transaction), or nil if it has none.
 func connOf(db *gorm.DB) gorm.ConnPool {
