@@ -121,7 +121,9 @@
 // GORM's prepared statements (PrepareStmt), for a read-write transaction
 // at the default level or one of MySQL's four. Elsewhere, and with
 // OwnedPool.Disabled, the inbox begins with BEGIN on the caller's pool:
-// four round trips.
+// four round trips; so it does for a transaction for which the Store's
+// pool cannot connect (the server's max_connections or the user's
+// MAX_USER_CONNECTIONS reached, say).
 //
 // # Settings
 //

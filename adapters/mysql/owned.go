@@ -255,10 +255,15 @@ func (s *Store) beginOwned(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 	}
 	conn, err := pool.Conn(ctx)
 	if err != nil {
-		if s.owned.isClosed() {
-			return nil, false, nil // closed since poolFor: the inbox begins as usual
+		if ctx.Err() != nil {
+			return nil, false, fmt.Errorf("mysql: take a connection: %w", err)
 		}
-		return nil, false, fmt.Errorf("mysql: take a connection: %w", err)
+		// Closed since poolFor, or unable to connect while the caller's
+		// pool may still have connections (the Store's own count against
+		// the server's max_connections and the user's limits): the inbox
+		// begins on the caller's pool as usual, which fails in turn if the
+		// server is down.
+		return nil, false, nil
 	}
 	txCtx := db.Statement.Context
 	if txCtx == nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	gomysql "github.com/go-sql-driver/mysql"
 	gormmysql "gorm.io/driver/mysql"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -357,5 +358,61 @@ func TestOwnedPathFallsBack(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOwnedPathFallsBackWhenItCannotConnect: the Store's connections count
+// against the server's limits; where it cannot connect (here a user
+// allowed one connection, which the caller's pool holds), Process runs on
+// the caller's pool with BEGIN rather than failing.
+func TestOwnedPathFallsBackWhenItCannotConnect(t *testing.T) {
+	admin := testDB(t, nil)
+	cfg, err := gomysql.ParseDSN(testservers.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := "owned_" + conformance.RandomSuffix()
+	hosts := []string{"%", "localhost", "127.0.0.1"}
+	for _, host := range hosts {
+		for _, q := range []string{
+			"CREATE USER '" + user + "'@'" + host + "' IDENTIFIED BY 'pw' WITH MAX_USER_CONNECTIONS 1",
+			"GRANT ALL PRIVILEGES ON `" + cfg.DBName + "`.* TO '" + user + "'@'" + host + "'",
+		} {
+			if err := admin.Exec(q).Error; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Cleanup(func() {
+		for _, host := range hosts {
+			_ = admin.Exec("DROP USER IF EXISTS '" + user + "'@'" + host + "'").Error
+		}
+	})
+	cfg.User, cfg.Passwd = user, "pw"
+	db, err := openDB(cfg.FormatDSN(), recommended)
+	if err != nil {
+		t.Fatal(err)
+	}
+	userPool, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = userPool.Close() })
+	userPool.SetMaxOpenConns(1)
+	store := newStore(t, db, inboxmysql.Options{})
+	ib, err := inbox.New(db, store, inbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := inbox.Message{Consumer: "c", ID: "p", Time: time.Now()}
+	for _, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate} {
+		if out, err := ib.Process(t.Context(), msg, func(context.Context, *gorm.DB, inbox.Message) error { return nil }); out != want || err != nil {
+			t.Fatalf("Process: %v %v, want %v", out, err, want)
+		}
+	}
+	for _, pool := range inboxmysql.OwnedPools(store) {
+		if n := pool.Stats().OpenConnections; n != 0 {
+			t.Errorf("the Store's pool holds %d connections, want none (the user may have one, held by the caller's pool)", n)
+		}
 	}
 }
