@@ -90,12 +90,6 @@ func (p *ownedPools) close() error {
 	return errors.Join(errs...)
 }
 
-func (p *ownedPools) isClosed() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.closed
-}
-
 // poolFor returns the pool with autocommit off for db's DSN and opts'
 // isolation level, opening it on first use; ok is false when db is not a
 // pool the Store can open again: not go-sql-driver/mysql's through GORM's
