@@ -347,16 +347,7 @@ func TestOwnedPathFallsBack(t *testing.T) {
 			if c.opts != nil {
 				return
 			}
-			ib, err := inbox.New(c.db, store, inbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			msg := inbox.Message{Consumer: "c", ID: "p", Time: time.Now()}
-			for _, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate} {
-				if out, err := ib.Process(t.Context(), msg, func(context.Context, *gorm.DB, inbox.Message) error { return nil }); out != want || err != nil {
-					t.Fatalf("Process: %v %v, want %v", out, err, want)
-				}
-			}
+			processTwice(t, c.db, store)
 		})
 	}
 }
@@ -400,6 +391,18 @@ func TestOwnedPathFallsBackWhenItCannotConnect(t *testing.T) {
 	t.Cleanup(func() { _ = userPool.Close() })
 	userPool.SetMaxOpenConns(1)
 	store := newStore(t, db, inboxmysql.Options{})
+	processTwice(t, db, store)
+	for _, pool := range inboxmysql.OwnedPools(store) {
+		if n := pool.Stats().OpenConnections; n != 0 {
+			t.Errorf("the Store's pool holds %d connections, want none (the user may have one, held by the caller's pool)", n)
+		}
+	}
+}
+
+// processTwice runs one message through an inbox on db and store twice:
+// Processed, then Duplicate.
+func processTwice(t *testing.T, db *gorm.DB, store *inboxmysql.Store) {
+	t.Helper()
 	ib, err := inbox.New(db, store, inbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -408,11 +411,6 @@ func TestOwnedPathFallsBackWhenItCannotConnect(t *testing.T) {
 	for _, want := range []inbox.Outcome{inbox.Processed, inbox.Duplicate} {
 		if out, err := ib.Process(t.Context(), msg, func(context.Context, *gorm.DB, inbox.Message) error { return nil }); out != want || err != nil {
 			t.Fatalf("Process: %v %v, want %v", out, err, want)
-		}
-	}
-	for _, pool := range inboxmysql.OwnedPools(store) {
-		if n := pool.Stats().OpenConnections; n != 0 {
-			t.Errorf("the Store's pool holds %d connections, want none (the user may have one, held by the caller's pool)", n)
 		}
 	}
 }
