@@ -385,13 +385,16 @@ func applyUpsert(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 // watermark row per stream (one per worker) instead of the inbox rows,
 // with BEGIN as rawTx sends it. (b0-begin) is (b0) with BEGIN a round trip
 // of its own on MariaDB too: the inbox's path where the mysql Store cannot
-// use connections of its own.
+// use connections of its own. (n0) sends a no-op SELECT 1 where (b0) and
+// (s0) send their dedup write: the floor of any second statement per
+// transaction, whatever it does.
 var Floor = []Variant{
 	{Key: "a0", Name: "effect only, raw SQL (BEGIN, UPDATE, COMMIT)", apply: applyRawEffect},
 	{Key: "b0", Name: "inbox row and effect, raw SQL with Process's round trips", Dedup: true, apply: applyRawClaim},
 	{Key: "b0-begin", Name: "inbox row and effect, raw SQL, BEGIN a round trip of its own (MariaDB: the path without the Store's connections)", Dedup: true, apply: applyRawClaimBegin},
 	{Key: "a20", Name: "set-based effect per batch, raw SQL (BEGIN, UPDATE, COMMIT)", Batched: true, apply: applyRawSetEffect},
 	{Key: "c20", Name: "inbox rows of a batch and set-based effect, raw SQL with ProcessBatchFunc's round trips", Batched: true, Dedup: true, apply: applyRawBatchClaim},
+	{Key: "n0", Name: "effect with a no-op SELECT 1 where the dedup write goes, raw SQL with Process's round trips", apply: applyRawNoop},
 	{Key: "s0", Name: "watermark of the event's stream and the effect, raw SQL with sequenced dedup's round trips", Dedup: true, apply: applyRawWatermark},
 	{Key: "s20", Name: "watermark of a batch's stream and set-based effect, raw SQL with sequenced dedup's round trips", Batched: true, Dedup: true, apply: applyRawWatermark},
 }
@@ -599,6 +602,10 @@ func (f *Fixture) rawEffect(exec rawExec, sku int64) error {
 
 func applyRawEffect(ctx context.Context, f *Fixture, evs []Event) (int, error) {
 	return 1, f.rawTx(ctx, nil, func(_ int64, exec rawExec) error { return f.rawEffect(exec, evs[0].SKU) })
+}
+
+func applyRawNoop(ctx context.Context, f *Fixture, evs []Event) (int, error) {
+	return 1, f.rawTx(ctx, &rawStmt{sql: "SELECT 1"}, func(_ int64, exec rawExec) error { return f.rawEffect(exec, evs[0].SKU) })
 }
 
 // rawClaim is the single-row claim each adapter sends, on f's inbox table.
