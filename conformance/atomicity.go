@@ -82,6 +82,66 @@ var atomicityChecks = []Check{
 				return nil
 			})
 		}},
+	{Area: "atomicity", Name: "begin-in-handler-is-refused",
+		Doc: "a handler's Begin on the transaction it was given fails instead of opening a transaction that commits apart from the inbox row",
+		Run: func(ctx context.Context, env *Env) error {
+			var beginErr error
+			err := failThenRedeliver(ctx, env, "begin-1", func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
+				if err := env.Apply(ctx, tx, m); err != nil {
+					return err
+				}
+				inner := tx.Begin()
+				if beginErr = inner.Error; beginErr == nil {
+					_ = inner.Rollback().Error
+				}
+				return errHandler
+			}, func(err error) error {
+				if !errors.Is(err, errHandler) {
+					return fmt.Errorf("error %v does not wrap the handler's error", err)
+				}
+				return nil
+			})
+			if beginErr == nil {
+				return fmt.Errorf("a handler's Begin opened a transaction of its own, which commits apart from the inbox row (the transaction must not offer BeginTx): %v", err)
+			}
+			return err
+		}},
+	{Area: "atomicity", Name: "nested-transaction-is-a-savepoint",
+		Doc: "a nested Transaction in a handler is a savepoint: its failure rolls back only its own writes, and the rest commits with the inbox row",
+		Run: func(ctx context.Context, env *Env) error {
+			ib := env.Inbox()
+			msg, inner := env.Msg("nested-1"), env.Msg("nested-inner-1")
+			var nestedErr error
+			out, err := ib.Process(ctx, msg, func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
+				if err := env.Apply(ctx, tx, m); err != nil {
+					return err
+				}
+				nestedErr = tx.Transaction(func(sp *gorm.DB) error {
+					if err := env.Apply(ctx, sp, inner); err != nil {
+						return err
+					}
+					return errHandler
+				})
+				return nil
+			})
+			if err := expectOutcome("delivery whose nested transaction failed", out, err, inbox.Processed); err != nil {
+				return err
+			}
+			if !errors.Is(nestedErr, errHandler) {
+				return fmt.Errorf("the nested Transaction returned %v, want the error of its function", nestedErr)
+			}
+			if err := env.expectEffects(ctx, inner, 0); err != nil {
+				return fmt.Errorf("the failed nested transaction: %w", err)
+			}
+			if err := env.expectEffects(ctx, msg, 1); err != nil {
+				return err
+			}
+			if err := env.expectStored(ctx, msg, true); err != nil {
+				return err
+			}
+			out, err = ib.Process(ctx, msg, env.Apply)
+			return expectOutcome("redelivery", out, err, inbox.Duplicate)
+		}},
 	{Area: "atomicity", Name: "cancelled-context-rolls-back",
 		Doc: "a context cancelled before commit leaves neither row nor effect",
 		Run: func(ctx context.Context, env *Env) error {

@@ -2,6 +2,7 @@ package conformance_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -36,6 +37,48 @@ func (s outsideTx) Migrate(ctx context.Context, db *gorm.DB) error {
 		return err
 	}
 	return s.Store.Migrate(ctx, s.own)
+}
+
+// beginEscapes opens its transactions itself (storage.ClaimBeginner) and
+// hands the handler one that offers BeginTx, on another database: a
+// handler's Begin then opens a transaction that commits apart from the
+// inbox row.
+type beginEscapes struct {
+	*inboxsqlite.Store
+	elsewhere *gorm.DB
+}
+
+// txOfferingBegin is a transaction that can begin another one.
+type txOfferingBegin struct {
+	*sql.Tx
+	elsewhere *sql.DB
+}
+
+func (t *txOfferingBegin) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
+	return t.elsewhere.BeginTx(ctx, opts)
+}
+
+func (s beginEscapes) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, rows []storage.InboxRow) (*gorm.DB, []bool, bool, error) {
+	pool, err := db.DB()
+	if err != nil {
+		return nil, nil, false, err
+	}
+	elsewhere, err := s.elsewhere.DB()
+	if err != nil {
+		return nil, nil, false, err
+	}
+	sqlTx, err := pool.BeginTx(db.Statement.Context, opts)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	tx := db.Session(&gorm.Session{})
+	tx.Statement.ConnPool = &txOfferingBegin{sqlTx, elsewhere}
+	inserted, err := s.Claim(ctx, tx, rows)
+	if err != nil {
+		_ = sqlTx.Rollback()
+		return nil, nil, false, err
+	}
+	return tx, inserted, true, nil
 }
 
 // duplicateAsNew stores rows but reports every row as new.
@@ -164,6 +207,11 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 			},
 			[]string{"atomicity/handler-error-rolls-back", "atomicity/handler-panic-rolls-back", "atomicity/cancelled-context-rolls-back",
 				"atomicity/caller-rollback-removes-both", "schema/table-is-transactional", "batch/failing-message-is-isolated"}},
+		{"lets-a-handler-begin-a-transaction",
+			func(t *testing.T, s *inboxsqlite.Store) storage.InboxStore {
+				return beginEscapes{s, openSQLite(t, "elsewhere.db")}
+			},
+			[]string{"atomicity/begin-in-handler-is-refused"}},
 		{"reports-duplicate-as-new",
 			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return duplicateAsNew{s} },
 			[]string{"atomicity/duplicate-skips-handler", "concurrency/concurrent-deliveries-of-one-id", "batch/duplicates-inside-batch-and-stored",
