@@ -57,8 +57,9 @@
 //   - inbox.dead_letters (counter): messages published to the dead-letter
 //     topic.
 //   - inbox.processing.duration (histogram, seconds): each inbox call's
-//     time for each message, by inbox.outcome (with the consumer, every
-//     attempt), measured by the message span.
+//     time for each message, by inbox.outcome and, for processed and
+//     duplicate, inbox.dedup (with the consumer, every attempt), measured
+//     by the message span.
 //   - inbox.consumer.lag (gauge): messages of a partition behind the next
 //     offset to process, as of the last fetch; it keeps its last value
 //     after the partition is revoked.

@@ -126,13 +126,14 @@ func (t *telemetry) startMessage(ctx context.Context, m storage.InboxRow) (conte
 	}
 	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 	return ctx, func(o hooks.Kind, err error) {
-		span.SetAttributes(keyOutcome.String(o.String()))
+		outcome := []attribute.KeyValue{keyOutcome.String(o.String())}
 		if o == hooks.Processed || o == hooks.Duplicate {
-			span.SetAttributes(keyDedup.String(dedup))
+			outcome = append(outcome, keyDedup.String(dedup))
 		}
+		span.SetAttributes(outcome...)
 		endSpan(span, err)
 		t.duration.Record(context.Background(), time.Since(start).Seconds(),
-			metric.WithAttributes(t.messageAttrs(m.Consumer, m.Topic, keyOutcome.String(o.String()))...))
+			metric.WithAttributes(t.messageAttrs(m.Consumer, m.Topic, outcome...)...))
 	}
 }
 

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"gorm.io/gorm"
@@ -561,7 +563,10 @@ func TestSequencedSpansCarryTheDedupPath(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	otelHook, err := inboxotel.New(inboxotel.Options{TracerProvider: tp})
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	otelHook, err := inboxotel.New(inboxotel.Options{TracerProvider: tp, MeterProvider: mp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -611,6 +616,30 @@ func TestSequencedSpansCarryTheDedupPath(t *testing.T) {
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("process spans by order, outcome and inbox.dedup:\n got %v\nwant %v", got, want)
+	}
+
+	// inbox.processing.duration is recorded by the span, with its attributes.
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	durations := map[string]uint64{} // "outcome dedup" -> recorded times
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			h, ok := m.Data.(metricdata.Histogram[float64])
+			if m.Name != "inbox.processing.duration" || !ok {
+				continue
+			}
+			for _, dp := range h.DataPoints {
+				outcome, _ := dp.Attributes.Value("inbox.outcome")
+				dedup, _ := dp.Attributes.Value("inbox.dedup")
+				durations[outcome.AsString()+" "+dedup.AsString()] += dp.Count
+			}
+		}
+	}
+	wantDurations := map[string]uint64{"processed watermark": 2, "duplicate watermark": 2, "failed ": 1, "processed row": 1, "duplicate row": 1}
+	if !maps.Equal(durations, wantDurations) {
+		t.Errorf("inbox.processing.duration by outcome and inbox.dedup:\n got %v\nwant %v", durations, wantDurations)
 	}
 }
 
