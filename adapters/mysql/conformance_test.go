@@ -181,6 +181,8 @@ var ownedChecks = map[string]bool{
 	"atomicity/handler-error-rolls-back":                 true,
 	"atomicity/handler-panic-rolls-back":                 true,
 	"atomicity/cancelled-context-rolls-back":             true,
+	"atomicity/begin-in-handler-is-refused":              true,
+	"atomicity/nested-transaction-is-a-savepoint":        true,
 	"atomicity/duplicate-skips-handler":                  true,
 	"concurrency/concurrent-deliveries-of-one-id":        true,
 	"concurrency/concurrent-deliveries-first-rolls-back": true,
