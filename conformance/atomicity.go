@@ -102,7 +102,7 @@ var atomicityChecks = []Check{
 				return nil
 			})
 			if beginErr == nil {
-				return fmt.Errorf("a handler's Begin opened a transaction of its own, which commits apart from the inbox row (the transaction must not offer BeginTx): %v", err)
+				return errors.Join(errors.New("a handler's Begin opened a transaction of its own, which commits apart from the inbox row (the transaction must not offer BeginTx)"), err)
 			}
 			return err
 		}},

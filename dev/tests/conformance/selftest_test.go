@@ -71,7 +71,9 @@ func (s beginEscapes) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxO
 	if err != nil {
 		return nil, nil, false, err
 	}
-	tx := db.Session(&gorm.Session{})
+	// Without GORM's default transaction around Create, only the
+	// handler's own Begin goes elsewhere.
+	tx := db.Session(&gorm.Session{SkipDefaultTransaction: true})
 	tx.Statement.ConnPool = &txOfferingBegin{sqlTx, elsewhere}
 	inserted, err := s.Claim(ctx, tx, rows)
 	if err != nil {
