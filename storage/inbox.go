@@ -99,7 +99,9 @@ type Verifier interface {
 // *gorm.DB whose Statement.ConnPool is a gorm.TxCommitter (so that GORM's
 // Commit and Rollback end it, and a nested Transaction takes a savepoint),
 // and must not offer BeginTx (so that a handler's Begin fails as it does
-// inside any transaction, rather than committing early). Its statements,
+// inside any transaction, rather than committing early); the conformance
+// checks atomicity/nested-transaction-is-a-savepoint and
+// atomicity/begin-in-handler-is-refused hold a Store to both. Its statements,
 // and its life as database/sql binds a transaction to the context of
 // BeginTx, go by db's context (db.Statement.Context), which is the
 // transaction's; ctx is the claim's (with a Trace, the Claim hook's) and
