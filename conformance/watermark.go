@@ -44,7 +44,7 @@ var watermarkChecks = []Check{
 		Doc: "Watermarks returns exactly the scope's rows of the topic (every topic when empty) and partition (every partition when negative), names compared byte for byte",
 		Run: checkWatermarkFilters},
 	{Watermarks: true, Area: "watermark", Name: "begin-and-save",
-		Doc: "a store that opens the transaction with its writes (storage.WatermarkBeginner) writes them in that transaction: committed with an effect, rolled back with it, and a stale write is ErrWatermarkMoved with nothing left open (skipped for a store without the capability, or one that cannot use it on the harness's pool: the inbox then begins the transaction itself and calls SaveWatermarks, which the other checks cover)",
+		Doc: "a store that opens the transaction with its writes (storage.WatermarkBeginner) writes them in that transaction: committed with an effect, rolled back with it, a Begin on it refused and a nested Transaction a savepoint, and a stale write is ErrWatermarkMoved with nothing left open (skipped for a store without the capability, or one that cannot use it on the harness's pool: the inbox then begins the transaction itself and calls SaveWatermarks, which the other checks cover)",
 		Run: checkWatermarkBeginAndSave},
 	{Watermarks: true, Unmigrated: true, Area: "watermark", Name: "migrate-concurrently",
 		Doc: "MigrateWatermarks run at the same instant by several processes on a database with the inbox table and no watermark table all succeed, and run again it keeps the rows; a Store that can verify its tables (storage.Verifier) takes the table it made",
@@ -745,7 +745,7 @@ func checkWatermarkBeginAndSave(ctx context.Context, env *Env) error {
 		return fmt.Errorf("%w: the Store does not implement storage.WatermarkBeginner", ErrSkipped)
 	}
 	k := wmKey("wm-begin", "orders", 0)
-	effect := wmEffect("begin")
+	effect, nested := wmEffect("begin"), wmEffect("begin-nested")
 	// run opens a transaction with writes, applies the effect in it and
 	// commits or rolls back; unavailable says the store cannot open one on
 	// the harness's pool (another driver), where the inbox begins itself.
@@ -762,6 +762,22 @@ func checkWatermarkBeginAndSave(ctx context.Context, env *Env) error {
 			if err := env.Apply(ctx, tx, effect); err != nil {
 				_ = tx.Rollback().Error
 				return fmt.Errorf("effect: %w", err)
+			}
+			// A handler's Begin fails; its nested Transaction is a
+			// savepoint, as in the transactions of BeginClaim.
+			if inner := tx.Begin(); inner.Error == nil {
+				_ = inner.Rollback().Error
+				_ = tx.Rollback().Error
+				return errors.New("a Begin on the transaction opened a transaction of its own, which commits apart from the watermark (the transaction must not offer BeginTx)")
+			}
+			if err := tx.Transaction(func(sp *gorm.DB) error {
+				if err := env.Apply(ctx, sp, nested); err != nil {
+					return err
+				}
+				return errRollback
+			}); !errors.Is(err, errRollback) {
+				_ = tx.Rollback().Error
+				return fmt.Errorf("a nested transaction: %v, want its own error", err)
 			}
 			if !commit {
 				return tx.Rollback().Error
@@ -794,6 +810,12 @@ func checkWatermarkBeginAndSave(ctx context.Context, env *Env) error {
 		}
 		if err := env.expectEffects(ctx, effect, s.effectsNow); err != nil {
 			return fmt.Errorf("after %s: %w", s.what, err)
+		}
+		if err := env.expectEffects(ctx, nested, 0); err != nil {
+			return fmt.Errorf("after %s, the nested transaction rolled back: %w", s.what, err)
+		}
+		if err := env.expectEffects(ctx, nested, 0); err != nil {
+			return fmt.Errorf("after %s, the nested transaction rolled back: %w", s.what, err)
 		}
 	}
 	for _, stale := range [][]storage.WatermarkWrite{

@@ -39,7 +39,8 @@ func (s outsideTx) Migrate(ctx context.Context, db *gorm.DB) error {
 	return s.Store.Migrate(ctx, s.own)
 }
 
-// beginEscapes opens its transactions itself (storage.ClaimBeginner) and
+// beginEscapes opens its transactions itself (storage.ClaimBeginner,
+// storage.WatermarkBeginner) and
 // hands the handler one that offers BeginTx, on another database: a
 // handler's Begin then opens a transaction that commits apart from the
 // inbox row.
@@ -81,6 +82,18 @@ func (s beginEscapes) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxO
 		return nil, nil, false, err
 	}
 	return tx, inserted, true, nil
+}
+
+func (s beginEscapes) BeginSaveWatermarks(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, writes []storage.WatermarkWrite) (*gorm.DB, bool, error) {
+	tx, _, ok, err := s.BeginClaim(ctx, db, opts, nil)
+	if err != nil || !ok {
+		return nil, ok, err
+	}
+	if err := s.SaveWatermarks(ctx, tx, writes); err != nil {
+		_ = tx.Rollback().Error
+		return nil, false, err
+	}
+	return tx, true, nil
 }
 
 // duplicateAsNew stores rows but reports every row as new.
@@ -213,7 +226,7 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 			func(t *testing.T, s *inboxsqlite.Store) storage.InboxStore {
 				return beginEscapes{s, openSQLite(t, "elsewhere.db")}
 			},
-			[]string{"atomicity/begin-in-handler-is-refused"}},
+			[]string{"atomicity/begin-in-handler-is-refused", "watermark/begin-and-save"}},
 		{"reports-duplicate-as-new",
 			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return duplicateAsNew{s} },
 			[]string{"atomicity/duplicate-skips-handler", "concurrency/concurrent-deliveries-of-one-id", "batch/duplicates-inside-batch-and-stored",
