@@ -40,10 +40,9 @@ func (s outsideTx) Migrate(ctx context.Context, db *gorm.DB) error {
 }
 
 // beginEscapes opens its transactions itself (storage.ClaimBeginner,
-// storage.WatermarkBeginner) and
-// hands the handler one that offers BeginTx, on another database: a
-// handler's Begin then opens a transaction that commits apart from the
-// inbox row.
+// storage.WatermarkBeginner) and hands the handler one that offers
+// BeginTx, on another database: a handler's Begin then opens a transaction
+// that commits apart from the inbox row or the watermark.
 type beginEscapes struct {
 	*inboxsqlite.Store
 	elsewhere *gorm.DB
