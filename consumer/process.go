@@ -543,7 +543,7 @@ func (w *worker) finish(it *item, o inbox.Outcome) {
 		kind = hooks.Duplicate
 		w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
 	}
-	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Sequenced: it.watermarked()})
+	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Sequenced: it.watermarked(), NoDedup: w.c.cfg.NaturallyIdempotent})
 	next, _ := w.tracker.committable()
 	w.c.clearStopped(w.topic, w.partition, next)
 }

@@ -227,6 +227,10 @@ type Event struct {
 	// by its stream's watermark (the consumer's sequenced dedup), not by
 	// an inbox row.
 	Sequenced bool
+	// NoDedup (Processed) says the message was not deduplicated at all: a
+	// consumer with Config.NaturallyIdempotent ran its handler without an
+	// inbox row or a watermark.
+	NoDedup bool
 	// Maintenance is what the inbox's maintenance did.
 	Maintenance storage.MaintenanceReport
 	// Relay is what a RelayCycle did.

@@ -44,7 +44,8 @@
 // The meter "github.com/inboxgo/inbox/otel" records:
 //
 //   - inbox.messages (counter): messages by inbox.outcome (and inbox.dedup,
-//     as on the span, for processed and duplicate), each message
+//     as on the span, for processed and duplicate; "none" for the messages
+//     of a consumer with Config.NaturallyIdempotent), each message
 //     counted once when its fate is decided. With a consumer: processed or
 //     duplicate when its effect committed, failed when the consumer gave up
 //     on it (it was dead-lettered or its partition stopped at it; a message

@@ -37,12 +37,13 @@ const (
 	keyClaimNew        = attribute.Key("inbox.claim.new")
 	keyHandlerMessages = attribute.Key("inbox.handler.messages")
 	// keyDedup says how a processed or duplicate message was deduplicated:
-	// dedupRow (an inbox row) or dedupWatermark (its sequenced stream's
-	// watermark).
+	// dedupRow (an inbox row), dedupWatermark (its sequenced stream's
+	// watermark) or, for a naturally idempotent consumer's, dedupNone.
 	keyDedup              = attribute.Key("inbox.dedup")
 	outcomeFailed         = "failed"
 	dedupRow              = "row"
 	dedupWatermark        = "watermark"
+	dedupNone             = "none"
 	spanNameClaim         = "inbox claim"
 	spanNameHandler       = "inbox handler"
 	spanNameProcessPrefix = "process"
@@ -174,8 +175,11 @@ func (t *telemetry) onEvent(ev hooks.Event) {
 	switch ev.Kind {
 	case hooks.Processed, hooks.Duplicate:
 		dedup := dedupRow
-		if ev.Sequenced {
+		switch {
+		case ev.Sequenced:
 			dedup = dedupWatermark
+		case ev.NoDedup:
+			dedup = dedupNone
 		}
 		t.messages.Add(ctx, 1, metric.WithAttributes(t.messageAttrs(ev.Consumer, ev.Topic, keyOutcome.String(ev.Kind.String()), keyDedup.String(dedup))...))
 	case hooks.Failed:

@@ -303,4 +303,7 @@ func TestNaturallyIdempotentConsumer(t *testing.T) {
 	if got := fmt.Sprint(tel.counts(t, "inbox.messages", "inbox.outcome")); got != "map[processed:2]" {
 		t.Errorf("inbox.messages %s, want processed:2", got)
 	}
+	if got := fmt.Sprint(tel.counts(t, "inbox.messages", "inbox.dedup")); got != "map[none:2]" {
+		t.Errorf("inbox.messages by inbox.dedup %s, want none:2 (no inbox row, no watermark)", got)
+	}
 }
