@@ -118,13 +118,19 @@ var batchChecks = []Check{
 					want[i] = inbox.Duplicate
 				}
 			}
-			res, err := ib.ProcessBatch(ctx, seeded, env.Apply)
+			// One message first: a store that fails every delivery fails
+			// here, not after the batch has isolated thousands of them.
+			out, err := ib.Process(ctx, seeded[0], env.Apply)
+			if err := expectOutcome("seeding "+seeded[0].ID, out, err, inbox.Processed); err != nil {
+				return err
+			}
+			res, err := ib.ProcessBatch(ctx, seeded[1:], env.Apply)
 			if err != nil {
 				return fmt.Errorf("seeding: %w", err)
 			}
 			for i, r := range res {
 				if r.Outcome != inbox.Processed {
-					return fmt.Errorf("seeding %q: %v %v", seeded[i].ID, r.Outcome, r.Err)
+					return fmt.Errorf("seeding %q: %v %v", seeded[i+1].ID, r.Outcome, r.Err)
 				}
 			}
 			res, err = ib.ProcessBatch(ctx, msgs, env.Apply)
