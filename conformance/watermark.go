@@ -814,9 +814,6 @@ func checkWatermarkBeginAndSave(ctx context.Context, env *Env) error {
 		if err := env.expectEffects(ctx, nested, 0); err != nil {
 			return fmt.Errorf("after %s, the nested transaction rolled back: %w", s.what, err)
 		}
-		if err := env.expectEffects(ctx, nested, 0); err != nil {
-			return fmt.Errorf("after %s, the nested transaction rolled back: %w", s.what, err)
-		}
 	}
 	for _, stale := range [][]storage.WatermarkWrite{
 		{wmWrite(k, []byte("v1"), []byte("v3"))},
