@@ -35,6 +35,7 @@ var outboxRelayChecks = []Check{
 	{Outbox: true, Area: "relay", Name: "hot-key-does-not-starve", Doc: "a claim smaller than one key's backlog still hands out the oldest rows of every other leased shard", Run: checkHotKey},
 	{Outbox: true, Area: "relay", Name: "publish-failure", Doc: "messages the broker did not acknowledge are published again, in order, and the acknowledged ones are not", Run: checkPublishFailure},
 	{Outbox: true, Area: "relay", Name: "restart", Doc: "a relay that restarts (or another that takes over) continues where the last acknowledgement left off", Run: checkRelayRestart},
+	{Outbox: true, Area: "relay", Name: "marks-keep-offsets", Doc: "a store that reads marks (storage.MarkReader) returns each shard's mark with the offset stored by the Ack that moved it there, never one of an Ack that did not move it", Run: checkMarksKeepOffsets},
 	{Outbox: true, Area: "relay", Name: "several-relays", Doc: "several relays running while writers enqueue publish every message, in order per key, without publishing any twice", Run: checkSeveralRelays},
 }
 
@@ -382,6 +383,76 @@ func checkLeaseExcludes(ctx context.Context, env *Env) error {
 	}
 	if rest, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: "relay-b", Lease: time.Second, MaxRows: 100}); err != nil || len(rest) != 0 {
 		return fmt.Errorf("after the ack %d rows are still unpublished (err %v)", len(rest), err)
+	}
+	return nil
+}
+
+func checkMarksKeepOffsets(ctx context.Context, env *Env) error {
+	reader, ok := env.H.Outbox.(storage.MarkReader)
+	if !ok {
+		return fmt.Errorf("%w: the Outbox store does not implement storage.MarkReader (an aligned outbox's relay needs it)", ErrSkipped)
+	}
+	ob := env.Outbox()
+	for i := range 3 {
+		if err := env.enqueueTx(ctx, ob, "marks", msgOf("orders", "marks", strconv.Itoa(i))); err != nil {
+			return err
+		}
+	}
+	store, db := env.H.Outbox, env.H.DB.WithContext(ctx)
+	rows, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: "relay-a", Lease: 10 * time.Second, MaxRows: 100})
+	if err != nil || len(rows) != 3 {
+		return fmt.Errorf("claimed %d rows (err %v), want 3", len(rows), err)
+	}
+	shard := rows[0].Shard
+	other := shard
+	if sh, ok := store.(storage.Sharded); ok && sh.Shards() > 1 {
+		other = (shard + 1) % int32(sh.Shards())
+	}
+	expect := func(step string, seq, offset int64) error {
+		got, err := reader.Marks(ctx, db, []int32{shard})
+		if err != nil {
+			return fmt.Errorf("%s: Marks: %w", step, err)
+		}
+		if len(got) != 1 || got[0] != (storage.Mark{Shard: shard, Seq: seq, Offset: offset}) {
+			return fmt.Errorf("%s: Marks returned %+v, want shard %d through %d at offset %d", step, got, shard, seq, offset)
+		}
+		return nil
+	}
+	if err := expect("before any Ack", rows[0].Seq-1, 0); err != nil {
+		return err
+	}
+	steps := []struct {
+		name        string
+		ack         storage.Mark
+		seq, offset int64
+	}{
+		{"an Ack that moves the mark", storage.Mark{Shard: shard, Seq: rows[1].Seq, Offset: 41}, rows[1].Seq, 41},
+		{"an Ack of the same mark", storage.Mark{Shard: shard, Seq: rows[1].Seq, Offset: 99}, rows[1].Seq, 41},
+		{"an Ack of a lower mark", storage.Mark{Shard: shard, Seq: rows[0].Seq, Offset: 7}, rows[1].Seq, 41},
+		{"the next Ack that moves it", storage.Mark{Shard: shard, Seq: rows[2].Seq, Offset: 57}, rows[2].Seq, 57},
+	}
+	for _, st := range steps {
+		if err := store.Ack(ctx, db, "relay-a", []storage.Mark{st.ack}); err != nil {
+			return fmt.Errorf("%s: %w", st.name, err)
+		}
+		if err := expect("after "+st.name, st.seq, st.offset); err != nil {
+			return err
+		}
+	}
+	if err := store.Ack(ctx, db, "relay-b", []storage.Mark{{Shard: shard, Seq: rows[2].Seq + 5, Offset: 1000}}); !errors.Is(err, storage.ErrLeaseLost) {
+		return fmt.Errorf("an Ack by a relay without the lease: %v, want ErrLeaseLost", err)
+	}
+	if err := expect("after an Ack without the lease", rows[2].Seq, 57); err != nil {
+		return err
+	}
+	if other != shard {
+		got, err := reader.Marks(ctx, db, []int32{other, shard})
+		if err != nil || len(got) != 2 || got[0].Shard != other || got[1].Shard != shard {
+			return fmt.Errorf("Marks of shards %d and %d returned %+v (err %v), want them in that order", other, shard, got, err)
+		}
+	}
+	if got, err := reader.Marks(ctx, db, []int32{1 << 20}); err == nil {
+		return fmt.Errorf("Marks of a shard the store does not have returned %+v and no error", got)
 	}
 	return nil
 }

@@ -108,6 +108,7 @@ type sequenceStamp struct {
 	style      HeaderStyle
 	source     []byte
 	epoch      []byte
+	epochN     int64
 	partitions []byte // nil: not aligned
 }
 
@@ -120,7 +121,7 @@ func newSequenceStamp(style HeaderStyle, source string, epoch int64, partitions 
 	if epoch < 1 {
 		return nil, fmt.Errorf("outbox: the store's epoch is %d, want 1 or more", epoch)
 	}
-	st := &sequenceStamp{style: style, source: []byte(source), epoch: strconv.AppendInt(nil, epoch, 10)}
+	st := &sequenceStamp{style: style, source: []byte(source), epoch: strconv.AppendInt(nil, epoch, 10), epochN: epoch}
 	if partitions > 0 {
 		st.partitions = strconv.AppendInt(nil, int64(partitions), 10)
 	}

@@ -75,6 +75,12 @@ type Relay struct {
 	o        *Outbox
 	pub      Publisher
 	pin      PinningPublisher // pub, if the outbox is aligned
+	// wit and marks check an aligned outbox's numbers against its
+	// partitions while it stamps sequence headers; wits is what the relay
+	// knows of each shard's partition (only its Run's goroutine uses it).
+	wit   Witness
+	marks storage.MarkReader
+	wits  map[int32]*shardWitness
 	cfg      RelayConfig
 	maxBytes int
 	log      *slog.Logger
@@ -125,6 +131,19 @@ func (o *Outbox) NewRelay(pub Publisher, cfg RelayConfig) (*Relay, error) {
 			}
 		}
 		r.pin = pin
+		if o.seq != nil {
+			wit, ok := pub.(Witness)
+			if !ok {
+				return nil, fmt.Errorf("%w: the relay of an outbox aligned to %q stamps sequence headers and needs a publisher that reads its partitions back (outbox.Witness, as KafkaPublisher), got %T; without one, set Config.NoSequenceHeaders",
+					inbox.ErrInvalidConfig, o.cfg.AlignedTopic, pub)
+			}
+			marks, ok := o.store.(storage.MarkReader)
+			if !ok {
+				return nil, fmt.Errorf("%w: the relay of an outbox aligned to %q stamps sequence headers and needs a store that reads marks (storage.MarkReader), got %T; without one, set Config.NoSequenceHeaders",
+					inbox.ErrInvalidConfig, o.cfg.AlignedTopic, o.store)
+			}
+			r.wit, r.marks, r.wits = wit, marks, map[int32]*shardWitness{}
+		}
 	}
 	return r, nil
 }
@@ -255,13 +274,27 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	if err != nil {
 		return 0, err
 	}
+	var wit *witnessed
+	if r.wit != nil && stamp != nil {
+		if wit, err = r.witness(ctx, rows, stamp); err != nil {
+			return 0, err
+		}
+		stamp = wit.stamp
+	}
 	msgs := make([]kafka.Message, 0, len(rows))
 	sent := make([]storage.OutboxRow, 0, len(rows))
+	msgOf := make([]int, 0, len(rows)) // sent[i]'s index in msgs; -1: already in its partition
+	perShard := map[int32]int{}
 	bytes := 0
 	var bad error
 	blocked := map[int32]bool{}
-	for _, row := range rows {
+	for i, row := range rows {
 		if blocked[row.Shard] {
+			continue
+		}
+		if wit != nil && wit.skip[i] {
+			sent = append(sent, row)
+			msgOf = append(msgOf, -1)
 			continue
 		}
 		hs, err := decodeHeaders(row.Headers)
@@ -284,34 +317,49 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 			break // what is left is a suffix of every shard's run
 		}
 		bytes += size
+		msgOf = append(msgOf, len(msgs))
 		msgs = append(msgs, m)
 		sent = append(sent, row)
+		perShard[row.Shard]++
 	}
-	if len(msgs) == 0 {
+	if len(sent) == 0 {
 		return 0, bad
 	}
 	rows = sent
-	// Publishing after the lease expired would only duplicate what the next
-	// relay publishes, but it is wasted work: stop in time.
-	pubCtx, cancel := context.WithDeadline(ctx, claimedAt.Add(r.cfg.Lease*9/10))
 	var pubErr error
-	if r.pin != nil {
-		// A shard is a partition: misaligned checked each row's shard.
-		parts := make([]int, len(rows))
-		for i, row := range rows {
-			parts[i] = int(row.Shard)
+	if len(msgs) > 0 {
+		// Publishing after the lease expired would only duplicate what the
+		// next relay publishes, but it is wasted work: stop in time.
+		pubCtx, cancel := context.WithDeadline(ctx, claimedAt.Add(r.cfg.Lease*9/10))
+		if r.pin != nil {
+			// A shard is a partition: misaligned checked each row's shard.
+			parts := make([]int, 0, len(msgs))
+			for i, row := range rows {
+				if msgOf[i] >= 0 {
+					parts = append(parts, int(row.Shard))
+				}
+			}
+			pubErr = r.pin.PublishPinned(pubCtx, msgs, parts, r.o.shards)
+		} else {
+			pubErr = r.pub.Publish(pubCtx, msgs)
 		}
-		pubErr = r.pin.PublishPinned(pubCtx, msgs, parts, r.o.shards)
-	} else {
-		pubErr = r.pub.Publish(pubCtx, msgs)
+		cancel()
 	}
-	cancel()
-	marks := marksOf(rows, pubErr)
+	marks := marksOf(rows, perRow(pubErr, msgOf, len(msgs)))
 	if pubErr != nil {
 		r.failures.Add(1)
 	}
+	var ackErr error
 	if len(marks) > 0 {
-		ackErr := r.o.retry(ctx, "ack", func() error { return r.o.store.Ack(ctx, r.o.db.WithContext(ctx), r.cfg.ID, marks) })
+		if wit != nil {
+			r.markOffsets(wit, marks)
+		}
+		ackErr = r.o.retry(ctx, "ack", func() error { return r.o.store.Ack(ctx, r.o.db.WithContext(ctx), r.cfg.ID, marks) })
+	}
+	if wit != nil {
+		r.witnessPublished(wit, perShard, marks, pubErr != nil || ackErr != nil)
+	}
+	if len(marks) > 0 {
 		if errors.Is(ackErr, storage.ErrLeaseLost) {
 			ev.LeaseLost = true
 			r.leasesLost.Add(1)
@@ -396,6 +444,23 @@ func (r *Relay) misaligned(row storage.OutboxRow) error {
 var ErrShardStuck = errors.New("outbox: a stored message cannot be published; its shard waits")
 
 var errPublish = errors.New("outbox: relay publish")
+
+// perRow maps a publish error of msgs to the cycle's rows: a
+// kafka.WriteErrors gets one entry per row (nil for a row that was not
+// sent, msgOf[i] < 0); any other error is returned as it is.
+func perRow(err error, msgOf []int, sent int) error {
+	var perMessage kafka.WriteErrors
+	if err == nil || !errors.As(err, &perMessage) || len(perMessage) != sent {
+		return err
+	}
+	out := make(kafka.WriteErrors, len(msgOf))
+	for i, j := range msgOf {
+		if j >= 0 {
+			out[i] = perMessage[j]
+		}
+	}
+	return out
+}
 
 // marksOf returns, for each shard of rows, the last Seq before the first
 // message that failed (all of them when err is nil). rows are in (shard,

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -55,7 +56,8 @@ type OutboxStore interface {
 	Claim(ctx context.Context, db *gorm.DB, req ClaimRequest) ([]OutboxRow, error)
 
 	// Ack moves the published mark of each shard in marks up to its Seq
-	// (never down), only where relay still holds the shard's lease (expired
+	// (never down), storing the Mark's Offset with a mark it moves (a store
+	// that is a MarkReader), only where relay still holds the shard's lease (expired
 	// or not, as long as no other relay took it). If relay no longer holds
 	// some of the shards, the others are acknowledged and the error wraps
 	// ErrLeaseLost.
@@ -116,6 +118,46 @@ type ClaimRequest struct {
 type Mark struct {
 	Shard int32
 	Seq   int64
+	// Offset is, for the shard's partition of an aligned outbox, an offset
+	// at or before which no message of a row after Seq was published: where
+	// a relay starts reading the partition to learn what was published
+	// beyond the mark (MarkReader). Ack stores it with a mark it moves up,
+	// and keeps the stored one with a mark it leaves. 0 means unknown: the
+	// partition's start.
+	Offset int64
+}
+
+// MarkReader is an optional OutboxStore capability that the relay of an
+// aligned outbox needs while it stamps sequence headers (package outbox,
+// "A producer database that goes back"): it reads the partition from a
+// shard's stored Offset on to check that no number it is about to publish
+// was published before for another event.
+type MarkReader interface {
+	// Marks returns the mark of each of shards, in the order given: the
+	// shard's published Seq and the Offset stored with it (0 if Ack never
+	// stored one). A shard the store does not have is an error.
+	Marks(ctx context.Context, db *gorm.DB, shards []int32) ([]Mark, error)
+}
+
+// MarksInOrder returns the marks of got in the order of shards, for a
+// MarkReader: an error if a shard has no mark, or got one twice.
+func MarksInOrder(shards []int32, got []Mark) ([]Mark, error) {
+	byShard := make(map[int32]Mark, len(got))
+	for _, m := range got {
+		if _, twice := byShard[m.Shard]; twice {
+			return nil, fmt.Errorf("storage: shard %d has two marks", m.Shard)
+		}
+		byShard[m.Shard] = m
+	}
+	out := make([]Mark, len(shards))
+	for i, sh := range shards {
+		m, ok := byShard[sh]
+		if !ok {
+			return nil, fmt.Errorf("storage: shard %d has no mark (run Migrate)", sh)
+		}
+		out[i] = m
+	}
+	return out, nil
 }
 
 // ErrLeaseLost is wrapped by Ack's error when another relay took over a

@@ -166,6 +166,9 @@ func (s *OutboxStore) createStatements(today, last time.Time) []string {
 			owner             VARBINARY(128) NOT NULL DEFAULT '',
 			lease_until       DATETIME(6)    NOT NULL DEFAULT ` + leaseNever + `
 		) ENGINE=InnoDB`,
+		// Where the relay starts reading the shard's partition (storage.Mark.Offset);
+		// added to relay tables made before it.
+		`ALTER TABLE ` + s.relayTable() + ` ADD COLUMN IF NOT EXISTS published_offset BIGINT NOT NULL DEFAULT 0`,
 		// One row: the table's source id (made once, by Migrate) and epoch
 		// (raised by BumpEpoch), for the relay's sequence headers.
 		`CREATE TABLE IF NOT EXISTS ` + s.sourceTable() + ` (
@@ -388,10 +391,11 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		return nil
 	}
 	ids := make([]int32, len(marks))
-	var set strings.Builder
+	var set, offsets strings.Builder
 	for i, m := range marks {
 		ids[i] = m.Shard
 		fmt.Fprintf(&set, " WHEN %d THEN %d", m.Shard, m.Seq)
+		fmt.Fprintf(&offsets, " WHEN %d THEN %d", m.Shard, m.Offset)
 	}
 	var held []int32
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -401,7 +405,11 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		if len(held) == 0 {
 			return nil
 		}
-		if err := tx.Exec(`UPDATE ` + s.relayTable() + ` SET published_through = GREATEST(published_through, CASE shard` + set.String() + ` END)
+		// MariaDB assigns left to right: the offset is set first, while
+		// published_through is still the old mark.
+		if err := tx.Exec(`UPDATE ` + s.relayTable() + ` SET
+			published_offset = IF((CASE shard` + set.String() + ` END) > published_through, CASE shard` + offsets.String() + ` END, published_offset),
+			published_through = GREATEST(published_through, CASE shard` + set.String() + ` END)
 			WHERE shard IN (` + intList(held) + `)`).Error; err != nil {
 			return fmt.Errorf("mysql: mark shards of %s published: %w", s.tbl.name, err)
 		}
@@ -420,6 +428,17 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		return fmt.Errorf("%w: shards %v of %s", storage.ErrLeaseLost, lost, s.tbl.name)
 	}
 	return nil
+}
+
+// Marks reads the shards' marks and stored offsets.
+func (s *OutboxStore) Marks(ctx context.Context, db *gorm.DB, shards []int32) ([]storage.Mark, error) {
+	var got []storage.Mark
+	if len(shards) > 0 {
+		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS `+"`offset`"+` FROM `+s.relayTable()+` WHERE shard IN (`+intList(shards)+`)`).Scan(&got).Error; err != nil {
+			return nil, fmt.Errorf("mysql: read the marks of %s: %w", s.tbl.name, err)
+		}
+	}
+	return storage.MarksInOrder(shards, got)
 }
 
 // Release ends relay's leases.
@@ -640,6 +659,7 @@ var (
 	_ storage.SchemaPrinter = (*OutboxStore)(nil)
 	_ storage.Sequenced     = (*OutboxStore)(nil)
 	_ storage.Sharded       = (*OutboxStore)(nil)
+	_ storage.MarkReader    = (*OutboxStore)(nil)
 )
 
 func maxTime(a, b time.Time) time.Time {

@@ -131,6 +131,9 @@ func (s *OutboxStore) createStatements() []string {
 			owner             text        NOT NULL DEFAULT '',
 			lease_until       timestamptz NOT NULL DEFAULT '-infinity'
 		)`,
+		// Where the relay starts reading the shard's partition (storage.Mark.Offset);
+		// added to relay tables made before it.
+		`ALTER TABLE ` + s.relayTable() + ` ADD COLUMN IF NOT EXISTS published_offset bigint NOT NULL DEFAULT 0`,
 		// One row: the table's source id (made once, by Migrate) and epoch
 		// (raised by BumpEpoch), for the relay's sequence headers.
 		`CREATE TABLE IF NOT EXISTS ` + s.sourceTable() + ` (
@@ -325,11 +328,12 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		if i > 0 {
 			values.WriteString(", ")
 		}
-		fmt.Fprintf(&values, "(%d, %d::bigint)", m.Shard, m.Seq)
+		fmt.Fprintf(&values, "(%d, %d::bigint, %d::bigint)", m.Shard, m.Seq, m.Offset)
 	}
 	var done []int32
-	err := db.WithContext(ctx).Raw(`UPDATE `+s.relayTable()+` r SET published_through = GREATEST(r.published_through, v.through)
-		  FROM (VALUES `+values.String()+`) AS v(shard, through)
+	err := db.WithContext(ctx).Raw(`UPDATE `+s.relayTable()+` r SET published_through = GREATEST(r.published_through, v.through),
+		       published_offset = CASE WHEN v.through > r.published_through THEN v.off ELSE r.published_offset END
+		  FROM (VALUES `+values.String()+`) AS v(shard, through, off)
 		 WHERE r.shard = v.shard AND r.owner = ?
 		RETURNING r.shard`, relay).Scan(&done).Error
 	if err != nil {
@@ -345,6 +349,17 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		return fmt.Errorf("%w: shards %v of %s", storage.ErrLeaseLost, lost, s.parent())
 	}
 	return nil
+}
+
+// Marks reads the shards' marks and stored offsets.
+func (s *OutboxStore) Marks(ctx context.Context, db *gorm.DB, shards []int32) ([]storage.Mark, error) {
+	var got []storage.Mark
+	if len(shards) > 0 {
+		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS "offset" FROM `+s.relayTable()+` WHERE shard IN ?`, shards).Scan(&got).Error; err != nil {
+			return nil, fmt.Errorf("postgres: read the marks of %s: %w", s.parent(), err)
+		}
+	}
+	return storage.MarksInOrder(shards, got)
 }
 
 // Release ends relay's leases.
@@ -598,4 +613,5 @@ var (
 	_ storage.Verifier      = (*OutboxStore)(nil)
 	_ storage.Sequenced     = (*OutboxStore)(nil)
 	_ storage.Sharded       = (*OutboxStore)(nil)
+	_ storage.MarkReader    = (*OutboxStore)(nil)
 )

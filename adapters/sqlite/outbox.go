@@ -103,7 +103,8 @@ func (s *OutboxStore) createStatements() []string {
 			next_seq          INTEGER NOT NULL DEFAULT 0,
 			published_through INTEGER NOT NULL DEFAULT 0,
 			owner             TEXT    NOT NULL DEFAULT '',
-			lease_until       INTEGER NOT NULL DEFAULT 0
+			lease_until       INTEGER NOT NULL DEFAULT 0,
+			published_offset  INTEGER NOT NULL DEFAULT 0
 		) STRICT`,
 	}
 }
@@ -156,6 +157,17 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 		if sources == 0 {
 			if err := tx.Exec(s.sourceRow("?"), storage.NewSourceID()).Error; err != nil {
 				return fmt.Errorf("sqlite: make the source of %s: %w", s.table, err)
+			}
+		}
+		// A shards table made before published_offset (storage.Mark.Offset)
+		// gains it; SQLite has no ADD COLUMN IF NOT EXISTS.
+		var hasOffset int64
+		if err := tx.Raw(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = 'published_offset'`, s.shardsTable).Scan(&hasOffset).Error; err != nil {
+			return fmt.Errorf("sqlite: read the columns of %s: %w", s.shardsTable, err)
+		}
+		if hasOffset == 0 {
+			if err := tx.Exec(`ALTER TABLE ` + s.shardsTable + ` ADD COLUMN published_offset INTEGER NOT NULL DEFAULT 0`).Error; err != nil {
+				return fmt.Errorf("sqlite: add published_offset to %s: %w", s.shardsTable, err)
 			}
 		}
 		var have struct{ N, Top int64 }
@@ -283,7 +295,8 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		lost = lost[:0]
 		for _, m := range marks {
-			res := tx.Exec(`UPDATE `+s.shardsTable+` SET published_through = MAX(published_through, ?) WHERE shard = ? AND owner = ?`, m.Seq, m.Shard, relay)
+			res := tx.Exec(`UPDATE `+s.shardsTable+` SET published_through = MAX(published_through, ?),
+				published_offset = CASE WHEN ? > published_through THEN ? ELSE published_offset END WHERE shard = ? AND owner = ?`, m.Seq, m.Seq, m.Offset, m.Shard, relay)
 			if res.Error != nil {
 				return fmt.Errorf("sqlite: mark shard %d of %s published: %w", m.Shard, s.table, res.Error)
 			}
@@ -300,6 +313,17 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		return fmt.Errorf("%w: shards %v of %s", storage.ErrLeaseLost, lost, s.table)
 	}
 	return nil
+}
+
+// Marks reads the shards' marks and stored offsets.
+func (s *OutboxStore) Marks(ctx context.Context, db *gorm.DB, shards []int32) ([]storage.Mark, error) {
+	var got []storage.Mark
+	if len(shards) > 0 {
+		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS "offset" FROM `+s.shardsTable+` WHERE shard IN ?`, shards).Scan(&got).Error; err != nil {
+			return nil, fmt.Errorf("sqlite: read the marks of %s: %w", s.table, err)
+		}
+	}
+	return storage.MarksInOrder(shards, got)
 }
 
 // Release ends relay's leases.
@@ -441,4 +465,5 @@ var (
 	_ storage.SchemaPrinter = (*OutboxStore)(nil)
 	_ storage.Sequenced     = (*OutboxStore)(nil)
 	_ storage.Sharded       = (*OutboxStore)(nil)
+	_ storage.MarkReader    = (*OutboxStore)(nil)
 )

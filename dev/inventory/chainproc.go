@@ -225,10 +225,11 @@ func (c Chain) sourceRetrying(ctx context.Context, db *gorm.DB, stage string, lo
 
 // relayPublisher is what a chain relay publishes through: KafkaPublisher,
 // or one of the wrappers below around it. It pins partitions, for the
-// aligned outbox A, and keeps the writer's Limits.
+// aligned outbox A, reads its partitions back, and keeps the writer's Limits.
 type relayPublisher interface {
 	outbox.PinningPublisher
 	outbox.Limited
+	outbox.Witness
 }
 
 // InjectedCrash starts the line a relay writes before it kills itself

@@ -58,6 +58,43 @@ func (p *pinRecorder) PublishPinned(ctx context.Context, msgs []kafka.Message, p
 	return nil
 }
 
+// EndOffsets and ReadPartition make the recorder a Witness: partition p's
+// log is the messages recorded for p, in order, at offsets from 0.
+func (p *pinRecorder) EndOffsets(_ context.Context, _ string, partitions []int) (map[int]int64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ends := map[int]int64{}
+	for _, pt := range partitions {
+		ends[pt] = int64(len(p.log(pt)))
+	}
+	return ends, nil
+}
+
+func (p *pinRecorder) ReadPartition(_ context.Context, _ string, partition int, from, end int64, fn func(kafka.Message) error) (int64, error) {
+	p.mu.Lock()
+	log := p.log(partition)
+	p.mu.Unlock()
+	for off := from; off < end && off < int64(len(log)); off++ {
+		m := log[off]
+		m.Offset = off
+		if err := fn(m); err != nil {
+			return from, err
+		}
+	}
+	return from, nil
+}
+
+// log returns partition's messages; p.mu is held.
+func (p *pinRecorder) log(partition int) []kafka.Message {
+	var out []kafka.Message
+	for i, m := range p.got {
+		if p.parts[i] == partition {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 func (p *pinRecorder) published() ([]kafka.Message, []int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
