@@ -72,15 +72,15 @@ type RelayCounters struct {
 // package doc), and after the broker acknowledged marks them published; a
 // crash in between publishes them again, with the same headers.
 type Relay struct {
-	o        *Outbox
-	pub      Publisher
-	pin      PinningPublisher // pub, if the outbox is aligned
+	o   *Outbox
+	pub Publisher
+	pin PinningPublisher // pub, if the outbox is aligned
 	// wit and marks check an aligned outbox's numbers against its
 	// partitions while it stamps sequence headers; wits is what the relay
 	// knows of each shard's partition (only its Run's goroutine uses it).
-	wit   Witness
-	marks storage.MarkReader
-	wits  map[int32]*shardWitness
+	wit      Witness
+	marks    storage.MarkReader
+	wits     map[int32]*shardWitness
 	cfg      RelayConfig
 	maxBytes int
 	log      *slog.Logger

@@ -434,7 +434,7 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 func (s *OutboxStore) Marks(ctx context.Context, db *gorm.DB, shards []int32) ([]storage.Mark, error) {
 	var got []storage.Mark
 	if len(shards) > 0 {
-		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS `+"`offset`"+` FROM `+s.relayTable()+` WHERE shard IN (`+intList(shards)+`)`).Scan(&got).Error; err != nil {
+		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS ` + "`offset`" + ` FROM ` + s.relayTable() + ` WHERE shard IN (` + intList(shards) + `)`).Scan(&got).Error; err != nil {
 			return nil, fmt.Errorf("mysql: read the marks of %s: %w", s.tbl.name, err)
 		}
 	}
