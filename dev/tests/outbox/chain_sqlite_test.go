@@ -38,6 +38,7 @@ func sqliteChain(t *testing.T) chainDB {
 		newOutbox: func(table string) (storage.OutboxStore, error) {
 			return inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: table, Shards: 16})
 		},
-		drop: func(...string) {},
+		drop:    func(...string) {},
+		qualify: func(table string) string { return table },
 	}
 }

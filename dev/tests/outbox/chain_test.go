@@ -36,6 +36,8 @@ type chainDB struct {
 	newInbox  func(table string) (storage.InboxStore, error)
 	newOutbox func(table string) (storage.OutboxStore, error)
 	drop      func(tables ...string)
+	// qualify names a table the stores made (in their schema, if any).
+	qualify func(table string) string
 }
 
 func postgresChain(t *testing.T) chainDB {
@@ -70,6 +72,7 @@ func postgresChain(t *testing.T) chainDB {
 			defer mu.Unlock()
 			made = append(made, tables...)
 		},
+		qualify: func(table string) string { return schema + "." + table },
 	}
 }
 
@@ -107,7 +110,8 @@ func mysqlChain(t *testing.T) chainDB {
 			remember(table, table+"_shards", table+"_relay", table+"_source")
 			return inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Shards: 16})
 		},
-		drop: remember,
+		drop:    remember,
+		qualify: func(table string) string { return table },
 	}
 }
 
