@@ -107,8 +107,8 @@ type Consumer struct {
 	// that keeps their watermarks (nil without any).
 	trusted    map[string]bool
 	watermarks storage.WatermarkStore
-	// noted holds the sources whose messages sequenceOf said once it
-	// deduplicates by inbox rows.
+	// noted holds the sources sequenceOf has logged, once each, as
+	// deduplicated by inbox rows.
 	notedMu sync.Mutex
 	noted   map[string]bool
 }
