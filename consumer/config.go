@@ -53,7 +53,9 @@ const (
 	StopPartition Policy = iota
 	// DeadLetter publishes the message to Config.DeadLetterTopic, with its
 	// key, value and headers and headers saying why (see DLQ header
-	// constants), and then moves on. The offset passes the message only
+	// constants), and then moves on. Its sequence headers are renamed
+	// (header.DLQSequencePrefix), so a copy of the dead letter put back on
+	// the topic as it is is deduplicated by its inbox row and applied once. The offset passes the message only
 	// after Kafka acknowledged the dead letter; the message is never
 	// dropped. Transient producer errors (no leader, timeouts, an
 	// unreachable broker) are retried until publishing succeeds or the
@@ -345,14 +347,18 @@ type Config struct {
 
 	// SequencedSources turns sequenced dedup on for the messages of these
 	// outbox sources (their header.SeqSource ids; inboxctl outbox source
-	// prints a table's): instead of an inbox row per event, the consumer
-	// keeps per stream (source, epoch, topic, partition) the highest
-	// sequence number it applied in each shard, and a message at or below
-	// it is a duplicate (see the package doc, "Sequenced dedup"). List only
-	// sources published by this library's relay: the numbers are trusted.
-	// The Inbox's Store must implement storage.WatermarkStore. Messages of
-	// other sources, and without sequence headers, take the inbox row as
-	// before, in the same batches.
+	// prints a table's) whose shards are aligned with the topic's
+	// partitions (outbox.Config.AlignedTopic): instead of an inbox row per
+	// event, the consumer keeps per stream (source, epoch, topic,
+	// partition) the highest sequence number it applied, and a message at
+	// or below it is a duplicate (see the package doc, "Sequenced dedup").
+	// List only sources published by this library's relay: the numbers are
+	// trusted. The Inbox's Store must implement storage.WatermarkStore.
+	// Messages of other sources, of a listed source that is not aligned
+	// (logged once per source at Warn), and without sequence headers take
+	// the inbox row as before, in the same batches; sequence headers of a
+	// well-formed source id that is not listed are logged once per source
+	// at Info.
 	SequencedSources []string
 	// SequencedRowsUntil is for a stream switched from inbox rows to
 	// sequenced dedup: until then, a sequenced message also claims its

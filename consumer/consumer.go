@@ -107,6 +107,10 @@ type Consumer struct {
 	// that keeps their watermarks (nil without any).
 	trusted    map[string]bool
 	watermarks storage.WatermarkStore
+	// noted holds the sources sequenceOf has logged, once each, as
+	// deduplicated by inbox rows.
+	notedMu sync.Mutex
+	noted   map[string]bool
 }
 
 // New checks cfg and returns a Consumer. It does not connect to anything;

@@ -51,10 +51,19 @@ const ReasonOffsetBeyondLogEnd = "offset-beyond-log-end"
 const ReasonTopicRecreated = "topic-recreated"
 
 // deadLetter builds the dead letter of m: its key, value and headers, plus
-// headers saying what failed. The original timestamp is kept.
+// headers saying what failed. The original timestamp is kept. Its
+// sequence headers are renamed (header.DLQSequencePrefix): the watermark
+// moved past the original, so a copy put back on the topic as it is must
+// take its inbox row, where it is applied once, rather than be taken for a
+// duplicate of itself.
 func deadLetter(topic string, m *Message, reason string, attempts int, cause error, group, consumer string, now time.Time) kafka.Message {
 	hs := make([]kafka.Header, 0, len(m.Headers)+11)
-	hs = append(hs, m.Headers...)
+	for _, h := range m.Headers {
+		if sequenceHeaders[h.Key] {
+			h.Key = header.DLQSequencePrefix + h.Key
+		}
+		hs = append(hs, h)
+	}
 	add := func(k, v string) { hs = append(hs, kafka.Header{Key: k, Value: []byte(v)}) }
 	errText := "unknown error"
 	if cause != nil {
@@ -85,6 +94,13 @@ func deadLetter(topic string, m *Message, reason string, attempts int, cause err
 		Headers: hs,
 		Time:    m.Time,
 	}
+}
+
+// sequenceHeaders are the headers a dead letter carries renamed.
+var sequenceHeaders = map[string]bool{
+	header.SeqSource: true, header.SeqEpoch: true, header.SeqShard: true, header.Seq: true, header.SeqPartitions: true,
+	header.CloudEventsSeqSource: true, header.CloudEventsSeqEpoch: true, header.CloudEventsSeqShard: true,
+	header.CloudEventsSequence: true, header.CloudEventsSeqPartitions: true,
 }
 
 // panicStack returns the stack of a handler panic in err, or "".

@@ -88,19 +88,34 @@
 //
 // A message published by this library's outbox relay carries its place in
 // the outbox (the sequence headers of package header: source, epoch,
-// shard, sequence number). For the sources listed in
-// [Config.SequencedSources] the consumer deduplicates by that place instead
-// of an inbox row: per stream (consumer, source, epoch, topic, partition)
-// it keeps the highest number applied in each shard, in one row of the
-// store's watermark table (storage.WatermarkStore), loaded when the
-// partition is assigned and moved with a compare-and-set in each
-// transaction that applies messages of the stream. A number at or below it
-// is a duplicate and costs the database nothing; a number above it is new,
-// applied, and the watermark moves in the same transaction. The table never
-// needs expiry, and no row is written per event. Messages of other sources
-// and without sequence headers take their inbox row as before, in the same
-// batches. Config.Consumer names the scope: two consumers with different
-// names keep separate watermarks.
+// shard, sequence number, and, from an aligned outbox, the partition
+// count). For the sources listed in [Config.SequencedSources] whose
+// shards are aligned with the topic's partitions (package outbox, "Aligned
+// shards": the relay says so in the partitions header) the consumer
+// deduplicates by that place instead of an inbox row: per stream
+// (consumer, source, epoch, topic, partition) it keeps the highest number
+// applied, in one row of the store's watermark table
+// (storage.WatermarkStore), loaded when the partition is assigned and moved
+// with a compare-and-set in each transaction that applies messages of the
+// stream. A number at or below it is a duplicate and costs the database
+// nothing; a number above it is new, applied, and the watermark moves in
+// the same transaction. The table never needs expiry, and no row is
+// written per event. Every other message takes its inbox row as before, in
+// the same batches: one without sequence headers, one of a source that is
+// not listed (logged once per source at Info with its id, so that a
+// mistyped id is found), and one of a listed source that is not aligned
+// (logged once per source at Warn: "trusted source is not aligned").
+// Config.Consumer names the scope: two consumers with different names keep
+// separate watermarks.
+//
+// Why only aligned sources: a number must name one event. A producer's
+// database restored from a backup (or failed over with loss, or cloned)
+// hands numbers already published out again to new events; on an aligned
+// source each stream holds one shard, all of its numbers, so the partition
+// is where that can be seen, but an unaligned source's shard spans
+// partitions and nothing witnesses it cheaply: a watermark would skip the
+// new events as duplicates. Their inbox rows, keyed by event id, apply
+// them.
 //
 // It rests on what the relay guarantees: within a source and epoch a
 // (shard, number) pair names one event; on a partition the first copy of
@@ -115,7 +130,11 @@
 //     watermark would pass it and its retry would look like a duplicate.
 //     They are not charged an attempt.
 //   - A dead-lettered message moves the watermark past it, in a
-//     transaction of its own.
+//     transaction of its own. Its dead letter carries its sequence headers
+//     renamed (header.DLQSequencePrefix: inbox_seq becomes dlq_inbox_seq,
+//     the values kept for inspection), so a redrive that copies the dead
+//     letter back onto the topic as it is takes the inbox row, and the
+//     event is applied once.
 //   - Another member writing the stream (this one was paused past its
 //     session, is a zombie after a rebalance, or its database failed over)
 //     makes the compare-and-set fail: the transaction rolls back, the
@@ -125,17 +144,27 @@
 //     a sequenced message also claims its row, so a copy of a message
 //     applied through a row before the switch is not applied again.
 //   - A trusted source's message with missing or malformed sequence
-//     headers is invalid (ReasonInvalid): nothing is guessed.
+//     headers is invalid (ReasonInvalid): nothing is guessed. This holds
+//     for an unaligned source's message too, though it would take its row.
 //
-// On a source whose shards are aligned with the topic's partitions (package
-// outbox, "Aligned shards"; the relay says so in a header) each stream is
-// contiguous, so a number past the next one expected means a message was
-// lost or reordered upstream: the partition stops at it
+// Each stream is contiguous, so a number past the next one expected means
+// a message was lost or reordered upstream: the partition stops at it
 // ([ReasonSequenceGap], naming the stream and the missing numbers), or,
 // with [Config.AcceptSequenceGaps], the gap is logged at ERROR and
 // accepted. A new group, or a topic whose head retention deleted, starts
 // each stream at the first number it sees. A compacted topic cannot use
 // gap detection: compaction removes numbers.
+//
+// Upgrading from a version that deduplicated unaligned sources by
+// watermark: an unaligned source's earlier watermark is no longer
+// consulted (its row stays in the table, unused; inboxctl watermarks lists
+// it, and it may be deleted), and its messages take inbox rows from the
+// first one the new version reads. A copy of a message the old version
+// applied by that watermark, read after the upgrade (a redelivery after a
+// crash before the offset commit, a relay's republication), has no row and
+// is applied again. Stop the old consumers cleanly (their offsets
+// committed) with the relays caught up before starting the new ones, or
+// align the outbox first.
 //
 // # Paused members
 //

@@ -36,7 +36,7 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		id, at, err := extract(w.c.cfg.Extract, &batch[i])
 		items[i] = &item{msg: Message{Message: m, EventID: id, EventTime: at}, extractErr: err}
 		if err == nil && w.seq != nil {
-			items[i].seq, items[i].seqErr = sequenceOf(&batch[i], w.c.trusted)
+			items[i].seq, items[i].seqErr = w.sequenceOf(&batch[i])
 		}
 	}
 	w.batch = items

@@ -36,9 +36,12 @@ type seqPos struct {
 	// than storage.MaxWatermarkBytes (see watermarks.marks).
 	rows bool
 	// partitions is the partition count the source's shards are aligned
-	// with (header.SeqPartitions), 0 if they are not: only an aligned
-	// stream is contiguous, so only there is a gap a loss.
+	// with (header.SeqPartitions), 0 if they are not. Only an aligned
+	// stream is deduplicated by its watermark (see worker.sequenceOf), and
+	// only there is a gap a loss.
 	partitions int
+	// cloudEvents says the headers are in the CloudEvents style.
+	cloudEvents bool
 }
 
 type streamID struct {
@@ -53,18 +56,77 @@ type shardKey struct {
 	shard int32
 }
 
-// sequenceOf reads m's sequence headers. It returns nil for a message that
-// carries none, or whose source is not in trusted: such a message goes
-// through an inbox row. A trusted source's message whose headers are
-// incomplete or malformed is an error: it cannot be told from the events
-// around it, and guessing could drop it.
-func sequenceOf(m *kafka.Message, trusted map[string]bool) (*seqPos, error) {
+// sequenceOf reads m's sequence headers (see readSequence). It returns nil
+// for a message that takes its inbox row: one without sequence headers,
+// one of a source not in Config.SequencedSources (said once per source at
+// Info, so that a mistyped id is found), or one of a trusted source whose
+// shards are not aligned with the topic's partitions (said once per
+// source at Warn). An unaligned source's shard spans partitions, so
+// nothing on a partition can witness that its numbers were handed out
+// again (a restore of the producer's database): a watermark would skip the
+// new events that got them.
+func (w *worker) sequenceOf(m *kafka.Message) (*seqPos, error) {
+	p, untrusted, err := readSequence(m, w.c.trusted)
+	switch {
+	case err != nil:
+		return nil, err
+	case untrusted != "":
+		if w.c.firstNoteOf(untrusted) {
+			w.log.Info("sequence headers of a source not in SequencedSources: its messages are deduplicated by inbox rows (list it, or check the listed ids for a typo, for sequenced dedup)",
+				"source", untrusted)
+		}
+		return nil, nil
+	case p != nil && p.partitions == 0:
+		if w.c.firstNoteOf(p.stream.source) {
+			missing := header.SeqPartitions
+			if p.cloudEvents {
+				missing = header.CloudEventsSeqPartitions
+			}
+			w.log.Warn("trusted source is not aligned (no "+missing+" header): its messages are deduplicated by inbox rows; align its outbox (outbox.Config.AlignedTopic) for sequenced dedup",
+				"source", p.stream.source)
+		}
+		return nil, nil
+	}
+	return p, nil
+}
+
+// maxNotedSources bounds the sources a Consumer says once that it
+// deduplicates by rows: the ids come from the messages.
+const maxNotedSources = 1024
+
+// firstNoteOf reports whether src is noted for the first time.
+func (c *Consumer) firstNoteOf(src string) bool {
+	c.notedMu.Lock()
+	defer c.notedMu.Unlock()
+	if c.noted[src] || len(c.noted) >= maxNotedSources {
+		return false
+	}
+	if c.noted == nil {
+		c.noted = map[string]bool{}
+	}
+	c.noted[src] = true
+	return true
+}
+
+// readSequence reads m's sequence headers. p is nil for a message that
+// carries none, or whose source is not in trusted; untrusted is then that
+// source, if it is a well-formed id. A trusted source's message whose
+// headers are incomplete or malformed is an error: it cannot be told from
+// the events around it, and guessing could drop it. p.partitions is 0 for
+// a trusted source that is not aligned.
+func readSequence(m *kafka.Message, trusted map[string]bool) (p *seqPos, untrusted string, err error) {
 	src, srcKey, err := firstHeader(m.Headers, []string{header.SeqSource, header.CloudEventsSeqSource})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errBadSequence, err)
+		return nil, "", fmt.Errorf("%w: %w", errBadSequence, err)
 	}
-	if srcKey == "" || !trusted[string(src)] {
-		return nil, nil
+	if srcKey == "" {
+		return nil, "", nil
+	}
+	if !trusted[string(src)] {
+		if storage.ValidSource(string(src)) != nil {
+			return nil, "", nil
+		}
+		return nil, string(src), nil
 	}
 	ce := srcKey == header.CloudEventsSeqSource
 	pick := func(plain, cloud string) string {
@@ -87,33 +149,34 @@ func sequenceOf(m *kafka.Message, trusted map[string]bool) (*seqPos, error) {
 		}
 		return v, nil
 	}
-	p := &seqPos{stream: streamID{source: string(src)}}
+	p = &seqPos{stream: streamID{source: string(src)}, cloudEvents: ce}
 	if p.stream.epoch, err = num(pick(header.SeqEpoch, header.CloudEventsSeqEpoch), 1); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	shard, err := num(pick(header.SeqShard, header.CloudEventsSeqShard), 0)
+	var shard int64
+	shard, err = num(pick(header.SeqShard, header.CloudEventsSeqShard), 0)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if shard >= maxShards {
-		return nil, fmt.Errorf("%w: source %q: shard %d out of range (an outbox has at most %d shards)", errBadSequence, src, shard, maxShards)
+		return nil, "", fmt.Errorf("%w: source %q: shard %d out of range (an outbox has at most %d shards)", errBadSequence, src, shard, maxShards)
 	}
 	p.shard = int32(shard)
 	if p.seq, err = num(pick(header.Seq, header.CloudEventsSequence), 1); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if raw, k, _ := firstHeader(m.Headers, []string{pick(header.SeqPartitions, header.CloudEventsSeqPartitions)}); k != "" {
 		n, err := strconv.Atoi(string(raw))
 		if err != nil || n < 1 {
-			return nil, fmt.Errorf("%w: source %q: header %q is %q, not a partition count", errBadSequence, src, k, shorten(raw))
+			return nil, "", fmt.Errorf("%w: source %q: header %q is %q, not a partition count", errBadSequence, src, k, shorten(raw))
 		}
 		if int(p.shard) != m.Partition {
-			return nil, fmt.Errorf("%w: source %q aligns shards with %d partitions, but shard %d arrived on partition %d (published by another producer, or the topic's partitions changed)",
+			return nil, "", fmt.Errorf("%w: source %q aligns shards with %d partitions, but shard %d arrived on partition %d (published by another producer, or the topic's partitions changed)",
 				errBadSequence, src, n, p.shard, m.Partition)
 		}
 		p.partitions = n
 	}
-	return p, nil
+	return p, "", nil
 }
 
 // watermarked reports whether it is deduplicated by its stream's

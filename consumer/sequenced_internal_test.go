@@ -74,14 +74,24 @@ func TestSequenceOfRefusesWhatNoOutboxSends(t *testing.T) {
 		"leading zero":                   msg("1", "07"),
 		"aligned, another partition":     msg("1", "1", kafka.Header{Key: header.SeqPartitions, Value: []byte("4")}),
 	} {
-		if p, err := sequenceOf(m, trusted); !errors.Is(err, inbox.ErrInvalidMessage) {
+		if p, _, err := readSequence(m, trusted); !errors.Is(err, inbox.ErrInvalidMessage) {
 			t.Errorf("%s: %+v, %v; want an invalid message", name, p, err)
 		}
 	}
-	if p, err := sequenceOf(msg("3", "9"), map[string]bool{"other": true}); p != nil || err != nil {
-		t.Errorf("an untrusted source's message: %+v, %v; want the inbox row", p, err)
+	if p, src, err := readSequence(msg("3", "9"), map[string]bool{"other": true}); p != nil || src != "src" || err != nil {
+		t.Errorf("an untrusted source's message: %+v, %q, %v; want the inbox row and the source", p, src, err)
 	}
-	if p, err := sequenceOf(msg("3", "9"), trusted); err != nil || p.shard != 3 || p.seq != 9 {
-		t.Errorf("a good message: %+v, %v", p, err)
+	bad := msg("3", "9")
+	bad.Headers[0].Value = []byte("no source id")
+	if p, src, err := readSequence(bad, map[string]bool{"other": true}); p != nil || src != "" || err != nil {
+		t.Errorf("a malformed untrusted source id: %+v, %q, %v; want the inbox row and no source", p, src, err)
+	}
+	if p, _, err := readSequence(msg("3", "9"), trusted); err != nil || p.shard != 3 || p.seq != 9 || p.partitions != 0 {
+		t.Errorf("a good unaligned message: %+v, %v", p, err)
+	}
+	m := msg("3", "9", kafka.Header{Key: header.SeqPartitions, Value: []byte("4")})
+	m.Partition = 3
+	if p, _, err := readSequence(m, trusted); err != nil || p.shard != 3 || p.seq != 9 || p.partitions != 4 {
+		t.Errorf("a good aligned message: %+v, %v", p, err)
 	}
 }

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -178,6 +179,41 @@ func TestDeadLetterHeaders(t *testing.T) {
 	}
 	// The original's header slice is not aliased.
 	if len(orig.Headers) != 2 {
+		t.Fatal("deadLetter modified the original headers")
+	}
+}
+
+// A dead letter carries no live sequence headers: they are renamed, their
+// values kept, so that a copy of it put back on the topic takes its inbox
+// row.
+func TestDeadLetterRenamesSequenceHeaders(t *testing.T) {
+	live := []string{header.SeqSource, header.SeqEpoch, header.SeqShard, header.Seq, header.SeqPartitions,
+		header.CloudEventsSeqSource, header.CloudEventsSeqEpoch, header.CloudEventsSeqShard, header.CloudEventsSequence, header.CloudEventsSeqPartitions}
+	var kv []string
+	for i, k := range live {
+		kv = append(kv, k, "v"+strconv.Itoa(i))
+	}
+	orig := &Message{Message: kafka.Message{Topic: "orders", Headers: hdrs(append(kv, "event_id", "e1")...)}, EventID: "e1"}
+	dl := deadLetter("orders.dlq", orig, ReasonHandlerError, 5, errors.New("x"), "g", "c", time.Now())
+	got := map[string]string{}
+	for _, h := range dl.Headers {
+		got[h.Key] = string(h.Value)
+	}
+	for i, k := range live {
+		if v, ok := got[k]; ok {
+			t.Errorf("the dead letter carries the live sequence header %s=%q", k, v)
+		}
+		if v := got["dlq_"+k]; v != "v"+strconv.Itoa(i) {
+			t.Errorf("header dlq_%s = %q, want %q", k, v, "v"+strconv.Itoa(i))
+		}
+	}
+	if got["event_id"] != "e1" {
+		t.Errorf("event_id = %q, want it kept", got["event_id"])
+	}
+	if p, _, err := readSequence(&dl, map[string]bool{"v0": true, "v5": true}); p != nil || err != nil {
+		t.Errorf("the dead letter read as a sequenced message: %+v, %v", p, err)
+	}
+	if orig.Headers[0].Key != header.SeqSource {
 		t.Fatal("deadLetter modified the original headers")
 	}
 }

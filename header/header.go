@@ -95,7 +95,12 @@ const (
 const CloudEventsSequenceDigits = 19
 
 // The headers the consumer adds to a dead letter, after the original
-// message's headers.
+// message's headers. Those it keeps as they are, except the sequence
+// headers (SeqSource, SeqEpoch, SeqShard, Seq, SeqPartitions and their
+// CloudEvents* counterparts), which it renames with [DLQSequencePrefix]:
+// a dead letter carries no live sequence headers, so a copy of it put
+// back on the source topic as it is (a redrive) is deduplicated by its
+// inbox row, never by a watermark that already passed the original.
 const (
 	DLQError     = "dlq_error"      // the error text
 	DLQReason    = "dlq_reason"     // a consumer.Reason
@@ -112,3 +117,8 @@ const (
 	// (*inbox.PanicError), when that was the failure.
 	DLQPanicStack = "dlq_panic_stack"
 )
+
+// DLQSequencePrefix is put before the name of each sequence header a dead
+// letter carries: inbox_seq becomes dlq_inbox_seq, ce_sequence
+// dlq_ce_sequence. The values are kept, for inspection.
+const DLQSequencePrefix = "dlq_"

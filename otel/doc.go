@@ -30,7 +30,8 @@
 // and, when it ends, inbox.outcome (processed, duplicate or failed), for a
 // processed or duplicate message inbox.dedup (how it was deduplicated:
 // "row", by its inbox row, or "watermark", by its sequenced stream's
-// watermark under a consumer's Config.SequencedSources; a copy the
+// watermark, for an aligned source in a consumer's
+// Config.SequencedSources; a copy the
 // watermark covers has its span too, though no transaction runs for it),
 // and the error. Its children are "inbox claim" (one per transaction
 // attempt: inbox.claim.rows, inbox.claim.new) and "inbox handler"

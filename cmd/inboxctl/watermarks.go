@@ -24,7 +24,9 @@ Config.SequencedSources): for each stream (topic, partition, outbox source
 and epoch) the highest sequence number applied in each shard of the source,
 as committed in the watermark table <table>_watermarks next to the inbox
 table. The consumer takes a message whose number is at or below its shard's
-for a duplicate.
+for a duplicate. Only aligned sources are deduplicated this way (one shard
+per stream); a stream of an unaligned source was written by an earlier
+version, is no longer consulted, and may be deleted.
 
 Streams are sorted by topic, partition, source and epoch. Each line says how
 many shards the stream has and the lowest and highest of their numbers

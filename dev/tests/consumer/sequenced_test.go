@@ -74,8 +74,15 @@ func (s *shop) inboxRows(t *testing.T) int {
 // consumer on orders, by partition and source.
 func (s *shop) watermarks(t *testing.T) map[int32]map[string]watermark.Applied {
 	t.Helper()
+	return s.watermarksOf(t, "orders")
+}
+
+// watermarksOf returns the committed watermarks of the reserve-stock
+// consumer on topic, by partition and source.
+func (s *shop) watermarksOf(t *testing.T, topic string) map[int32]map[string]watermark.Applied {
+	t.Helper()
 	ws := s.ib.Store().(storage.WatermarkStore)
-	rows, err := ws.Watermarks(context.Background(), s.db, "reserve-stock", "orders", -1)
+	rows, err := ws.Watermarks(context.Background(), s.db, "reserve-stock", topic, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,9 +137,9 @@ func TestSequencedDedupNeedsNoInboxRows(t *testing.T) {
 			msgs = append(msgs, orderMessage(i, p)) // no sequence headers
 			continue
 		}
-		shard := int32(i % 3) // shards spread over both partitions
+		shard := int32(p) // aligned: the shard is the partition
 		seq[shard]++
-		msgs = append(msgs, seqMessage(i, p, shard, seq[shard], 0))
+		msgs = append(msgs, seqMessage(i, p, shard, seq[shard], 2))
 	}
 	// Republications: every message again, same headers, later offsets.
 	msgs = append(msgs, msgs[:40]...)
@@ -165,24 +172,29 @@ func TestSequencedDedupNeedsNoInboxRows(t *testing.T) {
 	}
 	wm := s.watermarks(t)
 	for p := int32(0); p < 2; p++ {
-		a := wm[p][testSource+"/1"]
-		if len(a) != 3 {
-			t.Errorf("partition %d watermark %v, want the 3 shards", p, a)
+		if a := wm[p][testSource+"/1"]; len(a) != 1 || a[p] != 16 {
+			t.Errorf("partition %d watermark %v, want its shard at 16", p, a)
 		}
 	}
 }
 
 // A message that fails inside its batch holds back the later messages of
 // its shard: were they committed, the watermark would pass it, and its
-// retry would be taken for a duplicate and never applied.
+// retry would be taken for a duplicate and never applied. The messages of
+// the batch that take their inbox rows commit.
 func TestSequencedFailureHoldsBackItsShard(t *testing.T) {
 	t.Parallel()
 	brokers := newKfake(t, 1, "orders")
 	s := newSQLiteShop(t)
 	var msgs []kafka.Message
 	for i := range 12 {
-		// Two shards interleaved: 0, 1, 0, 1, ...
-		msgs = append(msgs, seqMessage(i, 0, int32(i%2), int64(i/2+1), 0))
+		// Shard 0 (aligned) and messages without sequence headers
+		// interleaved.
+		if i%2 == 1 {
+			msgs = append(msgs, orderMessage(i, 0))
+			continue
+		}
+		msgs = append(msgs, seqMessage(i, 0, 0, int64(i/2+1), 1))
 	}
 	produce(t, brokers, "orders", msgs...)
 	ev := newEvents()
@@ -217,8 +229,11 @@ func TestSequencedFailureHoldsBackItsShard(t *testing.T) {
 			t.Errorf("a held-back message was charged a retry: %+v", e)
 		}
 	}
-	if got := s.watermarks(t)[0][testSource+"/1"]; got[0] != 6 || got[1] != 6 {
-		t.Errorf("watermark %v, want shards 0 and 1 at 6", got)
+	if got := s.watermarks(t)[0][testSource+"/1"]; got[0] != 6 {
+		t.Errorf("watermark %v, want shard 0 at 6", got)
+	}
+	if n := s.inboxRows(t); n != 6 {
+		t.Errorf("%d inbox rows, want 6 (the messages without sequence headers)", n)
 	}
 }
 
@@ -302,7 +317,7 @@ func TestSequencedWatermarkMovedByAnotherMember(t *testing.T) {
 	t.Parallel()
 	brokers := newKfake(t, 1, "orders")
 	s := newSQLiteShop(t)
-	produce(t, brokers, "orders", seqMessage(0, 0, 0, 1, 0), seqMessage(1, 0, 0, 2, 0))
+	produce(t, brokers, "orders", seqMessage(0, 0, 0, 1, 1), seqMessage(1, 0, 0, 2, 1))
 	ev := newEvents()
 	r := start(t, sequencedConfig(t, brokers, s, ev))
 	waitUntil(t, 30*time.Second, "2 processed", func() bool { return ev.count(hooks.Processed) == 2 })
@@ -317,7 +332,7 @@ func TestSequencedWatermarkMovedByAnotherMember(t *testing.T) {
 		}
 		return nil
 	})
-	produce(t, brokers, "orders", seqMessage(2, 0, 0, 3, 0), seqMessage(3, 0, 0, 4, 0), seqMessage(4, 0, 0, 5, 0))
+	produce(t, brokers, "orders", seqMessage(2, 0, 0, 3, 1), seqMessage(3, 0, 0, 4, 1), seqMessage(4, 0, 0, 5, 1))
 	waitUntil(t, 30*time.Second, "3 more", func() bool {
 		return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 5
 	})
@@ -339,7 +354,7 @@ func TestSequencedSwitchFromRowsConsultsThem(t *testing.T) {
 	s := newSQLiteShop(t)
 	var msgs []kafka.Message
 	for i := range 6 {
-		msgs = append(msgs, seqMessage(i, 0, 0, int64(i+1), 0))
+		msgs = append(msgs, seqMessage(i, 0, 0, int64(i+1), 1))
 	}
 	produce(t, brokers, "orders", msgs...)
 	ev := newEvents()
@@ -376,11 +391,11 @@ func TestSequencedNewEpochIsANewStream(t *testing.T) {
 	brokers := newKfake(t, 1, "orders")
 	s := newSQLiteShop(t)
 	produce(t, brokers, "orders",
-		seqMessageIn(0, 0, 1, 0, 1, 0), seqMessageIn(1, 0, 1, 0, 2, 0), seqMessageIn(2, 0, 1, 0, 3, 0),
+		seqMessageIn(0, 0, 1, 0, 1, 1), seqMessageIn(1, 0, 1, 0, 2, 1), seqMessageIn(2, 0, 1, 0, 3, 1),
 		// Restored to before seq 2; epoch 2 hands out 2 and 3 again.
-		seqMessageIn(3, 0, 2, 0, 2, 0), seqMessageIn(4, 0, 2, 0, 3, 0),
+		seqMessageIn(3, 0, 2, 0, 2, 1), seqMessageIn(4, 0, 2, 0, 3, 1),
 		// A late copy of an epoch 1 message.
-		seqMessageIn(1, 0, 1, 0, 2, 0))
+		seqMessageIn(1, 0, 1, 0, 2, 1))
 	ev := newEvents()
 	r := start(t, sequencedConfig(t, brokers, s, ev))
 	waitUntil(t, 30*time.Second, "6 messages", func() bool {
@@ -434,9 +449,9 @@ func TestSequencedEndToEnd(t *testing.T) {
 					msgs = append(msgs, orderMessage(i, p))
 					continue
 				}
-				shard := int32(i % 4)
+				shard := int32(p) // aligned
 				seq[shard]++
-				msgs = append(msgs, seqMessage(i, p, shard, seq[shard], 0))
+				msgs = append(msgs, seqMessage(i, p, shard, seq[shard], 2))
 			}
 			msgs = append(msgs, msgs[10:40]...)
 			produce(t, brokers, topic, msgs...)
@@ -507,7 +522,7 @@ func TestSequencedWatermarkWentBackIsAGap(t *testing.T) {
 func TestDuplicatesMoveTheStoredOffset(t *testing.T) {
 	t.Parallel()
 	for name, msg := range map[string]func(i int) kafka.Message{
-		"watermark": func(i int) kafka.Message { return seqMessage(i, 0, 0, int64(i+1), 0) },
+		"watermark": func(i int) kafka.Message { return seqMessage(i, 0, 0, int64(i+1), 1) },
 		"row":       func(i int) kafka.Message { return orderMessage(i, 0) },
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -575,7 +590,7 @@ func TestSequencedSpansCarryTheDedupPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Orders 0 and 1 sequenced, 2 on its row; then a copy of each.
-	msgs := []kafka.Message{seqMessage(0, 0, 0, 1, 0), seqMessage(1, 0, 0, 2, 0), orderMessage(2, 0)}
+	msgs := []kafka.Message{seqMessage(0, 0, 0, 1, 1), seqMessage(1, 0, 0, 2, 1), orderMessage(2, 0)}
 	produce(t, brokers, "orders", msgs...)
 	ev := newEvents()
 	cfg := sequencedConfig(t, brokers, s, ev)
@@ -662,7 +677,7 @@ func TestDuplicatesCommitOnlyWhatIsStored(t *testing.T) {
 	}
 	var msgs []kafka.Message
 	for i := range 4 {
-		msgs = append(msgs, seqMessage(i, 0, 0, int64(i+1), 0))
+		msgs = append(msgs, seqMessage(i, 0, 0, int64(i+1), 1))
 	}
 	produce(t, brokers, "orders", msgs...)
 	ev, rec := newEvents(), newRecorder(t)
