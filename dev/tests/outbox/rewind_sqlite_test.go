@@ -252,4 +252,3 @@ func TestAlignedRelayAfterRestore(t *testing.T) {
 		})
 	}
 }
-
