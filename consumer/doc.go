@@ -121,8 +121,12 @@
 // (shard, number) pair names one event; on a partition the first copy of
 // each message arrives after the first copies of its shard's earlier
 // messages. So only sources published by this library's relay may be
-// listed, and the epoch must be raised (inboxctl outbox bump-epoch) when
-// the outbox's database is restored or fails over with loss.
+// listed. When the outbox's database goes back (a restore, a failover that
+// lost commits), the relay of an aligned outbox finds out from the
+// partitions and keeps the promise by itself: it does not send again what
+// was published, and publishes under a new epoch where numbers would repeat
+// (package outbox, "A producer database that goes back"). No operator step
+// is needed; raising the epoch by hand stays safe.
 //
 // What the consumer does about the ways this could go wrong:
 //   - A message that fails inside its batch holds back the later messages

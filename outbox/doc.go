@@ -73,20 +73,18 @@
 // can be promised for them (except in an aligned outbox, below).
 //
 // The source id is made once, when Migrate first makes the outbox table,
-// and never changes; the epoch starts at 1. Raise it (inboxctl outbox
-// bump-epoch, or the store's BumpEpoch) after the database was restored
-// from a backup or failed over to a replica that had not received every
-// commit: the sequence numbers after the restored point are then handed
-// out again, to other events, and a new epoch keeps the two apart. Do it
-// before a relay runs on the restored database; a cycle already under
-// way when the epoch is raised still publishes with the old one.
+// and never changes; the epoch starts at 1 and is raised by the relay
+// itself when it finds the database went back (below), or by an operator
+// (inboxctl outbox bump-epoch, or the store's BumpEpoch), which is always
+// safe: rows already published are not sent again under the new epoch.
 //
 // They are on whenever the store implements [storage.Sequenced] (this
 // library's adapters do); Config.NoSequenceHeaders turns them off. While
 // they are on, Enqueue refuses messages that carry headers of their names.
-// They are the producer's half of sequence-based deduplication: the
-// consumer and inbox do not read them yet, and still deduplicate by event
-// id.
+// A consumer that lists the source in consumer.Config.SequencedSources
+// deduplicates an aligned outbox's messages (below) by them, with a
+// watermark per stream instead of an inbox row per event; the messages of
+// an outbox that is not aligned it deduplicates by event id, as any other.
 //
 // # Aligned shards
 //
@@ -132,6 +130,56 @@
 // random keys per transaction they ran as fast as the default, whose
 // transactions already take turns at that size (docs/BENCHMARKS.md,
 // "Aligned shards").
+//
+// # A producer database that goes back
+//
+// A restore from a backup or a snapshot, point-in-time recovery, a
+// failover to a replica that lacked the last commits, or a copy of the
+// database with a relay of its own brings back older counters: numbers
+// already published are handed out again, to other events, and a consumer
+// deduplicating by watermark would skip those events as duplicates. The
+// database cannot witness this itself (its counters, marks, source and
+// epoch go back with it); an aligned outbox's partitions can, since each
+// holds all the numbers of one shard. So the relay of an aligned outbox
+// stamping sequence headers reads each shard's partition back before it
+// publishes there (its publisher is a [Witness], as KafkaPublisher is; its
+// store a storage.MarkReader, as this library's are):
+//
+//   - What it reads: from the offset stored with the shard's mark (each
+//     mark stores the partition's end before the publish that reached it)
+//     to the end, once when it first publishes a shard, and again whenever
+//     the shard's mark, the source or the epoch in the database went back
+//     or the partition's end is not where its own last publish left it
+//     (another relay, or another database, wrote there). Otherwise a cycle
+//     costs one request for the end offsets of its partitions.
+//   - A row whose event id is already in the partition under the source
+//     was published before (by a relay that died before marking it, or
+//     before the database went back): it is marked published and not sent
+//     again.
+//   - A row whose number the partition already holds in the current epoch,
+//     for another event, or a partition that holds a later epoch than the
+//     database's, means the database went back. The relay raises the epoch
+//     past every epoch it saw (storage.Sequenced.BumpEpoch) and publishes
+//     under it: a consumer sees a new stream, with no number yet, and
+//     applies the new events; what was published before the bump keeps its
+//     epoch and is never sent again under the new one. It logs this at Warn
+//     with the shard, the numbers and both epochs.
+//
+// Nothing of this needs an operator; bump-epoch stays safe at any time.
+// What it does not cover:
+//
+//   - An outbox that is not aligned: its shards span partitions and no
+//     partition witnesses them, so consumers take such messages' inbox
+//     rows (package consumer, "Sequenced dedup").
+//   - Messages that retention deleted: the read starts at the log start,
+//     logged at Warn with both offsets; a database restored from before
+//     the retained messages is checked against what is left only.
+//   - A copy of the database (a staging clone) whose relay publishes to
+//     the same topic at the same time as the original: each relay sees the
+//     other's messages and raises the epoch past them, so the two keep to
+//     different epochs, each change logged at Warn; two raises at the same
+//     moment can pick the same epoch. Give a clone an outbox table of its
+//     own (a new source id) or another topic.
 //
 // Gap detection needs every message of a stream in the log: on a compacted
 // topic (cleanup.policy=compact) compaction removes older messages of a

@@ -28,9 +28,10 @@ type Sequenced interface {
 
 	// BumpEpoch raises the epoch by one and returns the new value; every
 	// Source call that starts after it returned sees that value (or a
-	// higher one) and the same id. Operators call it after the database
-	// was restored from a backup or failed over with loss: numbers the
-	// relay had published are then handed out again to other events.
+	// higher one) and the same id. The relay of an aligned outbox calls it
+	// when its partitions show the database went back (numbers it had
+	// published are handed out again to other events); operators may call
+	// it at any time.
 	BumpEpoch(ctx context.Context, db *gorm.DB) (epoch int64, err error)
 }
 

@@ -27,13 +27,12 @@ is the action:
             with a key (the sequence headers inbox_source, inbox_epoch,
             inbox_shard, inbox_seq)
   bump-epoch
-            raise the epoch by one: after the database was restored from a
-            backup, or failed over to a replica that had not received every
-            commit, the sequence numbers after the restored point are handed
-            out again to other events, and a new epoch tells them apart.
-            Run it before any relay runs on the restored database (a relay
-            cycle under way publishes with the epoch it read); --dry-run
-            shows the change without making it
+            raise the epoch by one; consumers see the messages published
+            after it as a new stream. Never needed for an aligned outbox:
+            its relay finds a restored or failed-over database from the
+            partitions and raises the epoch itself. Safe at any time: what
+            was published before is not sent again under the new epoch.
+            --dry-run shows the change without making it
 
 --shards must be the applications' (fixed when the table is made; migrate
 refuses a different number). --retention-days here defaults to the outbox's
@@ -43,7 +42,7 @@ refuses a different number). --retention-days here defaults to the outbox's
   inboxctl outbox maintain --dsn "$DSN" --retention-days 3 --dry-run
   inboxctl outbox stats --dsn "$DSN" --json
   inboxctl outbox source --dsn "$DSN"
-  inboxctl outbox bump-epoch --dsn "$DSN"  # after a restore, before the relays start
+  inboxctl outbox bump-epoch --dsn "$DSN" --dry-run
 `,
 	retention: true,
 }
