@@ -35,7 +35,6 @@ var outboxRelayChecks = []Check{
 	{Outbox: true, Area: "relay", Name: "hot-key-does-not-starve", Doc: "a claim smaller than one key's backlog still hands out the oldest rows of every other leased shard", Run: checkHotKey},
 	{Outbox: true, Area: "relay", Name: "publish-failure", Doc: "messages the broker did not acknowledge are published again, in order, and the acknowledged ones are not", Run: checkPublishFailure},
 	{Outbox: true, Area: "relay", Name: "restart", Doc: "a relay that restarts (or another that takes over) continues where the last acknowledgement left off", Run: checkRelayRestart},
-	{Outbox: true, Area: "relay", Name: "marks-keep-offsets", Doc: "a store that reads marks (storage.MarkReader) returns each shard's mark with the offset stored by the Ack that moved it there, never one of an Ack that did not move it", Run: checkMarksKeepOffsets},
 	{Outbox: true, Area: "relay", Name: "several-relays", Doc: "several relays running while writers enqueue publish every message, in order per key, without publishing any twice", Run: checkSeveralRelays},
 }
 
@@ -46,6 +45,9 @@ var outboxSequenceChecks = []Check{
 	{Outbox: true, Sequenced: true, Area: "sequence", Name: "epoch-bump",
 		Doc: "BumpEpoch raises the epoch by one each time; later reads through any connection pool see it with the same source id, and Migrate keeps it",
 		Run: checkEpochBump},
+	{Outbox: true, Sequenced: true, Area: "sequence", Name: "marks-keep-offsets",
+		Doc: "a store that reads marks (storage.MarkReader, which an aligned outbox's relay needs for its sequence headers) returns each shard's mark with the offset stored by the Ack that moved it there, never one of an Ack that did not move it",
+		Run: checkMarksKeepOffsets},
 	{Outbox: true, Sequenced: true, Area: "sequence", Name: "relay-headers",
 		Doc: "the relay stamps every message with a key with the source, epoch, shard and seq of its stored row (and a message without a key with none), the same on every copy, and the new epoch after a bump",
 		Run: checkSequenceHeaders},

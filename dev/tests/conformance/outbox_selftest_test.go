@@ -99,6 +99,24 @@ func (s sourcePerCall) Source(ctx context.Context, db *gorm.DB) (string, int64, 
 	return storage.NewSourceID(), epoch, err
 }
 
+// offsetOnEveryAck stores each acknowledgement's offset whether or not it
+// moved the mark, as a store that writes the offset unconditionally: a
+// repeated acknowledgement would then move where the relay's check of the
+// partition starts past messages it must read.
+type offsetOnEveryAck struct{ *inboxsqlite.OutboxStore }
+
+func (s offsetOnEveryAck) Ack(ctx context.Context, db *gorm.DB, relay string, marks []storage.Mark) error {
+	if err := s.OutboxStore.Ack(ctx, db, relay, marks); err != nil {
+		return err
+	}
+	for _, m := range marks {
+		if err := db.WithContext(ctx).Exec(`UPDATE `+s.Table()+`_shards SET published_offset = ? WHERE shard = ? AND owner = ?`, m.Offset, m.Shard, relay).Error; err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // unsequenced is the healthy store without the storage.Sequenced
 // capability, as a third party's store written before it.
 type unsequenced struct{ storage.OutboxStore }
@@ -142,6 +160,9 @@ func TestOutboxSuiteFailsBrokenStores(t *testing.T) {
 		{"forgets-epoch-bumps",
 			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return bumpForgets{s} },
 			[]string{"outbox-sequence/epoch-bump", "outbox-sequence/relay-headers"}},
+		{"stores-the-offset-of-every-ack",
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return offsetOnEveryAck{s} },
+			[]string{"outbox-sequence/marks-keep-offsets"}},
 		{"makes-a-new-source-id-on-every-read",
 			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return sourcePerCall{s} },
 			[]string{"outbox-sequence/source-stable", "outbox-sequence/epoch-bump", "outbox-sequence/relay-headers"}},
