@@ -46,7 +46,7 @@ var outboxSequenceChecks = []Check{
 		Doc: "BumpEpoch raises the epoch by one each time; later reads through any connection pool see it with the same source id, and Migrate keeps it",
 		Run: checkEpochBump},
 	{Outbox: true, Sequenced: true, Area: "sequence", Name: "marks-keep-offsets",
-		Doc: "a store that reads marks (storage.MarkReader, which an aligned outbox's relay needs for its sequence headers) returns each shard's mark with the offset stored by the Ack that moved it there, never one of an Ack that did not move it",
+		Doc: "a store that reads marks (storage.MarkReader, which an aligned outbox's relay needs for its sequence headers) returns each shard's mark with the offset and epoch stored by the Ack that moved it there, never those of an Ack that did not move it",
 		Run: checkMarksKeepOffsets},
 	{Outbox: true, Sequenced: true, Area: "sequence", Name: "relay-headers",
 		Doc: "the relay stamps every message with a key with the source, epoch, shard and seq of its stored row (and a message without a key with none), the same on every copy, and the new epoch after a bump",
@@ -410,41 +410,41 @@ func checkMarksKeepOffsets(ctx context.Context, env *Env) error {
 	if sh, ok := store.(storage.Sharded); ok && sh.Shards() > 1 {
 		other = (shard + 1) % int32(sh.Shards())
 	}
-	expect := func(step string, seq, offset int64) error {
+	expect := func(step string, seq, offset, epoch int64) error {
 		got, err := reader.Marks(ctx, db, []int32{shard})
 		if err != nil {
 			return fmt.Errorf("%s: Marks: %w", step, err)
 		}
-		if len(got) != 1 || got[0] != (storage.Mark{Shard: shard, Seq: seq, Offset: offset}) {
-			return fmt.Errorf("%s: Marks returned %+v, want shard %d through %d at offset %d", step, got, shard, seq, offset)
+		if len(got) != 1 || got[0] != (storage.Mark{Shard: shard, Seq: seq, Offset: offset, Epoch: epoch}) {
+			return fmt.Errorf("%s: Marks returned %+v, want shard %d through %d at offset %d, epoch %d", step, got, shard, seq, offset, epoch)
 		}
 		return nil
 	}
-	if err := expect("before any Ack", rows[0].Seq-1, 0); err != nil {
+	if err := expect("before any Ack", rows[0].Seq-1, 0, 0); err != nil {
 		return err
 	}
 	steps := []struct {
-		name        string
-		ack         storage.Mark
-		seq, offset int64
+		name               string
+		ack                storage.Mark
+		seq, offset, epoch int64
 	}{
-		{"an Ack that moves the mark", storage.Mark{Shard: shard, Seq: rows[1].Seq, Offset: 41}, rows[1].Seq, 41},
-		{"an Ack of the same mark", storage.Mark{Shard: shard, Seq: rows[1].Seq, Offset: 99}, rows[1].Seq, 41},
-		{"an Ack of a lower mark", storage.Mark{Shard: shard, Seq: rows[0].Seq, Offset: 7}, rows[1].Seq, 41},
-		{"the next Ack that moves it", storage.Mark{Shard: shard, Seq: rows[2].Seq, Offset: 57}, rows[2].Seq, 57},
+		{"an Ack that moves the mark", storage.Mark{Shard: shard, Seq: rows[1].Seq, Offset: 41, Epoch: 2}, rows[1].Seq, 41, 2},
+		{"an Ack of the same mark", storage.Mark{Shard: shard, Seq: rows[1].Seq, Offset: 99, Epoch: 3}, rows[1].Seq, 41, 2},
+		{"an Ack of a lower mark", storage.Mark{Shard: shard, Seq: rows[0].Seq, Offset: 7, Epoch: 1}, rows[1].Seq, 41, 2},
+		{"the next Ack that moves it", storage.Mark{Shard: shard, Seq: rows[2].Seq, Offset: 57, Epoch: 5}, rows[2].Seq, 57, 5},
 	}
 	for _, st := range steps {
 		if err := store.Ack(ctx, db, "relay-a", []storage.Mark{st.ack}); err != nil {
 			return fmt.Errorf("%s: %w", st.name, err)
 		}
-		if err := expect("after "+st.name, st.seq, st.offset); err != nil {
+		if err := expect("after "+st.name, st.seq, st.offset, st.epoch); err != nil {
 			return err
 		}
 	}
-	if err := store.Ack(ctx, db, "relay-b", []storage.Mark{{Shard: shard, Seq: rows[2].Seq + 5, Offset: 1000}}); !errors.Is(err, storage.ErrLeaseLost) {
+	if err := store.Ack(ctx, db, "relay-b", []storage.Mark{{Shard: shard, Seq: rows[2].Seq + 5, Offset: 1000, Epoch: 9}}); !errors.Is(err, storage.ErrLeaseLost) {
 		return fmt.Errorf("an Ack by a relay without the lease: %v, want ErrLeaseLost", err)
 	}
-	if err := expect("after an Ack without the lease", rows[2].Seq, 57); err != nil {
+	if err := expect("after an Ack without the lease", rows[2].Seq, 57, 5); err != nil {
 		return err
 	}
 	if other != shard {

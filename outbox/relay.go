@@ -279,11 +279,12 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		if wit, err = r.witness(ctx, rows, stamp); err != nil {
 			return 0, err
 		}
-		stamp = wit.stamp
 	}
 	msgs := make([]kafka.Message, 0, len(rows))
 	sent := make([]storage.OutboxRow, 0, len(rows))
 	msgOf := make([]int, 0, len(rows)) // sent[i]'s index in msgs; -1: already in its partition
+	var stamped []*sequenceStamp       // sent[i]'s stamp, when the partitions were checked
+	var epochs []int64                 // and the epoch it went out under
 	perShard := map[int32]int{}
 	bytes := 0
 	var bad error
@@ -295,6 +296,8 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		if wit != nil && wit.skip[i] {
 			sent = append(sent, row)
 			msgOf = append(msgOf, -1)
+			stamped = append(stamped, nil)
+			epochs = append(epochs, r.wits[row.Shard].events[row.EventID].epoch)
 			continue
 		}
 		hs, err := decodeHeaders(row.Headers)
@@ -308,7 +311,10 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 			bad = errors.Join(bad, fmt.Errorf("%w: shard %d at seq %d (event %q): %w", ErrShardStuck, row.Shard, row.Seq, row.EventID, err))
 			continue
 		}
-		if stamp != nil {
+		switch {
+		case wit != nil:
+			hs = wit.stamps[i].apply(hs, true, row.Shard, row.Seq)
+		case stamp != nil:
 			hs = stamp.apply(hs, row.Key != nil || r.pin != nil, row.Shard, row.Seq)
 		}
 		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.Value, Headers: hs}
@@ -318,6 +324,10 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		}
 		bytes += size
 		msgOf = append(msgOf, len(msgs))
+		if wit != nil {
+			stamped = append(stamped, wit.stamps[i])
+			epochs = append(epochs, wit.stamps[i].epochN)
+		}
 		msgs = append(msgs, m)
 		sent = append(sent, row)
 		perShard[row.Shard]++
@@ -345,19 +355,40 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		}
 		cancel()
 	}
-	marks := marksOf(rows, perRow(pubErr, msgOf, len(msgs)))
+	rowErr := perRow(pubErr, msgOf, len(msgs))
+	if wit != nil && len(msgs) > 0 {
+		// Marked only once the partitions show that each message is the
+		// first of its number; after a failed publish nothing is marked:
+		// the next check finds what did land and does not send it again.
+		rowErr = pubErr
+		if pubErr == nil {
+			lost, err := r.verify(ctx, wit, rows, msgOf, stamped, perShard)
+			switch {
+			case err != nil:
+				r.witnessPublished(wit, nil, true)
+				return 0, err
+			case len(lost) > 0:
+				each := make(kafka.WriteErrors, len(rows))
+				for i := range lost {
+					each[i] = errLostRace
+				}
+				rowErr = each
+			}
+		}
+	}
+	marks := marksOf(rows, rowErr)
 	if pubErr != nil {
 		r.failures.Add(1)
 	}
 	var ackErr error
 	if len(marks) > 0 {
 		if wit != nil {
-			r.markOffsets(wit, marks)
+			r.markOffsets(wit, marks, rows, epochs)
 		}
 		ackErr = r.o.retry(ctx, "ack", func() error { return r.o.store.Ack(ctx, r.o.db.WithContext(ctx), r.cfg.ID, marks) })
 	}
 	if wit != nil {
-		r.witnessPublished(wit, perShard, marks, pubErr != nil || ackErr != nil)
+		r.witnessPublished(wit, marks, pubErr != nil || ackErr != nil || rowErr != nil)
 	}
 	if len(marks) > 0 {
 		if errors.Is(ackErr, storage.ErrLeaseLost) {
@@ -444,6 +475,10 @@ func (r *Relay) misaligned(row storage.OutboxRow) error {
 var ErrShardStuck = errors.New("outbox: a stored message cannot be published; its shard waits")
 
 var errPublish = errors.New("outbox: relay publish")
+
+// errLostRace marks a published message whose number another writer's
+// message took first in the partition.
+var errLostRace = errors.New("outbox: another writer published the same number first")
 
 // perRow maps a publish error of msgs to the cycle's rows: a
 // kafka.WriteErrors gets one entry per row (nil for a row that was not

@@ -45,45 +45,61 @@ type published struct {
 }
 
 // shardWitness is what a relay knows of one shard's partition, as of the
-// partition's offset end: the messages of the outbox's source numbered past
-// mark (by event id), and the highest number seen per epoch.
+// partition's offset end: per epoch of the outbox's source, the highest
+// number a consumer deduplicating by watermark has seen (run), and the
+// messages numbered past mark that such a consumer applies (events, by
+// event id): those whose number is above every earlier one of their
+// stream. A message whose number an earlier message took is a copy if it
+// is the same event, and dropped as one if it is not.
 type shardWitness struct {
 	source string
 	epoch  int64 // the store's epoch when it was checked
 	mark   int64 // the shard's published mark, as this relay last saw it
-	end    int64 // the partition's end offset after the last read or publish
+	end    int64 // the partition's end offset after the last read
 	stored int64 // the offset stored with the mark (storage.Mark.Offset)
 	events map[string]published
-	top    map[int64]int64 // epoch → highest seq past mark
+	run    map[int64]int64 // epoch → highest number seen
 }
 
-// settled reports whether no message seen in the partition lies past
-// mark: then a mark moved to it can store the partition's end as where a
-// later check starts reading.
-func (w *shardWitness) settled(mark int64) bool {
-	for _, top := range w.top {
+func newShardWitness(source string, epoch int64, m storage.Mark) *shardWitness {
+	// What lies before the stored offset is numbered at or below the mark
+	// (a mark stores the partition's end only when nothing read lies past
+	// it), and rows at or below the mark are never published again.
+	markEpoch := m.Epoch
+	if markEpoch == 0 {
+		markEpoch = epoch
+	}
+	return &shardWitness{source: source, epoch: epoch, mark: m.Seq, end: m.Offset, stored: m.Offset,
+		events: map[string]published{}, run: map[int64]int64{markEpoch: m.Seq}}
+}
+
+// past returns the highest number seen in epoch if it lies past mark, and
+// whether any epoch has a number past mark.
+func (w *shardWitness) pastMark(mark int64) bool {
+	for _, top := range w.run {
 		if top > mark {
-			return false
+			return true
 		}
 	}
-	return true
+	return false
 }
 
-// forget drops what lies at or below mark.
+// forget drops the events at or below mark.
 func (w *shardWitness) forget(mark int64) {
 	w.mark = max(w.mark, mark)
 	maps.DeleteFunc(w.events, func(_ string, p published) bool { return p.seq <= w.mark })
-	maps.DeleteFunc(w.top, func(_ int64, top int64) bool { return top <= w.mark })
 }
 
-// see records m if it is a message of source numbered past the mark.
+// see takes in the next message of the partition.
 func (w *shardWitness) see(m kafka.Message) {
 	id, epoch, seq, ok := sequenceOfPublished(m, w.source)
-	if !ok || seq <= w.mark {
-		return
+	if !ok || seq <= w.run[epoch] {
+		return // another source's, or a copy, or dropped as one
 	}
-	w.events[id] = published{epoch: epoch, seq: seq}
-	w.top[epoch] = max(w.top[epoch], seq)
+	w.run[epoch] = seq
+	if seq > w.mark {
+		w.events[id] = published{epoch: epoch, seq: seq}
+	}
 }
 
 // sequenceOfPublished reads the event id and the sequence headers of a
@@ -119,20 +135,26 @@ func sequenceOfPublished(m kafka.Message, source string) (id string, epoch, seq 
 
 // witnessed is a cycle's verdict on its claimed rows.
 type witnessed struct {
-	skip  []bool          // rows[i] is already in its partition: not sent again
-	ends  map[int32]int64 // each shard's partition end before the publish
-	stamp *sequenceStamp  // the stamp, with a new epoch if one was needed
+	skip   []bool           // rows[i] is already in its partition: not sent again
+	stamps []*sequenceStamp // rows[i]'s stamp: the epoch it is published under
+	ends   map[int32]int64  // each shard's partition end before the publish
 }
 
 // witness checks a cycle's rows (of an aligned outbox stamping sequence
-// headers) against their partitions before they are published. A row whose
-// event is already in its partition is skipped (acknowledged without being
-// sent again). A row whose number was already used in the current epoch, or
-// whose partition shows a later epoch than the store's, means the producer's
-// database went back (a restore, a failover that lost commits, a clone
-// publishing under the same source): the epoch is raised past every epoch
-// seen, so that the rows are published in a stream no consumer has seen,
-// and nothing already published is sent again under it.
+// headers) against their partitions before they are published, so that
+// each event is applied once by a consumer deduplicating by watermark:
+//
+//   - A row whose event the partition already holds as the first message of
+//     its number is skipped: marked published without being sent again.
+//   - Any other row is stamped with an epoch in which its number continues
+//     a stream contiguously (normally the store's epoch, the stream of the
+//     rows before it). When there is none, the database went back (a
+//     restore, a failover that lost commits, a copy with a relay of its
+//     own publishing the same numbers): the number was already used for
+//     another event, or lies past a hole. The relay then raises the store's
+//     epoch past every epoch the partition shows and publishes the row
+//     under it, a stream no consumer has seen, which the following rows
+//     continue.
 func (r *Relay) witness(ctx context.Context, rows []storage.OutboxRow, stamp *sequenceStamp) (*witnessed, error) {
 	topic := r.o.cfg.AlignedTopic
 	var shards []int32
@@ -177,110 +199,175 @@ func (r *Relay) witness(ctx context.Context, rows []storage.OutboxRow, stamp *se
 			return nil, fmt.Errorf("outbox: relay read the marks of shards %v: %w", full, err)
 		}
 		for _, m := range marks {
-			w := &shardWitness{source: string(stamp.source), epoch: stamp.epochN, mark: m.Seq, end: m.Offset, stored: m.Offset,
-				events: map[string]published{}, top: map[int64]int64{}}
-			r.wits[m.Shard] = w
+			r.wits[m.Shard] = newShardWitness(string(stamp.source), stamp.epochN, m)
 		}
 	}
 	for _, s := range shards {
-		w := r.wits[s]
-		end := ends[int(s)]
-		if end > w.end {
-			first, err := r.wit.ReadPartition(ctx, topic, int(s), w.end, end, func(m kafka.Message) error { w.see(m); return nil })
-			if err != nil {
-				delete(r.wits, s)
-				return nil, fmt.Errorf("outbox: relay read partition %d of %q from offset %d: %w", s, topic, w.end, err)
-			}
-			if first > w.end && w.end > 0 {
-				r.log.Warn("retention deleted messages of the partition that the relay wanted to check; a producer database restored from before them is not checked against them",
-					"partition", s, "from", w.end, "log_start", first)
-			}
+		if err := r.readPartition(ctx, s, ends[int(s)]); err != nil {
+			return nil, err
 		}
-		w.end = end
-		w.forget(claimedMark[s])
+		r.wits[s].forget(claimedMark[s])
+		r.wits[s].epoch = stamp.epochN
 	}
 
-	out := &witnessed{skip: make([]bool, len(rows)), ends: map[int32]int64{}, stamp: stamp}
+	out := &witnessed{skip: make([]bool, len(rows)), stamps: make([]*sequenceStamp, len(rows)), ends: map[int32]int64{}}
 	for _, s := range shards {
 		out.ends[s] = ends[int(s)]
 	}
+	stamps := map[int64]*sequenceStamp{stamp.epochN: stamp}
+	stampOf := func(epoch int64) (*sequenceStamp, error) {
+		if st := stamps[epoch]; st != nil {
+			return st, nil
+		}
+		st, err := newSequenceStamp(r.o.cfg.Headers, string(stamp.source), epoch, r.o.shards)
+		stamps[epoch] = st
+		return st, err
+	}
+	current := stamp.epochN
 	type rewind struct {
-		shard      int32
-		first      int64 // the first number to publish
-		mark, top  int64
-		skipped    int
-		seenEpochs []int64
+		shard                 int32
+		seq, mark, top, epoch int64
 	}
 	var rewinds []rewind
-	skipped := map[int32]int{}
-	decided := map[int32]bool{}
+	var run map[int64]int64 // the shard's streams, with this cycle's rows
 	for i, row := range rows {
 		w := r.wits[row.Shard]
-		if _, ok := w.events[row.EventID]; ok && !decided[row.Shard] {
+		if i == 0 || rows[i-1].Shard != row.Shard {
+			run = maps.Clone(w.run)
+		}
+		if _, ok := w.events[row.EventID]; ok {
 			out.skip[i] = true
-			skipped[row.Shard]++
 			continue
 		}
-		if decided[row.Shard] {
-			continue
-		}
-		decided[row.Shard] = true
-		later := false
-		for e := range w.top {
-			if e > stamp.epochN {
-				later = true
+		epoch := int64(0)
+		if run[current] == row.Seq-1 {
+			epoch = current
+		} else {
+			for e, top := range run {
+				if top == row.Seq-1 && e > epoch {
+					epoch = e
+				}
 			}
 		}
-		if later || w.top[stamp.epochN] >= row.Seq {
-			rewinds = append(rewinds, rewind{shard: row.Shard, first: row.Seq, mark: claimedMark[row.Shard], top: w.top[stamp.epochN],
-				skipped: skipped[row.Shard], seenEpochs: slices.Sorted(maps.Keys(w.top))})
+		if epoch == 0 {
+			fresh := current + 1
+			for _, s := range shards {
+				for e := range r.wits[s].run {
+					fresh = max(fresh, e+1)
+				}
+			}
+			for current < fresh {
+				if current, err = r.o.seq.BumpEpoch(ctx, r.o.db.WithContext(ctx)); err != nil {
+					return nil, fmt.Errorf("outbox: relay raise the epoch after the database went back: %w", err)
+				}
+			}
+			epoch = current
+			rewinds = append(rewinds, rewind{shard: row.Shard, seq: row.Seq, mark: claimedMark[row.Shard], top: run[stamp.epochN], epoch: epoch})
 		}
-	}
-	if len(rewinds) == 0 {
-		return out, nil
-	}
-	target := stamp.epochN + 1
-	for _, s := range shards {
-		for e := range r.wits[s].top {
-			target = max(target, e+1)
+		if out.stamps[i], err = stampOf(epoch); err != nil {
+			return nil, err
 		}
-	}
-	epoch := stamp.epochN
-	for epoch < target {
-		if epoch, err = r.o.seq.BumpEpoch(ctx, r.o.db.WithContext(ctx)); err != nil {
-			return nil, fmt.Errorf("outbox: relay raise the epoch after the database went back: %w", err)
-		}
+		run[epoch] = row.Seq
 	}
 	for _, rw := range rewinds {
-		r.log.Warn("the outbox's database went back: numbers it is about to publish were already published for other events; publishing them under a new epoch",
-			"topic", topic, "shard", rw.shard, "mark", rw.mark, "first_unpublished", rw.first, "published_up_to", rw.top,
-			"epochs_seen", rw.seenEpochs, "old_epoch", stamp.epochN, "new_epoch", epoch, "already_published_skipped", rw.skipped)
-	}
-	ns, err := newSequenceStamp(r.o.cfg.Headers, string(stamp.source), epoch, r.o.shards)
-	if err != nil {
-		return nil, err
+		r.log.Warn("the outbox's database went back: a number it is about to publish was already published for another event, or lies past a hole; publishing from it under a new epoch",
+			"topic", topic, "shard", rw.shard, "mark", rw.mark, "seq", rw.seq, "published_up_to", rw.top,
+			"old_epoch", stamp.epochN, "new_epoch", rw.epoch)
 	}
 	for _, s := range shards {
-		r.wits[s].epoch = epoch
+		r.wits[s].epoch = current
 	}
-	out.stamp = ns
 	return out, nil
 }
 
-// published takes in what a cycle published: sent[s] messages to shard s's
-// partition, and marks acknowledged. A shard whose publish or
-// acknowledgement failed is checked again from its stored offset.
-func (r *Relay) witnessPublished(w *witnessed, sent map[int32]int, marks []storage.Mark, failed bool) {
+// readPartition reads shard s's partition from where the relay's
+// witness of it ends up to end.
+func (r *Relay) readPartition(ctx context.Context, s int32, end int64) error {
+	w := r.wits[s]
+	if end <= w.end {
+		return nil
+	}
+	topic := r.o.cfg.AlignedTopic
+	first, err := r.wit.ReadPartition(ctx, topic, int(s), w.end, end, func(m kafka.Message) error { w.see(m); return nil })
+	if err != nil {
+		delete(r.wits, s)
+		return fmt.Errorf("outbox: relay read partition %d of %q from offset %d: %w", s, topic, w.end, err)
+	}
+	if first > w.end && w.end > 0 {
+		r.log.Warn("retention deleted messages of the partition that the relay wanted to check; a producer database restored from before them is checked against what is left only",
+			"partition", s, "from", w.end, "log_start", first)
+	}
+	w.end = end
+	return nil
+}
+
+// verify checks, after a publish, that each published row is the first
+// message of its number in its partition, as a consumer deduplicating by
+// watermark sees it: another writer (a copy of the database with a relay
+// of its own) may have published the same numbers between the check and
+// the publish. It returns the rows that lost that race (their events are
+// not applied by such a consumer: they must not be marked published, and
+// are published again under a new epoch), or an error when it cannot tell
+// (then nothing of the cycle may be marked). stamps[i] is rows[i]'s.
+func (r *Relay) verify(ctx context.Context, w *witnessed, rows []storage.OutboxRow, msgOf []int, stamps []*sequenceStamp, sent map[int32]int) (map[int]bool, error) {
+	shards := slices.Sorted(maps.Keys(sent))
+	parts := make([]int, len(shards))
+	for i, s := range shards {
+		parts[i] = int(s)
+	}
+	ends, err := r.wit.EndOffsets(ctx, r.o.cfg.AlignedTopic, parts)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: relay read the end offsets after the publish: %w", err)
+	}
+	raced := map[int32]bool{}
+	for _, s := range shards {
+		st := r.wits[s]
+		if st == nil || st.end != w.ends[s] {
+			return nil, fmt.Errorf("outbox: relay lost track of partition %d", s)
+		}
+		if ends[int(s)] == st.end+int64(sent[s]) {
+			// Nothing else was appended: its messages follow every number
+			// seen, in order.
+			for i, row := range rows {
+				if row.Shard == s && msgOf[i] >= 0 {
+					st.see(kafka.Message{Headers: []kafka.Header{
+						{Key: header.SeqSource, Value: stamps[i].source}, {Key: header.SeqEpoch, Value: stamps[i].epoch},
+						{Key: header.Seq, Value: strconv.AppendInt(nil, row.Seq, 10)}, {Key: header.EventID, Value: []byte(row.EventID)}}})
+				}
+			}
+			st.end = ends[int(s)]
+			continue
+		}
+		raced[s] = true
+		if err := r.readPartition(ctx, s, ends[int(s)]); err != nil {
+			return nil, err
+		}
+	}
+	lost := map[int]bool{}
+	for i, row := range rows {
+		if msgOf[i] < 0 || !raced[row.Shard] {
+			continue
+		}
+		if p, ok := r.wits[row.Shard].events[row.EventID]; !ok || p.epoch != stamps[i].epochN || p.seq != row.Seq {
+			lost[i] = true
+		}
+	}
+	if len(lost) > 0 {
+		r.log.Warn("another writer published numbers of this outbox's source in the same partitions at the same time (a copy of its database with a relay of its own?); the messages it overtook are published again under a new epoch",
+			"topic", r.o.cfg.AlignedTopic, "messages", len(lost))
+	}
+	return lost, nil
+}
+
+// witnessPublished takes in a cycle's acknowledged marks. A shard whose
+// publish or acknowledgement failed is checked again from its stored
+// offset.
+func (r *Relay) witnessPublished(w *witnessed, marks []storage.Mark, failed bool) {
 	if failed {
 		for s := range w.ends {
 			delete(r.wits, s)
 		}
 		return
-	}
-	for s, end := range w.ends {
-		if st := r.wits[s]; st != nil {
-			st.end = end + int64(sent[s])
-		}
 	}
 	for _, m := range marks {
 		if st := r.wits[m.Shard]; st != nil {
@@ -290,20 +377,26 @@ func (r *Relay) witnessPublished(w *witnessed, sent map[int32]int, marks []stora
 	}
 }
 
-// markOffsets sets the Offset of each of marks: the partition's end before
-// the publish if nothing seen in the partition lies past the mark, the
-// stored one otherwise (a check after a restart must read those messages
-// again).
-func (r *Relay) markOffsets(w *witnessed, marks []storage.Mark) {
+// markOffsets sets the Offset and Epoch of each of marks: the partition's
+// end before the publish if nothing read from the partition lies past the
+// mark, the stored one otherwise (a check after a restart must read those
+// messages again); and the epoch of the row at the mark (epochs[i] is
+// rows[i]'s).
+func (r *Relay) markOffsets(w *witnessed, marks []storage.Mark, rows []storage.OutboxRow, epochs []int64) {
 	for i, m := range marks {
 		st := r.wits[m.Shard]
 		if st == nil {
 			continue
 		}
-		if st.settled(m.Seq) {
-			marks[i].Offset = w.ends[m.Shard]
-		} else {
+		if st.pastMark(m.Seq) {
 			marks[i].Offset = st.stored
+		} else {
+			marks[i].Offset = w.ends[m.Shard]
+		}
+		for j, row := range rows {
+			if row.Shard == m.Shard && row.Seq == m.Seq {
+				marks[i].Epoch = epochs[j]
+			}
 		}
 	}
 }

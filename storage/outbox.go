@@ -56,8 +56,8 @@ type OutboxStore interface {
 	Claim(ctx context.Context, db *gorm.DB, req ClaimRequest) ([]OutboxRow, error)
 
 	// Ack moves the published mark of each shard in marks up to its Seq
-	// (never down), storing the Mark's Offset with a mark it moves (a store
-	// that is a MarkReader), only where relay still holds the shard's lease (expired
+	// (never down), storing the Mark's Offset and Epoch with a mark it moves
+	// (a store that is a MarkReader), only where relay still holds the shard's lease (expired
 	// or not, as long as no other relay took it). If relay no longer holds
 	// some of the shards, the others are acknowledged and the error wraps
 	// ErrLeaseLost.
@@ -125,6 +125,10 @@ type Mark struct {
 	// and keeps the stored one with a mark it leaves. 0 means unknown: the
 	// partition's start.
 	Offset int64
+	// Epoch is the epoch under which the row at Seq went out (the stream a
+	// next row continues), stored and kept with Offset. 0 means unknown:
+	// the store's current epoch.
+	Epoch int64
 }
 
 // MarkReader is an optional OutboxStore capability that the relay of an
@@ -134,8 +138,8 @@ type Mark struct {
 // was published before for another event.
 type MarkReader interface {
 	// Marks returns the mark of each of shards, in the order given: the
-	// shard's published Seq and the Offset stored with it (0 if Ack never
-	// stored one). A shard the store does not have is an error.
+	// shard's published Seq and the Offset and Epoch stored with it (0 if
+	// Ack never stored them). A shard the store does not have is an error.
 	Marks(ctx context.Context, db *gorm.DB, shards []int32) ([]Mark, error)
 }
 

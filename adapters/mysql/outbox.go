@@ -166,9 +166,10 @@ func (s *OutboxStore) createStatements(today, last time.Time) []string {
 			owner             VARBINARY(128) NOT NULL DEFAULT '',
 			lease_until       DATETIME(6)    NOT NULL DEFAULT ` + leaseNever + `
 		) ENGINE=InnoDB`,
-		// Where the relay starts reading the shard's partition (storage.Mark.Offset);
+		// Where the relay starts reading the shard's partition, and the epoch
+		// of the row at the mark (storage.Mark.Offset, Epoch);
 		// added to relay tables made before it.
-		`ALTER TABLE ` + s.relayTable() + ` ADD COLUMN IF NOT EXISTS published_offset BIGINT NOT NULL DEFAULT 0`,
+		`ALTER TABLE ` + s.relayTable() + ` ADD COLUMN IF NOT EXISTS published_offset BIGINT NOT NULL DEFAULT 0, ADD COLUMN IF NOT EXISTS published_epoch BIGINT NOT NULL DEFAULT 0`,
 		// One row: the table's source id (made once, by Migrate) and epoch
 		// (raised by BumpEpoch), for the relay's sequence headers.
 		`CREATE TABLE IF NOT EXISTS ` + s.sourceTable() + ` (
@@ -391,11 +392,12 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		return nil
 	}
 	ids := make([]int32, len(marks))
-	var set, offsets strings.Builder
+	var set, offsets, epochs strings.Builder
 	for i, m := range marks {
 		ids[i] = m.Shard
 		fmt.Fprintf(&set, " WHEN %d THEN %d", m.Shard, m.Seq)
 		fmt.Fprintf(&offsets, " WHEN %d THEN %d", m.Shard, m.Offset)
+		fmt.Fprintf(&epochs, " WHEN %d THEN %d", m.Shard, m.Epoch)
 	}
 	var held []int32
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -409,6 +411,7 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		// published_through is still the old mark.
 		if err := tx.Exec(`UPDATE ` + s.relayTable() + ` SET
 			published_offset = IF((CASE shard` + set.String() + ` END) > published_through, CASE shard` + offsets.String() + ` END, published_offset),
+			published_epoch = IF((CASE shard` + set.String() + ` END) > published_through, CASE shard` + epochs.String() + ` END, published_epoch),
 			published_through = GREATEST(published_through, CASE shard` + set.String() + ` END)
 			WHERE shard IN (` + intList(held) + `)`).Error; err != nil {
 			return fmt.Errorf("mysql: mark shards of %s published: %w", s.tbl.name, err)
@@ -434,7 +437,7 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 func (s *OutboxStore) Marks(ctx context.Context, db *gorm.DB, shards []int32) ([]storage.Mark, error) {
 	var got []storage.Mark
 	if len(shards) > 0 {
-		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS ` + "`offset`" + ` FROM ` + s.relayTable() + ` WHERE shard IN (` + intList(shards) + `)`).Scan(&got).Error; err != nil {
+		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS ` + "`offset`" + `, published_epoch AS epoch FROM ` + s.relayTable() + ` WHERE shard IN (` + intList(shards) + `)`).Scan(&got).Error; err != nil {
 			return nil, fmt.Errorf("mysql: read the marks of %s: %w", s.tbl.name, err)
 		}
 	}

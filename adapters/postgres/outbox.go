@@ -131,9 +131,10 @@ func (s *OutboxStore) createStatements() []string {
 			owner             text        NOT NULL DEFAULT '',
 			lease_until       timestamptz NOT NULL DEFAULT '-infinity'
 		)`,
-		// Where the relay starts reading the shard's partition (storage.Mark.Offset);
+		// Where the relay starts reading the shard's partition, and the epoch
+		// of the row at the mark (storage.Mark.Offset, Epoch);
 		// added to relay tables made before it.
-		`ALTER TABLE ` + s.relayTable() + ` ADD COLUMN IF NOT EXISTS published_offset bigint NOT NULL DEFAULT 0`,
+		`ALTER TABLE ` + s.relayTable() + ` ADD COLUMN IF NOT EXISTS published_offset bigint NOT NULL DEFAULT 0, ADD COLUMN IF NOT EXISTS published_epoch bigint NOT NULL DEFAULT 0`,
 		// One row: the table's source id (made once, by Migrate) and epoch
 		// (raised by BumpEpoch), for the relay's sequence headers.
 		`CREATE TABLE IF NOT EXISTS ` + s.sourceTable() + ` (
@@ -328,12 +329,13 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		if i > 0 {
 			values.WriteString(", ")
 		}
-		fmt.Fprintf(&values, "(%d, %d::bigint, %d::bigint)", m.Shard, m.Seq, m.Offset)
+		fmt.Fprintf(&values, "(%d, %d::bigint, %d::bigint, %d::bigint)", m.Shard, m.Seq, m.Offset, m.Epoch)
 	}
 	var done []int32
 	err := db.WithContext(ctx).Raw(`UPDATE `+s.relayTable()+` r SET published_through = GREATEST(r.published_through, v.through),
-		       published_offset = CASE WHEN v.through > r.published_through THEN v.off ELSE r.published_offset END
-		  FROM (VALUES `+values.String()+`) AS v(shard, through, off)
+		       published_offset = CASE WHEN v.through > r.published_through THEN v.off ELSE r.published_offset END,
+		       published_epoch = CASE WHEN v.through > r.published_through THEN v.epoch ELSE r.published_epoch END
+		  FROM (VALUES `+values.String()+`) AS v(shard, through, off, epoch)
 		 WHERE r.shard = v.shard AND r.owner = ?
 		RETURNING r.shard`, relay).Scan(&done).Error
 	if err != nil {
@@ -355,7 +357,7 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 func (s *OutboxStore) Marks(ctx context.Context, db *gorm.DB, shards []int32) ([]storage.Mark, error) {
 	var got []storage.Mark
 	if len(shards) > 0 {
-		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS "offset" FROM `+s.relayTable()+` WHERE shard IN ?`, shards).Scan(&got).Error; err != nil {
+		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS "offset", published_epoch AS epoch FROM `+s.relayTable()+` WHERE shard IN ?`, shards).Scan(&got).Error; err != nil {
 			return nil, fmt.Errorf("postgres: read the marks of %s: %w", s.parent(), err)
 		}
 	}

@@ -104,7 +104,8 @@ func (s *OutboxStore) createStatements() []string {
 			published_through INTEGER NOT NULL DEFAULT 0,
 			owner             TEXT    NOT NULL DEFAULT '',
 			lease_until       INTEGER NOT NULL DEFAULT 0,
-			published_offset  INTEGER NOT NULL DEFAULT 0
+			published_offset  INTEGER NOT NULL DEFAULT 0,
+			published_epoch   INTEGER NOT NULL DEFAULT 0
 		) STRICT`,
 	}
 }
@@ -159,15 +160,18 @@ func (s *OutboxStore) Migrate(ctx context.Context, db *gorm.DB) error {
 				return fmt.Errorf("sqlite: make the source of %s: %w", s.table, err)
 			}
 		}
-		// A shards table made before published_offset (storage.Mark.Offset)
-		// gains it; SQLite has no ADD COLUMN IF NOT EXISTS.
-		var hasOffset int64
-		if err := tx.Raw(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = 'published_offset'`, s.shardsTable).Scan(&hasOffset).Error; err != nil {
-			return fmt.Errorf("sqlite: read the columns of %s: %w", s.shardsTable, err)
-		}
-		if hasOffset == 0 {
-			if err := tx.Exec(`ALTER TABLE ` + s.shardsTable + ` ADD COLUMN published_offset INTEGER NOT NULL DEFAULT 0`).Error; err != nil {
-				return fmt.Errorf("sqlite: add published_offset to %s: %w", s.shardsTable, err)
+		// A shards table made before published_offset and published_epoch
+		// (storage.Mark.Offset, Epoch) gains them; SQLite has no ADD COLUMN
+		// IF NOT EXISTS.
+		for _, col := range []string{"published_offset", "published_epoch"} {
+			var has int64
+			if err := tx.Raw(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, s.shardsTable, col).Scan(&has).Error; err != nil {
+				return fmt.Errorf("sqlite: read the columns of %s: %w", s.shardsTable, err)
+			}
+			if has == 0 {
+				if err := tx.Exec(`ALTER TABLE ` + s.shardsTable + ` ADD COLUMN ` + col + ` INTEGER NOT NULL DEFAULT 0`).Error; err != nil {
+					return fmt.Errorf("sqlite: add %s to %s: %w", col, s.shardsTable, err)
+				}
 			}
 		}
 		var have struct{ N, Top int64 }
@@ -296,7 +300,9 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		lost = lost[:0]
 		for _, m := range marks {
 			res := tx.Exec(`UPDATE `+s.shardsTable+` SET published_through = MAX(published_through, ?),
-				published_offset = CASE WHEN ? > published_through THEN ? ELSE published_offset END WHERE shard = ? AND owner = ?`, m.Seq, m.Seq, m.Offset, m.Shard, relay)
+				published_offset = CASE WHEN ? > published_through THEN ? ELSE published_offset END,
+				published_epoch = CASE WHEN ? > published_through THEN ? ELSE published_epoch END WHERE shard = ? AND owner = ?`,
+				m.Seq, m.Seq, m.Offset, m.Seq, m.Epoch, m.Shard, relay)
 			if res.Error != nil {
 				return fmt.Errorf("sqlite: mark shard %d of %s published: %w", m.Shard, s.table, res.Error)
 			}
@@ -319,7 +325,7 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 func (s *OutboxStore) Marks(ctx context.Context, db *gorm.DB, shards []int32) ([]storage.Mark, error) {
 	var got []storage.Mark
 	if len(shards) > 0 {
-		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS "offset" FROM `+s.shardsTable+` WHERE shard IN ?`, shards).Scan(&got).Error; err != nil {
+		if err := db.WithContext(ctx).Raw(`SELECT shard, published_through AS seq, published_offset AS "offset", published_epoch AS epoch FROM `+s.shardsTable+` WHERE shard IN ?`, shards).Scan(&got).Error; err != nil {
 			return nil, fmt.Errorf("sqlite: read the marks of %s: %w", s.table, err)
 		}
 	}

@@ -26,6 +26,11 @@ import (
 // the count its writes see instead of count, as when the topic changed
 // between the relay's check and the write.
 type pinRecorder struct {
+	// before, if set, runs once at the start of the next PublishPinned:
+	// another writer that publishes between a relay's check and its
+	// publish.
+	before func()
+
 	mu    sync.Mutex
 	count int
 	seen  int
@@ -44,6 +49,10 @@ func (p *pinRecorder) Partitions(context.Context, string) (int, error) {
 }
 
 func (p *pinRecorder) PublishPinned(ctx context.Context, msgs []kafka.Message, partitions []int, count int) error {
+	if before := p.before; before != nil {
+		p.before = nil
+		before()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if seen := cmp.Or(p.seen, p.count); seen != count {

@@ -252,3 +252,69 @@ func TestAlignedRelayAfterRestore(t *testing.T) {
 		})
 	}
 }
+
+// A copy of the producer's database whose relay publishes to the same
+// topic as the original's, at the same moments: each relay sees the
+// other's numbers in the partitions, the one that lost a race for a number
+// publishes its message again under a new epoch, and a consumer
+// deduplicating by watermark applies every event of both once.
+func TestAlignedRelayBesideAClone(t *testing.T) {
+	const shards = 3
+	orig := openSQLiteFile(t, shards)
+	pub := &pinRecorder{count: shards}
+	a := orig.relay(pub)
+	orig.enqueue("ev", 0, 100)
+	drain(t, a)
+	orig.enqueue("ev", 100, 10) // unpublished when the copy is made
+	clone := &sqliteFile{t: t, path: orig.backup(), store: orig.store}
+	clone.open()
+	t.Cleanup(clone.close)
+	b := clone.relay(pub)
+	for round := range 6 {
+		orig.enqueue("orig", round*20, 20)
+		clone.enqueue("clone", round*20, 20)
+		// The clone's relay publishes between the original's check of
+		// the partitions and its publish, every other round.
+		if round%2 == 0 {
+			pub.before = func() {
+				if _, err := b.PublishOnce(t.Context()); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		for range 3 {
+			if _, err := a.PublishOnce(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.PublishOnce(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	drain(t, a)
+	drain(t, b)
+	drain(t, a)
+
+	applied, gaps := watermarkConsumer(pub, shards)
+	for _, g := range gaps {
+		t.Errorf("gap: %s", g)
+	}
+	lost, twice := 0, 0
+	for _, prefix := range []string{"ev", "orig", "clone"} {
+		n := 120
+		if prefix == "ev" {
+			n = 110
+		}
+		for i := range n {
+			switch c := applied[fmt.Sprintf("%s-%04d", prefix, i)]; {
+			case c == 0:
+				lost++
+			case c > 1:
+				twice++
+			}
+		}
+	}
+	if lost > 0 || twice > 0 || len(applied) != 350 {
+		t.Fatalf("%d events lost, %d applied twice, %d applied in all (want 350)", lost, twice, len(applied))
+	}
+}
