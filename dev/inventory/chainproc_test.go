@@ -27,6 +27,15 @@ func (s *sink) Publish(context.Context, []kafka.Message) error  { return errors.
 func (s *sink) Partitions(context.Context, string) (int, error) { return 3, nil }
 func (s *sink) Limits() (int, int)                              { return 100, 1 << 20 }
 
+// The wrappers under test never read the partitions back.
+func (s *sink) EndOffsets(context.Context, string, []int) (map[int]int64, error) {
+	return nil, errors.New("not read")
+}
+
+func (s *sink) ReadPartition(context.Context, string, int, int64, int64, func(kafka.Message) error) (int64, error) {
+	return 0, errors.New("not read")
+}
+
 func (s *sink) PublishPinned(_ context.Context, msgs []kafka.Message, _ []int, _ int) error {
 	s.got = append(s.got, msgs...)
 	var errs kafka.WriteErrors
