@@ -456,9 +456,11 @@ func (c *Config) validate() error {
 		bad("no topics")
 	}
 	seen := make(map[string]bool, len(c.Topics))
+	empty := false
 	for _, t := range c.Topics {
 		if t == "" {
-			bad("empty topic name")
+			empty = true
+			continue
 		}
 		if seen[t] {
 			// startGeneration would start two workers on each of its
@@ -469,6 +471,9 @@ func (c *Config) validate() error {
 		if t == c.DeadLetterTopic {
 			bad("topic %q is also the dead-letter topic", t)
 		}
+	}
+	if empty {
+		bad("empty topic name in Topics")
 	}
 	switch {
 	case c.Handler == nil && c.BatchHandler == nil:

@@ -125,6 +125,10 @@ func New(cfg Config) (*Consumer, error) {
 			return nil, err
 		}
 	}
+	hl, err := hooklist.New("consumer.Config.Hooks", cfg.Hooks)
+	if err != nil {
+		return nil, err
+	}
 	cfg.Topics = slices.Clone(cfg.Topics)
 	var contexts []ContextHook
 	for _, h := range cfg.Hooks {
@@ -141,7 +145,7 @@ func New(cfg Config) (*Consumer, error) {
 		stopped:  make(map[topicPartition]*PartitionStoppedError),
 		workers:  make(map[*worker]struct{}),
 		done:     make(chan struct{}),
-		hooks:    hooklist.New(cfg.Hooks),
+		hooks:    hl,
 		contexts: contexts,
 	}
 	if len(cfg.SequencedSources) > 0 {

@@ -165,10 +165,14 @@ func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if c, ok := db.Statement.ConnPool.(gorm.TxCommitter); ok && c != nil {
 		return nil, fmt.Errorf("%w: New needs the database, not a transaction (use ProcessTx to process inside one)", ErrInvalidConfig)
 	}
+	hl, err := hooklist.New("inbox.Config.Hooks", cfg.Hooks)
+	if err != nil {
+		return nil, err
+	}
 	if err := txn.TrackStatements(db); err != nil {
 		return nil, err
 	}
-	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox"), hooks: hooklist.New(cfg.Hooks)}, nil
+	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox"), hooks: hl}, nil
 }
 
 // Store returns the store the inbox writes through.

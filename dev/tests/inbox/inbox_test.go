@@ -17,6 +17,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
@@ -393,5 +394,25 @@ func TestCancelledProcessEndsItsTransaction(t *testing.T) {
 func closeGorm(db *gorm.DB) {
 	if s, err := db.DB(); err == nil {
 		_ = s.Close()
+	}
+}
+
+// A hook that implements no hook interface would do nothing: New refuses
+// it; a consumer.ContextHook alone is a hook (the same hooks go to the
+// consumer).
+func TestNewRefusesNonHooks(t *testing.T) {
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "t.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []hooks.Hook{"not a hook", 42, func(hooks.Event) {}} {
+		_, err := inbox.New(db, &flakyStore{}, inbox.Config{Hooks: []hooks.Hook{h}})
+		if !errors.Is(err, inbox.ErrInvalidConfig) || !strings.Contains(err.Error(), fmt.Sprintf("inbox.Config.Hooks[0] is a %T", h)) {
+			t.Errorf("%#v: New = %v, want ErrInvalidConfig naming the hook", h, err)
+		}
+	}
+	ctxHook := consumer.ContextFunc(func(ctx context.Context, _ *consumer.Message) context.Context { return ctx })
+	if _, err := inbox.New(db, &flakyStore{}, inbox.Config{Hooks: []hooks.Hook{ctxHook}}); err != nil {
+		t.Fatal(err)
 	}
 }
