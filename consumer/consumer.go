@@ -111,6 +111,10 @@ type Consumer struct {
 	// deduplicated by inbox rows.
 	notedMu sync.Mutex
 	noted   map[string]bool
+
+	// quietDB is Config.DB for the consumer's own statements: they do not
+	// go through the application's GORM logger (see txn.Quiet).
+	quietDB *gorm.DB
 }
 
 // New checks cfg and returns a Consumer. It does not connect to anything;
@@ -147,6 +151,7 @@ func New(cfg Config) (*Consumer, error) {
 		done:     make(chan struct{}),
 		hooks:    hl,
 		contexts: contexts,
+		quietDB:  txn.Quiet(cfg.DB),
 	}
 	if len(cfg.SequencedSources) > 0 {
 		c.trusted = make(map[string]bool, len(cfg.SequencedSources))
@@ -172,12 +177,12 @@ func New(cfg Config) (*Consumer, error) {
 // created by inbox.Inbox.Migrate.)
 func (c *Consumer) Migrate(ctx context.Context) error {
 	if c.cfg.StoreOffsets {
-		if err := c.offsets.Migrate(ctx, c.cfg.DB); err != nil {
+		if err := c.offsets.Migrate(ctx, c.db()); err != nil {
 			return err
 		}
 	}
 	if c.watermarks != nil {
-		if err := c.watermarks.MigrateWatermarks(ctx, c.cfg.DB.WithContext(ctx)); err != nil {
+		if err := c.watermarks.MigrateWatermarks(ctx, c.db().WithContext(ctx)); err != nil {
 			return fmt.Errorf("consumer: migrate the watermarks: %w", err)
 		}
 	}
@@ -454,6 +459,6 @@ func (c *Consumer) startGeneration(runCtx context.Context, gen generation) {
 	c.log.Info("generation started", "generation", gen.id(), "member", gen.memberID(), "partitions", n)
 }
 
-func (c *Consumer) db() *gorm.DB { return c.cfg.DB }
+func (c *Consumer) db() *gorm.DB { return c.quietDB }
 
 func (c *Consumer) classifier() txn.ErrorClassifier { return c.cfg.Classifier }

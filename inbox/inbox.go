@@ -126,7 +126,8 @@ type Config struct {
 // Inbox processes messages exactly once per consumer on top of a storage.InboxStore. It
 // is safe for concurrent use.
 type Inbox struct {
-	db       *gorm.DB
+	db       *gorm.DB // db, quiet (txn.Quiet): the inbox's own statements
+	app      *gorm.DB // db as given
 	store    storage.InboxStore
 	cfg      Config
 	log      *slog.Logger
@@ -136,6 +137,12 @@ type Inbox struct {
 
 // New returns an Inbox writing through db with store. It does not touch the
 // database; call Migrate once at start-up.
+//
+// The inbox's own statements (claims, watermarks, migrations, maintenance;
+// a consumer.Consumer's stored offsets too) are not logged by db's GORM
+// logger, which would show them among the application's ("record not
+// found", "SLOW SQL"); the statements of a handler, in the same
+// transaction, are.
 func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if db == nil || store == nil {
 		return nil, fmt.Errorf("%w: nil db or store", ErrInvalidConfig)
@@ -172,14 +179,16 @@ func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if err := txn.TrackStatements(db); err != nil {
 		return nil, err
 	}
-	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox"), hooks: hl}, nil
+	return &Inbox{db: txn.Quiet(db), app: db, store: store, cfg: cfg, log: log.With("component", "inbox"), hooks: hl}, nil
 }
 
 // Store returns the store the inbox writes through.
 func (ib *Inbox) Store() storage.InboxStore { return ib.store }
 
-// DB returns the database handle the inbox opens transactions on.
-func (ib *Inbox) DB() *gorm.DB { return ib.db }
+// DB returns the database handle the inbox opens transactions on, as it
+// was given to New. (The inbox's own statements do not go through its GORM
+// logger; a handler's do.)
+func (ib *Inbox) DB() *gorm.DB { return ib.app }
 
 // Migrate creates or upgrades the inbox table, retrying transient errors.
 // It does not prepare partitions: call Maintain (or start RunMaintenance)
@@ -565,7 +574,7 @@ func callBatchHandler(ctx context.Context, tx *gorm.DB, msgs []Message, h BatchH
 			err = newPanicError(r)
 		}
 	}()
-	return h(ctx, tx, msgs)
+	return h(ctx, txn.ForApplication(nil, tx), msgs)
 }
 
 // handle calls h for msg inside the HandlerTracer hooks, if any.
@@ -594,7 +603,7 @@ func callHandler(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (err 
 			err = newPanicError(r)
 		}
 	}()
-	return h(ctx, tx, msg)
+	return h(ctx, txn.ForApplication(nil, tx), msg)
 }
 
 // retry runs fn until it succeeds, fails with a permanent error, the context

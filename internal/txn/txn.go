@@ -619,7 +619,7 @@ func InSavepoint(ctx context.Context, tx *gorm.DB, classify ErrorClassifier, fn 
 	if c, ok := tx.Statement.ConnPool.(gorm.TxCommitter); !ok || c == nil {
 		return fmt.Errorf("%w: ProcessTx needs a *gorm.DB inside a transaction (from db.Begin or db.Transaction)", storage.ErrInvalidConfig)
 	}
-	tx = tx.WithContext(ctx)
+	tx = quietSession(ctx, tx)
 	name := fmt.Sprintf("inbox_sp_%d", savepointSeq.Add(1))
 	if err := tx.SavePoint(name).Error; err != nil {
 		return &Failure{Op: "savepoint", Err: err}

@@ -319,16 +319,21 @@ func TestMaintainPlanRefusesExpiringCheckedDays(t *testing.T) {
 // The transactions Process opens keep GORM's DefaultTransactionTimeout: a
 // handler still working when it ends cannot commit.
 func TestProcessKeepsDefaultTransactionTimeout(t *testing.T) {
-	ib, _ := newTestInbox(t, inbox.Config{MaxAttempts: 1})
-	ib.DB().DefaultTransactionTimeout = 50 * time.Millisecond
-	out, err := ib.Process(t.Context(), msg("slow"), func(ctx context.Context, tx *gorm.DB, _ inbox.Message) error {
+	ib, store := newTestInbox(t, inbox.Config{MaxAttempts: 1})
+	// The timeout is GORM's configuration: set before New, as gorm.Open's.
+	timed := ib.DB().Session(&gorm.Session{})
+	timed.DefaultTransactionTimeout = 50 * time.Millisecond
+	tib, err := inbox.New(timed, store, inbox.Config{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := tib.Process(t.Context(), msg("slow"), func(ctx context.Context, tx *gorm.DB, _ inbox.Message) error {
 		time.Sleep(200 * time.Millisecond)
 		return tx.Exec("SELECT 1").Error
 	})
 	if out != inbox.Failed || err == nil {
 		t.Fatalf("a handler past the transaction timeout: %v %v, want Failed", out, err)
 	}
-	ib.DB().DefaultTransactionTimeout = 0
 	if out, err := ib.Process(t.Context(), msg("slow"), noop); out != inbox.Processed || err != nil {
 		t.Fatalf("after the timed-out attempt: %v %v, want Processed (nothing committed)", out, err)
 	}
