@@ -404,7 +404,9 @@ type Config struct {
 	// only redundant. Without Inbox nothing is maintained.
 	MaintenanceInterval time.Duration
 
-	// Logger receives the consumer's logs. Default slog.Default().
+	// Logger receives the consumer's logs. Default slog.Default(). The
+	// values a message brings (its event id, its key) are logged shortened
+	// to 64 bytes, as error texts show them.
 	Logger *slog.Logger
 	// Hooks receive the consumer's events (hooks.EventHook: outcomes once
 	// they are decided, retries, dead letters, commits, lag, assignments,

@@ -16,6 +16,7 @@ import (
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/hooklist"
 	"github.com/inboxgo/inbox/internal/offsets"
+	"github.com/inboxgo/inbox/internal/short"
 	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
@@ -143,7 +144,7 @@ func New(cfg Config) (*Consumer, error) {
 	cfg.Brokers = slices.Clone(cfg.Brokers)
 	c := &Consumer{
 		cfg:      cfg,
-		log:      cfg.Logger.With("component", "inbox-consumer", "group", cfg.GroupID),
+		log:      short.Logger(cfg.Logger).With("component", "inbox-consumer", "group", cfg.GroupID),
 		offsets:  offsets.Store{Table: cfg.OffsetsTable, Group: cfg.GroupID},
 		dlq:      cfg.DeadLetterWriter,
 		stopped:  make(map[topicPartition]*PartitionStoppedError),

@@ -15,6 +15,7 @@ import (
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/hooklist"
+	"github.com/inboxgo/inbox/internal/short"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -109,7 +110,9 @@ type Config struct {
 	// allowed). Nil uses the database default.
 	TxOptions *sql.TxOptions
 	// Logger receives retries (Warn), failures (Error) and duplicates
-	// (Debug). Default slog.Default().
+	// (Debug). Default slog.Default(). The values a message brings (its
+	// event id, its consumer) are logged shortened to 64 bytes, as error
+	// texts show them.
 	Logger *slog.Logger
 	// Hooks receive every outcome and retry (hooks.EventHook) and are
 	// called around each message's processing, its claim and its handler
@@ -169,6 +172,7 @@ func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	log = short.Logger(log)
 	if c, ok := db.Statement.ConnPool.(gorm.TxCommitter); ok && c != nil {
 		return nil, fmt.Errorf("%w: New needs the database, not a transaction (use ProcessTx to process inside one)", ErrInvalidConfig)
 	}

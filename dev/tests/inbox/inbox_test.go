@@ -421,3 +421,17 @@ func TestNewRefusesNonHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A 10,000-byte event id is logged shortened, as its error text shows it.
+func TestLongEventIDIsLoggedShortened(t *testing.T) {
+	var logs strings.Builder
+	ib, _ := newTestInbox(t, inbox.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	long := strings.Repeat("x", 10000)
+	if out, err := ib.Process(t.Context(), msg(long), noop); out != inbox.Failed || !errors.Is(err, inbox.ErrInvalidMessage) {
+		t.Fatalf("Process = %v, %v; want Failed, ErrInvalidMessage", out, err)
+	}
+	line := logs.String()
+	if !strings.Contains(line, "event_id="+strings.Repeat("x", 64)+"...") || len(line) > 1000 {
+		t.Errorf("log of %d bytes: %.500s", len(line), line)
+	}
+}
