@@ -624,8 +624,12 @@ func (ib *Inbox) retryUnless(ctx context.Context, callerRetries bool, fn func(at
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil {
-			return errors.Join(err, ctx.Err())
+		if cerr := ctx.Err(); cerr != nil {
+			if errors.Is(err, cerr) {
+				return err
+			}
+			// One line: errors.Join would add a newline.
+			return fmt.Errorf("%w; not retried, the context ended: %w", err, cerr)
 		}
 		if callerRetries || !ib.IsRetryable(err) {
 			return err

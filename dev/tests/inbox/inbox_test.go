@@ -435,3 +435,28 @@ func TestLongEventIDIsLoggedShortened(t *testing.T) {
 		t.Errorf("log of %d bytes: %.500s", len(line), line)
 	}
 }
+
+// A cancelled context is what the error says, once, on one line: not a
+// database failure.
+func TestCancelledContextIsNotCalledADatabaseFailure(t *testing.T) {
+	var logs strings.Builder
+	ib, _ := newTestInbox(t, inbox.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	for _, end := range []func() (context.Context, context.CancelFunc){
+		func() (context.Context, context.CancelFunc) { return context.WithCancel(t.Context()) },
+		func() (context.Context, context.CancelFunc) { return context.WithDeadline(t.Context(), time.Now()) },
+	} {
+		ctx, cancel := end()
+		cancel()
+		out, err := ib.Process(ctx, msg("cancelled"), noop)
+		if out != inbox.Failed || !errors.Is(err, ctx.Err()) {
+			t.Fatalf("Process = %v, %v; want Failed, %v", out, err, ctx.Err())
+		}
+		text := err.Error()
+		if strings.Contains(text, "database failure") || strings.Contains(text, "\n") || strings.Count(text, ctx.Err().Error()) != 1 {
+			t.Errorf("error %q: want one line naming %q once, and no database failure", text, ctx.Err())
+		}
+	}
+	if strings.Contains(logs.String(), "database failure") || strings.Count(logs.String(), "\n") != 2 {
+		t.Errorf("logs:\n%s", logs.String())
+	}
+}
