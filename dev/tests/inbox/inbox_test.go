@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -458,5 +460,63 @@ func TestCancelledContextIsNotCalledADatabaseFailure(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "database failure") || strings.Count(logs.String(), "\n") != 2 {
 		t.Errorf("logs:\n%s", logs.String())
+	}
+}
+
+// stmtRecorder is an application's GORM logger that records each
+// statement.
+type stmtRecorder struct {
+	logger.Interface
+	mu    sync.Mutex
+	stmts []string
+}
+
+func (r *stmtRecorder) LogMode(logger.LogLevel) logger.Interface { return r }
+func (r *stmtRecorder) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
+	sql, _ := fc()
+	r.mu.Lock()
+	r.stmts = append(r.stmts, sql)
+	r.mu.Unlock()
+}
+
+// Process and ProcessTx run their own statements (the claim, the
+// savepoint, the migration) past the application's GORM logger; the
+// handler's statements reach it, also inside the caller's transaction.
+func TestOwnStatementsBypassTheApplicationsGORMLogger(t *testing.T) {
+	rec := &stmtRecorder{Interface: logger.Discard}
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "t.db")), &gorm.Config{Logger: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := inboxsqlite.New(inboxsqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.New(db, store, inbox.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	handler := func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
+		return tx.Exec("SELECT 'handler " + m.ID + "'").Error
+	}
+	if _, err := ib.Process(t.Context(), msg("a"), handler); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("SELECT 'caller'").Error; err != nil {
+			return err
+		}
+		_, err := ib.ProcessTx(t.Context(), tx, msg("b"), handler)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if want := []string{"SELECT 'handler a'", "SELECT 'caller'", "SELECT 'handler b'"}; !slices.Equal(rec.stmts, want) {
+		t.Errorf("the application's logger got %q, want %q", rec.stmts, want)
 	}
 }
