@@ -404,7 +404,9 @@ type Config struct {
 	// only redundant. Without Inbox nothing is maintained.
 	MaintenanceInterval time.Duration
 
-	// Logger receives the consumer's logs. Default slog.Default().
+	// Logger receives the consumer's logs. Default slog.Default(). The
+	// values a message brings (its event id, its key) are logged shortened
+	// to 64 bytes, as error texts show them.
 	Logger *slog.Logger
 	// Hooks receive the consumer's events (hooks.EventHook: outcomes once
 	// they are decided, retries, dead letters, commits, lag, assignments,
@@ -456,9 +458,11 @@ func (c *Config) validate() error {
 		bad("no topics")
 	}
 	seen := make(map[string]bool, len(c.Topics))
+	empty := false
 	for _, t := range c.Topics {
 		if t == "" {
-			bad("empty topic name")
+			empty = true
+			continue
 		}
 		if seen[t] {
 			// startGeneration would start two workers on each of its
@@ -469,6 +473,9 @@ func (c *Config) validate() error {
 		if t == c.DeadLetterTopic {
 			bad("topic %q is also the dead-letter topic", t)
 		}
+	}
+	if empty {
+		bad("empty topic name in Topics")
 	}
 	switch {
 	case c.Handler == nil && c.BatchHandler == nil:

@@ -16,6 +16,7 @@ import (
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/hooklist"
 	"github.com/inboxgo/inbox/internal/offsets"
+	"github.com/inboxgo/inbox/internal/short"
 	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
@@ -111,6 +112,10 @@ type Consumer struct {
 	// deduplicated by inbox rows.
 	notedMu sync.Mutex
 	noted   map[string]bool
+
+	// quietDB is Config.DB for the consumer's own statements: they do not
+	// go through the application's GORM logger (see txn.Quiet).
+	quietDB *gorm.DB
 }
 
 // New checks cfg and returns a Consumer. It does not connect to anything;
@@ -125,6 +130,10 @@ func New(cfg Config) (*Consumer, error) {
 			return nil, err
 		}
 	}
+	hl, err := hooklist.New("consumer.Config.Hooks", cfg.Hooks)
+	if err != nil {
+		return nil, err
+	}
 	cfg.Topics = slices.Clone(cfg.Topics)
 	var contexts []ContextHook
 	for _, h := range cfg.Hooks {
@@ -135,14 +144,15 @@ func New(cfg Config) (*Consumer, error) {
 	cfg.Brokers = slices.Clone(cfg.Brokers)
 	c := &Consumer{
 		cfg:      cfg,
-		log:      cfg.Logger.With("component", "inbox-consumer", "group", cfg.GroupID),
+		log:      short.Logger(cfg.Logger).With("component", "inbox-consumer", "group", cfg.GroupID),
 		offsets:  offsets.Store{Table: cfg.OffsetsTable, Group: cfg.GroupID},
 		dlq:      cfg.DeadLetterWriter,
 		stopped:  make(map[topicPartition]*PartitionStoppedError),
 		workers:  make(map[*worker]struct{}),
 		done:     make(chan struct{}),
-		hooks:    hooklist.New(cfg.Hooks),
+		hooks:    hl,
 		contexts: contexts,
+		quietDB:  txn.Quiet(cfg.DB),
 	}
 	if len(cfg.SequencedSources) > 0 {
 		c.trusted = make(map[string]bool, len(cfg.SequencedSources))
@@ -168,12 +178,12 @@ func New(cfg Config) (*Consumer, error) {
 // created by inbox.Inbox.Migrate.)
 func (c *Consumer) Migrate(ctx context.Context) error {
 	if c.cfg.StoreOffsets {
-		if err := c.offsets.Migrate(ctx, c.cfg.DB); err != nil {
+		if err := c.offsets.Migrate(ctx, c.db()); err != nil {
 			return err
 		}
 	}
 	if c.watermarks != nil {
-		if err := c.watermarks.MigrateWatermarks(ctx, c.cfg.DB.WithContext(ctx)); err != nil {
+		if err := c.watermarks.MigrateWatermarks(ctx, c.db().WithContext(ctx)); err != nil {
 			return fmt.Errorf("consumer: migrate the watermarks: %w", err)
 		}
 	}
@@ -450,6 +460,6 @@ func (c *Consumer) startGeneration(runCtx context.Context, gen generation) {
 	c.log.Info("generation started", "generation", gen.id(), "member", gen.memberID(), "partitions", n)
 }
 
-func (c *Consumer) db() *gorm.DB { return c.cfg.DB }
+func (c *Consumer) db() *gorm.DB { return c.quietDB }
 
 func (c *Consumer) classifier() txn.ErrorClassifier { return c.cfg.Classifier }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/internal/short"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -88,12 +89,7 @@ func firstHeader(hs []kafka.Header, keys []string) ([]byte, string, error) {
 	return nil, "", nil
 }
 
-func shorten(b []byte) string {
-	if len(b) > 64 {
-		return string(b[:64]) + "..."
-	}
-	return string(b)
-}
+func shorten(b []byte) string { return short.String(b) }
 
 // ProvenanceExtractor uses the message's position as its id
 // ("topic/partition/offset") and the broker's timestamp as its time.

@@ -1,6 +1,17 @@
 package consumer
 
-import "context"
+import (
+	"context"
+
+	"github.com/inboxgo/inbox/hooks"
+	"github.com/inboxgo/inbox/internal/hooklist"
+)
+
+// The inbox's and the relay's New accept a hook that is only a ContextHook:
+// the same hooks go to the inbox and to its consumer.
+func init() {
+	hooklist.Register("consumer.ContextHook", func(h hooks.Hook) bool { _, ok := h.(ContextHook); return ok })
+}
 
 // ContextHook is a hook (see package hooks, and Config.Hooks) that gives
 // each message the context it is processed under. MessageContext is called

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 )
 
@@ -264,6 +266,35 @@ func TestConfigValidation(t *testing.T) {
 		} else if !strings.Contains(err.Error(), "consumer:") && name != "bad offsets table" {
 			t.Errorf("%s: unclear error %v", name, err)
 		}
+	}
+}
+
+// A hook that implements no hook interface would do nothing: New refuses
+// it, naming its type.
+func TestConfigRefusesNonHooks(t *testing.T) {
+	ok := Config{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topics: []string{"t"}, Inbox: &inbox.Inbox{}, Consumer: "c",
+		Handler: func(context.Context, *gorm.DB, Message) error { return nil }}
+	for _, h := range []hooks.Hook{"not a hook", 42, func(context.Context, *Message) context.Context { return nil }} {
+		cfg := ok
+		cfg.Hooks = []hooks.Hook{ContextFunc(func(ctx context.Context, _ *Message) context.Context { return ctx }), h}
+		_, err := New(cfg)
+		if !errors.Is(err, inbox.ErrInvalidConfig) || !strings.Contains(err.Error(), fmt.Sprintf("consumer.Config.Hooks[1] is a %T", h)) {
+			t.Errorf("%#v: New = %v, want ErrInvalidConfig naming the hook", h, err)
+		}
+	}
+}
+
+// An empty topic name is one problem, reported once: without a dead-letter
+// topic it is not "also the dead-letter topic".
+func TestConfigEmptyTopic(t *testing.T) {
+	cfg := Config{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topics: []string{"t", "", ""}, Inbox: &inbox.Inbox{}, Consumer: "c",
+		Handler: func(context.Context, *gorm.DB, Message) error { return nil }}
+	_, err := New(cfg)
+	if !errors.Is(err, inbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "empty topic name") {
+		t.Fatalf("New = %v, want ErrInvalidConfig for the empty topic name", err)
+	}
+	if strings.Count(err.Error(), "topic") != 1 {
+		t.Errorf("New = %q, want the empty topic name alone, once", err)
 	}
 }
 

@@ -28,7 +28,9 @@ import (
 )
 
 // Hook is a value implementing one or more of this package's interfaces
-// (or consumer.ContextHook). A value implementing none is ignored.
+// (or consumer.ContextHook). The New of a Config that takes hooks refuses
+// one implementing none (a bare function, a mistyped value), with an error
+// wrapping inbox.ErrInvalidConfig; a nil hook is left out.
 //
 // Hooks are called synchronously on the path of the work they report: they
 // must be fast, safe for concurrent use, and must not panic.

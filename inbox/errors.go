@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/inboxgo/inbox/internal/short"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -38,11 +39,7 @@ func (e *ValidationError) Error() string {
 	if e.Value == "" {
 		return fmt.Sprintf("inbox: invalid %s: %s", e.Field, e.Reason)
 	}
-	v := e.Value
-	if len(v) > 64 {
-		v = v[:64] + "..."
-	}
-	return fmt.Sprintf("inbox: invalid %s %q: %s", e.Field, v, e.Reason)
+	return fmt.Sprintf("inbox: invalid %s %q: %s", e.Field, short.String(e.Value), e.Reason)
 }
 
 func (e *ValidationError) Unwrap() error {

@@ -15,6 +15,7 @@ import (
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/hooklist"
+	"github.com/inboxgo/inbox/internal/short"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -109,7 +110,9 @@ type Config struct {
 	// allowed). Nil uses the database default.
 	TxOptions *sql.TxOptions
 	// Logger receives retries (Warn), failures (Error) and duplicates
-	// (Debug). Default slog.Default().
+	// (Debug). Default slog.Default(). The values a message brings (its
+	// event id, its consumer) are logged shortened to 64 bytes, as error
+	// texts show them.
 	Logger *slog.Logger
 	// Hooks receive every outcome and retry (hooks.EventHook) and are
 	// called around each message's processing, its claim and its handler
@@ -126,7 +129,8 @@ type Config struct {
 // Inbox processes messages exactly once per consumer on top of a storage.InboxStore. It
 // is safe for concurrent use.
 type Inbox struct {
-	db       *gorm.DB
+	db       *gorm.DB // db, quiet (txn.Quiet): the inbox's own statements
+	app      *gorm.DB // db as given
 	store    storage.InboxStore
 	cfg      Config
 	log      *slog.Logger
@@ -136,6 +140,12 @@ type Inbox struct {
 
 // New returns an Inbox writing through db with store. It does not touch the
 // database; call Migrate once at start-up.
+//
+// The inbox's own statements (claims, watermarks, migrations, maintenance;
+// a consumer.Consumer's stored offsets too) are not logged by db's GORM
+// logger, which would show them among the application's ("record not
+// found", "SLOW SQL"); the statements of a handler, in the same
+// transaction, are.
 func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if db == nil || store == nil {
 		return nil, fmt.Errorf("%w: nil db or store", ErrInvalidConfig)
@@ -162,20 +172,27 @@ func New(db *gorm.DB, store storage.InboxStore, cfg Config) (*Inbox, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	log = short.Logger(log)
 	if c, ok := db.Statement.ConnPool.(gorm.TxCommitter); ok && c != nil {
 		return nil, fmt.Errorf("%w: New needs the database, not a transaction (use ProcessTx to process inside one)", ErrInvalidConfig)
+	}
+	hl, err := hooklist.New("inbox.Config.Hooks", cfg.Hooks)
+	if err != nil {
+		return nil, err
 	}
 	if err := txn.TrackStatements(db); err != nil {
 		return nil, err
 	}
-	return &Inbox{db: db, store: store, cfg: cfg, log: log.With("component", "inbox"), hooks: hooklist.New(cfg.Hooks)}, nil
+	return &Inbox{db: txn.Quiet(db), app: db, store: store, cfg: cfg, log: log.With("component", "inbox"), hooks: hl}, nil
 }
 
 // Store returns the store the inbox writes through.
 func (ib *Inbox) Store() storage.InboxStore { return ib.store }
 
-// DB returns the database handle the inbox opens transactions on.
-func (ib *Inbox) DB() *gorm.DB { return ib.db }
+// DB returns the database handle the inbox opens transactions on, as it
+// was given to New. (The inbox's own statements do not go through its GORM
+// logger; a handler's do.)
+func (ib *Inbox) DB() *gorm.DB { return ib.app }
 
 // Migrate creates or upgrades the inbox table, retrying transient errors.
 // It does not prepare partitions: call Maintain (or start RunMaintenance)
@@ -561,7 +578,7 @@ func callBatchHandler(ctx context.Context, tx *gorm.DB, msgs []Message, h BatchH
 			err = newPanicError(r)
 		}
 	}()
-	return h(ctx, tx, msgs)
+	return h(ctx, txn.ForApplication(nil, tx), msgs)
 }
 
 // handle calls h for msg inside the HandlerTracer hooks, if any.
@@ -590,7 +607,7 @@ func callHandler(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (err 
 			err = newPanicError(r)
 		}
 	}()
-	return h(ctx, tx, msg)
+	return h(ctx, txn.ForApplication(nil, tx), msg)
 }
 
 // retry runs fn until it succeeds, fails with a permanent error, the context
@@ -607,8 +624,12 @@ func (ib *Inbox) retryUnless(ctx context.Context, callerRetries bool, fn func(at
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil {
-			return errors.Join(err, ctx.Err())
+		if cerr := ctx.Err(); cerr != nil {
+			if errors.Is(err, cerr) {
+				return err
+			}
+			// One line: errors.Join would add a newline.
+			return fmt.Errorf("%w; not retried, the context ended: %w", err, cerr)
 		}
 		if callerRetries || !ib.IsRetryable(err) {
 			return err

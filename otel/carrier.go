@@ -68,13 +68,13 @@ func (c HeaderCarrier) Keys() []string {
 	return keys
 }
 
-// MessageContext returns a function (for consumer.ContextFunc) that
-// extracts the trace context (and baggage) a producer put into the
+// MessageContext returns a consumer.ContextHook, for consumer.Config.Hooks,
+// that extracts the trace context (and baggage) a producer put into the
 // message's headers with p, so that the message's spans and the handler's
 // continue the producer's trace. A nil p means W3C Trace Context and
 // Baggage. A message without such headers keeps ctx. A [Hook] does the
 // same; use this alone to propagate without the inbox's spans.
-func MessageContext(p propagation.TextMapPropagator) func(ctx context.Context, msg *consumer.Message) context.Context {
+func MessageContext(p propagation.TextMapPropagator) consumer.ContextFunc {
 	if p == nil {
 		p = defaultPropagator()
 	}

@@ -75,7 +75,7 @@ func ExampleNewHeaderCarrier() {
 // the inbox's (a naturally idempotent consumer, say) installs MessageContext
 // alone:
 //
-//	cfg.MessageContext = inboxotel.MessageContext(nil)
+//	cfg.Hooks = append(cfg.Hooks, inboxotel.MessageContext(nil)) // cfg is the consumer.Config
 //
 // The handler's context then carries the producer's span as its remote
 // parent, and the handler's own spans join that trace.
@@ -85,7 +85,7 @@ func ExampleMessageContext() {
 		{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
 	}}}
 
-	ctx := hook(context.Background(), msg)
+	ctx := hook.MessageContext(context.Background(), msg)
 	parent := trace.SpanContextFromContext(ctx)
 	fmt.Println(parent.TraceID(), parent.SpanID(), parent.IsRemote())
 	// Output: 4bf92f3577b34da6a3ce929d0e0e4736 00f067aa0ba902b7 true

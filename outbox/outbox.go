@@ -123,7 +123,7 @@ func New(db *gorm.DB, store storage.OutboxStore, cfg Config) (*Outbox, error) {
 	if err := txn.TrackStatements(db); err != nil {
 		return nil, err
 	}
-	o := &Outbox{db: db, store: store, cfg: cfg, log: log.With("component", "outbox")}
+	o := &Outbox{db: txn.Quiet(db), store: store, cfg: cfg, log: log.With("component", "outbox")}
 	if sq, ok := store.(storage.Sequenced); ok && !cfg.NoSequenceHeaders {
 		o.seq = sq
 	}

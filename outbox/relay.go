@@ -118,7 +118,11 @@ func (o *Outbox) NewRelay(pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if len(cfg.ID) > 128 {
 		return nil, fmt.Errorf("%w: relay id longer than 128 bytes", inbox.ErrInvalidConfig)
 	}
-	r := &Relay{o: o, pub: pub, cfg: cfg, maxBytes: maxBytes, log: o.log.With("relay", cfg.ID), hooks: hooklist.New(cfg.Hooks)}
+	hl, err := hooklist.New("outbox.RelayConfig.Hooks", cfg.Hooks)
+	if err != nil {
+		return nil, err
+	}
+	r := &Relay{o: o, pub: pub, cfg: cfg, maxBytes: maxBytes, log: o.log.With("relay", cfg.ID), hooks: hl}
 	if o.shards > 0 {
 		pin, ok := pub.(PinningPublisher)
 		if !ok {

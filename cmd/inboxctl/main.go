@@ -12,7 +12,7 @@
 //
 //	migrate     create or upgrade the inbox table and its watermark table
 //	maintain    prepare the coming days and expire old ones (--dry-run shows the plan)
-//	stats       rows per consumer and day, oldest and newest day, size on disk
+//	stats       rows per consumer and day, oldest and newest day, watermark streams per consumer, size on disk
 //	watermarks  a consumer's watermarks of sequenced dedup: per stream, the sequence numbers applied
 //	check       run the conformance checks against the live database
 //	outbox      migrate|maintain|stats|source|bump-epoch for the outbox table (package outbox)
@@ -107,7 +107,7 @@ func commands() []command {
 	return []command{
 		{"migrate", "create or upgrade the inbox table and its watermark table", runMigrate},
 		{"maintain", "prepare the coming days and expire old ones (--dry-run shows the plan)", runMaintain},
-		{"stats", "rows per consumer and day, oldest and newest day, size on disk", runStats},
+		{"stats", "rows per consumer and day, oldest and newest day, watermark streams per consumer, size on disk", runStats},
 		{"watermarks", "a consumer's watermarks of sequenced dedup: per stream, the sequence numbers applied (--consumer NAME)", runWatermarks},
 		{"check", "run the conformance checks against the live database", runCheck},
 		{"outbox", "migrate, maintain or report the outbox table, show or bump its epoch (inboxctl outbox migrate|maintain|stats|source|bump-epoch)", runOutbox},

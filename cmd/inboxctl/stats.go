@@ -19,7 +19,11 @@ oldest and newest day and total, the days that maintain would expire under
 --retention-days, and the space the table takes on disk where the database
 can tell (PostgreSQL pg_total_relation_size per partition, MySQL/MariaDB
 information_schema data and index length per partition, SQLite dbstat or
-the database file's page_count*page_size).`,
+the database file's page_count*page_size).
+
+Consumers that deduplicate by watermark (sequenced dedup) keep no inbox rows
+for those messages: where the watermark table <table>_watermarks exists,
+stats lists each consumer's streams and sources in it too.`,
 	examples: `  inboxctl stats --dsn "$DSN"
   inboxctl stats --dsn "$DSN" --table orders_inbox --retention-days 14 --json | jq .consumers
 `,
@@ -39,6 +43,10 @@ type statsResult struct {
 	Consumers     []consumerStats `json:"consumers"`
 	Size          *sizeInfo       `json:"size,omitempty"`
 	SizeError     string          `json:"size_error,omitempty"`
+	// WatermarkTable and WatermarkConsumers: the consumers with streams of
+	// sequenced dedup; both omitted where the table does not exist.
+	WatermarkTable     string              `json:"watermark_table,omitempty"`
+	WatermarkConsumers []watermarkConsumer `json:"watermark_consumers,omitempty"`
 }
 
 type consumerStats struct {
@@ -117,6 +125,13 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if !oldest.IsZero() {
 		res.OldestDay, res.NewestDay = day(oldest), day(newest)
 	}
+	if wm := c.table + c.b.watermarkSuffix; c.hasTable(ctx, wm) {
+		wcs, err := c.watermarkConsumers(ctx, wm)
+		if err != nil {
+			return fail(stderr, "stats", fmt.Errorf("read watermark table %s: %w", qualified(c.schema, wm), err))
+		}
+		res.WatermarkTable, res.WatermarkConsumers = wm, wcs
+	}
 	if c.b.size != nil {
 		size, err := c.b.size(ctx, c.db, c.schema, c.table)
 		if err != nil {
@@ -159,6 +174,21 @@ func printStats(out io.Writer, r statsResult) {
 		fmt.Fprintf(w, "(all %d)\t%d\t%d\t%s\t%s\t\n", len(r.Consumers), r.TotalRows, len(days), r.OldestDay, r.NewestDay)
 		_ = w.Flush()
 		fmt.Fprintf(out, "\nretention %d days: %d rows of days before %s would be removed by maintain\n", r.RetentionDays, r.ExpiredRows, r.ExpireBefore)
+	}
+	if r.WatermarkTable != "" {
+		fmt.Fprintf(out, "\nwatermark table %s (sequenced dedup, no inbox rows): ", qualified(r.Schema, r.WatermarkTable))
+		if len(r.WatermarkConsumers) == 0 {
+			fmt.Fprintln(out, "no streams")
+		} else {
+			fmt.Fprintf(out, "%d consumer(s)\n", len(r.WatermarkConsumers))
+			w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "CONSUMER\tSTREAMS\tSOURCES\t")
+			for _, c := range r.WatermarkConsumers {
+				fmt.Fprintf(w, "%s\t%d\t%d\t\n", cell(c.Consumer), c.Streams, c.Sources)
+			}
+			_ = w.Flush()
+		}
+		fmt.Fprintln(out)
 	}
 	switch {
 	case r.Size != nil:

@@ -35,7 +35,12 @@ and --json always has them. --topic and --partition list only those streams.
 
 A stored value that does not decode (the consumer stops such a partition
 until it is repaired) is an error naming its stream and showing its bytes:
-the other streams are still listed, and the exit status is 1.`,
+the other streams are still listed, and the exit status is 1.
+
+No stream at all (a mistyped --consumer, --topic or --partition, or a
+consumer that has applied no sequenced message yet) is an error too, exit
+status 1, naming the consumers that have streams, or the consumer's streams
+elsewhere when a filter left none.`,
 	examples: `  inboxctl watermarks --dsn "$DSN" --consumer billing
   inboxctl watermarks --dsn "$DSN" --consumer billing --topic orders --partition 3 -v
   inboxctl watermarks --dsn "$DSN" --table orders_inbox --consumer billing --json | jq '.streams[] | select(.epoch > 1)'
@@ -144,6 +149,9 @@ func runWatermarks(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		return fail(stderr, "watermarks", err)
 	}
+	if len(rows) == 0 {
+		return fail(stderr, "watermarks", c.noStreams(ctx, ws, wmTable, *consumer, *topic, p))
+	}
 	slices.SortFunc(rows, func(a, b storage.WatermarkRow) int { return a.Compare(b.WatermarkKey) })
 	res := watermarksResult{Dialect: c.b.name, Table: wmTable, Schema: c.schema, Consumer: *consumer, Topic: *topic, Streams: []streamWatermark{}}
 	if partition.set {
@@ -182,6 +190,59 @@ func runWatermarks(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	printWatermarks(stdout, res, o.verbose)
 	return code
+}
+
+// noStreams is the error for a listing of consumer's streams on topic ("":
+// any) and partition (-1: any) that found none: it says whether consumer
+// has streams elsewhere, or else which consumers have any.
+func (c *conn) noStreams(ctx context.Context, ws storage.WatermarkStore, wmTable, consumer, topic string, partition int32) error {
+	where := qualified(c.schema, wmTable)
+	if topic != "" || partition >= 0 {
+		filter := ""
+		if topic != "" {
+			filter += " on topic " + cell(topic)
+		}
+		if partition >= 0 {
+			filter += fmt.Sprintf(" on partition %d", partition)
+		}
+		if all, err := ws.Watermarks(ctx, c.db, consumer, "", -1); err == nil && len(all) > 0 {
+			return fmt.Errorf("consumer %s has %d stream(s) in %s, none%s", cell(consumer), len(all), where, filter)
+		}
+	}
+	err := fmt.Errorf("no stream of consumer %s exists in %s (--consumer is the consumer's Config.Consumer; a consumer has streams once it applied a message of a trusted sequenced source)", cell(consumer), where)
+	if others, oerr := c.watermarkConsumers(ctx, wmTable); oerr == nil && len(others) > 0 {
+		names := make([]string, len(others))
+		for i, o := range others {
+			names[i] = cell(o.Consumer)
+		}
+		err = fmt.Errorf("%w; consumers with streams: %s", err, strings.Join(names, ", "))
+	}
+	return err
+}
+
+// watermarkConsumer is one consumer's streams in a watermark table.
+type watermarkConsumer struct {
+	Consumer string `json:"consumer"`
+	Streams  int64  `json:"streams"` // (topic, partition, source, epoch)
+	Sources  int64  `json:"sources"` // distinct source ids
+}
+
+// watermarkConsumers returns the consumers that have streams in the
+// watermark table wmTable, sorted by name.
+func (c *conn) watermarkConsumers(ctx context.Context, wmTable string) ([]watermarkConsumer, error) {
+	var out []watermarkConsumer
+	err := c.db.WithContext(ctx).Table(qualified(c.schema, wmTable)).
+		Select("scope AS consumer, COUNT(*) AS streams, COUNT(DISTINCT source) AS sources").
+		Group("scope").Scan(&out).Error
+	slices.SortFunc(out, func(a, b watermarkConsumer) int { return strings.Compare(a.Consumer, b.Consumer) })
+	return out, err
+}
+
+// hasTable reports whether table exists (false if the catalogue cannot
+// tell).
+func (c *conn) hasTable(ctx context.Context, table string) bool {
+	names, err := c.b.tables(ctx, c.db, c.schema, table)
+	return err == nil && slices.Contains(names, table)
 }
 
 // missingTable returns an error saying how to create table if it does not

@@ -66,15 +66,45 @@ func expectWatermarks(t *testing.T, db *gorm.DB, store storage.InboxStore, rawTa
 		t.Fatalf("migrate --json: %+v, want the watermark table made", m)
 	}
 	r := runArgs(t, args("watermarks", "--consumer", "billing")...)
-	expectCode(t, r, exitOK)
-	if !strings.Contains(r.stdout, "consumer billing: 0 stream(s)\n") || strings.Contains(r.stdout, "TOPIC") {
+	expectCode(t, r, exitFailed)
+	if !strings.Contains(r.stderr, "no stream of consumer billing exists in ") || strings.Contains(r.stderr, "consumers with streams") || r.stdout != "" {
 		t.Errorf("watermarks before any was written:\n%v", r)
+	}
+	r = runArgs(t, args("stats")...)
+	expectCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "_watermarks (sequenced dedup, no inbox rows): no streams\n") {
+		t.Errorf("stats before any watermark was written:\n%v", r)
 	}
 
 	seedWatermarks(t, db, store)
-	r = runArgs(t, args("watermarks", "--consumer", "billing")...)
+
+	// A mistyped consumer, or filters that leave none of its streams.
+	r = runArgs(t, args("watermarks", "--consumer", "bilingg")...)
+	expectCode(t, r, exitFailed)
+	if !strings.Contains(r.stderr, "no stream of consumer bilingg exists in ") || !strings.Contains(r.stderr, "consumers with streams: billing, shipping\n") || r.stdout != "" {
+		t.Errorf("watermarks of a mistyped consumer:\n%v", r)
+	}
+	r = runArgs(t, args("watermarks", "--consumer", "billing", "--topic", "orders", "--partition", "7", "--json")...)
+	expectCode(t, r, exitFailed)
+	if !strings.Contains(r.stderr, "consumer billing has 4 stream(s) in ") || !strings.Contains(r.stderr, ", none on topic orders on partition 7\n") || r.stdout != "" {
+		t.Errorf("watermarks filtered to nothing:\n%v", r)
+	}
+
+	// stats shows the consumers that deduplicate by watermark.
+	r = runArgs(t, args("stats")...)
 	expectCode(t, r, exitOK)
 	text := spaces.ReplaceAllString(r.stdout, " ")
+	if !strings.Contains(text, "(sequenced dedup, no inbox rows): 2 consumer(s)\nCONSUMER STREAMS SOURCES \nbilling 4 2 \nshipping 1 1 \n") {
+		t.Errorf("stats lacks the watermark consumers:\n%v", r)
+	}
+	st := decodeJSON[statsResult](t, runArgs(t, args("stats", "--json")...))
+	if st.WatermarkTable != m.Table+"_watermarks" || !slices.Equal(st.WatermarkConsumers, []watermarkConsumer{{"billing", 4, 2}, {"shipping", 1, 1}}) {
+		t.Errorf("stats --json: watermark table %q, consumers %+v", st.WatermarkTable, st.WatermarkConsumers)
+	}
+
+	r = runArgs(t, args("watermarks", "--consumer", "billing")...)
+	expectCode(t, r, exitOK)
+	text = spaces.ReplaceAllString(r.stdout, " ")
 	want := []string{
 		"TOPIC PARTITION SOURCE EPOCH APPLIED\n",
 		"audit 2 src-a 1 shards 1, min 9, max 9\n",

@@ -5,6 +5,10 @@ package hooklist
 
 import (
 	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
 
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/storage"
@@ -21,31 +25,97 @@ type List struct {
 	all      []hooks.Hook
 }
 
-// New sorts hooks by the interfaces they implement. Nil hooks are
-// left out.
-func New(lists ...[]hooks.Hook) *List {
+// New sorts hooks, the hooks of the Config field named field (as
+// "consumer.Config.Hooks", for errors), by the interfaces they implement.
+// Nil hooks are left out. A hook that implements none of the hook
+// interfaces (those of package hooks and the ones Register added) is an
+// error wrapping storage.ErrInvalidConfig: a mistyped hook would otherwise
+// do nothing, silently.
+func New(field string, hs []hooks.Hook) (*List, error) {
 	l := &List{}
-	for _, hs := range lists {
-		for _, h := range hs {
-			if h == nil {
-				continue
-			}
-			l.all = append(l.all, h)
-			if e, ok := h.(hooks.EventHook); ok {
-				l.events = append(l.events, e)
-			}
-			if m, ok := h.(hooks.MessageTracer); ok {
-				l.messages = append(l.messages, m)
-			}
-			if c, ok := h.(hooks.ClaimTracer); ok {
-				l.claims = append(l.claims, c)
-			}
-			if t, ok := h.(hooks.HandlerTracer); ok {
-				l.handlers = append(l.handlers, t)
-			}
+	for i, h := range hs {
+		if h == nil {
+			continue
+		}
+		if err := check(h); err != nil {
+			return nil, fmt.Errorf("%w: %s[%d] %w", storage.ErrInvalidConfig, field, i, err)
+		}
+		l.all = append(l.all, h)
+		if e, ok := h.(hooks.EventHook); ok {
+			l.events = append(l.events, e)
+		}
+		if m, ok := h.(hooks.MessageTracer); ok {
+			l.messages = append(l.messages, m)
+		}
+		if c, ok := h.(hooks.ClaimTracer); ok {
+			l.claims = append(l.claims, c)
+		}
+		if t, ok := h.(hooks.HandlerTracer); ok {
+			l.handlers = append(l.handlers, t)
 		}
 	}
-	return l
+	return l, nil
+}
+
+// kind is a hook interface: its name, for errors, and its test.
+type kind struct {
+	name       string
+	implements func(hooks.Hook) bool
+}
+
+var (
+	kindsMu sync.RWMutex
+	kinds   = []kind{
+		{"hooks.EventHook", func(h hooks.Hook) bool { _, ok := h.(hooks.EventHook); return ok }},
+		{"hooks.MessageTracer", func(h hooks.Hook) bool { _, ok := h.(hooks.MessageTracer); return ok }},
+		{"hooks.ClaimTracer", func(h hooks.Hook) bool { _, ok := h.(hooks.ClaimTracer); return ok }},
+		{"hooks.HandlerTracer", func(h hooks.Hook) bool { _, ok := h.(hooks.HandlerTracer); return ok }},
+	}
+)
+
+// Register adds a hook interface defined outside package hooks (package
+// consumer's ContextHook, which package hooks cannot name), so that New
+// accepts a hook implementing only it, whichever Config the hook is given
+// to: the same list goes to an inbox and its consumer. A package calls it
+// from init; a hook implementing such an interface names a type of that
+// package, so the package is linked, and registered, before any New runs.
+func Register(name string, implements func(hooks.Hook) bool) {
+	kindsMu.Lock()
+	defer kindsMu.Unlock()
+	kinds = append(kinds, kind{name, implements})
+}
+
+// check returns nil if h implements a hook interface, and else an error
+// that names h's type and the interfaces.
+func check(h hooks.Hook) error {
+	kindsMu.RLock()
+	defer kindsMu.RUnlock()
+	if implementsAny(h) {
+		return nil
+	}
+	names := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		names = append(names, k.name)
+	}
+	hint := ""
+	t := reflect.TypeOf(h)
+	switch {
+	case t.Kind() == reflect.Func:
+		hint = " (a function is a hook once converted: hooks.EventFunc, consumer.ContextFunc, or a field of *hooks.Funcs)"
+	case t.Kind() != reflect.Pointer && implementsAny(reflect.New(t).Interface()):
+		hint = fmt.Sprintf(" (its methods take a pointer: pass a *%v)", t)
+	}
+	return fmt.Errorf("is a %T, which implements none of the hook interfaces (%s)%s",
+		h, strings.Join(names, ", "), hint)
+}
+
+func implementsAny(h hooks.Hook) bool {
+	for _, k := range kinds {
+		if k.implements(h) {
+			return true
+		}
+	}
+	return false
 }
 
 // All returns every hook of the list, in order.

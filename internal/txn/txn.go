@@ -55,7 +55,9 @@ import (
 
 // Failure is a database failure (see the fault model above). It is in an
 // internal package so that a handler cannot make one up: only this module
-// creates it, from what the database returned.
+// creates it, from what the database returned. One whose Err is the end of
+// the caller's context ([ContextEnded]) is retried the same way, but its
+// text says that the context ended, not that the database failed.
 type Failure struct {
 	Op         string // begin, claim, statement, commit, savepoint, before-commit
 	Err        error  // what the database returned
@@ -63,7 +65,11 @@ type Failure struct {
 }
 
 func (e *Failure) Error() string {
-	s := fmt.Sprintf("database failure at %s: %v", e.Op, e.Err)
+	label := "database failure"
+	if ContextEnded(e.Err) {
+		label = "the context ended"
+	}
+	s := fmt.Sprintf("%s at %s: %v", label, e.Op, e.Err)
 	if e.HandlerErr != nil {
 		s += fmt.Sprintf(" (the handler then returned: %v)", e.HandlerErr)
 	}
@@ -80,6 +86,17 @@ func DatabaseFailure(op string, err error) error {
 		return nil
 	}
 	return &Failure{Op: op, Err: err}
+}
+
+// ContextEnded reports whether err is the end of its caller's context (a
+// cancellation, a deadline), not a step's bound (a *TimeoutError: the
+// database did not answer).
+func ContextEnded(err error) bool {
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var te *TimeoutError
+	return !errors.As(err, &te)
 }
 
 // IsDatabaseFailure reports whether err is, or wraps, a *Failure.
@@ -619,7 +636,7 @@ func InSavepoint(ctx context.Context, tx *gorm.DB, classify ErrorClassifier, fn 
 	if c, ok := tx.Statement.ConnPool.(gorm.TxCommitter); !ok || c == nil {
 		return fmt.Errorf("%w: ProcessTx needs a *gorm.DB inside a transaction (from db.Begin or db.Transaction)", storage.ErrInvalidConfig)
 	}
-	tx = tx.WithContext(ctx)
+	tx = quietSession(ctx, tx)
 	name := fmt.Sprintf("inbox_sp_%d", savepointSeq.Add(1))
 	if err := tx.SavePoint(name).Error; err != nil {
 		return &Failure{Op: "savepoint", Err: err}

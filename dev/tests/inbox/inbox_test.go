@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
+	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
@@ -318,16 +321,21 @@ func TestMaintainPlanRefusesExpiringCheckedDays(t *testing.T) {
 // The transactions Process opens keep GORM's DefaultTransactionTimeout: a
 // handler still working when it ends cannot commit.
 func TestProcessKeepsDefaultTransactionTimeout(t *testing.T) {
-	ib, _ := newTestInbox(t, inbox.Config{MaxAttempts: 1})
-	ib.DB().DefaultTransactionTimeout = 50 * time.Millisecond
-	out, err := ib.Process(t.Context(), msg("slow"), func(ctx context.Context, tx *gorm.DB, _ inbox.Message) error {
+	ib, store := newTestInbox(t, inbox.Config{MaxAttempts: 1})
+	// The timeout is GORM's configuration: set before New, as gorm.Open's.
+	timed := ib.DB().Session(&gorm.Session{})
+	timed.DefaultTransactionTimeout = 50 * time.Millisecond
+	tib, err := inbox.New(timed, store, inbox.Config{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := tib.Process(t.Context(), msg("slow"), func(ctx context.Context, tx *gorm.DB, _ inbox.Message) error {
 		time.Sleep(200 * time.Millisecond)
 		return tx.Exec("SELECT 1").Error
 	})
 	if out != inbox.Failed || err == nil {
 		t.Fatalf("a handler past the transaction timeout: %v %v, want Failed", out, err)
 	}
-	ib.DB().DefaultTransactionTimeout = 0
 	if out, err := ib.Process(t.Context(), msg("slow"), noop); out != inbox.Processed || err != nil {
 		t.Fatalf("after the timed-out attempt: %v %v, want Processed (nothing committed)", out, err)
 	}
@@ -393,5 +401,122 @@ func TestCancelledProcessEndsItsTransaction(t *testing.T) {
 func closeGorm(db *gorm.DB) {
 	if s, err := db.DB(); err == nil {
 		_ = s.Close()
+	}
+}
+
+// A hook that implements no hook interface would do nothing: New refuses
+// it; a consumer.ContextHook alone is a hook (the same hooks go to the
+// consumer).
+func TestNewRefusesNonHooks(t *testing.T) {
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "t.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []hooks.Hook{"not a hook", 42, func(hooks.Event) {}} {
+		_, err := inbox.New(db, &flakyStore{}, inbox.Config{Hooks: []hooks.Hook{h}})
+		if !errors.Is(err, inbox.ErrInvalidConfig) || !strings.Contains(err.Error(), fmt.Sprintf("inbox.Config.Hooks[0] is a %T", h)) {
+			t.Errorf("%#v: New = %v, want ErrInvalidConfig naming the hook", h, err)
+		}
+	}
+	ctxHook := consumer.ContextFunc(func(ctx context.Context, _ *consumer.Message) context.Context { return ctx })
+	if _, err := inbox.New(db, &flakyStore{}, inbox.Config{Hooks: []hooks.Hook{ctxHook}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A 10,000-byte event id is logged shortened, as its error text shows it.
+func TestLongEventIDIsLoggedShortened(t *testing.T) {
+	var logs strings.Builder
+	ib, _ := newTestInbox(t, inbox.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	long := strings.Repeat("x", 10000)
+	if out, err := ib.Process(t.Context(), msg(long), noop); out != inbox.Failed || !errors.Is(err, inbox.ErrInvalidMessage) {
+		t.Fatalf("Process = %v, %v; want Failed, ErrInvalidMessage", out, err)
+	}
+	line := logs.String()
+	if !strings.Contains(line, "event_id="+strings.Repeat("x", 64)+"...") || len(line) > 1000 {
+		t.Errorf("log of %d bytes: %.500s", len(line), line)
+	}
+}
+
+// A cancelled context is what the error says, once, on one line: not a
+// database failure.
+func TestCancelledContextIsNotCalledADatabaseFailure(t *testing.T) {
+	var logs strings.Builder
+	ib, _ := newTestInbox(t, inbox.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	for _, end := range []func() (context.Context, context.CancelFunc){
+		func() (context.Context, context.CancelFunc) { return context.WithCancel(t.Context()) },
+		func() (context.Context, context.CancelFunc) { return context.WithDeadline(t.Context(), time.Now()) },
+	} {
+		ctx, cancel := end()
+		cancel()
+		out, err := ib.Process(ctx, msg("cancelled"), noop)
+		if out != inbox.Failed || !errors.Is(err, ctx.Err()) {
+			t.Fatalf("Process = %v, %v; want Failed, %v", out, err, ctx.Err())
+		}
+		text := err.Error()
+		if strings.Contains(text, "database failure") || strings.Contains(text, "\n") || strings.Count(text, ctx.Err().Error()) != 1 {
+			t.Errorf("error %q: want one line naming %q once, and no database failure", text, ctx.Err())
+		}
+	}
+	if strings.Contains(logs.String(), "database failure") || strings.Count(logs.String(), "\n") != 2 {
+		t.Errorf("logs:\n%s", logs.String())
+	}
+}
+
+// stmtRecorder is an application's GORM logger that records each
+// statement.
+type stmtRecorder struct {
+	logger.Interface
+	mu    sync.Mutex
+	stmts []string
+}
+
+func (r *stmtRecorder) LogMode(logger.LogLevel) logger.Interface { return r }
+func (r *stmtRecorder) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
+	sql, _ := fc()
+	r.mu.Lock()
+	r.stmts = append(r.stmts, sql)
+	r.mu.Unlock()
+}
+
+// Process and ProcessTx run their own statements (the claim, the
+// savepoint, the migration) past the application's GORM logger; the
+// handler's statements reach it, also inside the caller's transaction.
+func TestOwnStatementsBypassTheApplicationsGORMLogger(t *testing.T) {
+	rec := &stmtRecorder{Interface: logger.Discard}
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "t.db")), &gorm.Config{Logger: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := inboxsqlite.New(inboxsqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.New(db, store, inbox.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	handler := func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
+		return tx.Exec("SELECT 'handler " + m.ID + "'").Error
+	}
+	if _, err := ib.Process(t.Context(), msg("a"), handler); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("SELECT 'caller'").Error; err != nil {
+			return err
+		}
+		_, err := ib.ProcessTx(t.Context(), tx, msg("b"), handler)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if want := []string{"SELECT 'handler a'", "SELECT 'caller'", "SELECT 'handler b'"}; !slices.Equal(rec.stmts, want) {
+		t.Errorf("the application's logger got %q, want %q", rec.stmts, want)
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -16,6 +18,7 @@ import (
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
 	"github.com/inboxgo/inbox/storage"
@@ -324,5 +327,21 @@ func TestAlignedRelayRefusesMisalignedRows(t *testing.T) {
 		if string(m.Key) == string(key) || m.Topic != "orders" {
 			t.Fatalf("published %s key %q to partition %d", m.Topic, m.Key, parts[i])
 		}
+	}
+}
+
+// A relay's hook that implements no hook interface would do nothing:
+// NewRelay refuses it.
+func TestNewRelayRefusesNonHooks(t *testing.T) {
+	db, store := sequenceDB(t)
+	ob := newOutbox(t, db, store, outbox.Config{})
+	for _, h := range []hooks.Hook{"not a hook", 42, func(hooks.Event) {}} {
+		_, err := ob.NewRelay(&pinRecorder{count: 1}, outbox.RelayConfig{Hooks: []hooks.Hook{h}})
+		if !errors.Is(err, inbox.ErrInvalidConfig) || !strings.Contains(err.Error(), fmt.Sprintf("outbox.RelayConfig.Hooks[0] is a %T", h)) {
+			t.Errorf("%#v: NewRelay = %v, want ErrInvalidConfig naming the hook", h, err)
+		}
+	}
+	if _, err := ob.NewRelay(&pinRecorder{count: 1}, outbox.RelayConfig{Hooks: []hooks.Hook{hooks.EventFunc(func(hooks.Event) {})}}); err != nil {
+		t.Fatal(err)
 	}
 }
