@@ -151,19 +151,28 @@
 //     the shard's mark, the source or the epoch in the database went back
 //     or the partition's end is not where its own last publish left it
 //     (another relay, or another database, wrote there). Otherwise a cycle
-//     costs one request for the end offsets of its partitions.
-//   - A row whose event id is already in the partition under the source
-//     was published before (by a relay that died before marking it, or
-//     before the database went back): it is marked published and not sent
-//     again.
-//   - A row whose number the partition already holds in the current epoch,
-//     for another event, or a partition that holds a later epoch than the
-//     database's, means the database went back. The relay raises the epoch
-//     past every epoch it saw (storage.Sequenced.BumpEpoch) and publishes
-//     under it: a consumer sees a new stream, with no number yet, and
-//     applies the new events; what was published before the bump keeps its
-//     epoch and is never sent again under the new one. It logs this at Warn
-//     with the shard, the numbers and both epochs.
+//     costs two requests for the end offsets of its partitions, one before
+//     and one after its publish.
+//   - The relay reads the partition as a consumer deduplicating by
+//     watermark does: per epoch of the source, the first message of a
+//     number is applied and any later one with that number is dropped as a
+//     copy. A row whose event is such a first message was published before
+//     (by a relay that died before marking it, or before the database went
+//     back): it is marked published and not sent again, under any epoch.
+//   - Any other row goes out under the epoch whose stream it continues (its
+//     number is one past the stream's last): normally the database's epoch.
+//     When no stream ends right before it, its number was already used for
+//     another event, or lies past a hole: the database went back. The relay
+//     raises the epoch past every epoch the partition shows
+//     (storage.Sequenced.BumpEpoch) and publishes the row under it, a stream
+//     no consumer has seen, which the following rows continue. It logs this
+//     at Warn with the shard, the numbers and both epochs.
+//   - After each publish it reads the end offsets again: if another writer
+//     appended to a partition in between, it reads those messages too, and
+//     a message of its own whose number the other writer took first is not
+//     marked published; the next cycle sends it again under a new epoch.
+//     Each mark stores the epoch of its row and the offset the next check
+//     starts from.
 //
 // Nothing of this needs an operator; bump-epoch stays safe at any time.
 // What it does not cover:
@@ -174,12 +183,11 @@
 //   - Messages that retention deleted: the read starts at the log start,
 //     logged at Warn with both offsets; a database restored from before
 //     the retained messages is checked against what is left only.
-//   - A copy of the database (a staging clone) whose relay publishes to
-//     the same topic at the same time as the original: each relay sees the
-//     other's messages and raises the epoch past them, so the two keep to
-//     different epochs, each change logged at Warn; two raises at the same
-//     moment can pick the same epoch. Give a clone an outbox table of its
-//     own (a new source id) or another topic.
+//   - A copy of the database (a staging clone) whose relay publishes to the
+//     same topic as the original's is kept apart from it as above, each
+//     collision costing a raise of the epoch (logged at Warn); consumers
+//     then keep a watermark row per epoch. Give a clone an outbox table of
+//     its own (a new source id) or another topic.
 //
 // Gap detection needs every message of a stream in the log: on a compacted
 // topic (cleanup.policy=compact) compaction removes older messages of a

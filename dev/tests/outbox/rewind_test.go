@@ -37,23 +37,28 @@ func TestProducerRestore(t *testing.T) {
 		// survives keeps the relay of before the restore running through
 		// it, as a relay whose database failed over under it.
 		survives bool
+		// clone restores the backup into a second database instead, a copy
+		// with the same source whose relay publishes to the same topic
+		// while the original's goes on, both enqueuing.
+		clone bool
 	}{
 		{name: "relay restarted, enqueuers first"},
 		{name: "epoch bumped before the relay", bump: true},
 		{name: "relay lived through it", survives: true},
+		{name: "a clone with a relay of its own", clone: true},
 	}
 	for _, be := range chainBackends {
 		t.Run(be.name, func(t *testing.T) {
 			for _, sc := range scenarios {
 				t.Run(sc.name, func(t *testing.T) {
-					runProducerRestore(t, be.open(t), sc.bump, sc.survives)
+					runProducerRestore(t, be.open(t), sc.bump, sc.survives, sc.clone)
 				})
 			}
 		})
 	}
 }
 
-func runProducerRestore(t *testing.T, c chainDB, bump, survives bool) {
+func runProducerRestore(t *testing.T, c chainDB, bump, survives, clone bool) {
 	brokers := testservers.KafkaBrokers(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -120,7 +125,7 @@ func runProducerRestore(t *testing.T, c chainDB, bump, survives bool) {
 	wg.Go(func() { _ = cons.Run(runCtx) })
 
 	var relays []context.CancelFunc
-	startRelay := func(id string) {
+	startRelay := func(ob *outbox.Outbox, id string) {
 		w := outbox.NewKafkaWriter(brokers...)
 		kp, err := outbox.NewKafkaPublisher(w)
 		if err != nil {
@@ -146,7 +151,7 @@ func runProducerRestore(t *testing.T, c chainDB, bump, survives bool) {
 		}
 		relays = nil
 	}
-	enqueue := func(prefix string, from, n int) {
+	enqueue := func(ob *outbox.Outbox, prefix string, from, n int) {
 		msgs := alignedMessages(topic, from, n, 24)
 		for i := range msgs {
 			msgs[i].ID = fmt.Sprintf("%s-%04d", prefix, from+i)
@@ -183,20 +188,30 @@ func runProducerRestore(t *testing.T, c chainDB, bump, survives bool) {
 	if c.db.Name() != "sqlite" { // SQLite keeps the marks in _shards
 		tables = append(tables, obTable+"_relay")
 	}
-	startRelay("relay-1")
-	enqueue("ev", 0, 90)
+	startRelay(ob, "relay-1")
+	enqueue(ob, "ev", 0, 90)
 	waitFor(90, time.Minute)
 	stopRelays()
-	enqueue("ev", 90, 10) // unpublished when the backup is taken
+	enqueue(ob, "ev", 90, 10) // unpublished when the backup is taken
 	for _, table := range tables {
 		c.drop("bak_" + table)
 		if err := c.db.Exec(`CREATE TABLE ` + c.qualify("bak_"+table) + ` AS SELECT * FROM ` + c.qualify(table)).Error; err != nil {
 			t.Fatal(err)
 		}
 	}
-	startRelay("relay-2")
-	enqueue("ev", 100, 100)
+	startRelay(ob, "relay-2")
+	enqueue(ob, "ev", 100, 100)
 	waitFor(200, time.Minute)
+	if clone {
+		runClone(t, c, ob, obStore, tables, startRelay, enqueue)
+		waitFor(350, 45*time.Second)
+		time.Sleep(time.Second)
+		rows, events := count()
+		if events != 350 || rows != 350 {
+			t.Fatalf("%d of 350 events applied, %d applications: %d lost, %d applied twice", events, rows, 350-events, rows-events)
+		}
+		return
+	}
 	if !survives {
 		stopRelays()
 	}
@@ -221,9 +236,9 @@ func runProducerRestore(t *testing.T, c chainDB, bump, survives bool) {
 			t.Fatal(err)
 		}
 	}
-	enqueue("new", 0, 150)
+	enqueue(ob, "new", 0, 150)
 	if !survives {
-		startRelay("relay-3")
+		startRelay(ob, "relay-3")
 	}
 	waitFor(350, 45*time.Second)
 	time.Sleep(time.Second) // a late copy would show now
@@ -232,4 +247,63 @@ func runProducerRestore(t *testing.T, c chainDB, bump, survives bool) {
 	if events != 350 || rows != 350 {
 		t.Fatalf("%d of 350 events applied, %d applications: %d lost, %d applied twice", events, rows, 350-events, rows-events)
 	}
+}
+
+// runClone makes a second outbox over tables of its own holding the
+// backup of the first's (its source id included: a copy of the database),
+// starts a relay of the clone's beside the original's, and has both
+// enqueue 75 new events at the same time.
+func runClone(t *testing.T, c chainDB, ob *outbox.Outbox, store storage.OutboxStore, tables []string,
+	startRelay func(*outbox.Outbox, string), enqueue func(*outbox.Outbox, string, int, int)) {
+	ctx := t.Context()
+	cloneTable := tables[0] + "_c"
+	cloneStore, err := c.newOutbox(cloneTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic, _ := ob.Aligned()
+	cob, err := outbox.New(c.db, cloneStore, outbox.Config{AlignedTopic: topic, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cob.Maintain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = c.db.Transaction(func(tx *gorm.DB) error {
+		for _, table := range tables {
+			to := cloneTable + table[len(tables[0]):]
+			if err := tx.Exec(`DELETE FROM ` + c.qualify(to)).Error; err != nil {
+				return err
+			}
+			if err := tx.Exec(`INSERT INTO ` + c.qualify(to) + ` SELECT * FROM ` + c.qualify("bak_"+table)).Error; err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _, _ := store.(storage.Sequenced).Source(ctx, c.db)
+	b, _, _ := cloneStore.(storage.Sequenced).Source(ctx, c.db)
+	if a != b {
+		t.Fatalf("the clone's source is %q, the original's %q", b, a)
+	}
+	startRelay(cob, "relay-clone")
+	var both sync.WaitGroup
+	for _, side := range []struct {
+		ob     *outbox.Outbox
+		prefix string
+	}{{ob, "orig"}, {cob, "clone"}} {
+		both.Go(func() {
+			for lo := 0; lo < 75; lo += 15 {
+				enqueue(side.ob, side.prefix, lo, 15)
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+	both.Wait()
 }
