@@ -5,7 +5,6 @@ package outbox
 // "A producer database that goes back").
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -479,12 +478,12 @@ func (p *KafkaPublisher) ReadPartition(ctx context.Context, topic string, partit
 			next = rec.Offset + 1
 		}
 		if next == before {
-			// Nothing at next: offsets without a message (transaction
-			// markers, compaction) up to the high watermark.
+			// Nothing at next: an offset without a message (a transaction
+			// marker, a record compaction removed).
 			if res.HighWatermark <= next {
 				return first, fmt.Errorf("no message at offset %d below the end %d (high watermark %d)", next, end, res.HighWatermark)
 			}
-			next = cmp.Or(min(res.HighWatermark, end), next+1)
+			next++
 		}
 	}
 	return first, nil
