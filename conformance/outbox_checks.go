@@ -450,11 +450,11 @@ func checkMarksKeepOffsets(ctx context.Context, env *Env) error {
 	if other != shard {
 		got, err := reader.Marks(ctx, db, []int32{other, shard})
 		if err != nil || len(got) != 2 || got[0].Shard != other || got[1].Shard != shard {
-			return fmt.Errorf("Marks of shards %d and %d returned %+v (err %v), want them in that order", other, shard, got, err)
+			return fmt.Errorf("marks of shards %d and %d returned %+v (err %v), want them in that order", other, shard, got, err)
 		}
 	}
 	if got, err := reader.Marks(ctx, db, []int32{1 << 20}); err == nil {
-		return fmt.Errorf("Marks of a shard the store does not have returned %+v and no error", got)
+		return fmt.Errorf("marks of a shard the store does not have returned %+v and no error", got)
 	}
 	return nil
 }

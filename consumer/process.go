@@ -512,7 +512,7 @@ func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) erro
 func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx context.Context, tx *gorm.DB) error) (err error) {
 	timeout := w.c.cfg.HandlerTimeout
 	if timeout <= 0 {
-		return fn(ctx, txn.ForApplication(nil, tx))
+		return fn(ctx, txn.ForApplication(tx))
 	}
 	outer := ctx
 	hctx, cancel := context.WithTimeout(ctx, timeout)
@@ -530,7 +530,7 @@ func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx conte
 			}
 		}
 	}()
-	return fn(hctx, txn.ForApplication(hctx, tx))
+	return fn(hctx, txn.ForApplicationUnder(hctx, tx))
 }
 
 // finish marks a message done.

@@ -578,7 +578,7 @@ func callBatchHandler(ctx context.Context, tx *gorm.DB, msgs []Message, h BatchH
 			err = newPanicError(r)
 		}
 	}()
-	return h(ctx, txn.ForApplication(nil, tx), msgs)
+	return h(ctx, txn.ForApplication(tx), msgs)
 }
 
 // handle calls h for msg inside the HandlerTracer hooks, if any.
@@ -607,7 +607,7 @@ func callHandler(ctx context.Context, tx *gorm.DB, msg Message, h Handler) (err 
 			err = newPanicError(r)
 		}
 	}()
-	return h(ctx, txn.ForApplication(nil, tx), msg)
+	return h(ctx, txn.ForApplication(tx), msg)
 }
 
 // retry runs fn until it succeeds, fails with a permanent error, the context

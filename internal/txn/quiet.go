@@ -42,17 +42,20 @@ func Quiet(db *gorm.DB) *gorm.DB {
 
 // ForApplication returns tx, a transaction the library runs the
 // application's statements in, as the application's handler is to get it:
-// under ctx (if not nil) and, if tx is [Quiet], with the logger Quiet
-// replaced.
-func ForApplication(ctx context.Context, tx *gorm.DB) *gorm.DB {
-	q, quiet := tx.Logger.(quietLogger)
-	switch {
-	case quiet:
-		return tx.Session(&gorm.Session{Context: ctx, Logger: q.app})
-	case ctx != nil:
-		return tx.WithContext(ctx)
+// if tx is [Quiet], with the logger Quiet replaced.
+func ForApplication(tx *gorm.DB) *gorm.DB {
+	if q, quiet := tx.Logger.(quietLogger); quiet {
+		return tx.Session(&gorm.Session{Logger: q.app})
 	}
 	return tx
+}
+
+// ForApplicationUnder is [ForApplication] under ctx, in one session.
+func ForApplicationUnder(ctx context.Context, tx *gorm.DB) *gorm.DB {
+	if q, quiet := tx.Logger.(quietLogger); quiet {
+		return tx.Session(&gorm.Session{Context: ctx, Logger: q.app})
+	}
+	return tx.WithContext(ctx)
 }
 
 // quietSession is [Quiet] of db under ctx, in one session.
