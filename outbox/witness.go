@@ -17,6 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxgo/inbox/header"
+	"github.com/inboxgo/inbox/internal/short"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -343,17 +344,29 @@ func (r *Relay) verify(ctx context.Context, w *witnessed, rows []storage.OutboxR
 		}
 	}
 	lost := map[int]bool{}
+	overtaken, missing := 0, 0
 	for i, row := range rows {
 		if msgOf[i] < 0 || !raced[row.Shard] {
 			continue
 		}
-		if p, ok := r.wits[row.Shard].events[row.EventID]; !ok || p.epoch != stamps[i].epochN || p.seq != row.Seq {
-			lost[i] = true
+		st := r.wits[row.Shard]
+		if p, ok := st.events[row.EventID]; ok && p.epoch == stamps[i].epochN && p.seq == row.Seq {
+			continue
+		}
+		lost[i] = true
+		if slices.Contains(slices.Collect(maps.Values(st.events)), published{stamps[i].epochN, row.Seq}) {
+			overtaken++
+		} else {
+			missing++
+			// Consumers stop at the hole it left (a gap); sent again under
+			// a new epoch, it is applied once they go on past the gap.
+			r.log.Error("a message the broker acknowledged is not in its partition; publishing it again under a new epoch",
+				"topic", r.o.cfg.AlignedTopic, "partition", row.Shard, "seq", row.Seq, "event_id", short.String(row.EventID))
 		}
 	}
-	if len(lost) > 0 {
+	if overtaken > 0 {
 		r.log.Warn("another writer published numbers of this outbox's source in the same partitions at the same time (a copy of its database with a relay of its own?); the messages it overtook are published again under a new epoch",
-			"topic", r.o.cfg.AlignedTopic, "messages", len(lost))
+			"topic", r.o.cfg.AlignedTopic, "messages", overtaken)
 	}
 	return lost, nil
 }

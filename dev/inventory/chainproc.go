@@ -281,12 +281,28 @@ const InjectedDrop = "INJECTED DROP"
 
 // droppingPublisher leaves out every copy of the message at its shard and
 // number and reports it sent: the relay marks it published, so no relay
-// ever sends it again, and its stream has a hole for good.
+// ever sends it again, and its stream has a hole for good. It hides the
+// hole from the relay's check of the partitions too (each partition's end
+// offset reads one higher per message left out), as a message the broker
+// loses after the relay saw it land (an unclean leader election).
 type droppingPublisher struct {
 	relayPublisher
 	at      SeqPos
 	out     io.Writer
 	dropped bool
+	hidden  map[int]int64 // partition → messages left out
+}
+
+func (p *droppingPublisher) EndOffsets(ctx context.Context, topic string, partitions []int) (map[int]int64, error) {
+	ends, err := p.relayPublisher.EndOffsets(ctx, topic, partitions)
+	for pt := range ends {
+		ends[pt] += p.hidden[pt]
+	}
+	return ends, err
+}
+
+func (p *droppingPublisher) ReadPartition(ctx context.Context, topic string, partition int, from, end int64, fn func(kafka.Message) error) (int64, error) {
+	return p.relayPublisher.ReadPartition(ctx, topic, partition, from, end-p.hidden[partition], fn)
 }
 
 func (p *droppingPublisher) PublishPinned(ctx context.Context, msgs []kafka.Message, partitions []int, count int) error {
@@ -296,6 +312,10 @@ func (p *droppingPublisher) PublishPinned(ctx context.Context, msgs []kafka.Mess
 			keep = append(keep, i)
 			continue
 		}
+		if p.hidden == nil {
+			p.hidden = map[int]int64{}
+		}
+		p.hidden[partitions[i]]++
 		if !p.dropped {
 			p.dropped = true
 			fmt.Fprintf(p.out, "%s: shard %d seq %d (event %s, partition %d) reported published, never sent\n",

@@ -14,7 +14,9 @@ import (
 
 func newOutbox(t *testing.T, db *gorm.DB, store storage.OutboxStore, cfg outbox.Config) *outbox.Outbox {
 	t.Helper()
-	cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	ob, err := outbox.New(db, store, cfg)
 	if err != nil {
 		t.Fatal(err)
