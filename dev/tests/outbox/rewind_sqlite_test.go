@@ -5,10 +5,10 @@ package outbox_test
 import (
 	"fmt"
 	"log/slog"
-	"strings"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"gorm.io/gorm"
