@@ -73,8 +73,7 @@ func newShardWitness(source string, epoch int64, m storage.Mark) *shardWitness {
 		events: map[string]published{}, run: map[int64]int64{markEpoch: m.Seq}}
 }
 
-// past returns the highest number seen in epoch if it lies past mark, and
-// whether any epoch has a number past mark.
+// pastMark reports whether a number past mark was seen, in any epoch.
 func (w *shardWitness) pastMark(mark int64) bool {
 	for _, top := range w.run {
 		if top > mark {
