@@ -89,17 +89,7 @@ func (env *Env) Relay(ob *outbox.Outbox, pub outbox.Publisher, id string, adjust
 // Drain runs r's cycles until one finds nothing to publish, and returns how
 // many messages it published.
 func Drain(ctx context.Context, r *outbox.Relay) (int, error) {
-	total := 0
-	for {
-		n, err := r.PublishOnce(ctx)
-		total += n
-		if err != nil {
-			return total, err
-		}
-		if n == 0 {
-			return total, nil
-		}
-	}
+	return r.Drain(ctx)
 }
 
 // headerValue returns the value of the first header key of m.

@@ -110,10 +110,12 @@
 // library's adapters) must equal the topic's partition count, and the
 // partition count may not change. Before each publish the relay reads it
 // (from the writer's metadata cache, which kafka-go refreshes every
-// Transport.MetadataTTL, 6s by default); while it differs from the shards,
-// every cycle fails with a [*PartitionCountError] ([ErrPartitionCount]),
-// logged at Error: nothing is published or marked, no message goes to
-// another partition, and every cycle tries again. Kafka cannot remove
+// Transport.MetadataTTL, 6s by default). A relay whose Run starts while it
+// differs from the shards returns a [*PartitionCountError]
+// ([ErrPartitionCount]) at once, naming both counts; if it changes while
+// the relay runs, every cycle fails with that error, logged at Error:
+// nothing is published or marked, no message goes to another partition,
+// and every cycle tries again. Kafka cannot remove
 // partitions: after an increase, recreate the topic with the old count, or
 // drain the outbox and move to a new outbox table with as many shards as
 // the topic has now. Every Outbox over the table must be aligned to the

@@ -168,7 +168,10 @@ func (r *Relay) Counters() RelayCounters {
 }
 
 // Run relays until ctx ends, then releases its leases and returns ctx's
-// error. Failures are logged and retried with backoff; they never stop it.
+// error. It returns at once a *PartitionCountError when the aligned
+// outbox's topic has another partition count than its shards when it
+// starts. Failures after that are logged and retried with backoff; they
+// never stop it.
 // What can keep it retrying forever: the database or the broker being down
 // (logged at Warn), and a stored message the broker refuses for good (too
 // large for the topic's max.message.bytes, a topic it does not accept,
@@ -177,6 +180,12 @@ func (r *Relay) Counters() RelayCounters {
 // while the other shards go on.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.release()
+	// A topic whose partitions are not the aligned outbox's shards at the
+	// start is a setup mistake: said at once, with both counts. A count
+	// that changes later is waited out below.
+	if err := r.checkPartitions(ctx); errors.Is(err, ErrPartitionCount) {
+		return err
+	}
 	failures := 0
 	for {
 		n, err := r.PublishOnce(ctx)
@@ -231,6 +240,21 @@ func (r *Relay) release() {
 	defer cancel()
 	if err := r.o.store.Release(ctx, r.o.db.WithContext(ctx), r.cfg.ID); err != nil {
 		r.log.Warn("relay could not release its leases; other relays take its shards when they expire", "error", err, "lease", r.cfg.Lease)
+	}
+}
+
+// Drain runs cycles until one finds nothing to publish, and returns how
+// many messages it marked published: for a shutdown that leaves nothing
+// behind, and for tests. It stops at the first cycle that fails, with its
+// error; unlike Run, it neither retries nor pauses.
+func (r *Relay) Drain(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, err := r.PublishOnce(ctx)
+		total += n
+		if err != nil || n == 0 {
+			return total, err
+		}
 	}
 }
 

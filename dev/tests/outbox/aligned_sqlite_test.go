@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
@@ -353,5 +354,23 @@ func TestNewRelayRefusesNonHooks(t *testing.T) {
 	}
 	if _, err := ob.NewRelay(&pinRecorder{count: 1}, outbox.RelayConfig{Hooks: []hooks.Hook{hooks.EventFunc(func(hooks.Event) {})}}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A relay started on a topic whose partition count is not the aligned
+// outbox's shard count returns at once, naming both counts.
+func TestAlignedRelayRunRefusesAnotherPartitionCount(t *testing.T) {
+	db, store := alignedSQLite(t, 4)
+	ob := newOutbox(t, db, store, outbox.Config{AlignedTopic: "orders"})
+	relay, err := ob.NewRelay(&pinRecorder{count: 6}, outbox.RelayConfig{ID: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	err = relay.Run(ctx)
+	var pc *outbox.PartitionCountError
+	if !errors.As(err, &pc) || pc.Partitions != 6 || pc.Shards != 4 || ctx.Err() != nil {
+		t.Fatalf("Run: %v, want a PartitionCountError of 6 partitions and 4 shards at once", err)
 	}
 }
