@@ -36,7 +36,10 @@ type Handler func(ctx context.Context, tx *gorm.DB, msg Message) error
 
 // BatchHandler applies the effect of msgs, all seen for the first time and
 // of one partition, in offset order, inside tx, in one call. Like a Handler
-// it writes through tx only and must not commit or roll back tx.
+// it writes through tx only and must not commit or roll back tx. Several
+// messages of a batch can change one row: combine their changes per row
+// before one set-based statement, which would change a row it lists twice
+// only once (inbox.BatchHandler says why, per database).
 type BatchHandler func(ctx context.Context, tx *gorm.DB, msgs []Message) error
 
 // Policy is what happens to a message that cannot be processed: its

@@ -26,6 +26,14 @@ type Result struct {
 // and must not commit or roll back tx. Returning an error (or panicking)
 // rolls back the whole transaction; ProcessBatchFunc then splits the batch
 // to find the message that fails.
+//
+// Two messages of a batch can change the same row. One set-based statement
+// that lists the row twice changes it once, silently, while both inbox rows
+// say processed: PostgreSQL's and SQLite's UPDATE ... FROM take one of the
+// source rows that match a target row, and MariaDB's multi-table UPDATE
+// updates a row once whatever it joins. Sum (or otherwise combine) the
+// changes per row first, and list each row once (the adapters' examples
+// Example_batchHandlerSumsPerKey).
 type BatchHandler func(ctx context.Context, tx *gorm.DB, msgs []Message) error
 
 // ProcessBatch processes msgs in one transaction with one multi-row claim,
