@@ -21,8 +21,8 @@
 //     generation starts (kafka-go's Generation guarantees the order), and a
 //     worker commits only for the partitions its generation was assigned.
 //   - A message is never skipped silently. One that cannot be processed
-//     (retries used up, no event id or time, invalid, older than the inbox's
-//     retention) goes to [Config.OnFailure]: [DeadLetter] publishes it with
+//     (retries used up, a permanent handler error, no event id or time,
+//     invalid, older than the inbox's retention) goes to [Config.OnFailure]: [DeadLetter] publishes it with
 //     headers saying why before its offset may pass, [StopPartition] halts
 //     the partition at it. A dead letter the producer refuses for good (too
 //     large, a missing or invalid topic, no authorization) halts the
@@ -223,7 +223,9 @@
 // header), Config.HandlerTimeout, and a COMMIT the database refuses for the
 // message (a deferred constraint: an *inbox.CommitError; in a batch the
 // messages are then run one per transaction to pin it). After MaxAttempts
-// the failure policy applies. A failing database is retried without limit
+// the failure policy applies; a handler error marked with inbox.Permanent
+// (a payload that will never decode), also when wrapped further, sends the
+// message to it at once, with [ReasonPermanent]. A failing database is retried without limit
 // and without counting attempts: BEGIN, the inbox's claim or COMMIT failing,
 // or a statement failing with an error the Store classifies as transient (a
 // deadlock, a lock timeout, a lost connection); see inbox.IsDatabaseFailure.

@@ -289,11 +289,15 @@ func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Hand
 }
 
 // IsRetryable reports whether running the transaction again may cure err:
-// a handler error marked with [Retryable], or a database failure
-// ([IsDatabaseFailure]) that the storage.InboxStore classifies as transient. A handler's
-// own errors are never retryable unless marked, whatever they wrap.
+// a handler error marked with [Retryable] (and not with [Permanent]), or a
+// database failure ([IsDatabaseFailure]) that the storage.InboxStore
+// classifies as transient. A handler's own errors are never retryable
+// unless marked, whatever they wrap.
 func (ib *Inbox) IsRetryable(err error) bool {
 	if err == nil {
+		return false
+	}
+	if IsPermanent(err) && !IsDatabaseFailure(err) {
 		return false
 	}
 	if isMarkedRetryable(err) || errors.As(err, new(dayUnseenError)) {
