@@ -297,7 +297,8 @@
 // # Observability
 //
 // Logs go to Config.Logger (log/slog): retries and transient failures at
-// Warn, dead letters and stopped partitions at Error. Config.Hooks receive
+// Warn, dead letters and stopped partitions at Error, one line per failed
+// attempt (the inbox the consumer drives logs none of them). Config.Hooks receive
 // every hooks.Event (processed, duplicate, retry, dead-lettered,
 // partition-stopped, committed, lag per partition, assigned, revoked,
 // maintenance, repositioned), and a [ContextHook] among them gives each

@@ -110,7 +110,10 @@ type Config struct {
 	// allowed). Nil uses the database default.
 	TxOptions *sql.TxOptions
 	// Logger receives retries (Warn), failures (Error) and duplicates
-	// (Debug). Default slog.Default(). The values a message brings (its
+	// (Debug). Under a consumer.Consumer, which owns the retries, the
+	// consumer logs each failed attempt (a retry at Warn, the final failure
+	// at Error) and the inbox logs none of its calls' failures or
+	// duplicates. Default slog.Default(). The values a message brings (its
 	// event id, its consumer) are logged shortened to 64 bytes, as error
 	// texts show them.
 	Logger *slog.Logger
