@@ -30,7 +30,10 @@
 //   - Everything transient is retried with backoff, never a reason to stop:
 //     an unreachable broker, failed joins, "Rebalance In Progress", a
 //     database that cannot commit. Run returns only when its context ends or
-//     Close is called (or on a configuration kafka-go rejects).
+//     Close is called, or at once for a setup retrying cannot cure: a
+//     configuration kafka-go rejects, a topic of Config.Topics that does not
+//     exist ([ErrUnknownTopic]: the consumer never creates topics), a table
+//     never migrated ([ErrNotMigrated]).
 //   - A member whose database stops answering does not keep its partitions:
 //     the consumer's own steps give up after Config.DatabaseTimeout, and
 //     after Config.MaxProcessingStall the member leaves the group, so that
