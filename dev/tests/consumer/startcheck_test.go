@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
@@ -119,6 +120,34 @@ var startCheckDBs = []startCheckDB{
 		})
 		return db, store, suffix
 	}},
+	{"mysql", func(t *testing.T) (*gorm.DB, storage.InboxStore, string) {
+		d, err := inboxmysql.Open(testservers.MySQLDSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		suffix := "_" + conformance.RandomSuffix()
+		table := "inbox_fresh" + suffix
+		store, err := inboxmysql.New(inboxmysql.Options{Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			for _, tb := range []string{table, table + "_watermarks", "inbox_offsets" + suffix} {
+				if err := db.Exec("DROP TABLE IF EXISTS `" + tb + "`").Error; err != nil {
+					t.Errorf("drop %s: %v", tb, err)
+				}
+			}
+			_ = store.Close()
+			if sqlDB, err := db.DB(); err == nil {
+				sqlDB.Close()
+			}
+		})
+		return db, store, suffix
+	}},
 }
 
 // A consumer whose tables were never migrated does not retry a "database
@@ -190,4 +219,32 @@ func TestRunStartsWithEveryTableMigrated(t *testing.T) {
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// An inbox table without storage for today (PostgreSQL: migrated, its
+// partitions dropped, none made yet) is migrated: the check's claim finds
+// the table, and the consumer starts and makes the day on demand.
+func TestRunStartsOnAnInboxWithoutTodaysPartition(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newPostgresShop(t)
+	var parts []string
+	if err := s.db.Raw(`SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = ?::regclass`, s.inboxTable).Scan(&parts).Error; err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts {
+		if err := s.db.Exec(`DROP TABLE ` + p).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce(t, brokers, "orders", orderMessage(0, 0))
+	ev := newEvents()
+	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
+	cfg.MaintenanceInterval = -1 // no maintenance: the day is made by the claim
+	r := start(t, cfg)
+	waitUntil(t, 20*time.Second, "the order to be applied", func() bool { return len(s.counts(t)) == 1 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dropped %d partitions", len(parts))
 }
