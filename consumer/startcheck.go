@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/storage"
@@ -113,9 +112,7 @@ var errProbeDone = errors.New("consumer: start-up probe done")
 // ErrNotMigrated is a table that does not work while the database answers;
 // any other error says nothing about the tables.
 func (c *Consumer) probeTables(ctx context.Context) error {
-	// The probes' own statements, and their failures, are not the
-	// application's: they stay out of its GORM logger.
-	db := c.db().Session(&gorm.Session{NewDB: true, Logger: c.db().Logger.LogMode(logger.Silent)})
+	db := c.db() // quiet: the probes' failures stay out of the application's GORM logger
 	if ib := c.cfg.Inbox; ib != nil {
 		err := c.probe(ctx, db, func(ctx context.Context, db *gorm.DB) error {
 			return c.probeClaim(ctx, db, ib.Store())
