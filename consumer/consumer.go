@@ -191,9 +191,10 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 }
 
 // Run checks the setup, joins the group and consumes until ctx ends or
-// Close is called; it then stops every partition worker (a transaction in flight is rolled back,
-// a message in retry is abandoned: both are redelivered later), commits the
-// offsets of what was done, leaves the group and returns.
+// Close is called; it then stops every partition worker (a transaction in
+// flight is rolled back, a message in retry is abandoned: both are
+// redelivered later), commits the offsets of what was done, leaves the
+// group and returns.
 //
 // Everything transient is retried with backoff and logged, never a reason to
 // return: an unreachable broker, failed joins, "Rebalance In Progress",

@@ -22,11 +22,12 @@
 //     worker commits only for the partitions its generation was assigned.
 //   - A message is never skipped silently. One that cannot be processed
 //     (retries used up, a permanent handler error, no event id or time,
-//     invalid, older than the inbox's retention) goes to [Config.OnFailure]: [DeadLetter] publishes it with
-//     headers saying why before its offset may pass, [StopPartition] halts
-//     the partition at it. A dead letter the producer refuses for good (too
-//     large, a missing or invalid topic, no authorization) halts the
-//     partition at the message too, rather than retrying it forever.
+//     invalid, older than the inbox's retention) goes to
+//     [Config.OnFailure]: [DeadLetter] publishes it with headers saying why
+//     before its offset may pass, [StopPartition] halts the partition at it.
+//     A dead letter the producer refuses for good (too large, a missing or
+//     invalid topic, no authorization) halts the partition at the message
+//     too, rather than retrying it forever.
 //   - Everything transient is retried with backoff, never a reason to stop:
 //     an unreachable broker, failed joins, "Rebalance In Progress", a
 //     database that cannot commit. Run returns only when its context ends or
@@ -228,10 +229,11 @@
 // messages are then run one per transaction to pin it). After MaxAttempts
 // the failure policy applies; a handler error marked with inbox.Permanent
 // (a payload that will never decode), also when wrapped further, sends the
-// message to it at once, with [ReasonPermanent]. A failing database is retried without limit
-// and without counting attempts: BEGIN, the inbox's claim or COMMIT failing,
-// or a statement failing with an error the Store classifies as transient (a
-// deadlock, a lock timeout, a lost connection); see inbox.IsDatabaseFailure.
+// message to it at once, with [ReasonPermanent]. A failing database is
+// retried without limit and without counting attempts: BEGIN, the inbox's
+// claim or COMMIT failing, or a statement failing with an error the Store
+// classifies as transient (a deadlock, a lock timeout, a lost connection);
+// see inbox.IsDatabaseFailure.
 // So is a step of the consumer's own that the database did not answer
 // within Config.DatabaseTimeout, and a HandlerTimeout that cut short a
 // statement while the database did not answer a ping either (see
@@ -301,8 +303,8 @@
 //
 // Logs go to Config.Logger (log/slog): retries and transient failures at
 // Warn, dead letters and stopped partitions at Error, one line per failed
-// attempt (the inbox the consumer drives logs none of them). Config.Hooks receive
-// every hooks.Event (processed, duplicate, retry, dead-lettered,
+// attempt (the inbox the consumer drives logs none of them). Config.Hooks
+// receive every hooks.Event (processed, duplicate, retry, dead-lettered,
 // partition-stopped, committed, lag per partition, assigned, revoked,
 // maintenance, repositioned), and a [ContextHook] among them gives each
 // message the context its handler and its inbox work run under, for
