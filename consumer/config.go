@@ -31,7 +31,9 @@ type Message struct {
 // stored offset) has to go through tx; the handler must not commit or roll
 // back tx. Returning an error (or panicking) rolls back everything of msg
 // and counts one of its Config.MaxAttempts: the consumer owns every retry,
-// so marking an error with inbox.Retryable changes nothing here.
+// so marking an error with inbox.Retryable changes nothing here. An error
+// marked with inbox.Permanent (also inside further wrapping) sends msg to
+// Config.OnFailure at once, with reason ReasonPermanent.
 type Handler func(ctx context.Context, tx *gorm.DB, msg Message) error
 
 // BatchHandler applies the effect of msgs, all seen for the first time and
@@ -39,11 +41,14 @@ type Handler func(ctx context.Context, tx *gorm.DB, msg Message) error
 // it writes through tx only and must not commit or roll back tx. Several
 // messages of a batch can change one row: combine their changes per row
 // before one set-based statement, which would change a row it lists twice
-// only once (inbox.BatchHandler says why, per database).
+// only once (inbox.BatchHandler says why, per database). A failed batch is
+// split until the failing messages run alone; an error marked
+// inbox.Permanent then sends such a message to Config.OnFailure at once.
 type BatchHandler func(ctx context.Context, tx *gorm.DB, msgs []Message) error
 
 // Policy is what happens to a message that cannot be processed: its
-// retries are used up, its id or time is missing, it is invalid, or it is
+// retries are used up, its handler failed with an error marked
+// inbox.Permanent, its id or time is missing, it is invalid, or it is
 // older than the inbox's retention window.
 type Policy int
 

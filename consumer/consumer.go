@@ -190,10 +190,11 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Run joins the group and consumes until ctx ends or Close is called; it
-// then stops every partition worker (a transaction in flight is rolled back,
-// a message in retry is abandoned: both are redelivered later), commits the
-// offsets of what was done, leaves the group and returns.
+// Run checks the setup, joins the group and consumes until ctx ends or
+// Close is called; it then stops every partition worker (a transaction in
+// flight is rolled back, a message in retry is abandoned: both are
+// redelivered later), commits the offsets of what was done, leaves the
+// group and returns.
 //
 // Everything transient is retried with backoff and logged, never a reason to
 // return: an unreachable broker, failed joins, "Rebalance In Progress",
@@ -202,8 +203,19 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 // starts, and a worker commits only for the partitions its generation
 // assigned.
 //
+// Before joining, Run checks that every topic of Config.Topics exists (the
+// consumer never creates one: create them, with their partition counts,
+// before Run) and that each table the configuration needs takes the
+// consumer's statements: the inbox table (a claim, rolled back), the
+// offsets table with StoreOffsets, the watermark table with
+// SequencedSources. It waits while the brokers or the database do not
+// answer, and returns at once an error wrapping [ErrUnknownTopic], naming
+// the topics, or [ErrNotMigrated], naming the Migrate call to run. (The
+// server's durability settings are inboxctl check's to report.)
+//
 // Run returns ctx's error when ctx ended (nil after Close), joined with a
 // *PartitionStoppedError for each partition still stopped; an error wrapping
+// ErrUnknownTopic or ErrNotMigrated (see above); an error wrapping
 // inbox.ErrInvalidConfig if kafka-go or the group coordinator rejects the
 // configuration (an invalid session timeout or group id, failed
 // authentication or authorization: retrying cannot cure these); ErrRunning
@@ -225,6 +237,17 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	// own connections.
 	defer c.client.close()
 
+	// Before the group: kafka-go's joins it at once, and a member must not
+	// hold partitions while it waits for its database. If runCtx ends
+	// during the checks, the loop below ends at once.
+	if err := c.checkTopics(runCtx); err != nil {
+		c.log.Error("consumer not started", "error", err)
+		return err
+	}
+	if err := c.checkTables(runCtx); err != nil {
+		c.log.Error("consumer not started", "error", err)
+		return err
+	}
 	group, err := c.client.group()
 	if err != nil {
 		return fmt.Errorf("%w: consumer: %w", errInvalidConfig, err)

@@ -21,16 +21,20 @@
 //     generation starts (kafka-go's Generation guarantees the order), and a
 //     worker commits only for the partitions its generation was assigned.
 //   - A message is never skipped silently. One that cannot be processed
-//     (retries used up, no event id or time, invalid, older than the inbox's
-//     retention) goes to [Config.OnFailure]: [DeadLetter] publishes it with
-//     headers saying why before its offset may pass, [StopPartition] halts
-//     the partition at it. A dead letter the producer refuses for good (too
-//     large, a missing or invalid topic, no authorization) halts the
-//     partition at the message too, rather than retrying it forever.
+//     (retries used up, a permanent handler error, no event id or time,
+//     invalid, older than the inbox's retention) goes to
+//     [Config.OnFailure]: [DeadLetter] publishes it with headers saying why
+//     before its offset may pass, [StopPartition] halts the partition at it.
+//     A dead letter the producer refuses for good (too large, a missing or
+//     invalid topic, no authorization) halts the partition at the message
+//     too, rather than retrying it forever.
 //   - Everything transient is retried with backoff, never a reason to stop:
 //     an unreachable broker, failed joins, "Rebalance In Progress", a
 //     database that cannot commit. Run returns only when its context ends or
-//     Close is called (or on a configuration kafka-go rejects).
+//     Close is called, or at once for a setup retrying cannot cure: a
+//     configuration kafka-go rejects, a topic of Config.Topics that does not
+//     exist ([ErrUnknownTopic]: the consumer never creates topics), a table
+//     never migrated ([ErrNotMigrated]).
 //   - A member whose database stops answering does not keep its partitions:
 //     the consumer's own steps give up after Config.DatabaseTimeout, and
 //     after Config.MaxProcessingStall the member leaves the group, so that
@@ -223,10 +227,13 @@
 // header), Config.HandlerTimeout, and a COMMIT the database refuses for the
 // message (a deferred constraint: an *inbox.CommitError; in a batch the
 // messages are then run one per transaction to pin it). After MaxAttempts
-// the failure policy applies. A failing database is retried without limit
-// and without counting attempts: BEGIN, the inbox's claim or COMMIT failing,
-// or a statement failing with an error the Store classifies as transient (a
-// deadlock, a lock timeout, a lost connection); see inbox.IsDatabaseFailure.
+// the failure policy applies; a handler error marked with inbox.Permanent
+// (a payload that will never decode), also when wrapped further, sends the
+// message to it at once, with [ReasonPermanent]. A failing database is
+// retried without limit and without counting attempts: BEGIN, the inbox's
+// claim or COMMIT failing, or a statement failing with an error the Store
+// classifies as transient (a deadlock, a lock timeout, a lost connection);
+// see inbox.IsDatabaseFailure.
 // So is a step of the consumer's own that the database did not answer
 // within Config.DatabaseTimeout, and a HandlerTimeout that cut short a
 // statement while the database did not answer a ping either (see
@@ -295,8 +302,9 @@
 // # Observability
 //
 // Logs go to Config.Logger (log/slog): retries and transient failures at
-// Warn, dead letters and stopped partitions at Error. Config.Hooks receive
-// every hooks.Event (processed, duplicate, retry, dead-lettered,
+// Warn, dead letters and stopped partitions at Error, one line per failed
+// attempt (the inbox the consumer drives logs none of them). Config.Hooks
+// receive every hooks.Event (processed, duplicate, retry, dead-lettered,
 // partition-stopped, committed, lag per partition, assigned, revoked,
 // maintenance, repositioned), and a [ContextHook] among them gives each
 // message the context its handler and its inbox work run under, for

@@ -16,9 +16,16 @@ import (
 	"github.com/inboxgo/inbox/internal/kafkaerr"
 )
 
+// ReasonPermanent is the dlq_reason (and the Reason of a stopped
+// partition) of a message whose handler failed with an error marked
+// inbox.Permanent: it went to the failure policy at that failure, without
+// retries.
+const ReasonPermanent = "permanent"
+
 // retryInbox tries a failed message again, alone, until it commits, its
 // attempts are used up (then the policy applies) or the worker stops.
-// Invalid and expired messages go to the policy at once.
+// Invalid and expired messages, and handler errors marked inbox.Permanent,
+// go to the policy at once.
 func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) resolution {
 	for {
 		if errors.Is(err, batchopt.ErrHeldBack) {
@@ -44,6 +51,8 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 		case w.infrastructure(err):
 			// The database, not the message: retry without using up attempts.
 			it.attempts = min(it.attempts, w.c.cfg.MaxAttempts-1)
+		case inbox.IsPermanent(err):
+			return w.applyPolicy(ctx, dbCtx, it, ReasonPermanent, err)
 		case it.attempts >= w.c.cfg.MaxAttempts:
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
@@ -98,9 +107,9 @@ func (w *worker) unfinished(ctx context.Context) resolution {
 // the message (inbox.IsDatabaseFailure: BEGIN, the claim or COMMIT failed,
 // or a statement failed with an error the Store classifies as transient).
 // Such errors never send a message to the failure policy and are retried
-// without limit. Nothing a handler returns by itself is one: its own network
-// errors, EOFs and deadlines count as attempts, marked with inbox.Retryable
-// or not.
+// without limit, also when the handler marked them inbox.Permanent. Nothing
+// a handler returns by itself is one: its own network errors, EOFs and
+// deadlines count as attempts, marked with inbox.Retryable or not.
 func (w *worker) infrastructure(err error) bool { return inbox.IsDatabaseFailure(err) }
 
 // applyPolicy dead-letters the message or stops the partition at it.

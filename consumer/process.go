@@ -369,6 +369,8 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 		}
 		if w.infrastructure(err) {
 			it.attempts = min(it.attempts, w.c.cfg.MaxAttempts-1)
+		} else if inbox.IsPermanent(err) {
+			return w.applyPolicy(ctx, dbCtx, it, ReasonPermanent, err)
 		} else if it.attempts >= w.c.cfg.MaxAttempts {
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}

@@ -39,6 +39,11 @@ type transport interface {
 	// message produced will get), asking the partition's current leader.
 	// It is called from every worker, concurrently.
 	logOffsets(ctx context.Context, topic string, partition int) (start, end int64, err error)
+	// missingTopics returns those of topics the cluster does not know (or
+	// does not let this client describe), as its metadata says now; it
+	// never creates a topic, whatever the brokers' auto.create.topics.enable.
+	// An error means the cluster did not answer.
+	missingTopics(ctx context.Context, topics []string) ([]string, error)
 	// deadLetterWriter returns the producer of dead letters used when
 	// Config.DeadLetterWriter is nil: it must accept a message of up to
 	// deadLetterMaxBytes that names its topic, keep the key's partitioning

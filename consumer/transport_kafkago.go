@@ -105,6 +105,30 @@ func (k *kafkaGo) logOffsets(ctx context.Context, topic string, partition int) (
 	return 0, 0, fmt.Errorf("consumer: no log offsets for %s/%d in the broker's answer", topic, partition)
 }
 
+// missingTopics asks the transport, whose metadata cache (all topics,
+// refreshed every transportMetadataTTL) answers without a request that
+// could create a topic: kafka-go sets no AllowAutoTopicCreation.
+func (k *kafkaGo) missingTopics(ctx context.Context, topics []string) ([]string, error) {
+	cl := &kafka.Client{Addr: kafka.TCP(k.cfg.Brokers...), Transport: k.transport, Timeout: 10 * time.Second}
+	resp, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+	if err != nil {
+		return nil, err
+	}
+	known := make(map[string]bool, len(resp.Topics))
+	for _, t := range resp.Topics {
+		if !errors.Is(t.Error, kafka.UnknownTopicOrPartition) && !errors.Is(t.Error, kafka.TopicAuthorizationFailed) {
+			known[t.Name] = true
+		}
+	}
+	var missing []string
+	for _, t := range topics {
+		if !known[t] {
+			missing = append(missing, t)
+		}
+	}
+	return missing, nil
+}
+
 func (k *kafkaGo) deadLetterWriter() MessageWriter {
 	k.ownDLQ = &kafka.Writer{
 		Addr:         kafka.TCP(k.cfg.Brokers...),

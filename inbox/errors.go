@@ -21,6 +21,9 @@ var (
 	ErrExpired = errors.New("inbox: event is older than the retention window")
 	// ErrHandlerPanic is wrapped by every *PanicError.
 	ErrHandlerPanic = errors.New("inbox: handler panicked")
+	// ErrPermanent is wrapped by every error marked with [Permanent], also
+	// when the handler wrapped the marked error further.
+	ErrPermanent = errors.New("inbox: permanent failure")
 	// ErrInvalidConfig is wrapped by configuration errors from New and the
 	// adapters' constructors.
 	ErrInvalidConfig = storage.ErrInvalidConfig
@@ -88,7 +91,7 @@ func (e retryableError) Unwrap() error { return e.err }
 // statement of the transaction failed with a transient database error (a
 // deadlock raised by the handler's own statement): that is a database
 // failure, see [IsDatabaseFailure]. Marking never makes an error a database
-// failure.
+// failure. An error also marked [Permanent] is not retried.
 func Retryable(err error) error {
 	if err == nil {
 		return nil
@@ -102,3 +105,29 @@ func isMarkedRetryable(err error) bool {
 	var r retryableError
 	return errors.As(err, &r)
 }
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string   { return e.err.Error() }
+func (e permanentError) Unwrap() []error { return []error{e.err, ErrPermanent} }
+
+// Permanent marks a handler error as the message's permanent failure: no
+// run of it can succeed (a payload that does not decode, a reference that
+// will never exist). The inbox never runs its transaction again, even if
+// the error is also marked [Retryable]; a consumer.Consumer sends the
+// message to its failure policy (dead letter or stopped partition) at the
+// first such failure instead of retrying it MaxAttempts times. The mark
+// survives further wrapping (fmt.Errorf with %w): test it with [IsPermanent]
+// or errors.Is(err, ErrPermanent). The error's text is err's. A database
+// failure ([IsDatabaseFailure]) stays one, marked or not: the database, not
+// the message, failed, and it is retried as such.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err: err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked with
+// [Permanent].
+func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) }

@@ -110,7 +110,10 @@ type Config struct {
 	// allowed). Nil uses the database default.
 	TxOptions *sql.TxOptions
 	// Logger receives retries (Warn), failures (Error) and duplicates
-	// (Debug). Default slog.Default(). The values a message brings (its
+	// (Debug). Under a consumer.Consumer, which owns the retries, the
+	// consumer logs each failed attempt (a retry at Warn, the final failure
+	// at Error) and the inbox logs none of its calls' failures or
+	// duplicates. Default slog.Default(). The values a message brings (its
 	// event id, its consumer) are logged shortened to 64 bytes, as error
 	// texts show them.
 	Logger *slog.Logger
@@ -289,11 +292,15 @@ func (ib *Inbox) ProcessTx(ctx context.Context, tx *gorm.DB, msg Message, h Hand
 }
 
 // IsRetryable reports whether running the transaction again may cure err:
-// a handler error marked with [Retryable], or a database failure
-// ([IsDatabaseFailure]) that the storage.InboxStore classifies as transient. A handler's
-// own errors are never retryable unless marked, whatever they wrap.
+// a handler error marked with [Retryable] (and not with [Permanent]), or a
+// database failure ([IsDatabaseFailure]) that the storage.InboxStore
+// classifies as transient. A handler's own errors are never retryable
+// unless marked, whatever they wrap.
 func (ib *Inbox) IsRetryable(err error) bool {
 	if err == nil {
+		return false
+	}
+	if IsPermanent(err) && !IsDatabaseFailure(err) {
 		return false
 	}
 	if isMarkedRetryable(err) || errors.As(err, new(dayUnseenError)) {

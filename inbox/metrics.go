@@ -2,13 +2,11 @@ package inbox
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/batchopt"
 )
 
 // Counters is a snapshot of an Inbox's totals since it was created.
@@ -40,30 +38,30 @@ func (ib *Inbox) record(ctx context.Context, msg Message, out Outcome, err error
 }
 
 // recordFor is record for a call whose caller retries what failed
-// (batchopt.Options.CallerRetries) if callerRetries: a database failure
-// is then logged at Warn, since the caller runs the message again without
-// counting an attempt.
+// (batchopt.Options.CallerRetries) if callerRetries: the caller then logs
+// each failed run itself, once, as what it makes of it (a retry, a dead
+// letter), and the inbox logs none.
 func (ib *Inbox) recordFor(ctx context.Context, msg Message, out Outcome, err error, start time.Time, end func(Outcome, error), report, callerRetries bool) {
 	switch out {
 	case Processed:
 		ib.counters.processed.Add(1)
 	case Duplicate:
 		ib.counters.duplicates.Add(1)
-		ib.log.LogAttrs(ctx, slog.LevelDebug, "duplicate skipped",
-			slog.String("consumer", msg.Consumer), slog.String("event_id", msg.ID))
+		if report {
+			// A caller reporting the outcomes logs them too.
+			ib.log.LogAttrs(ctx, slog.LevelDebug, "duplicate skipped",
+				slog.String("consumer", msg.Consumer), slog.String("event_id", msg.ID))
+		}
 	default:
 		ib.counters.failed.Add(1)
+		if callerRetries {
+			break
+		}
 		// A cancelled context (a shutdown, a rebalance) rolls back every
 		// message in flight: expected, and no reason for an alarm.
 		level := slog.LevelError
-		switch {
-		case ctx.Err() != nil:
+		if ctx.Err() != nil {
 			level = slog.LevelInfo
-		case callerRetries && IsDatabaseFailure(err):
-			level = slog.LevelWarn
-		case errors.Is(err, batchopt.ErrHeldBack):
-			// It did nothing wrong: it waits for an earlier message.
-			level = slog.LevelDebug
 		}
 		ib.log.LogAttrs(ctx, level, "message failed; nothing of it was committed",
 			slog.String("consumer", msg.Consumer), slog.String("event_id", msg.ID), slog.Any("error", err))

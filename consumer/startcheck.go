@@ -1,0 +1,189 @@
+package consumer
+
+// The checks Run makes before it joins the group: the configured topics
+// exist, and the tables the configuration needs take the consumer's
+// statements. Either mistake (a typo in a topic, a Migrate never run) would
+// otherwise leave the consumer idle, or retrying a "database failure", for
+// ever.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/storage"
+)
+
+var (
+	// ErrUnknownTopic is wrapped by Run's error when a topic of
+	// Config.Topics does not exist on the cluster when Run starts (or this
+	// client may not describe it). The consumer never creates topics.
+	ErrUnknownTopic = errors.New("consumer: unknown topic")
+	// ErrNotMigrated is wrapped by Run's error when a table the
+	// configuration needs (the inbox table; the offsets table with
+	// StoreOffsets; the watermark table with SequencedSources) is missing
+	// or does not take the consumer's statements when Run starts. The error
+	// names the Migrate call to run.
+	ErrNotMigrated = errors.New("consumer: a table the configuration needs is not migrated")
+)
+
+// topicGrace is how long a configured topic may be missing from the
+// cluster's metadata before Run gives up: a topic created just before Run
+// may take a metadata refresh (transportMetadataTTL) to appear.
+const topicGrace = 3 * time.Second
+
+// checkTopics returns an error wrapping ErrUnknownTopic, naming every topic
+// of Config.Topics the cluster does not know, once they were missing for
+// topicGrace. While the cluster does not answer it retries, as Run does
+// for every broker outage; nil if ctx ends first.
+func (c *Consumer) checkTopics(ctx context.Context) error {
+	var missingSince time.Time
+	for attempt := 1; ; attempt++ {
+		missing, err := c.client.missingTopics(ctx, c.cfg.Topics)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := 250 * time.Millisecond
+		switch {
+		case err != nil:
+			missingSince = time.Time{}
+			wait = backoff.Wait(c.cfg.MinBackoff, c.cfg.MaxBackoff, attempt)
+			c.log.Warn("cannot read the cluster's topics; retrying", "error", err, "attempt", attempt, "retry_in", wait)
+		case len(missing) == 0:
+			return nil
+		case missingSince.IsZero():
+			missingSince = time.Now()
+		case time.Since(missingSince) >= topicGrace:
+			return fmt.Errorf("%w: %s not on the cluster (or not visible to this client): create each topic of "+
+				"Config.Topics before Run, with the partitions you need (the consumer never creates topics), or correct the name",
+				ErrUnknownTopic, quoteAll(missing))
+		}
+		if backoff.Sleep(ctx, wait) != nil {
+			return nil
+		}
+	}
+}
+
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = fmt.Sprintf("%q", n)
+	}
+	return strings.Join(q, ", ")
+}
+
+// checkTables returns an error wrapping ErrNotMigrated, naming the Migrate
+// call to run, if a table the configuration needs does not take the
+// consumer's statements: a claim of the inbox table (in a transaction
+// rolled back at once), a read of the offsets table (StoreOffsets) and of
+// the watermark table (SequencedSources). Only an answering database
+// decides: while a probe fails with a transient error, or the database
+// does not answer a ping, it retries, as Run does for every database
+// outage; nil if ctx ends first.
+//
+// The server's settings (durability, SQL mode) are not checked here:
+// inboxctl check reports them.
+func (c *Consumer) checkTables(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := c.probeTables(ctx)
+		if err == nil || errors.Is(err, ErrNotMigrated) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := backoff.Wait(c.cfg.MinBackoff, c.cfg.MaxBackoff, attempt)
+		c.log.Warn("cannot check the consumer's tables, the database failed; retrying", "error", err, "attempt", attempt, "retry_in", wait)
+		if backoff.Sleep(ctx, wait) != nil {
+			return nil
+		}
+	}
+}
+
+// errProbeDone rolls the inbox probe's transaction back.
+var errProbeDone = errors.New("consumer: start-up probe done")
+
+// probeTables runs each table's probe once. An error wrapping
+// ErrNotMigrated is a table that does not work while the database answers;
+// any other error says nothing about the tables.
+func (c *Consumer) probeTables(ctx context.Context) error {
+	db := c.db() // quiet: the probes' failures stay out of the application's GORM logger
+	if ib := c.cfg.Inbox; ib != nil {
+		err := c.probe(ctx, db, func(ctx context.Context, db *gorm.DB) error {
+			return c.probeClaim(ctx, db, ib.Store())
+		})
+		if err != nil {
+			return c.notMigrated(ctx, err, fmt.Sprintf("the inbox table of %T does not take a claim", ib.Store()),
+				"run Inbox.Migrate (or inboxctl migrate)")
+		}
+	}
+	if c.cfg.StoreOffsets {
+		err := c.probe(ctx, db, func(ctx context.Context, db *gorm.DB) error {
+			_, _, err := c.offsets.Read(ctx, db, c.cfg.Topics[0], 0)
+			return err
+		})
+		if err != nil {
+			return c.notMigrated(ctx, err, fmt.Sprintf("the offsets table %q (Config.StoreOffsets) cannot be read", c.cfg.OffsetsTable),
+				"run Consumer.Migrate")
+		}
+	}
+	if c.watermarks != nil {
+		err := c.probe(ctx, db, func(ctx context.Context, db *gorm.DB) error {
+			_, err := c.watermarks.Watermarks(ctx, db, c.cfg.Consumer, c.cfg.Topics[0], 0)
+			return err
+		})
+		if err != nil {
+			return c.notMigrated(ctx, err, "the watermark table (Config.SequencedSources) cannot be read",
+				"run Consumer.Migrate (or inboxctl migrate)")
+		}
+	}
+	return nil
+}
+
+// probe runs fn within DatabaseTimeout.
+func (c *Consumer) probe(ctx context.Context, db *gorm.DB, fn func(ctx context.Context, db *gorm.DB) error) error {
+	pctx, cancel := ctx, context.CancelFunc(func() {})
+	if b := c.bound(); b > 0 {
+		pctx, cancel = context.WithTimeout(ctx, b)
+	}
+	defer cancel()
+	return fn(pctx, db.WithContext(pctx))
+}
+
+// probeClaim claims a row of today no message can have, in a transaction
+// it rolls back. A claim that finds no storage for today's day found the
+// table.
+func (c *Consumer) probeClaim(ctx context.Context, db *gorm.DB, store storage.InboxStore) error {
+	now := time.Now().UTC()
+	row := storage.InboxRow{Consumer: c.cfg.Consumer, EventID: fmt.Sprintf("inbox-consumer-start-probe-%d", now.UnixNano()),
+		Day: storage.DayOf(now), EventTime: now, Topic: c.cfg.Topics[0], Partition: 0, Offset: 0}
+	err := db.Transaction(func(tx *gorm.DB) error {
+		if _, err := store.Claim(ctx, tx, []storage.InboxRow{row}); err != nil {
+			if dp, ok := store.(storage.DayPreparer); ok && dp.IsMissingDay(err) {
+				return errProbeDone
+			}
+			return err
+		}
+		return errProbeDone
+	})
+	if errors.Is(err, errProbeDone) {
+		return nil
+	}
+	return err
+}
+
+// notMigrated is err, a probe's failure, as an error wrapping
+// ErrNotMigrated if the database answers and the failure is not transient;
+// otherwise err as it is.
+func (c *Consumer) notMigrated(ctx context.Context, err error, what, fix string) error {
+	if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) ||
+		(c.cfg.Classifier != nil && c.cfg.Classifier.IsRetryable(err)) || c.ping(ctx) != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %s: %s before Run: %w", ErrNotMigrated, what, fix, err)
+}
