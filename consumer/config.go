@@ -354,8 +354,9 @@ type Config struct {
 	OffsetsTable string
 
 	// SequencedSources turns sequenced dedup on for the messages of these
-	// outbox sources (their header.SeqSource ids; inboxctl outbox source
-	// prints a table's) whose shards are aligned with the topic's
+	// outbox sources (their header.SeqSource ids: inboxctl outbox source
+	// prints a table's, and in code the producer's outbox store tells it,
+	// storage.Sequenced's Source) whose shards are aligned with the topic's
 	// partitions (outbox.Config.AlignedTopic): instead of an inbox row per
 	// event, the consumer keeps per stream (source, epoch, topic,
 	// partition) the highest sequence number it applied, and a message at

@@ -118,8 +118,14 @@ type Consumer struct {
 	quietDB *gorm.DB
 }
 
-// New checks cfg and returns a Consumer. It does not connect to anything;
-// call Migrate (with StoreOffsets) and then Run.
+// New checks cfg and returns a Consumer. It does not connect to anything.
+// Before Run, every table the configuration uses must exist: the inbox
+// table (inbox.Inbox.Migrate), and Consumer.Migrate's tables, the stored
+// offsets with StoreOffsets and the watermarks with SequencedSources (or
+// all of them by inboxctl migrate); Run refuses to start without them
+// (ErrNotMigrated). The topics must exist too (Run returns ErrUnknownTopic
+// otherwise), and so must DeadLetterTopic: the consumer never creates a
+// topic.
 func New(cfg Config) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
