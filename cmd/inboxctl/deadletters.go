@@ -523,7 +523,7 @@ func runDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer
 			case tw != nil:
 				fmt.Fprintf(tw, "%d\t%d\t%s/%s/%s\t%s\t%s\t%s\t%s\t%s\n", d.Partition, d.Offset,
 					cell(d.OriginalTopic), cell(d.OriginalPartition), cell(d.OriginalOffset),
-					cell(truncate(d.EventID, *width)), cell(d.Reason), d.Attempts, d.Time, cell(truncate(oneLine(d.Error), *width)))
+					cell(truncate(d.EventID, *width)), cell(d.Reason), d.Attempts, d.Time, truncate(oneLine(d.Error), *width))
 			default:
 				d.printInspect(stdout, q.topic)
 			}
