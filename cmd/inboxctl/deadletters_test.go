@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 
@@ -104,6 +105,8 @@ func TestDeadLettersListInspectRedrive(t *testing.T) {
 		{[]string{"--partition", "1"}, []string{"e3", "e4"}},
 		{[]string{"--reason", "handler-error", "--original-topic", orders, "--limit", "1"}, []string{"e1"}},
 		{[]string{"--reason", "nope"}, nil},
+		{[]string{"--since", "2000-01-01"}, []string{"e1", "e2", "e3", "e4"}},
+		{[]string{"--since", time.Now().Add(time.Hour).UTC().Format(time.RFC3339)}, nil},
 	} {
 		if got := ids(c.args...); !slices.Equal(got, c.want) {
 			t.Errorf("list %v: got %v, want %v", c.args, got, c.want)
