@@ -31,6 +31,9 @@ func splitBrokers(flagValue string, fromEnv bool) []string {
 	return out
 }
 
+// errNoTopic is wrapped by the error for a topic that does not exist.
+var errNoTopic = errors.New("does not exist")
+
 // kafkaClient is what the commands ask the brokers.
 type kafkaClient struct {
 	c *kafka.Client
@@ -53,7 +56,7 @@ func (k *kafkaClient) partitions(ctx context.Context, topic string) ([]int, erro
 		}
 		if t.Error != nil {
 			if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
-				return nil, fmt.Errorf("topic %s does not exist", topic)
+				return nil, fmt.Errorf("topic %s %w", topic, errNoTopic)
 			}
 			return nil, fmt.Errorf("read the metadata of topic %s: %w", topic, t.Error)
 		}
@@ -63,11 +66,11 @@ func (k *kafkaClient) partitions(ctx context.Context, topic string) ([]int, erro
 		}
 		slices.Sort(ps)
 		if len(ps) == 0 {
-			return nil, fmt.Errorf("topic %s does not exist", topic)
+			return nil, fmt.Errorf("topic %s %w", topic, errNoTopic)
 		}
 		return ps, nil
 	}
-	return nil, fmt.Errorf("topic %s does not exist", topic)
+	return nil, fmt.Errorf("topic %s %w", topic, errNoTopic)
 }
 
 // logBounds is a partition's log start and end offsets.

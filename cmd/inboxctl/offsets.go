@@ -36,7 +36,10 @@ here. The first argument is the action:
          offset to read, the generation that wrote it and whether it holds
          the fingerprint of the message before it; with --brokers, also the
          group's committed offset in Kafka, the log start and end offsets and
-         the lag, and the topic's partitions that have no stored offset yet
+         the lag, and the topic's partitions that have no stored offset yet,
+         with a note for a stored offset past the log end (the consumer
+         stops that partition) or below the log start; a topic that no
+         longer exists is noted on stderr
   reset  set the stored offsets of --topic (every partition, or --partition)
          to --to-offset N, --to-time T (the first message at or after T; the
          log end where there is none), --to-start (the log start) or
@@ -211,6 +214,11 @@ func runOffsets(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		committed := map[string][]int{}
 		for _, t := range topics {
 			parts, err := k.partitions(ctx, t)
+			if err != nil && action == "show" && t != *topic && errors.Is(err, errNoTopic) {
+				// A row of a deleted topic: shown, without the log's columns.
+				fmt.Fprintf(stderr, "inboxctl offsets: %v: its stored offsets are shown without the log's\n", err)
+				continue
+			}
 			if err != nil {
 				return fail(stderr, cmd, err)
 			}
@@ -436,6 +444,17 @@ func printOffsets(w io.Writer, res offsetsResult, withKafka bool) {
 		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
+	for _, po := range res.Partitions {
+		switch {
+		case po.Stored == nil || po.LogEnd == nil:
+		case *po.Stored > *po.LogEnd:
+			fmt.Fprintf(w, "%s/%d: the stored offset %d is past the log end %d (was the topic recreated?): the consumer stops the partition until it is reset (offsets reset --to-start)\n",
+				cell(po.Topic), po.Partition, *po.Stored, *po.LogEnd)
+		case *po.Stored < *po.LogStart:
+			fmt.Fprintf(w, "%s/%d: the stored offset %d is below the log start %d: the consumer starts at the log start, %d message(s) it never processed are gone\n",
+				cell(po.Topic), po.Partition, *po.Stored, *po.LogStart, *po.LogStart-*po.Stored)
+		}
+	}
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -246,3 +246,53 @@ func expectOffsetsUsage(t *testing.T, dsn, dialect, table string) {
 		t.Errorf("missing table:\n%v", r)
 	}
 }
+
+// TestOffsetsShowDeletedTopic: a stored offset of a topic that no longer
+// exists is shown, with a note, rather than failing the whole show.
+func TestOffsetsShowDeletedTopic(t *testing.T) {
+	brokers := testBrokers(t)
+	topic := newTopic(t, brokers, "orders", 1)
+	gone := "gone-" + conformance.RandomSuffix()
+	path := emptySQLite(t)
+	db := openGorm(t, dialectSQLite, path)
+	store := offsets.Store{Table: defaultOffsetsTable, Group: "billing"}
+	if err := store.Migrate(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	for _, tp := range []string{topic, gone} {
+		if err := store.Save(t.Context(), db, tp, 0, offsets.Write{Next: 4, Generation: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := runArgs(t, "offsets", "show", "--dsn", path, "--group", "billing", "--brokers", brokersArg(brokers), "--json")
+	expectCode(t, r, exitOK)
+	if !strings.Contains(r.stderr, "topic "+gone+" does not exist: its stored offsets are shown without the log's") {
+		t.Errorf("no note about the deleted topic:\n%v", r)
+	}
+	got := decodeJSON[offsetsJSON](t, r)
+	if len(got.Partitions) != 2 {
+		t.Fatalf("want both rows:\n%v", r)
+	}
+	for _, po := range got.Partitions {
+		switch po.Topic {
+		case gone:
+			if po.LogEnd != nil || *po.Stored != 4 {
+				t.Errorf("deleted topic's row: %+v", po)
+			}
+		case topic:
+			if po.LogEnd == nil || *po.LogEnd != 0 || *po.Lag != -4 {
+				t.Errorf("live topic's row: %+v", po)
+			}
+		}
+	}
+	r = runArgs(t, "offsets", "show", "--dsn", path, "--group", "billing", "--brokers", brokersArg(brokers))
+	expectCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, topic+"/0: the stored offset 4 is past the log end 0 (was the topic recreated?)") {
+		t.Errorf("no note about the offset past the log end:\n%v", r)
+	}
+	r = runArgs(t, "offsets", "reset", "--dsn", path, "--group", "billing", "--brokers", brokersArg(brokers), "--topic", gone, "--to-start")
+	expectCode(t, r, exitFailed)
+	if !strings.Contains(r.stderr, "topic "+gone+" does not exist") {
+		t.Errorf("reset of a deleted topic:\n%v", r)
+	}
+}
