@@ -318,7 +318,8 @@ type Config struct {
 	//
 	// The stored offsets win over the group's: resetting the group's offsets
 	// in Kafka (to replay, to skip, or after the topic was recreated) has no
-	// effect until the group's rows in OffsetsTable are deleted too. A
+	// effect until the group's rows in OffsetsTable are reset or deleted too:
+	// inboxctl offsets reset moves both, with the group stopped. A
 	// replay under a new GroupID needs nothing: its rows do not exist yet.
 	// Delete a group's rows as well when StoreOffsets is turned off: turned
 	// on again, it would resume from where the rows were left.

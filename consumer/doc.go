@@ -85,8 +85,9 @@
 // rest of a batch whose failed message was retried alone) is stored before
 // it is committed to Kafka, in one small transaction per commit. Writing
 // it costs one small upsert per processed message. Since the stored offset
-// wins over the group's, reset a group's position by deleting its rows as
-// well.
+// wins over the group's, reset a group's position with inboxctl offsets
+// reset, which moves both, with the group stopped (inboxctl offsets show
+// lists them).
 //
 // # Sequenced dedup
 //
@@ -141,8 +142,8 @@
 //     transaction of its own. Its dead letter carries its sequence headers
 //     renamed (header.DLQSequencePrefix: inbox_seq becomes dlq_inbox_seq,
 //     the values kept for inspection), so a redrive that copies the dead
-//     letter back onto the topic as it is takes the inbox row, and the
-//     event is applied once.
+//     letter back onto the topic as it is (inboxctl deadletters redrive)
+//     takes the inbox row, and the event is applied once.
 //   - Another member writing the stream (this one was paused past its
 //     session, is a zombie after a rebalance, or its database failed over)
 //     makes the compare-and-set fail: the transaction rolls back, the

@@ -122,3 +122,13 @@ const (
 // letter carries: inbox_seq becomes dlq_inbox_seq, ce_sequence
 // dlq_ce_sequence. The values are kept, for inspection.
 const DLQSequencePrefix = "dlq_"
+
+// DLQRedrivenFrom is the header a redrive adds (inboxctl deadletters
+// redrive) to the copy of a dead letter it puts back on the original
+// topic, for audit: the dead letter's own place, "topic/partition/offset"
+// (partition and offset decimal). The copy keeps the dead letter's key,
+// value and headers as they are, dlq_* included: its sequence headers
+// stay renamed ([DLQSequencePrefix]), so the consumer deduplicates it by
+// its inbox row. A copy dead-lettered again carries the dlq_* headers of
+// both failures, the later ones last.
+const DLQRedrivenFrom = "dlq_redriven_from"

@@ -8,6 +8,7 @@ require (
 	github.com/inboxgo/inbox/adapters/mysql v0.0.0
 	github.com/inboxgo/inbox/adapters/postgres v0.0.0
 	github.com/inboxgo/inbox/adapters/sqlite v0.0.0
+	github.com/segmentio/kafka-go v0.4.51
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/driver/postgres v1.6.3
 	gorm.io/driver/sqlite v1.6.0
@@ -25,7 +26,6 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-sqlite3 v1.14.32 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
-	github.com/segmentio/kafka-go v0.4.51 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )

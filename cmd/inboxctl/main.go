@@ -10,14 +10,16 @@
 //
 // Commands:
 //
-//	migrate     create or upgrade the inbox table and its watermark table
-//	maintain    prepare the coming days and expire old ones (--dry-run shows the plan)
-//	stats       rows per consumer and day, oldest and newest day, watermark streams per consumer, size on disk
-//	watermarks  a consumer's watermarks of sequenced dedup: per stream, the sequence numbers applied
-//	check       run the conformance checks against the live database
-//	outbox      migrate|maintain|stats|source|bump-epoch for the outbox table (package outbox)
+//	migrate      create or upgrade the inbox table and its watermark table
+//	maintain     prepare the coming days and expire old ones (--dry-run shows the plan)
+//	stats        rows per consumer and day, oldest and newest day, watermark streams per consumer, size on disk
+//	watermarks   a consumer's watermarks of sequenced dedup: per stream, the sequence numbers applied
+//	check        run the conformance checks against the live database
+//	deadletters  list|inspect|redrive the dead letters of a dead-letter topic (Kafka only)
+//	offsets      show|reset a group's stored offsets (consumer StoreOffsets), beside the log's
+//	outbox       migrate|maintain|stats|source|bump-epoch for the outbox table (package outbox)
 //
-// Every command takes the connection flags:
+// Every command but deadletters takes the connection flags:
 //
 //	--dialect postgres|mysql|sqlite  the database (default: inferred from the DSN)
 //	--dsn DSN                        the database to use (default: $INBOX_DSN)
@@ -50,6 +52,27 @@
 // status is 1:
 //
 //	inboxctl watermarks --dsn "$DSN" --consumer billing --topic orders -v
+//
+// deadletters list|inspect|redrive --brokers B --topic DLQ reads a
+// dead-letter topic (consumer Config.DeadLetterTopic) up to its end offsets
+// as they were at the start, filtered by --reason, --original-topic,
+// --from/--to (the dead-lettering time) and --partition/--offset. list
+// prints a line per dead letter, inspect each in full, and redrive copies
+// each back onto its original topic and partition as it is (its sequence
+// headers stay renamed, so the consumer deduplicates it by its inbox row)
+// with the header dlq_redriven_from (header.DLQRedrivenFrom) naming the
+// dead letter, at --rate per second; --dry-run sends nothing:
+//
+//	inboxctl deadletters redrive --brokers kafka:9092 --topic orders.dlq --reason handler-error --dry-run
+//
+// offsets show|reset --group G [--topic T] reads or moves the consumer's
+// stored offsets (Config.StoreOffsets, the table --table, default
+// inbox_offsets), beside each partition's log start and end when --brokers
+// is given. reset (--to-offset N, --to-time T, --to-start or --to-end;
+// --dry-run) refuses while the group has members: stop its consumers
+// first, as for any offset reset.
+//
+//	inboxctl offsets reset --dsn "$DSN" --brokers kafka:9092 --group billing --topic orders --to-time 2026-12-01T08:00:00Z
 //
 // check runs each conformance check (conformance.Checks: by default every
 // area but the slow retention checks; --all for every check) in a scratch
@@ -110,6 +133,8 @@ func commands() []command {
 		{"stats", "rows per consumer and day, oldest and newest day, watermark streams per consumer, size on disk", runStats},
 		{"watermarks", "a consumer's watermarks of sequenced dedup: per stream, the sequence numbers applied (--consumer NAME)", runWatermarks},
 		{"check", "run the conformance checks against the live database", runCheck},
+		{"deadletters", "list, inspect or redrive the dead letters of a dead-letter topic (inboxctl deadletters list|inspect|redrive --topic T)", runDeadLetters},
+		{"offsets", "show or reset a group's stored offsets (consumer StoreOffsets), beside the log's (inboxctl offsets show|reset --group G)", runOffsets},
 		{"outbox", "migrate, maintain or report the outbox table, show or bump its epoch (inboxctl outbox migrate|maintain|stats|source|bump-epoch)", runOutbox},
 	}
 }
@@ -150,9 +175,9 @@ Usage:
 Commands:
 `)
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-10s  %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-11s  %s\n", c.name, c.summary)
 	}
-	fmt.Fprint(w, `  help        show a command's flags and examples: inboxctl help <command>
+	fmt.Fprint(w, `  help         show a command's flags and examples: inboxctl help <command>
 
 The database is given by --dsn (or $INBOX_DSN) and --dialect postgres|mysql|sqlite
 (inferred from the DSN when unambiguous).
