@@ -193,12 +193,14 @@ func (p *witnessing) EndOffsets(ctx context.Context, topic string, partitions []
 // topic of as many partitions. The order alternates: forward in even
 // rounds, reversed in odd ones. It prints to stderr, per variant, the
 // median drain events/s and the median of the per-round ratios of the
-// first variant to it, with their spread (min..max), and reports them as
-// metrics.
+// first variant to it, with their spread (min..max), and for the first the
+// share of its drain time the relay spent waiting for end offsets (a
+// cycle's steps run one after the other), and reports them as metrics.
 func AlignedBench(b *testing.B, brokers []string, open func(shards int) (db *gorm.DB, store storage.OutboxStore, cleanup func(), err error), o Options, rounds int) {
 	o.Partitions = AlignedShards
 	cycles, requests := make([]int, len(DrainVariants)), make([]int, len(DrainVariants))
 	waited := make([]time.Duration, len(DrainVariants))
+	share := make([][]float64, len(DrainVariants)) // of the drain's time spent waiting for end offsets
 	rate := make([][]float64, len(DrainVariants))
 	ratio := make([][]float64, len(DrainVariants))
 	for round := range rounds {
@@ -226,6 +228,9 @@ func AlignedBench(b *testing.B, brokers []string, open func(shards int) (db *gor
 			}
 			got[i] = r.EventsPerSec()
 			cycles[i] += w.Cycles
+			if w.Requests > 0 {
+				share[i] = append(share[i], w.Waited.Seconds()/r.Elapsed.Seconds())
+			}
 			requests[i] += w.Requests
 			waited[i] += w.Waited
 			fmt.Fprintf(os.Stderr, "round %d: %v; %d cycles, %d end-offset requests to the broker (%v)\n",
@@ -244,9 +249,11 @@ func AlignedBench(b *testing.B, brokers []string, open func(shards int) (db *gor
 			fmt.Fprintf(os.Stderr, "%-26s %d shards: %7.0f drain events/s (median of %d rounds)\n", v.Name, AlignedShards, median(rate[i]), rounds)
 			if cycles[i] > 0 && requests[i] > 0 {
 				perReq := waited[i] / time.Duration(requests[i])
-				fmt.Fprintf(os.Stderr, "%-26s %.1f cycles per round, %.2f end-offset requests per cycle, %v each\n",
-					v.Name, float64(cycles[i])/float64(rounds), float64(requests[i])/float64(cycles[i]), perReq.Round(time.Microsecond))
+				med, lo, hi := spread(share[i])
+				fmt.Fprintf(os.Stderr, "%-26s %.1f cycles per round, %.2f end-offset requests per cycle, %v each; %.1f%% of the drain (%.1f..%.1f)\n",
+					v.Name, float64(cycles[i])/float64(rounds), float64(requests[i])/float64(cycles[i]), perReq.Round(time.Microsecond), 100*med, 100*lo, 100*hi)
 				b.ReportMetric(float64(perReq.Microseconds()), "end-offsets-µs/request")
+				b.ReportMetric(100*med, "end-offsets-%-of-drain")
 			}
 			continue
 		}
