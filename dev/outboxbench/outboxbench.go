@@ -130,16 +130,20 @@ func createTopic(ctx context.Context, brokers []string, topic string, partitions
 
 // counting counts what the relays acknowledged.
 type counting struct {
-	mu   sync.Mutex
-	n    int
-	done chan struct{}
-	want int
+	mu     sync.Mutex
+	n      int
+	cycles int // that published something
+	done   chan struct{}
+	want   int
 }
 
 func (c *counting) event(ev hooks.Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.n += ev.Relay.Published
+	if ev.Relay.Published > 0 {
+		c.cycles++
+	}
 	if c.n >= c.want && c.done != nil {
 		close(c.done)
 		c.done = nil
@@ -268,10 +272,23 @@ func enqueueAll(ctx context.Context, db *gorm.DB, ob *outbox.Outbox, store stora
 //
 // Direct writes in batches of the largest cycle size measured (at most the
 // writer's limit), so that the reference is the best the same writer does.
-func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store storage.OutboxStore, cleanup func(), err error)) {
+//
+// INBOX_OUTBOX_SUITES (default "relay,aligned") picks what runs: "relay"
+// is the above, "aligned" is AlignedBench with the same events and rounds,
+// run first. open(shards) returns a store of that many shards, of the
+// store's default for 0.
+func Bench(b *testing.B, brokers []string, open func(shards int) (db *gorm.DB, store storage.OutboxStore, cleanup func(), err error)) {
 	o := Defaults()
 	o.Events = envInt("INBOX_OUTBOX_EVENTS", o.Events)
 	rounds := envInt("INBOX_BENCH_ROUNDS", 5)
+	suites := map[string]bool{}
+	for _, f := range strings.Split(cmp.Or(os.Getenv("INBOX_OUTBOX_SUITES"), "relay,aligned"), ",") {
+		f = strings.TrimSpace(f)
+		if f != "relay" && f != "aligned" {
+			b.Fatalf("INBOX_OUTBOX_SUITES %q: want relay, aligned or both", f)
+		}
+		suites[f] = true
+	}
 	var batches []int
 	for _, f := range strings.Split(cmp.Or(os.Getenv("INBOX_OUTBOX_BATCHES"), "500,1000"), ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -281,6 +298,12 @@ func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store stora
 		batches = append(batches, n)
 	}
 	for b.Loop() {
+		if suites["aligned"] {
+			AlignedBench(b, brokers, open, o, rounds)
+		}
+		if !suites["relay"] {
+			continue
+		}
 		// series[name] holds one figure per round: events/s, or the ratio.
 		rate, ratio, vs := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 		var names []string
@@ -313,7 +336,7 @@ func Bench(b *testing.B, brokers []string, open func() (db *gorm.DB, store stora
 					direct = r.EventsPerSec()
 					continue
 				}
-				db, store, cleanup, err := open()
+				db, store, cleanup, err := open(0)
 				if err != nil {
 					if cleanup != nil {
 						cleanup()

@@ -16,12 +16,12 @@ import (
 // MariaDB. Run with -benchtime 1x.
 func BenchmarkOutboxRelay(b *testing.B) {
 	dsn := testservers.MySQLDSN(b)
-	outboxbench.Bench(b, testservers.KafkaBrokers(b), func() (*gorm.DB, storage.OutboxStore, func(), error) {
+	outboxbench.Bench(b, testservers.KafkaBrokers(b), func(shards int) (*gorm.DB, storage.OutboxStore, func(), error) {
 		db, err := openDB(dsn)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		store, err := inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: "outbox_bench_" + conformance.RandomSuffix()})
+		store, err := inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: "outbox_bench_" + conformance.RandomSuffix(), Shards: shards})
 		cleanup := func() {
 			if store != nil {
 				for _, suffix := range []string{"", "_shards", "_relay", "_source"} {

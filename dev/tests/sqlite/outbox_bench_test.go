@@ -16,12 +16,12 @@ import (
 // BenchmarkOutboxRelay is the PostgreSQL benchmark of the same name on
 // SQLite. Run with -benchtime 1x.
 func BenchmarkOutboxRelay(b *testing.B) {
-	outboxbench.Bench(b, testservers.KafkaBrokers(b), func() (*gorm.DB, storage.OutboxStore, func(), error) {
+	outboxbench.Bench(b, testservers.KafkaBrokers(b), func(shards int) (*gorm.DB, storage.OutboxStore, func(), error) {
 		db, err := gorm.Open(inboxsqlite.Open(filepath.Join(b.TempDir(), "bench.db")), &gorm.Config{Logger: logger.Discard})
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		store, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{})
+		store, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Shards: shards})
 		cleanup := func() {
 			if sqlDB, err := db.DB(); err == nil {
 				_ = sqlDB.Close()
