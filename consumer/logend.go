@@ -150,8 +150,8 @@ func (w *worker) resetAdvice() string {
 	fix := fmt.Sprintf("reset the group's offsets of the partition (kafka-consumer-groups.sh --group %s --topic %s --reset-offsets --to-earliest --execute, or delete the group)",
 		w.c.cfg.GroupID, w.topic)
 	if w.c.cfg.StoreOffsets {
-		fix = fmt.Sprintf("delete the group's rows in the offsets table (DELETE FROM %s WHERE group_id = '%s' AND topic = '%s') and %s",
-			w.c.cfg.OffsetsTable, w.c.cfg.GroupID, w.topic, fix)
+		fix = fmt.Sprintf("with the group's consumers stopped, reset its stored and Kafka offsets (inboxctl offsets reset --group %s --topic %s --to-start), or delete the group's rows in the offsets table (DELETE FROM %s WHERE group_id = '%s' AND topic = '%s') and %s",
+			w.c.cfg.GroupID, w.topic, w.c.cfg.OffsetsTable, w.c.cfg.GroupID, w.topic, fix)
 	}
 	return fix
 }
