@@ -150,11 +150,11 @@
 //   - What it reads: from the offset stored with the shard's mark (each
 //     mark stores the partition's end before the publish that reached it)
 //     to the end, once when it first publishes a shard, and again whenever
-//     the shard's mark, the source or the epoch in the database went back
-//     or the partition's end is not where its own last publish left it
-//     (another relay, or another database, wrote there). Otherwise a cycle
-//     costs two requests for the end offsets of its partitions, one before
-//     and one after its publish.
+//     the shard's mark, the source or the epoch in the database went back;
+//     and, after each publish, whatever another writer (another relay,
+//     another database) appended since its last look. Otherwise a cycle
+//     costs one request, for the end offsets of its partitions after its
+//     publish.
 //   - The relay reads the partition as a consumer deduplicating by
 //     watermark does: per epoch of the source, the first message of a
 //     number is applied and any later one with that number is dropped as a

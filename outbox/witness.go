@@ -162,14 +162,6 @@ func (r *Relay) witness(ctx context.Context, rows []storage.OutboxRow, stamp *se
 			shards = append(shards, row.Shard)
 		}
 	}
-	parts := make([]int, len(shards))
-	for i, s := range shards {
-		parts[i] = int(s)
-	}
-	ends, err := r.wit.EndOffsets(ctx, topic, parts)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: relay read the end offsets of %q: %w", topic, err)
-	}
 	// The first row of each shard follows the shard's mark (Claim's contract).
 	claimedMark := map[int32]int64{}
 	for _, row := range rows {
@@ -177,28 +169,44 @@ func (r *Relay) witness(ctx context.Context, rows []storage.OutboxRow, stamp *se
 			claimedMark[row.Shard] = row.Seq - 1
 		}
 	}
+	// A shard is read from the stored offset when the relay never checked
+	// it, and when the store's source or epoch or the mark went back (the
+	// database was restored or failed over). Otherwise the relay's own
+	// view stands until the check after the publish, which reads what
+	// anyone else appended meanwhile.
 	var full []int32
 	for _, s := range shards {
 		w := r.wits[s]
-		end, ok := ends[int(s)]
-		if !ok {
-			return nil, fmt.Errorf("outbox: relay read no end offset of partition %d of %q", s, topic)
-		}
-		// Checked again from the stored offset when the relay never
-		// checked the shard, when the store's source or epoch or the mark
-		// went back (the database was restored or failed over), and when
-		// the partition shrank (the topic was recreated).
-		if w == nil || w.source != string(stamp.source) || stamp.epochN < w.epoch || claimedMark[s] < w.mark || end < w.end {
+		if w == nil || w.source != string(stamp.source) || stamp.epochN < w.epoch || claimedMark[s] < w.mark {
 			full = append(full, s)
 		}
 	}
+	ends := map[int]int64{}
 	if len(full) > 0 {
+		parts := make([]int, len(full))
+		for i, s := range full {
+			parts[i] = int(s)
+		}
+		var err error
+		if ends, err = r.wit.EndOffsets(ctx, topic, parts); err != nil {
+			return nil, fmt.Errorf("outbox: relay read the end offsets of %q: %w", topic, err)
+		}
+		for _, s := range full {
+			if _, ok := ends[int(s)]; !ok {
+				return nil, fmt.Errorf("outbox: relay read no end offset of partition %d of %q", s, topic)
+			}
+		}
 		marks, err := r.marks.Marks(ctx, r.o.db.WithContext(ctx), full)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: relay read the marks of shards %v: %w", full, err)
 		}
 		for _, m := range marks {
 			r.wits[m.Shard] = newShardWitness(string(stamp.source), stamp.epochN, m)
+		}
+	}
+	for _, s := range shards {
+		if _, ok := ends[int(s)]; !ok {
+			ends[int(s)] = r.wits[s].end
 		}
 	}
 	for _, s := range shards {
@@ -228,6 +236,7 @@ func (r *Relay) witness(ctx context.Context, rows []storage.OutboxRow, stamp *se
 		seq, mark, top, epoch int64
 	}
 	var rewinds []rewind
+	var err error
 	var run map[int64]int64 // the shard's streams, with this cycle's rows
 	for i, row := range rows {
 		w := r.wits[row.Shard]
@@ -323,6 +332,12 @@ func (r *Relay) verify(ctx context.Context, w *witnessed, rows []storage.OutboxR
 		st := r.wits[s]
 		if st == nil || st.end != w.ends[s] {
 			return nil, fmt.Errorf("outbox: relay lost track of partition %d", s)
+		}
+		if ends[int(s)] < st.end {
+			// The partition shrank: the topic was recreated under the
+			// relay. Nothing is marked; the next cycle checks it afresh.
+			delete(r.wits, s)
+			return nil, fmt.Errorf("outbox: partition %d of %q ends at offset %d, before %d: the topic was recreated", s, r.o.cfg.AlignedTopic, ends[int(s)], st.end)
 		}
 		if ends[int(s)] == st.end+int64(sent[s]) {
 			// Nothing else was appended: its messages follow every number
