@@ -31,7 +31,8 @@ type chainProc struct {
 // enqueues StockReserved in the same transaction; relay B publishes those;
 // a ledger books them through its inbox rows. Relay A kills
 // itself right after the broker acknowledged its third batch, before
-// marking it published (so it publishes that batch again), and B's consumer
+// marking it published (the relay that takes over finds that batch in the
+// partitions and marks it without sending it again), and B's consumer
 // is killed with SIGKILL mid-stream. The same checks as the chaos run's
 // chain phase follow.
 func (d *demo) runChain(ctx context.Context) (bool, error) {
@@ -179,7 +180,8 @@ func (d *demo) runChain(ctx context.Context) (bool, error) {
 	b, l := outcomes[inventory.StageReserve], outcomes[inventory.StageLedger]
 	d.say("")
 	d.say("  orders placed by A     %7d", ledger.Placed)
-	d.say("  OrderCreated in topic  %7d  (%d distinct, %d published again by the relay after its crash)", created.Messages, created.Distinct, created.Duplicates)
+	d.say("  OrderCreated in topic  %7d  (%d distinct, %d published again: the relay after the crash found what its predecessor had sent in the partitions, and marked it without sending it again)",
+		created.Messages, created.Distinct, created.Duplicates)
 	d.say("  StockReserved in topic %7d  (%d distinct, %d published again)", reserved.Messages, reserved.Distinct, reserved.Duplicates)
 	d.say("  duplicates dropped     %7d  by B's watermarks, %d by the ledger's inbox rows", b.Duplicates, l.Duplicates)
 	d.say("  dedup paths            B %d outcomes by watermark (%d rows, one per partition), %d by inbox row; ledger %d by inbox row, %d by watermark",
@@ -193,11 +195,6 @@ func (d *demo) runChain(ctx context.Context) (bool, error) {
 	problems = append(problems, ledger.Problems()...)
 	problems = append(problems, created.Problems("OrderCreated")...)
 	problems = append(problems, reserved.Problems("StockReserved")...)
-	if created.Duplicates == 0 {
-		// The relay crashed between the broker's acknowledgement and
-		// marking published: it must have published that batch again.
-		problems = append(problems, "relay A crashed after a publish, yet no OrderCreated was published twice")
-	}
 	if len(problems) > 0 {
 		d.say("  chain verification     FAILED: %s", strings.Join(problems, "; "))
 		return false, nil
