@@ -282,6 +282,9 @@ func (c *chainRun) verifyRewound(ctx context.Context, driver inventory.Chain) er
 	c.crep.StockTopic.Reordered = c.crep.StockTopic.ReorderedSkipping(skip)
 	c.crep.Problems = append(c.crep.Problems, c.crep.OrdersTopic.Problems("OrderCreated")...)
 	c.crep.Problems = append(c.crep.Problems, c.crep.StockTopic.Problems("StockReserved")...)
+	if c.crep.OrdersTopic.Missing > 0 {
+		c.explainUnsent(ctx, driver, check)
+	}
 	if c.crep.Epoch, err = driver.Epoch(ctx, c.db); err != nil {
 		return err
 	}
@@ -303,6 +306,29 @@ func (c *chainRun) verifyRewound(ctx context.Context, driver inventory.Chain) er
 	add(c.marks.count("", markRetention) > 0, "%d relay lines saying retention deleted what they wanted to check", c.marks.count("", markRetention))
 	add(c.crep.ErrorLines > 0, "%d ERROR lines (e.g. %s)", c.crep.ErrorLines, first(c.crep.ErrorKinds))
 	return nil
+}
+
+// explainUnsent adds to the problems how many of the OrderCreated events
+// never published lie at or below their shard's mark in outbox A: rows a
+// relay's acknowledgement marked published though it never sent them.
+func (c *chainRun) explainUnsent(ctx context.Context, driver inventory.Chain, check []inventory.ChainEvent) {
+	var ids []string
+	for _, id := range inventory.EventIDs(inventory.StageOrders, check) {
+		if !c.crep.OrdersTopic.Published(id) {
+			ids = append(ids, id)
+		}
+	}
+	rows, marks, err := driver.UnsentBelowMark(ctx, c.db, inventory.StageOrders, ids)
+	if err != nil {
+		c.say("chain: cannot read outbox A's rows of the events never published: %v", err)
+		return
+	}
+	var eg []string
+	for _, r := range rows[:min(len(rows), 3)] {
+		eg = append(eg, fmt.Sprintf("%s at shard %d seq %d, mark %d", r.EventID, r.Shard, r.Seq, marks[r.Shard]))
+	}
+	c.crep.Problems = append(c.crep.Problems, fmt.Sprintf("OrderCreated: %d of the %d events never published are at or below their shard's mark in outbox A: marked published, never sent (e.g. %s)",
+		len(rows), len(ids), strings.Join(eg, "; ")))
 }
 
 // writeRewinds is the rewind part of a ChainReport.

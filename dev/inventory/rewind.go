@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/inboxgo/inbox/storage"
 )
 
 // A rewind of service A's database: its tables (the orders and outbox A's
@@ -151,4 +153,43 @@ func (c Chain) RolledBack(ctx context.Context, db *gorm.DB, orders []ChainEvent,
 		}
 	}
 	return check, sent, gone, nil
+}
+
+// UnsentBelowMark returns, of the rows of a publishing stage's outbox whose
+// event ids are in ids, those at or below their shard's mark: rows marked
+// published, though their events were never sent.
+func (c Chain) UnsentBelowMark(ctx context.Context, db *gorm.DB, stage string, ids []string) (rows []OutboxEntry, marks map[int32]int64, err error) {
+	if len(ids) == 0 {
+		return nil, nil, nil
+	}
+	var all []OutboxEntry
+	if err := db.WithContext(ctx).Table(c.outboxTable(stage)).Select("event_id, shard, seq").Where("event_id IN ?", ids).Order("shard, seq").Scan(&all).Error; err != nil {
+		return nil, nil, err
+	}
+	store, err := c.Outbox(stage)
+	if err != nil {
+		return nil, nil, err
+	}
+	mr, ok := store.(storage.MarkReader)
+	if !ok {
+		return nil, nil, fmt.Errorf("the %s outbox store reads no marks", c.Backend.Dialect)
+	}
+	shards := make([]int32, c.Shards(stage))
+	for i := range shards {
+		shards[i] = int32(i)
+	}
+	got, err := mr.Marks(ctx, db.WithContext(ctx), shards)
+	if err != nil {
+		return nil, nil, err
+	}
+	marks = map[int32]int64{}
+	for _, m := range got {
+		marks[m.Shard] = m.Seq
+	}
+	for _, r := range all {
+		if r.Seq <= marks[r.Shard] {
+			rows = append(rows, r)
+		}
+	}
+	return rows, marks, nil
 }
