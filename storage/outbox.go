@@ -175,7 +175,10 @@ func MarksInOrder(shards []int32, got []Mark) ([]Mark, error) {
 
 // ErrLeaseLost is wrapped by Ack's error when another relay took over a
 // shard: the messages were published, and the other relay publishes them
-// again (at least once; the downstream inbox drops the copies).
+// again (at least once; the downstream inbox drops the copies). It is also
+// the error for a shard whose row at a Mark's Seq is no longer its EventID:
+// the database went back under the relay, and the relay checks the
+// partition again before it publishes the shard's rows.
 var ErrLeaseLost = errors.New("outbox: the relay's lease on a shard was taken over by another relay")
 
 // ShardCount is how many rows of an Append go to one shard.
