@@ -103,7 +103,7 @@ type ChainReport struct {
 	// not the library's to deliver, not counted).
 	RolledBackSent, RolledBackGone int
 	WentBack                       int   // relay lines "the outbox's database went back" (Warn)
-	Epoch                          int64 // outbox A's epoch at the end
+	Epoch                          int64 // outbox A's epoch in its store at the end (a restore puts an older one back)
 	OrdersAfterRewinds             int   // orders placed after the last restore
 }
 

@@ -351,7 +351,7 @@ func (r *ChainReport) writeRewinds(f func(string, ...any)) {
 	}
 	f("  orders taken back        %7d  published before the restore (counted: reserved and booked once); %d never published (not counted)", r.RolledBackSent, r.RolledBackGone)
 	f("  holes left by those      %7d  (events applied after a hole in their key's numbers; not counted as reordered)", r.Ledger.RewoundHoles)
-	f("  database went back       %7d  relay Warn lines; outbox A's epoch at the end %d", r.WentBack, r.Epoch)
+	f("  database went back       %7d  relay Warn lines; %d epochs on A's topic; outbox A's epoch in its store at the end %d", r.WentBack, r.OrdersTopic.Epochs, r.Epoch)
 	f("  acknowledgements refused %7d  relay Warn lines \"another relay took over shards\" (an acknowledgement after the restore, of rows the restored database no longer holds, or of a lease taken over)", r.LeaseLost)
 	f("  orders after the last    %7d  restore", r.OrdersAfterRewinds)
 	for _, m := range r.Marks {
@@ -362,7 +362,7 @@ func (r *ChainReport) writeRewinds(f func(string, ...any)) {
 // RewindTable is the markdown table of docs/RELIABILITY.md's rewind section.
 func RewindTable(reps []*ChainReport) string {
 	var b strings.Builder
-	b.WriteString("| database | orders | restores (relays restarted / running through) | rows unpublished in the backups | orders taken back (published before / never) | relay Warn \"database went back\" | acknowledgements refused | final epoch | copies published (OrderCreated / StockReserved) | duplicates dropped (B / ledger) | reserved | booked | lost (never booked) | applied twice | reordered | stream gaps | ERROR lines | restore (s) | wall time |\n")
+	b.WriteString("| database | orders | restores (relays restarted / running through) | rows unpublished in the backups | orders taken back (published before / never) | relay Warn \"database went back\" | acknowledgements refused | epochs on A's topic | copies published (OrderCreated / StockReserved) | duplicates dropped (B / ledger) | reserved | booked | lost (never booked) | applied twice | reordered | stream gaps | ERROR lines | restore (s) | wall time |\n")
 	b.WriteString("|---|---:|---|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
 	for _, r := range reps {
 		restarted := 0
@@ -379,7 +379,7 @@ func RewindTable(reps []*ChainReport) string {
 		lost := r.Ledger.BookLost
 		fmt.Fprintf(&b, "| %s | %d | %d (%d / %d) | %s | %d (%d / %d) | %d | %d | %d | %d / %d | %d / %d | %d | %d | %d | %d | %d | %d | %d | %s | %.0fs |\n",
 			r.Dialect, r.Orders, len(r.Rewinds), restarted, len(r.Rewinds)-restarted, strings.Join(unpublished, ", "),
-			r.RolledBackSent+r.RolledBackGone, r.RolledBackSent, r.RolledBackGone, r.WentBack, r.LeaseLost, r.Epoch,
+			r.RolledBackSent+r.RolledBackGone, r.RolledBackSent, r.RolledBackGone, r.WentBack, r.LeaseLost, r.OrdersTopic.Epochs,
 			r.OrdersTopic.Duplicates, r.StockTopic.Duplicates, r.DupSkipped[inventory.StageReserve], r.DupSkipped[inventory.StageLedger],
 			r.Ledger.Reserved, r.Ledger.Booked, lost, r.Ledger.ReserveTwice+r.Ledger.BookTwice,
 			r.Ledger.Reordered+int64(r.OrdersTopic.Reordered+r.StockTopic.Reordered),

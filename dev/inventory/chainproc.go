@@ -393,6 +393,7 @@ type TopicScan struct {
 	// database went back, and publishes on from where the outbox is.
 	Aligned    int64
 	StreamGaps []StreamGap
+	Epochs     int // distinct epochs among the aligned messages
 
 	seen   map[string]bool    // the event ids
 	firsts map[string][]int64 // per key, the N of its first copies in order
@@ -527,6 +528,11 @@ func ScanTopic(ctx context.Context, brokers []string, topic string, partitions i
 		rd.Close()
 	}
 	s.Distinct = len(seen)
+	epochs := map[string]bool{}
+	for st := range highest {
+		epochs[st.epoch] = true
+	}
+	s.Epochs = len(epochs)
 	s.Duplicates = s.Messages - int64(s.Distinct)
 	for _, id := range want {
 		if !seen[id] {
