@@ -35,6 +35,7 @@ var outboxRelayChecks = []Check{
 	{Outbox: true, Area: "relay", Name: "hot-key-does-not-starve", Doc: "a claim smaller than one key's backlog still hands out the oldest rows of every other leased shard", Run: checkHotKey},
 	{Outbox: true, Area: "relay", Name: "publish-failure", Doc: "messages the broker did not acknowledge are published again, in order, and the acknowledged ones are not", Run: checkPublishFailure},
 	{Outbox: true, Area: "relay", Name: "restart", Doc: "a relay that restarts (or another that takes over) continues where the last acknowledgement left off", Run: checkRelayRestart},
+	{Outbox: true, Area: "relay", Name: "ack-names-its-event", Doc: "an Ack whose Mark names an event moves the mark only if the shard's row at its Seq is that event (a database that went back holds another one there, or none), and reports the shard's lease lost otherwise", Run: checkAckNamesItsEvent},
 	{Outbox: true, Area: "relay", Name: "several-relays", Doc: "several relays running while writers enqueue publish every message, in order per key, without publishing any twice", Run: checkSeveralRelays},
 }
 
@@ -455,6 +456,44 @@ func checkMarksKeepOffsets(ctx context.Context, env *Env) error {
 	}
 	if got, err := reader.Marks(ctx, db, []int32{1 << 20}); err == nil {
 		return fmt.Errorf("marks of a shard the store does not have returned %+v and no error", got)
+	}
+	return nil
+}
+
+func checkAckNamesItsEvent(ctx context.Context, env *Env) error {
+	ob := env.Outbox()
+	for i := range 3 {
+		if err := env.enqueueTx(ctx, ob, "named", msgOf("orders", "named", strconv.Itoa(i))); err != nil {
+			return err
+		}
+	}
+	store, db := env.H.Outbox, env.H.DB.WithContext(ctx)
+	rows, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: "relay-a", Lease: 10 * time.Second, MaxRows: 100})
+	if err != nil || len(rows) != 3 || rows[0].Shard != rows[2].Shard {
+		return fmt.Errorf("claimed %d rows (err %v), want 3 of one shard", len(rows), err)
+	}
+	shard := rows[0].Shard
+	for _, st := range []struct {
+		name string
+		mark storage.Mark
+	}{
+		{"another event at its Seq", storage.Mark{Shard: shard, Seq: rows[1].Seq, EventID: rows[0].EventID}},
+		{"no row at its Seq", storage.Mark{Shard: shard, Seq: rows[2].Seq + 1, EventID: rows[2].EventID}},
+	} {
+		if err := store.Ack(ctx, db, "relay-a", []storage.Mark{st.mark}); !errors.Is(err, storage.ErrLeaseLost) {
+			return fmt.Errorf("an Ack naming %s: %v, want ErrLeaseLost", st.name, err)
+		}
+	}
+	// Nothing moved: every row is still unpublished.
+	if again, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: "relay-a", Lease: 10 * time.Second, MaxRows: 100}); err != nil || len(again) != 3 {
+		return fmt.Errorf("after the refused Acks %d rows are unpublished (err %v), want 3", len(again), err)
+	}
+	if err := store.Ack(ctx, db, "relay-a", []storage.Mark{{Shard: shard, Seq: rows[1].Seq, EventID: rows[1].EventID}}); err != nil {
+		return fmt.Errorf("an Ack naming the event at its Seq: %w", err)
+	}
+	rest, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: "relay-a", Lease: 10 * time.Second, MaxRows: 100})
+	if err != nil || len(rest) != 1 || rest[0].EventID != rows[2].EventID {
+		return fmt.Errorf("after the Ack naming its event %d rows are unpublished (err %v), want the last one", len(rest), err)
 	}
 	return nil
 }

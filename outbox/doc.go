@@ -206,7 +206,10 @@
 // its leases expire (RelayConfig.Lease), or at once if it restarts under the
 // same RelayConfig.ID. An acknowledgement from a relay whose shard was taken
 // over is refused ([storage.ErrLeaseLost]); what it published is published again by
-// the new owner. On SQLite the leases work the same way, but every claim
+// the new owner. So is one naming a row that the database no longer holds
+// at that number (storage.Mark.EventID): restored from a backup under the
+// relay, it hands the number out again, and a mark moved over it would
+// leave the new event unpublished. On SQLite the leases work the same way, but every claim
 // waits for the database's single write lock: one relay is enough there and
 // a second one only stands by.
 //

@@ -541,9 +541,9 @@ func marksOf(rows []storage.OutboxRow, err error) []storage.Mark {
 		case perMessage != nil && perMessage[i] != nil:
 			stopped[row.Shard] = true
 		case len(marks) > 0 && marks[len(marks)-1].Shard == row.Shard:
-			marks[len(marks)-1].Seq = row.Seq
+			marks[len(marks)-1].Seq, marks[len(marks)-1].EventID = row.Seq, row.EventID
 		default:
-			marks = append(marks, storage.Mark{Shard: row.Shard, Seq: row.Seq})
+			marks = append(marks, storage.Mark{Shard: row.Shard, Seq: row.Seq, EventID: row.EventID})
 		}
 	}
 	return marks

@@ -58,8 +58,9 @@ type OutboxStore interface {
 	// Ack moves the published mark of each shard in marks up to its Seq
 	// (never down), storing the Mark's Offset and Epoch with a mark it moves
 	// (a store that is a MarkReader), only where relay still holds the shard's lease (expired
-	// or not, as long as no other relay took it). If relay no longer holds
-	// some of the shards, the others are acknowledged and the error wraps
+	// or not, as long as no other relay took it) and, for a Mark with an
+	// EventID, where the shard's row numbered Seq is that event. Other
+	// shards are left alone, the others acknowledged, and the error wraps
 	// ErrLeaseLost.
 	Ack(ctx context.Context, db *gorm.DB, relay string, marks []Mark) error
 
@@ -129,6 +130,14 @@ type Mark struct {
 	// next row continues), stored and kept with Offset. 0 means unknown:
 	// the store's current epoch.
 	Epoch int64
+	// EventID, if set, is the event id of the shard's row numbered Seq, the
+	// last the relay published: Ack leaves the shard's mark alone if that
+	// row is now another event or missing, as for a lost lease. The
+	// producer's database went back under the relay (a restore, a failover
+	// that lost commits) and hands that number out again; a mark moved
+	// over it would count the new event published though no relay sent it.
+	// Not stored.
+	EventID string
 }
 
 // MarkReader is an optional OutboxStore capability that the relay of an
@@ -166,7 +175,10 @@ func MarksInOrder(shards []int32, got []Mark) ([]Mark, error) {
 
 // ErrLeaseLost is wrapped by Ack's error when another relay took over a
 // shard: the messages were published, and the other relay publishes them
-// again (at least once; the downstream inbox drops the copies).
+// again (at least once; the downstream inbox drops the copies). It is also
+// the error for a shard whose row at a Mark's Seq is no longer its EventID:
+// the database went back under the relay, and the relay checks the
+// partition again before it publishes the shard's rows.
 var ErrLeaseLost = errors.New("outbox: the relay's lease on a shard was taken over by another relay")
 
 // ShardCount is how many rows of an Append go to one shard.

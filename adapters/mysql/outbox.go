@@ -404,6 +404,31 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		if err := tx.Raw(`SELECT shard FROM `+s.relayTable()+` WHERE shard IN (`+intList(ids)+`) AND owner = ? ORDER BY shard FOR UPDATE`, []byte(relay)).Scan(&held).Error; err != nil {
 			return fmt.Errorf("mysql: lock shards of %s: %w", s.tbl.name, err)
 		}
+		// A mark naming its event moves only over that event's row: a
+		// database that went back under the relay holds another one there,
+		// or none.
+		var check []string
+		var args []any
+		for _, m := range marks {
+			if m.EventID != "" && slices.Contains(held, m.Shard) {
+				check = append(check, "(?, ?, ?)")
+				args = append(args, m.Shard, m.Seq, []byte(m.EventID))
+			}
+		}
+		if len(check) > 0 {
+			var found []int32
+			if err := tx.Raw(`SELECT shard FROM `+s.tbl.table+` WHERE (shard, seq, event_id) IN (`+strings.Join(check, ", ")+`)`, args...).Scan(&found).Error; err != nil {
+				return fmt.Errorf("mysql: read the acknowledged rows of %s: %w", s.tbl.name, err)
+			}
+			held = slices.DeleteFunc(held, func(shard int32) bool {
+				for _, m := range marks {
+					if m.Shard == shard && m.EventID != "" {
+						return !slices.Contains(found, shard)
+					}
+				}
+				return false
+			})
+		}
 		if len(held) == 0 {
 			return nil
 		}

@@ -325,19 +325,25 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 		return nil
 	}
 	var values strings.Builder
+	args := make([]any, 0, len(marks)+1)
 	for i, m := range marks {
 		if i > 0 {
 			values.WriteString(", ")
 		}
-		fmt.Fprintf(&values, "(%d, %d::bigint, %d::bigint, %d::bigint)", m.Shard, m.Seq, m.Offset, m.Epoch)
+		fmt.Fprintf(&values, "(%d, %d::bigint, %d::bigint, %d::bigint, ?::text)", m.Shard, m.Seq, m.Offset, m.Epoch)
+		args = append(args, m.EventID)
 	}
+	args = append(args, relay)
+	// A mark naming its event moves only over that event's row: a database
+	// that went back under the relay holds another one there, or none.
 	var done []int32
 	err := db.WithContext(ctx).Raw(`UPDATE `+s.relayTable()+` r SET published_through = GREATEST(r.published_through, v.through),
 		       published_offset = CASE WHEN v.through > r.published_through THEN v.off ELSE r.published_offset END,
 		       published_epoch = CASE WHEN v.through > r.published_through THEN v.epoch ELSE r.published_epoch END
-		  FROM (VALUES `+values.String()+`) AS v(shard, through, off, epoch)
+		  FROM (VALUES `+values.String()+`) AS v(shard, through, off, epoch, event_id)
 		 WHERE r.shard = v.shard AND r.owner = ?
-		RETURNING r.shard`, relay).Scan(&done).Error
+		   AND (v.event_id = '' OR EXISTS (SELECT 1 FROM `+s.parent()+` o WHERE o.shard = v.shard AND o.seq = v.through AND o.event_id = v.event_id))
+		RETURNING r.shard`, args...).Scan(&done).Error
 	if err != nil {
 		return fmt.Errorf("postgres: mark shards of %s published: %w", s.parent(), err)
 	}

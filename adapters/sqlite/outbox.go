@@ -299,10 +299,14 @@ func (s *OutboxStore) Ack(ctx context.Context, db *gorm.DB, relay string, marks 
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		lost = lost[:0]
 		for _, m := range marks {
+			// A mark naming its event moves only over that event's row: a
+			// database that went back under the relay holds another one
+			// there, or none.
 			res := tx.Exec(`UPDATE `+s.shardsTable+` SET published_through = MAX(published_through, ?),
 				published_offset = CASE WHEN ? > published_through THEN ? ELSE published_offset END,
-				published_epoch = CASE WHEN ? > published_through THEN ? ELSE published_epoch END WHERE shard = ? AND owner = ?`,
-				m.Seq, m.Seq, m.Offset, m.Seq, m.Epoch, m.Shard, relay)
+				published_epoch = CASE WHEN ? > published_through THEN ? ELSE published_epoch END WHERE shard = ? AND owner = ?
+				AND (? = '' OR EXISTS (SELECT 1 FROM `+s.table+` o WHERE o.shard = ? AND o.seq = ? AND o.event_id = ?))`,
+				m.Seq, m.Seq, m.Offset, m.Seq, m.Epoch, m.Shard, relay, m.EventID, m.Shard, m.Seq, m.EventID)
 			if res.Error != nil {
 				return fmt.Errorf("sqlite: mark shard %d of %s published: %w", m.Shard, s.table, res.Error)
 			}

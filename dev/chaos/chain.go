@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +47,10 @@ type ChainConfig struct {
 	// read all along: none may ever go back.
 	Pauses   int
 	PauseFor time.Duration // default twice the larger of Config.Session and Lease
+	// Rewinds puts service A's database (its orders and outbox A's tables)
+	// back to a backup taken a few seconds earlier this many times over
+	// the chaos phase, while the orders come in (rewind.go).
+	Rewinds int
 }
 
 // ChainReport holds the figures of a chain run.
@@ -89,6 +94,17 @@ type ChainReport struct {
 	Marks         []string // lines of markPatterns, by level
 	Fenced        int      // zombie workers that found their partition taken over (Warn)
 	LeaseLost     int      // relay cycles whose leases another relay had taken over (Warn)
+
+	// The rewinds of service A's database (ChainConfig.Rewinds), and what
+	// the relays said and did about them.
+	Rewinds []Rewind
+	// Orders a restore took out of A's table: their OrderCreated published
+	// before the restore (counted like the others), or not (RolledBackGone:
+	// not the library's to deliver, not counted).
+	RolledBackSent, RolledBackGone int
+	WentBack                       int   // relay lines "the outbox's database went back" (Warn)
+	Epoch                          int64 // outbox A's epoch in its store at the end (a restore puts an older one back)
+	OrdersAfterRewinds             int   // orders placed after the last restore
 }
 
 // OK reports whether every check held.
@@ -124,6 +140,9 @@ func (r *ChainReport) String() string {
 	}
 	if len(r.Pauses) > 0 {
 		r.writePauses(f)
+	}
+	if len(r.Rewinds) > 0 {
+		r.writeRewinds(f)
 	}
 	f("  catch-up                 %7.1fs", r.CatchUp.Seconds())
 	f("  wall time                %7.1fs", r.Wall.Seconds())
@@ -192,6 +211,13 @@ type chainRun struct {
 	pwg     sync.WaitGroup
 	errs    *errorLog
 	marks   *markLog
+	// placing is held (read) by service A's writers while they place an
+	// order, and (write) by a backup or a restore of A's database: no order
+	// is half in it.
+	placing sync.RWMutex
+	placed  atomic.Int64 // orders service A placed
+	// lastRestore is placed when the last restore of A's database ended.
+	lastRestore atomic.Int64
 	// firstRelay names the first relay process of each outbox, the one
 	// CrashAfter applies to.
 	firstRelay map[string]string
@@ -326,12 +352,13 @@ func (c *chainRun) runChaos(ctx context.Context, driver inventory.Chain, log *sl
 	sampled := make(chan struct{})
 	go func() { defer close(sampled); c.sampleOffsets(sampleCtx) }()
 	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	wg.Add(4)
+	errs := make(chan error, 5)
+	wg.Add(5)
 	go func() { defer wg.Done(); errs <- c.serviceA(chaosCtx, driver, obA) }()
 	go func() { defer wg.Done(); errs <- c.killer(chaosCtx) }()
 	go func() { defer wg.Done(); errs <- c.disruptor(chaosCtx) }()
 	go func() { defer wg.Done(); errs <- c.pauser(chaosCtx) }()
+	go func() { defer wg.Done(); errs <- c.rewinder(chaosCtx, driver) }()
 	wg.Wait()
 	close(errs)
 	var failed error
@@ -389,12 +416,15 @@ func (c *chainRun) serviceA(ctx context.Context, driver inventory.Chain, ob *out
 						continue
 					}
 					octx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+					c.placing.RLock()
 					err := driver.PlaceOrder(octx, c.db, ob, o)
+					c.placing.RUnlock()
 					cancel()
 					if err != nil {
 						errs <- err
 						return
 					}
+					c.placed.Add(1)
 				}
 			})
 		}
@@ -463,7 +493,7 @@ func (c *chainRun) startLocked(ctx context.Context, role chainRole, relayID stri
 		RelayID: relayID, Lease: c.cc.Lease, MaxShards: max(c.chain.Shards(role.stage)/c.cc.Relays, 1), CrashAfter: crashAfter,
 		Group: c.groupOf(role.stage), Session: c.cfg.Session,
 		EventLog:     filepath.Join(c.cfg.WorkDir, "events-"+role.stage+".log"),
-		StoreOffsets: c.cfg.StoreOffsets, Warnings: c.cc.Pauses > 0, Trace: trace,
+		StoreOffsets: c.cfg.StoreOffsets, Warnings: c.cc.Pauses > 0 || c.cc.Rewinds > 0, Trace: trace,
 	}, w)
 	if err != nil {
 		logFile.Close()
@@ -663,6 +693,13 @@ func (c *chainRun) waitDone(ctx context.Context, driver inventory.Chain) error {
 			progress = fmt.Sprintf("%d/%d booked", booked, len(c.orders))
 			done = booked >= int64(len(c.orders))
 		}
+		if err == nil && c.cc.Rewinds > 0 {
+			// The orders a restore took back before they were published
+			// are never booked: done is both outboxes published and both
+			// groups at their topics' ends.
+			done = c.outboxesPublished(ctx, driver)
+			progress = fmt.Sprintf("%d booked of %d placed (some taken back by the rewinds); outboxes published: %v", booked, len(c.orders), done)
+		}
 		for _, g := range []struct{ stage, topic string }{
 			{inventory.StageReserve, c.chain.OrdersTopic()}, {inventory.StageLedger, c.chain.StockTopic()},
 		} {
@@ -717,6 +754,9 @@ func (c *chainRun) verify(ctx context.Context, driver inventory.Chain) error {
 		c.crep.Problems = append(c.crep.Problems, out.PathProblems(stage)...)
 	}
 	c.crep.ErrorLines, c.crep.ErrorKinds = c.errs.summary()
+	if c.cc.Rewinds > 0 {
+		return c.verifyRewound(ctx, driver)
+	}
 	var err error
 	for attempt := 1; ; attempt++ {
 		c.crep.Ledger, err = driver.Check(ctx, c.db, c.orders)

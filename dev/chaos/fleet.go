@@ -289,9 +289,13 @@ const (
 	markLeaseLost     = "another relay took over shards"
 	markStalled       = "PARTITION STALLED"
 	markMessageFailed = "message failed"
+	// The relay of an aligned outbox found numbers it was about to publish
+	// already published (rewind.go), or could not check them all.
+	markWentBack  = "the outbox's database went back"
+	markRetention = "retention deleted messages of the partition"
 )
 
-var markPatterns = []string{markFenced, markLeaseLost, markStalled, markMessageFailed}
+var markPatterns = []string{markFenced, markLeaseLost, markStalled, markMessageFailed, markWentBack, markRetention}
 
 // markLog counts the processes' lines that contain one of markPatterns,
 // by level: "WARN partition taken over ...".

@@ -465,6 +465,12 @@ type ChainLedger struct {
 	BookLost, BookTwice       int64 // orders the ledger never booked / booked more than once
 	Reordered                 int64 // events a stage applied out of their key's order
 	CountersOff               int64 // SKUs whose counter disagrees with the effect rows
+	// After rewinds of service A's database (CheckRewound): orders among
+	// Orders that a restore took out of A's table after their OrderCreated
+	// was published, and events a stage applied past a hole in their key's
+	// numbers left by orders a restore took back before anything saw them
+	// (not counted in Reordered).
+	RolledBackSent, RewoundHoles int64
 	// The dedup state each consuming stage left: B's streams in its
 	// watermark table and no inbox row (Sequenced), the ledger's inbox
 	// rows, one per event it booked.
@@ -485,7 +491,7 @@ func (l ChainLedger) Problems() []string {
 			p = append(p, fmt.Sprintf("%d %s", n, what))
 		}
 	}
-	add(int64(l.Orders)-l.Placed, "orders not placed by service A")
+	add(int64(l.Orders)-l.RolledBackSent-l.Placed, "orders not placed by service A")
 	add(l.ReserveLost, "orders never reserved")
 	add(l.ReserveTwice, "reservations applied twice")
 	add(l.BookLost, "StockReserved never booked in the ledger")
@@ -542,6 +548,37 @@ func (c Chain) Check(ctx context.Context, db *gorm.DB, orders []ChainEvent) (Cha
 			return l, err
 		}
 		l.CountersOff += off
+	}
+	return l, nil
+}
+
+// CheckRewound is Check for a run in which service A's database was
+// rewound, with RolledBack's verdict: orders are the orders to check, sent
+// how many of them a restore took out of A's table, and gone the holes in
+// the keys' numbers that the orders a restore took back before anything
+// saw them left: an event applied right after such a hole is not counted
+// as reordered.
+func (c Chain) CheckRewound(ctx context.Context, db *gorm.DB, orders []ChainEvent, sent int, gone map[string]map[int64]bool) (ChainLedger, error) {
+	l, err := c.Check(ctx, db, orders)
+	if err != nil {
+		return l, err
+	}
+	l.RolledBackSent = int64(sent)
+	var rows []chainReorderRow
+	if err := db.WithContext(ctx).Table(c.ReorderTable()).Find(&rows).Error; err != nil {
+		return l, err
+	}
+	l.Reordered = 0
+	for _, r := range rows {
+		hole := r.Got > r.Want
+		for n := r.Want; hole && n < r.Got; n++ {
+			hole = gone[r.SKU][n]
+		}
+		if hole {
+			l.RewoundHoles++
+		} else {
+			l.Reordered++
+		}
 	}
 	return l, nil
 }

@@ -387,9 +387,52 @@ type TopicScan struct {
 	// headers (header.SeqPartitions). Each of its streams (source, epoch,
 	// partition) must hold the numbers 1, 2, 3... in order, copies aside:
 	// StreamGaps are the places where a number came before the next one
-	// expected, what a consumer with gap detection stops at.
+	// expected, what a consumer with gap detection stops at. A stream of an
+	// epoch that a partition's first message does not carry starts at its
+	// first number instead: the relay raised the epoch after the outbox's
+	// database went back, and publishes on from where the outbox is.
 	Aligned    int64
 	StreamGaps []StreamGap
+	Epochs     int // distinct epochs among the aligned messages
+
+	seen   map[string]bool    // the event ids
+	firsts map[string][]int64 // per key, the N of its first copies in order
+}
+
+// Published reports whether the topic holds event id.
+func (s TopicScan) Published(id string) bool { return s.seen[id] }
+
+// MissingOf counts the events of ids that the topic does not hold.
+func (s TopicScan) MissingOf(ids []string) int {
+	n := 0
+	for _, id := range ids {
+		if !s.seen[id] {
+			n++
+		}
+	}
+	return n
+}
+
+// ReorderedSkipping counts the first copies that do not follow their
+// key's previous one, as Reordered does, but with the numbers that skip
+// reports for their key taken as never placed: a first copy may follow a
+// hole of them.
+func (s TopicScan) ReorderedSkipping(skip func(key string, n int64) bool) int {
+	n := 0
+	for key, firsts := range s.firsts {
+		last := int64(0)
+		for _, got := range firsts {
+			want := last + 1
+			for skip(key, want) && want < got {
+				want++
+			}
+			if got != want {
+				n++
+			}
+			last = got
+		}
+	}
+	return n
 }
 
 // StreamGap is a hole in an aligned stream of a topic: on Partition, the
@@ -410,7 +453,7 @@ func (g StreamGap) String() string {
 // offsets now) and checks that each of want's ids is there, counting the
 // duplicates and the keys whose first copies are out of order.
 func ScanTopic(ctx context.Context, brokers []string, topic string, partitions int, want []string) (TopicScan, error) {
-	var s TopicScan
+	s := TopicScan{seen: map[string]bool{}, firsts: map[string][]int64{}}
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	req := make([]kafka.OffsetRequest, partitions)
 	for i := range req {
@@ -420,13 +463,14 @@ func ScanTopic(ctx context.Context, brokers []string, topic string, partitions i
 	if err != nil {
 		return s, err
 	}
-	seen := map[string]bool{}
+	seen := s.seen
 	lastFirst := map[string]int64{} // key -> N of its last first copy
 	type stream struct {
 		source, epoch string
 		partition     int
 	}
-	highest := map[stream]int64{} // the highest number seen on a stream
+	highest := map[stream]int64{}  // the highest number seen on a stream
+	firstEpoch := map[int]string{} // the epoch of each partition's first aligned message
 	for _, p := range offs.Topics[topic] {
 		if p.Error != nil {
 			return s, p.Error
@@ -450,6 +494,12 @@ func ScanTopic(ctx context.Context, brokers []string, topic string, partitions i
 					rd.Close()
 					return s, fmt.Errorf("%s/%d offset %d: sequence header: %w", topic, m.Partition, m.Offset, err)
 				}
+				if _, ok := firstEpoch[m.Partition]; !ok {
+					firstEpoch[m.Partition] = st.epoch
+				}
+				if _, ok := highest[st]; !ok && st.epoch != firstEpoch[m.Partition] {
+					highest[st] = seq - 1
+				}
 				if want := highest[st] + 1; seq > want {
 					s.StreamGaps = append(s.StreamGaps, StreamGap{Source: st.source, Epoch: st.epoch, Partition: m.Partition, Offset: m.Offset, Got: seq, Want: want})
 				}
@@ -469,6 +519,7 @@ func ScanTopic(ctx context.Context, brokers []string, topic string, partitions i
 					s.Reordered++
 				}
 				lastFirst[string(m.Key)] = ev.N
+				s.firsts[string(m.Key)] = append(s.firsts[string(m.Key)], ev.N)
 			}
 			if m.Offset+1 >= p.LastOffset {
 				break
@@ -477,6 +528,11 @@ func ScanTopic(ctx context.Context, brokers []string, topic string, partitions i
 		rd.Close()
 	}
 	s.Distinct = len(seen)
+	epochs := map[string]bool{}
+	for st := range highest {
+		epochs[st.epoch] = true
+	}
+	s.Epochs = len(epochs)
 	s.Duplicates = s.Messages - int64(s.Distinct)
 	for _, id := range want {
 		if !seen[id] {

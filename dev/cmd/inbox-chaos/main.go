@@ -103,7 +103,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.StormLength, "storm-length", 4*time.Second, "length of a termination storm")
 	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
 	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
-	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates), faults (handler and configuration faults), chain (the outbox chain under kills and restarts), gap (the chain's aligned outbox losing a message, which must stop its partition), pause (the chain's relays and consumers paused with SIGSTOP, with StoreOffsets off and on; PostgreSQL and MariaDB) and partition (a consumer's database link frozen, then healed or cut; PostgreSQL and MariaDB)")
+	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates), faults (handler and configuration faults), chain (the outbox chain under kills and restarts), gap (the chain's aligned outbox losing a message, which must stop its partition), pause (the chain's relays and consumers paused with SIGSTOP, with StoreOffsets off and on; PostgreSQL and MariaDB), partition (a consumer's database link frozen, then healed or cut; PostgreSQL and MariaDB) and rewind (the chain's producer database restored from a backup under load)")
 	var pc chaos.PauseConfig
 	fs.IntVar(&pc.Orders, "pause-orders", 2000, "pause phase: orders service A places, per run")
 	fs.IntVar(&pc.Pauses, "pauses", 12, "pause phase: SIGSTOPs per run, the roles (relays and consumers of both stages) in turn")
@@ -121,6 +121,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	chainDuration := fs.Duration("chain-duration", 60*time.Second, "chain phase: length of its chaos")
 	chainKills := fs.Int("chain-kills", 30, "chain phase: SIGKILLs of relay and consumer processes")
 	fs.IntVar(&cc.CrashAfter, "chain-crash-after", 3, "chain phase: the first relay of each outbox kills itself after this many acknowledged publishes, before marking them published (0: never)")
+	var rc chaos.RewindConfig
+	fs.IntVar(&rc.Orders, "rewind-orders", 3000, "rewind phase: orders service A places")
+	fs.IntVar(&rc.Rewinds, "rewinds", 6, "rewind phase: restores of service A's database from a backup taken seconds earlier, A's relays restarted and running through it in turn")
+	rewindDuration := fs.Duration("rewind-duration", 90*time.Second, "rewind phase: length of its chaos")
 	var gc chaos.GapConfig
 	fs.IntVar(&gc.Rounds, "gap-rounds", 5, "gap phase: rounds, each dropping one message of the chain's aligned outbox")
 	fs.IntVar(&gc.Orders, "gap-orders", 600, "gap phase: orders service A places per round")
@@ -162,7 +166,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case c.Kills < 0 || c.BrokerRestarts < 0 || c.DBRestarts < 0 || c.Terminations < 0 || c.Storms < 0 || c.Failovers < 0 || c.LeaderKills < 0:
 		return usage(stderr, "disruption counts must not be negative")
 	}
-	runChaos, runFaults, runChain, runGap, runPause, runPartition := false, false, false, false, false, false
+	runChaos, runFaults, runChain, runGap, runPause, runPartition, runRewind := false, false, false, false, false, false, false
 	for _, p := range strings.Split(*phases, ",") {
 		switch strings.TrimSpace(p) {
 		case "chaos":
@@ -177,9 +181,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			runPause = true
 		case "partition":
 			runPartition = true
+		case "rewind":
+			runRewind = true
 		default:
-			return usage(stderr, "-phases %q: want chaos, faults, chain, gap, pause, partition, comma-separated", *phases)
+			return usage(stderr, "-phases %q: want chaos, faults, chain, gap, pause, partition, rewind, comma-separated", *phases)
 		}
+	}
+	if rc.Orders < 1 || rc.Rewinds < 1 || *rewindDuration <= 0 {
+		return usage(stderr, "-rewind-orders, -rewinds and -rewind-duration must be positive")
 	}
 	if gc.Rounds < 1 || gc.Orders < 1 {
 		return usage(stderr, "-gap-rounds and -gap-orders must be positive")
@@ -223,6 +232,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var gapReports []*chaos.GapReport
 	var pauseReports []*chaos.ChainReport
 	var partitionReports []*chaos.PartitionReport
+	var rewindReports []*chaos.ChainReport
 	for _, db := range strings.Split(*dbs, ",") {
 		cfg := c
 		cfg.Dialect = db
@@ -370,6 +380,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 				dbFailed = dbFailed || err != nil || !prep.OK()
 			}
 		}
+		if runRewind && ctx.Err() == nil && cfg.Failovers == 0 && cfg.LeaderKills == 0 {
+			rcfg := cfg
+			rcfg.Duration = *rewindDuration
+			// Its files apart from the chain phase's (the event logs).
+			rcfg.WorkDir = filepath.Join(dir, "rewind")
+			if err := os.Mkdir(rcfg.WorkDir, 0o755); err != nil {
+				fmt.Fprintln(stderr, "inbox-chaos:", err)
+				return 1
+			}
+			rrep, err := chaos.RunRewind(ctx, rcfg, rc)
+			if rrep != nil {
+				fmt.Fprint(stdout, rrep.String())
+				rewindReports = append(rewindReports, rrep)
+			}
+			if err != nil {
+				fmt.Fprintf(stdout, "  rewind phase FAILED: %v\n", err)
+			}
+			dbFailed = dbFailed || err != nil || !rrep.OK()
+		}
 		failed = failed || dbFailed
 		if *keep || dbFailed {
 			fmt.Fprintf(stdout, "  files kept in %s\n", dir)
@@ -411,6 +440,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(partitionReports) > 0 {
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, chaos.PartitionTable(partitionReports))
+	}
+	if len(rewindReports) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, chaos.RewindTable(rewindReports))
 	}
 	if failed {
 		return 1
