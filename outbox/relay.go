@@ -422,7 +422,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		if errors.Is(ackErr, storage.ErrLeaseLost) {
 			ev.LeaseLost = true
 			r.leasesLost.Add(1)
-			r.log.Warn("another relay took over shards this relay had published; it publishes them again (the inbox drops the copies)", "error", ackErr)
+			r.log.Warn("an acknowledgement was refused: another relay took over shards this relay had published, or the database went back under it (the row at the mark is another event); what is not marked is checked and published again", "error", ackErr)
 			ackErr = nil
 		}
 		if ackErr != nil {
