@@ -241,115 +241,15 @@ type Config struct {
 	// returns.
 	DeadLetterWriter MessageWriter
 
-	// StoreOffsets writes each partition's next offset into the table
-	// OffsetsTable in the same transaction as the effect, and starts each
-	// assigned partition at that stored offset whenever the database has
-	// one, whether it is ahead of the group's committed offset or behind
-	// it; the group's is used only for a partition without a row, and the
-	// offset it resolves to is then stored at once. The offset after a
-	// dead-lettered message is stored too (retried while the database
-	// fails). Where no transaction stores a finished message's offset (a
-	// batch of duplicates that a watermark of SequencedSources covers runs
-	// none; the messages of a batch after one that failed commit without
-	// it, and that one, retried alone, stores its own), it is stored in a
-	// transaction of its own before it is committed to Kafka: once per
-	// commit (CommitInterval), not per batch; if that write fails, only the
-	// stored offset is committed. The group's committed offset is thus
-	// never ahead of the stored one unless the database lost commits. A
-	// crash between the database commit and the Kafka commit then causes
-	// no redelivery. Call Migrate first.
-	//
-	// Why behind too: after a failover to an asynchronous replica the last
-	// commits the old primary acknowledged are gone, effects, inbox rows and
-	// stored offset together, while the group's offset in Kafka may already
-	// be past them. Resuming from the database's position applies them
-	// again, exactly once; resuming from the group's would lose them (see
-	// docs/RELIABILITY.md, "Failover", for what survives which failover).
-	// A consumer that keeps running through the failover notices it too:
-	// each write of the stored offset checks that the database still holds
-	// the last offset this member stored (and an idle partition checks every
-	// 5 s); if it does not, the transaction rolls back and the partition
-	// resumes from the database's position (EventRepositioned, a Warn).
-	// Without StoreOffsets such a failover loses those effects.
-	//
-	// Each row also names the group generation of the member that wrote it,
-	// and a write from an older generation than the row's is refused, in
-	// the same UPDATE: a member paused past SessionTimeout (a GC pause, a
-	// frozen VM, SIGSTOP) has lost its partitions when it resumes, but its
-	// workers run on until its next heartbeat tells it; a write of such a
-	// zombie would move the stored offset back under the new owner, which
-	// would take that for a failover and redeliver everything in between.
-	// A member claims the rows of the partitions it is assigned (raising
-	// their generation to its own) before it reads their position, so a
-	// zombie is refused from the moment the new owner starts. The two cases
-	// are told apart by the row: a generation newer than the writer's means
-	// the writer is the zombie (its worker stops, with a Warn "partition
-	// taken over by a newer generation", rolling back what it was doing: no
-	// Error, no message failure, and the owner notices nothing); an offset
-	// behind the writer's with a generation that is not newer means a
-	// failover (a promoted database may hold an older offset and an older
-	// generation: it is repositioned as above). Kafka starts a group's
-	// generation ids again when the group is deleted and recreated, so a
-	// row's newer generation is believed only after the group coordinator
-	// refuses this member's commit (unknown member, illegal generation); if
-	// the coordinator accepts it, this generation is current, the row is
-	// from the group's earlier life, and the member takes it over (an
-	// Info). Fencing needs every member on a version that writes the
-	// generation (Migrate adds the column; older members leave it as it is).
-	//
-	// A member frozen in the middle of a transaction keeps that
-	// transaction open, with its row locks: the new owner waits on them
-	// (claiming the same inbox rows, the offsets row, or the rows the
-	// handler changed) until the frozen member resumes and commits or rolls
-	// back, or the database ends the transaction. The owner gives each of
-	// its steps up after DatabaseTimeout and retries it as a database
-	// failure (no attempt counted; a lock timeout, 55P03 or 1205, is the
-	// same), and after MaxProcessingStall of that it leaves the group and
-	// rejoins. Only the database can end the frozen transaction: set
-	// PostgreSQL's idle_in_transaction_session_timeout or MariaDB's
-	// idle_transaction_timeout (or idle_write_transaction_timeout;
-	// wait_timeout closes any idle connection) below MaxProcessingStall and
-	// above HandlerTimeout + DatabaseTimeout (a handler's own work keeps its
-	// transaction idle too). A frozen member whose session was ended finds
-	// its connection gone when it resumes: that transaction fails once
-	// (logged by the inbox at Error, as for any lost connection), and its
-	// retry is refused as a zombie's. On SQLite the frozen transaction holds
-	// the database's only write lock: every writer waits until it ends.
-	//
-	// The stored offsets win over the group's: resetting the group's offsets
-	// in Kafka (to replay, to skip, or after the topic was recreated) has no
-	// effect until the group's rows in OffsetsTable are reset or deleted too:
-	// inboxctl offsets reset moves both, with the group stopped. A
-	// replay under a new GroupID needs nothing: its rows do not exist yet.
-	// Delete a group's rows as well when StoreOffsets is turned off: turned
-	// on again, it would resume from where the rows were left.
-	//
-	// On assignment the start offset (with or without StoreOffsets) is
-	// checked against the partition's log, and so is the next offset of a
-	// partition idle for 30 s. Past the log end (the topic was deleted and
-	// recreated) for three lookups a second apart, the partition stops with
-	// ReasonOffsetBeyondLogEnd, wrapping ErrOffsetBeyondLogEnd, until its
-	// offsets are reset and it is reassigned: waiting there would silently
-	// never process the new messages below it. Below the log start
-	// (retention deleted messages the group never processed) the partition
-	// starts at the log start: those messages are gone; a Warn says how
-	// many were skipped.
-	//
-	// A recreated topic that has already grown past the stored offset
-	// passes those checks, so the row also holds a fingerprint of the
-	// message before the stored offset (a hash of its key, timestamp,
-	// headers and value, never of its offset), and on assignment that
-	// message is fetched again (one fetch) and compared: another message
-	// there stops the partition (a *PartitionStoppedError with Reason
-	// ReasonTopicRecreated), saying how to reset. When the check cannot be made
-	// the partition starts without it, logged at Info (a failed fetch at
-	// Warn), and is never stopped: the message was deleted by retention or
-	// removed by compaction, the fetch failed or took more than 5 s, or the
-	// row has no fingerprint (a position stored without a message, such as
-	// the group's offset at the first assignment, or a row last written by
-	// an older version). It is an assignment-time check: a topic recreated
-	// under a running consumer that grows past its offset before the next
-	// rebalance is not caught.
+	// StoreOffsets writes each partition's next offset into OffsetsTable
+	// in the same transaction as the effect, and starts each assigned
+	// partition at that stored offset whenever the database has one, ahead
+	// of the group's committed offset or behind it: a crash between the
+	// database commit and the Kafka commit redelivers nothing, and a
+	// database failover that lost commits applies them again, exactly once.
+	// Call Migrate first. The package doc, "Offsets in the database", says
+	// how it works: zombies fenced by generation, frozen transactions, the
+	// checks against the partition's log, how to reset a group.
 	StoreOffsets bool
 	// OffsetsTable is the table of stored offsets. Default "inbox_offsets".
 	OffsetsTable string
