@@ -62,7 +62,12 @@ func TestRedriveThroughTheConsumer(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("consumer Run: %v", err)
+		}
+	})
 
 	at := []byte(time.Now().UTC().Format(time.RFC3339))
 	msg := func(p int, id string) kafka.Message {

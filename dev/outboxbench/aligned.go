@@ -2,6 +2,7 @@ package outboxbench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -116,7 +117,9 @@ func Drain(ctx context.Context, db *gorm.DB, store storage.OutboxStore, brokers 
 	}
 	elapsed := time.Since(start)
 	stop()
-	<-ended
+	if err := <-ended; err != nil && !errors.Is(err, context.Canceled) {
+		return Result{}, Witnessed{}, fmt.Errorf("outboxbench: the relay of %q: %w", v.Name, err)
+	}
 	c.mu.Lock()
 	cycles := c.cycles
 	c.mu.Unlock()
