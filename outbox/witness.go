@@ -91,9 +91,16 @@ func (w *shardWitness) forget(mark int64) {
 
 // see takes in the next message of the partition.
 func (w *shardWitness) see(m kafka.Message) {
-	id, epoch, seq, ok := sequenceOfPublished(m, w.source)
-	if !ok || seq <= w.run[epoch] {
-		return // another source's, or a copy, or dropped as one
+	if id, epoch, seq, ok := sequenceOfPublished(m, w.source); ok {
+		w.take(id, epoch, seq)
+	}
+}
+
+// take takes in the next message of the source in the partition: event id
+// numbered seq in epoch.
+func (w *shardWitness) take(id string, epoch, seq int64) {
+	if seq <= w.run[epoch] {
+		return // a copy, or dropped as one
 	}
 	w.run[epoch] = seq
 	if seq > w.mark {
@@ -344,9 +351,7 @@ func (r *Relay) verify(ctx context.Context, w *witnessed, rows []storage.OutboxR
 			// seen, in order.
 			for i, row := range rows {
 				if row.Shard == s && msgOf[i] >= 0 {
-					st.see(kafka.Message{Headers: []kafka.Header{
-						{Key: header.SeqSource, Value: stamps[i].source}, {Key: header.SeqEpoch, Value: stamps[i].epoch},
-						{Key: header.Seq, Value: strconv.AppendInt(nil, row.Seq, 10)}, {Key: header.EventID, Value: []byte(row.EventID)}}})
+					st.take(row.EventID, stamps[i].epochN, row.Seq)
 				}
 			}
 			st.end = ends[int(s)]

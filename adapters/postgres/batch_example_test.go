@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log"
 	"maps"
 	"os"
@@ -90,38 +89,8 @@ func Example_batchHandlerSumsPerKey() {
 }
 
 func TestBatchExample(t *testing.T) {
-	dsn := testservers.PostgresDSN(t)
-	t.Setenv("INBOX_POSTGRES_DSN", dsn)
-	db, err := openDB(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = closeDB(db) }()
-	drop := func() {
-		if err := db.Exec(`DROP SCHEMA IF EXISTS inbox_batch_example CASCADE`).Error; err != nil {
-			t.Fatal(err)
-		}
-	}
-	drop()
-	defer drop()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout := os.Stdout
-	os.Stdout = w
-	func() {
-		defer func() { os.Stdout = stdout }()
-		Example_batchHandlerSumsPerKey()
-	}()
-	w.Close()
-	out, err := io.ReadAll(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "order-1 processed\norder-2 processed\norder-3 processed\norder-2 duplicate\n[{sku-1 5} {sku-2 1}]\n"; string(out) != want {
-		t.Errorf("the example printed %q, want %q", out, want)
-	}
+	runExample(t, "inbox_batch_example", Example_batchHandlerSumsPerKey,
+		"order-1 processed\norder-2 processed\norder-3 processed\norder-2 duplicate\n[{sku-1 5} {sku-2 1}]\n")
 }
 
 // The trap the example avoids: one UPDATE ... FROM a list that names a row

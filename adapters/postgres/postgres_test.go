@@ -272,6 +272,14 @@ func TestStats(t *testing.T) {
 // TestExample runs Example against the test server and checks what it
 // prints.
 func TestExample(t *testing.T) {
+	runExample(t, "inbox_example", Example, "processed\nduplicate\nreserved: 1\n")
+}
+
+// runExample runs example, which needs the test server in
+// INBOX_POSTGRES_DSN and writes its tables into schema (dropped before and
+// after), and compares what it printed with want.
+func runExample(t *testing.T, schema string, example func(), want string) {
+	t.Helper()
 	dsn := testservers.PostgresDSN(t)
 	t.Setenv("INBOX_POSTGRES_DSN", dsn)
 	db, err := openDB(dsn)
@@ -280,7 +288,7 @@ func TestExample(t *testing.T) {
 	}
 	defer func() { _ = closeDB(db) }()
 	drop := func() {
-		if err := db.Exec(`DROP SCHEMA IF EXISTS inbox_example CASCADE`).Error; err != nil {
+		if err := db.Exec(`DROP SCHEMA IF EXISTS ` + schema + ` CASCADE`).Error; err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -294,15 +302,15 @@ func TestExample(t *testing.T) {
 	os.Stdout = w
 	func() {
 		defer func() { os.Stdout = stdout }()
-		Example()
+		example()
 	}()
 	w.Close()
 	out, err := io.ReadAll(r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "processed\nduplicate\nreserved: 1\n"; string(out) != want {
-		t.Errorf("Example printed %q, want %q", out, want)
+	if string(out) != want {
+		t.Errorf("the example printed %q, want %q", out, want)
 	}
 }
 

@@ -3,8 +3,6 @@ package outbox_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -55,27 +53,13 @@ func TestRelayAckAcrossRestore(t *testing.T) {
 			brokers := testservers.KafkaBrokers(t)
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 			defer cancel()
-			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 			sfx := conformance.RandomSuffix()
 			topic := "ackrestore-" + sfx
 			if err := inventory.CreateTopic(ctx, brokers[0], topic, 16); err != nil {
 				t.Fatal(err)
 			}
 			obTable := "outbox_ar_" + sfx
-			obStore, err := c.newOutbox(obTable)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ob, err := outbox.New(c.db, obStore, outbox.Config{AlignedTopic: topic, Logger: quiet})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := ob.Migrate(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := ob.Maintain(ctx); err != nil {
-				t.Fatal(err)
-			}
+			ob, _ := alignedOutbox(ctx, t, c, obTable, topic)
 			w := outbox.NewKafkaWriter(brokers...)
 			defer w.Close()
 			kp, err := outbox.NewKafkaPublisher(w)

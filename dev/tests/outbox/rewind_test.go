@@ -76,20 +76,7 @@ func runProducerRestore(t *testing.T, c chainDB, bump, survives, clone bool) {
 	}
 
 	obTable := "outbox_r_" + sfx
-	obStore, err := c.newOutbox(obTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ob, err := outbox.New(c.db, obStore, outbox.Config{AlignedTopic: topic, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ob.Maintain(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ob, obStore := alignedOutbox(ctx, t, c, obTable, topic)
 	source, _, err := obStore.(storage.Sequenced).Source(ctx, c.db)
 	if err != nil {
 		t.Fatal(err)
@@ -257,22 +244,9 @@ func runClone(t *testing.T, c chainDB, ob *outbox.Outbox, store storage.OutboxSt
 	startRelay func(*outbox.Outbox, string), enqueue func(*outbox.Outbox, string, int, int)) {
 	ctx := t.Context()
 	cloneTable := tables[0] + "_c"
-	cloneStore, err := c.newOutbox(cloneTable)
-	if err != nil {
-		t.Fatal(err)
-	}
 	topic, _ := ob.Aligned()
-	cob, err := outbox.New(c.db, cloneStore, outbox.Config{AlignedTopic: topic, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cob.Maintain(ctx); err != nil {
-		t.Fatal(err)
-	}
-	err = c.db.Transaction(func(tx *gorm.DB) error {
+	cob, cloneStore := alignedOutbox(ctx, t, c, cloneTable, topic)
+	err := c.db.Transaction(func(tx *gorm.DB) error {
 		for _, table := range tables {
 			to := cloneTable + table[len(tables[0]):]
 			if err := tx.Exec(`DELETE FROM ` + c.qualify(to)).Error; err != nil {
@@ -306,4 +280,24 @@ func runClone(t *testing.T, c chainDB, ob *outbox.Outbox, store storage.OutboxSt
 		})
 	}
 	both.Wait()
+}
+
+// alignedOutbox makes a migrated outbox on c's table, aligned to topic.
+func alignedOutbox(ctx context.Context, t *testing.T, c chainDB, table, topic string) (*outbox.Outbox, storage.OutboxStore) {
+	t.Helper()
+	store, err := c.newOutbox(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(c.db, store, outbox.Config{AlignedTopic: topic, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.Maintain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ob, store
 }
