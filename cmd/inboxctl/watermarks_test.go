@@ -122,7 +122,9 @@ func expectWatermarks(t *testing.T, db *gorm.DB, store storage.InboxStore, rawTa
 		}
 		last = i
 	}
-	if !strings.Contains(text, "consumer billing: 4 stream(s)\n") || strings.Contains(text, "99") || strings.Contains(text, "0:120") || r.stderr != "" {
+	// The rows only: the heading names the table, whose random suffix may hold "99".
+	rows := text[max(strings.Index(text, "TOPIC"), 0):]
+	if !strings.Contains(text, "consumer billing: 4 stream(s)\n") || strings.Contains(rows, "99") || strings.Contains(rows, "0:120") || r.stderr != "" {
 		t.Errorf("watermarks:\n%v", r)
 	}
 
