@@ -247,7 +247,8 @@ type Config struct {
 	// of the group's committed offset or behind it: a crash between the
 	// database commit and the Kafka commit redelivers nothing, and a
 	// database failover that lost commits applies them again, exactly once.
-	// Call Migrate first. The package doc, "Offsets in the database", says
+	// The Inbox's Store (with NaturallyIdempotent and no Inbox, the
+	// Classifier) must implement storage.OffsetStore. Call Migrate first. The package doc, "Offsets in the database", says
 	// how it works: zombies fenced by generation, frozen transactions, the
 	// checks against the partition's log, how to reset a group.
 	StoreOffsets bool
@@ -459,10 +460,30 @@ func (c *Config) validate() error {
 			}
 		}
 	}
+	if c.StoreOffsets && c.offsetStore() == nil {
+		switch {
+		case c.Inbox != nil:
+			bad("StoreOffsets needs an inbox store that implements storage.OffsetStore (%T does not)", c.Inbox.Store())
+		case c.Classifier != nil:
+			bad("StoreOffsets needs an inbox store that implements storage.OffsetStore: without Inbox, the Classifier (the adapter's Store; %T does not)", c.Classifier)
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: consumer: %w", errInvalidConfig, errors.Join(errs...))
 	}
 	return nil
+}
+
+// offsetStore is the store of the stored offsets: the inbox's Store, or
+// without an inbox the Classifier (the adapter's Store); nil if it is no
+// storage.OffsetStore.
+func (c *Config) offsetStore() storage.OffsetStore {
+	var s any = c.Classifier
+	if c.Inbox != nil {
+		s = c.Inbox.Store()
+	}
+	os, _ := s.(storage.OffsetStore)
+	return os
 }
 
 func (c *Config) setDefaults() {

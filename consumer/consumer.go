@@ -15,7 +15,6 @@ import (
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/hooklist"
-	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/short"
 	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
@@ -85,7 +84,7 @@ type topicPartition struct {
 type Consumer struct {
 	cfg     Config
 	log     *slog.Logger
-	offsets offsets.Store
+	offsets offsetTable     // with StoreOffsets
 	knobs   testhooks.Knobs // the tests' (see internal/testhooks), set by Run
 	dlq     MessageWriter
 	// client is the Kafka client (transport.go): the group, the partition
@@ -151,7 +150,7 @@ func New(cfg Config) (*Consumer, error) {
 	c := &Consumer{
 		cfg:      cfg,
 		log:      short.Logger(cfg.Logger).With("component", "inbox-consumer", "group", cfg.GroupID),
-		offsets:  offsets.Store{Table: cfg.OffsetsTable, Group: cfg.GroupID},
+		offsets:  offsetTable{store: cfg.offsetStore(), table: cfg.OffsetsTable, group: cfg.GroupID},
 		dlq:      cfg.DeadLetterWriter,
 		stopped:  make(map[topicPartition]*PartitionStoppedError),
 		workers:  make(map[*worker]struct{}),
@@ -174,18 +173,19 @@ func New(cfg Config) (*Consumer, error) {
 	return c, nil
 }
 
-// Migrate creates the offsets table when Config.StoreOffsets is set, and
-// the watermark table when Config.SequencedSources is, and does nothing
-// otherwise. It is idempotent, and safe when several processes run it at
-// the same time. On MySQL/MariaDB the table is
+// Migrate creates the offsets table when Config.StoreOffsets is set
+// (storage.OffsetStore's MigrateOffsets), and the watermark table when
+// Config.SequencedSources is (storage.WatermarkStore's MigrateWatermarks),
+// and does nothing otherwise. It is idempotent, and safe when several
+// processes run it at the same time. On MySQL/MariaDB the offsets table is
 // created as InnoDB whatever the server's default engine, and Migrate fails
 // if an existing offsets table is on an engine without transactions (a
 // stored offset must roll back with its effect). (The inbox's own table is
 // created by inbox.Inbox.Migrate.)
 func (c *Consumer) Migrate(ctx context.Context) error {
 	if c.cfg.StoreOffsets {
-		if err := c.offsets.Migrate(ctx, c.db()); err != nil {
-			return err
+		if err := c.offsets.store.MigrateOffsets(ctx, c.db(), c.offsets.table); err != nil {
+			return fmt.Errorf("consumer: %w", err)
 		}
 	}
 	if c.watermarks != nil {

@@ -7,13 +7,56 @@ import (
 	"log/slog"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/offsets"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // DefaultOffsetsTable is the table of stored offsets when
 // Config.OffsetsTable is empty.
 const DefaultOffsetsTable = "inbox_offsets"
+
+// offsetTable is the group's rows in the table of stored offsets
+// (Config.StoreOffsets), kept by the inbox's storage.OffsetStore.
+type offsetTable struct {
+	store        storage.OffsetStore // nil without StoreOffsets
+	table, group string
+}
+
+func (t offsetTable) key(topic string, partition int) storage.OffsetKey {
+	return storage.OffsetKey{Group: t.group, Topic: topic, Partition: int32(partition)}
+}
+
+// Read returns the partition's stored position; found is false if there
+// is none.
+func (t offsetTable) Read(ctx context.Context, db *gorm.DB, topic string, partition int) (row storage.OffsetRow, found bool, err error) {
+	rows, err := t.store.Offsets(ctx, db, t.table, t.group, topic, int32(partition))
+	if err != nil || len(rows) == 0 {
+		return storage.OffsetRow{}, false, err
+	}
+	return rows[0], true, nil
+}
+
+// Advance stores w as the partition's position inside tx, for a worker
+// that has committed floor as the stored offset (floor < 0: nothing yet):
+// see storage.OffsetStore's SaveOffset, whose refusals (an error wrapping
+// storage.ErrOffsetMoved or storage.ErrOffsetTakenOver) roll the
+// transaction back.
+func (t offsetTable) Advance(ctx context.Context, tx *gorm.DB, topic string, partition int, floor int64, w storage.OffsetWrite) error {
+	w.OffsetKey, w.Floor = t.key(topic, partition), floor
+	return t.store.SaveOffset(ctx, tx, t.table, w)
+}
+
+// Claim is storage.OffsetStore's ClaimOffset of the partition.
+func (t offsetTable) Claim(ctx context.Context, db *gorm.DB, topic string, partition int, gen int32) (storage.OffsetRow, bool, error) {
+	return t.store.ClaimOffset(ctx, db, t.table, t.key(topic, partition), gen)
+}
+
+// Adopt is storage.OffsetStore's AdoptOffset of the partition.
+func (t offsetTable) Adopt(ctx context.Context, db *gorm.DB, topic string, partition int, from, gen int32) (bool, error) {
+	return t.store.AdoptOffset(ctx, db, t.table, t.key(topic, partition), from, gen)
+}
 
 // defaultPosCheckInterval is how often an idle partition with StoreOffsets
 // checks that the database still holds the offset it stored: a failover
@@ -45,10 +88,10 @@ func (w *worker) checkPosition(ctx, dbCtx context.Context) {
 	}
 	switch {
 	case found && row.Generation > w.genID():
-		w.lost = &offsets.TakenOverError{Topic: w.topic, Partition: w.partition, Generation: row.Generation, Mine: w.genID(), Next: row.Next}
+		w.lost = &storage.OffsetTakenOverError{OffsetKey: w.c.offsets.key(w.topic, w.partition), Generation: row.Generation, Mine: w.genID(), Next: row.Next}
 	case !found || row.Next < w.floor:
 		w.lost = fmt.Errorf("%w: %s/%d is stored at %d, this worker committed %d (a database failover that lost commits, or a reset of the offsets table?)",
-			offsets.ErrPositionMoved, w.topic, w.partition, max(row.Next, -1), w.floor)
+			storage.ErrOffsetMoved, w.topic, w.partition, max(row.Next, -1), w.floor)
 	}
 }
 
@@ -56,14 +99,14 @@ func (w *worker) checkPosition(ctx, dbCtx context.Context) {
 // stops the worker or resumes the partition from there. It returns halt, as
 // process does.
 //
-// A newer generation wrote the row (an *offsets.TakenOverError): position
-// finds out whether this member's generation is over, and then sets
+// A newer generation wrote the row (a *storage.OffsetTakenOverError):
+// position finds out whether this member's generation is over, and then sets
 // w.takenBy and returns (the caller stops the worker), or whether the group
 // was recreated, and then takes the row over, and the partition resumes
 // from it.
 //
 // The stored offset went back behind what this worker committed
-// (offsets.ErrPositionMoved), with a generation that is not newer: the
+// (storage.ErrOffsetMoved), with a generation that is not newer: the
 // effects of the messages in between are gone from the database (a
 // failover to a replica that lacked the last commits), and they must be
 // applied again. It reads the position as on assignment, checks it against
@@ -99,7 +142,7 @@ func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) 
 		return true
 	}
 	w.floor = start
-	if errors.Is(cause, offsets.ErrTakenOver) && start >= prev {
+	if errors.Is(cause, storage.ErrOffsetTakenOver) && start >= prev {
 		// The group was recreated and the row taken over (position): no
 		// commit was lost.
 		w.log.Info("resuming from the stored offset, now this generation's", "stored", start, "worker_next", prev)
@@ -145,7 +188,7 @@ func (w *worker) storeCommittable(dbCtx context.Context, next int64) (int64, boo
 	switch {
 	case err == nil:
 		return next, true
-	case errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver):
+	case errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver):
 		return 0, false
 	}
 	level := slog.LevelWarn

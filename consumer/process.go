@@ -19,7 +19,6 @@ import (
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/batchopt"
-	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 )
@@ -186,7 +185,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			m := &items[last].msg.Message
 			next := m.Offset + 1
 			if err := w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(next, fingerprint(m))); err != nil {
-				if errors.Is(err, offsets.ErrTakenOver) {
+				if errors.Is(err, storage.ErrOffsetTakenOver) {
 					cancelCall(err)
 				}
 				return err
@@ -247,14 +246,14 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			}
 			return results, true
 		}
-		if taken := context.Cause(callCtx); errors.Is(taken, offsets.ErrTakenOver) {
+		if taken := context.Cause(callCtx); errors.Is(taken, storage.ErrOffsetTakenOver) {
 			w.lost = taken // rolled back; run finds out whether this member lost the partition
 			return nil, false
 		}
 		if dbCtx.Err() != nil || ctx.Err() != nil {
 			return nil, false // stopping: the batch was rolled back and will be redelivered
 		}
-		if errors.Is(err, offsets.ErrPositionMoved) {
+		if errors.Is(err, storage.ErrOffsetMoved) {
 			w.lost = err // rolled back; run resumes from the database's position
 			return nil, false
 		}
@@ -350,7 +349,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 		if err != nil && !w.infrastructure(err) {
 			w.endDB() // the database answered; the message failed
 		}
-		if errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver) {
+		if errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver) {
 			w.lost = err
 			return abandoned
 		}
@@ -410,7 +409,7 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			}
 			return nil
 		})
-		if errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver) {
+		if errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver) {
 			w.lost = err
 			return abandoned
 		}

@@ -18,9 +18,9 @@ import (
 
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
-	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // worker consumes one assigned partition for one generation.
@@ -42,11 +42,11 @@ type worker struct {
 	// offset checks that the database is still at or past it, and that no
 	// newer generation of the group wrote the row. lost is set when one of
 	// the two does not hold: the database went back in time (a failover
-	// that lost commits; offsets.ErrPositionMoved), or a newer generation
-	// took the partition over (an *offsets.TakenOverError); the worker then
-	// reads the database's position again (reposition), which tells it to
-	// resume from there or, taken over, to stop (takenBy: the generation
-	// that has the partition now).
+	// that lost commits; storage.ErrOffsetMoved), or a newer generation
+	// took the partition over (a *storage.OffsetTakenOverError); the worker
+	// then reads the database's position again (reposition), which tells
+	// it to resume from there or, taken over, to stop (takenBy: the
+	// generation that has the partition now).
 	floor        int64
 	lost         error
 	takenBy      int32
@@ -57,7 +57,7 @@ type worker struct {
 	tail struct{ next, last int64 }
 	// stored is the row the position was read from (Next -1: none), and
 	// logStart the log start offset checkLog found.
-	stored   offsets.Row
+	stored   storage.OffsetRow
 	logStart int64
 	// batch is the batch in process, for the fingerprint of the message
 	// before a stored offset (lastOf).
@@ -77,7 +77,7 @@ type worker struct {
 }
 
 // genID is the group generation this worker belongs to, which it writes
-// into the stored offset's row (see offsets.Store.Advance).
+// into the stored offset's row (see offsetTable.Advance).
 func (w *worker) genID() int32 { return w.gen.id() }
 
 // item is one fetched message on its way through the worker.
@@ -264,7 +264,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, hasStored, ok bool) {
 	start = w.assigned
 	from = fmt.Sprintf("the offset committed by group %q", w.c.cfg.GroupID)
-	w.stored = offsets.Row{Next: -1}
+	w.stored = storage.OffsetRow{Next: -1}
 	if !w.c.cfg.StoreOffsets {
 		return start, from, false, true
 	}
@@ -291,8 +291,9 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 }
 
 // claim reads the partition's stored row, claiming it for this worker's
-// generation first (offsets.Store.Claim: from then on the writes of older
-// generations are refused), and retries while the database fails. found
+// generation first (storage.OffsetStore's ClaimOffset: from then on the
+// writes of older generations are refused), and retries while the database
+// fails. found
 // is false if there is no row. ok is false if ctx ended first, or if the
 // partition was taken over (w.takenBy is then set and the takeover logged).
 //
@@ -302,11 +303,11 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 // another member owns the partition now: the zombie stops, writing
 // nothing), or this generation is current and the row comes from before
 // the group was deleted and recreated, when its generation ids started
-// again (the row is taken over: offsets.Store.Adopt). A row of an older
-// generation is simply claimed: a failover may have brought back an older
+// again (the row is taken over: storage.OffsetStore's AdoptOffset). A row
+// of an older generation is simply claimed: a failover may have brought back an older
 // row, offset and generation alike; the offset checks (Advance) deal with
 // that.
-func (w *worker) claim(ctx, dbCtx context.Context) (row offsets.Row, found, ok bool) {
+func (w *worker) claim(ctx, dbCtx context.Context) (row storage.OffsetRow, found, ok bool) {
 	w.beginDB()
 	defer w.endDB()
 	for attempt := 1; ; attempt++ {
@@ -348,7 +349,7 @@ func (w *worker) claim(ctx, dbCtx context.Context) (row offsets.Row, found, ok b
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
 		w.log.Warn("cannot read the stored offset; retrying", "error", err, "retry_in", wait)
 		if backoff.Sleep(ctx, wait) != nil {
-			return offsets.Row{}, false, false
+			return storage.OffsetRow{}, false, false
 		}
 	}
 }
@@ -386,7 +387,7 @@ func (w *worker) generationCurrent(ctx context.Context, stored int64) (current, 
 
 // storeNext writes next as the partition's stored offset in a transaction
 // of its own (checked against floor and this worker's generation, see
-// offsets.Store.Advance), with last, the fingerprint of the message at
+// offsetTable.Advance), with last, the fingerprint of the message at
 // next - 1 (0 if unknown), retrying while the database fails; false if ctx
 // ended first, or if the stored offset moved back or a newer generation
 // wrote it (w.lost is then set).
@@ -404,7 +405,7 @@ func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next, last int64) 
 		if err == nil {
 			return true
 		}
-		if errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver) {
+		if errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver) {
 			return false
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
@@ -427,7 +428,7 @@ func (w *worker) storeOnce(dbCtx context.Context, floor, next, last int64) error
 	switch {
 	case err == nil:
 		w.floor = max(w.floor, next)
-	case errors.Is(err, offsets.ErrPositionMoved) || errors.Is(err, offsets.ErrTakenOver):
+	case errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver):
 		w.lost = err
 	}
 	return err
@@ -436,8 +437,8 @@ func (w *worker) storeOnce(dbCtx context.Context, floor, next, last int64) error
 // write is what a write of next as the stored offset stores: with this
 // worker's generation and last, the fingerprint of the message at next - 1
 // (0 if unknown).
-func (w *worker) write(next, last int64) offsets.Write {
-	return offsets.Write{Next: next, Generation: w.genID(), Last: last}
+func (w *worker) write(next, last int64) storage.OffsetWrite {
+	return storage.OffsetWrite{Next: next, Generation: w.genID(), Last: last}
 }
 
 // fetch returns the next batch: up to BatchSize messages, waiting at most

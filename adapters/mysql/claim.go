@@ -11,8 +11,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/keyorder"
 	"github.com/inboxgo/inbox/storage"
+	"github.com/inboxgo/inbox/storage/adapterkit"
 )
 
 // claimChunk bounds the rows of one INSERT: 8 placeholders a row, far below
@@ -63,7 +63,7 @@ func (s *Store) claimOn(ctx context.Context, conn gorm.ConnPool, rows []storage.
 	// InnoDB locks each row's key as the statement reaches it; two claims
 	// that reach shared keys in different orders deadlock (1213). In key
 	// order, the later one waits for the earlier one instead.
-	sorted, order := keyorder.Sort(rows)
+	sorted, order := adapterkit.SortRows(rows)
 	inserted := make([]bool, len(rows))
 	for lo := 0; lo < len(sorted); lo += claimChunk {
 		hi := min(lo+claimChunk, len(sorted))
@@ -71,7 +71,7 @@ func (s *Store) claimOn(ctx context.Context, conn gorm.ConnPool, rows []storage.
 			return nil, err
 		}
 	}
-	return keyorder.Unsort(order, inserted), nil
+	return adapterkit.Unsort(order, inserted), nil
 }
 
 // checkRow rejects what the table cannot hold exactly, so that no value is

@@ -15,8 +15,8 @@ import (
 	gormmysql "gorm.io/driver/mysql"
 	"gorm.io/gorm"
 
-	"github.com/inboxgo/inbox/internal/ownedtx"
 	"github.com/inboxgo/inbox/storage"
+	"github.com/inboxgo/inbox/storage/adapterkit"
 )
 
 // OwnedPool configures the connection pools the Store opens for the
@@ -218,7 +218,7 @@ func (c setupConnector) Connect(ctx context.Context) (driver.Conn, error) {
 // handler that sets autocommit would make the connection's later claims
 // commit on their own, so such a connection is closed once its transaction
 // ends.
-var autocommitOff = &ownedtx.Dialect{
+var autocommitOff = &adapterkit.TxDialect{
 	Commit: func(conn *sql.Conn) error {
 		_, err := conn.ExecContext(context.Background(), "COMMIT")
 		return err
@@ -242,7 +242,7 @@ func mentionsAutocommit(q string) bool {
 // under ctx, and returns the transaction its first statement will open,
 // which goes by db's context. ok is false, with nothing taken, when the
 // Store has no such pool for db.
-func (s *Store) beginOwned(ctx context.Context, db *gorm.DB, opts *sql.TxOptions) (*ownedtx.Tx, bool, error) {
+func (s *Store) beginOwned(ctx context.Context, db *gorm.DB, opts *sql.TxOptions) (*adapterkit.Tx, bool, error) {
 	pool, ok := s.owned.poolFor(db, opts)
 	if !ok {
 		return nil, false, nil
@@ -263,11 +263,11 @@ func (s *Store) beginOwned(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 	if txCtx == nil {
 		txCtx = ctx
 	}
-	return ownedtx.New(txCtx, conn, autocommitOff), true, nil
+	return adapterkit.NewTx(txCtx, conn, autocommitOff), true, nil
 }
 
 // become makes db, the caller's own session, the transaction tx.
-func become(ctx context.Context, db *gorm.DB, tx *ownedtx.Tx) *gorm.DB {
+func become(ctx context.Context, db *gorm.DB, tx *adapterkit.Tx) *gorm.DB {
 	if db.Statement.Context == nil {
 		db.Statement.Context = ctx
 	}
@@ -279,7 +279,7 @@ func become(ctx context.Context, db *gorm.DB, tx *ownedtx.Tx) *gorm.DB {
 // off (see [OwnedPool]), where the claim's statement opens the
 // transaction: Process costs the claim, the handler's statements and
 // COMMIT, one round trip fewer than BEGIN and Claim. The returned *gorm.DB
-// runs on a connection pool value (ownedtx.Tx) that commits and rolls back
+// runs on a connection pool value (adapterkit.Tx) that commits and rolls back
 // itself, takes savepoints for GORM's nested transactions, refuses Begin,
 // and rolls back (or, failing that, discards the connection) on every path
 // that does not commit. ok is false, with nothing opened, where the Store

@@ -11,8 +11,8 @@ import (
 	gormpg "gorm.io/driver/postgres"
 	"gorm.io/gorm"
 
-	"github.com/inboxgo/inbox/internal/keyorder"
 	"github.com/inboxgo/inbox/storage"
+	"github.com/inboxgo/inbox/storage/adapterkit"
 )
 
 // claimChunk rows per INSERT: 7 bind parameters each, far below PostgreSQL's
@@ -36,7 +36,7 @@ func (s *Store) claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow)
 	// same key; two claims that reach shared keys in different orders
 	// deadlock (40P01, found only after deadlock_timeout). In key order,
 	// the later one waits for the earlier one instead.
-	sorted, order := keyorder.Sort(rows)
+	sorted, order := adapterkit.SortRows(rows)
 	inserted := make([]bool, len(rows))
 	arrays := pgxArrays(tx)
 	for lo := 0; lo < len(sorted); lo += claimChunk {
@@ -49,7 +49,7 @@ func (s *Store) claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow)
 			return nil, err
 		}
 	}
-	return keyorder.Unsort(order, inserted), nil
+	return adapterkit.Unsort(order, inserted), nil
 }
 
 // claimOne claims a single row with one statement sent on the transaction's

@@ -12,15 +12,14 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
 
-	"github.com/inboxgo/inbox/internal/keyorder"
-	"github.com/inboxgo/inbox/internal/ownedtx"
 	"github.com/inboxgo/inbox/storage"
+	"github.com/inboxgo/inbox/storage/adapterkit"
 )
 
 // BeginClaim opens a transaction and claims rows in it in one round trip:
 // BEGIN and the claim travel as one pgx pipeline on a connection taken from
 // db's pool. The transaction is then one database/sql does not know about,
-// so the returned *gorm.DB runs on a connection pool value (ownedtx.Tx)
+// so the returned *gorm.DB runs on a connection pool value (adapterkit.Tx)
 // that commits and rolls back itself, takes savepoints for GORM's nested
 // transactions, refuses Begin, and rolls back (or, failing that, discards
 // the connection) on every path that does not commit. It is used only on
@@ -32,7 +31,7 @@ func (s *Store) BeginClaim(ctx context.Context, db *gorm.DB, opts *sql.TxOptions
 	if len(rows) == 0 {
 		return nil, nil, false, nil
 	}
-	sorted, order := keyorder.Sort(rows)
+	sorted, order := adapterkit.SortRows(rows)
 	var inserted []bool
 	tx, ok, err := beginPipelined(ctx, db, opts, func(b *pgx.Batch) {
 		if len(rows) == 1 {
@@ -98,7 +97,7 @@ func (c commandTag) RowsAffected() (int64, error) { return c.ct.RowsAffected(), 
 // pipeline on a connection taken from db's pool, and read reads their
 // results (after BEGIN's). The transaction is then one database/sql does
 // not know about, so the returned *gorm.DB runs on a connection pool value
-// (ownedtx.Tx) that commits and rolls back itself, takes savepoints for
+// (adapterkit.Tx) that commits and rolls back itself, takes savepoints for
 // GORM's nested transactions, refuses Begin, and rolls back (or, failing
 // that, discards the connection) on every path that does not commit. ok is
 // false, with nothing opened, on another driver than pgx's database/sql
@@ -139,7 +138,7 @@ func beginPipelined(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, queue
 		return err
 	})
 	if err != nil {
-		ownedtx.Abandon(conn, pipelined)
+		adapterkit.AbandonTx(conn, pipelined)
 		return nil, false, err
 	}
 	// The transaction goes by db's context, not by the call's; db is the
@@ -150,7 +149,7 @@ func beginPipelined(ctx context.Context, db *gorm.DB, opts *sql.TxOptions, queue
 		txCtx = ctx
 		db.Statement.Context = ctx
 	}
-	db.Statement.ConnPool = ownedtx.New(txCtx, conn, pipelined)
+	db.Statement.ConnPool = adapterkit.NewTx(txCtx, conn, pipelined)
 	return db, true, nil
 }
 
@@ -189,7 +188,7 @@ func claimOneResult(br pgx.BatchResults) ([]bool, error) {
 }
 
 // claimArraysResult reads the keys the claim of sorted returned and
-// answers in the caller's order (keyorder.Unsort with order).
+// answers in the caller's order (adapterkit.Unsort with order).
 func claimArraysResult(br pgx.BatchResults, sorted []storage.InboxRow, order []int) ([]bool, error) {
 	got, err := br.Query()
 	if err != nil {
@@ -200,20 +199,20 @@ func claimArraysResult(br pgx.BatchResults, sorted []storage.InboxRow, order []i
 	if err := markReturned(got, sorted, inserted); err != nil {
 		return nil, err
 	}
-	return keyorder.Unsort(order, inserted), nil
+	return adapterkit.Unsort(order, inserted), nil
 }
 
-// pipelined ends the transactions beginPipelined opens (ownedtx.Tx). A
+// pipelined ends the transactions beginPipelined opens (adapterkit.Tx). A
 // COMMIT that the server answers with ROLLBACK (an aborted transaction) is
 // an error, as pgx's own Tx.Commit reports it.
-var pipelined = &ownedtx.Dialect{Commit: func(conn *sql.Conn) error {
+var pipelined = &adapterkit.TxDialect{Commit: func(conn *sql.Conn) error {
 	return conn.Raw(func(dc any) error {
 		ct, err := dc.(*stdlib.Conn).Conn().Exec(context.Background(), "COMMIT")
 		if err != nil {
 			return err
 		}
 		if strings.EqualFold(ct.String(), "ROLLBACK") {
-			return fmt.Errorf("postgres: %w", ownedtx.ErrCommitRolledBack)
+			return fmt.Errorf("postgres: %w", adapterkit.ErrCommitRolledBack)
 		}
 		return nil
 	})

@@ -15,7 +15,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -182,8 +181,15 @@ func runOffsets(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if !db.Migrator().HasTable(o.table) {
 		return fail(stderr, cmd, fmt.Errorf("no offsets table %s in this database: is --table the consumer's Config.OffsetsTable, and did it call Consumer.Migrate with StoreOffsets?", o.table))
 	}
-	store := offsets.Store{Table: o.table, Group: *group}
-	rows, err := store.List(ctx, db, *topic)
+	is, err := b.newStore(b.defaultTable, "")
+	if err != nil {
+		return fail(stderr, cmd, err)
+	}
+	store, ok := is.(storage.OffsetStore)
+	if !ok {
+		return fail(stderr, cmd, fmt.Errorf("the %s adapter's store (%T) does not implement storage.OffsetStore", b.name, is))
+	}
+	rows, err := store.Offsets(ctx, db, o.table, *group, *topic, -1)
 	if err != nil {
 		return fail(stderr, cmd, err)
 	}
@@ -195,7 +201,7 @@ func runOffsets(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return &po
 	}
 	for _, r := range rows {
-		add(partitionOffsets{Topic: r.Topic, Partition: r.Partition, Stored: ptr(r.Next), Generation: r.Generation, Fingerprinted: r.Fingerprinted})
+		add(partitionOffsets{Topic: r.Topic, Partition: r.Partition, Stored: ptr(r.Next), Generation: r.Generation, Fingerprinted: r.Last != 0})
 	}
 
 	var k *kafkaClient
@@ -229,7 +235,7 @@ func runOffsets(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		for _, t := range topics {
 			for _, p := range committed[t] {
-				if !slices.ContainsFunc(rows, func(r offsets.Stored) bool { return r.Topic == t && int(r.Partition) == p }) {
+				if !slices.ContainsFunc(rows, func(r storage.OffsetRow) bool { return r.Topic == t && int(r.Partition) == p }) {
 					add(partitionOffsets{Topic: t, Partition: int32(p)})
 				}
 			}
@@ -359,7 +365,7 @@ func runOffsets(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "inboxctl offsets: warning: without --brokers the group's members cannot be checked: make sure every consumer of group %s is stopped (a running member would overwrite the stored offsets), and reset the group's offsets in Kafka to the same values (kafka-consumer-groups.sh --reset-offsets) so that they agree\n", *group)
 	}
 	if !*dryRun {
-		if err := store.Reset(ctx, db, *topic, next); err != nil {
+		if err := store.ResetOffsets(ctx, db, o.table, *group, *topic, next); err != nil {
 			return fail(stderr, cmd, err)
 		}
 		if k != nil {

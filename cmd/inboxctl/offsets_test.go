@@ -7,10 +7,11 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
-	"github.com/inboxgo/inbox/internal/offsets"
+	"github.com/inboxgo/inbox/storage"
 )
 
 func TestOffsetsSQLite(t *testing.T) {
@@ -42,7 +43,7 @@ func expectOffsets(t *testing.T, dialect, dsn string) {
 	table := "inboxctl_offsets_" + conformance.RandomSuffix()
 	db := openGorm(t, dialect, dsn)
 	t.Cleanup(func() { _ = db.Migrator().DropTable(table) })
-	store := offsets.Store{Table: table, Group: group}
+	store := groupOffsets{Table: table, Group: group}
 	if err := store.Migrate(t.Context(), db); err != nil {
 		t.Fatal(err)
 	}
@@ -59,10 +60,10 @@ func expectOffsets(t *testing.T, dialect, dsn string) {
 	produce(t, brokers, topic, msgs...)
 	// Partition 0 stored at 5 by generation 3, with the fingerprint of the
 	// message before; another group's row beside it.
-	if err := store.Save(t.Context(), db, topic, 0, offsets.Write{Next: 5, Generation: 3, Last: 12345}); err != nil {
+	if err := store.Save(t.Context(), db, topic, 0, storage.OffsetWrite{Next: 5, Generation: 3, Last: 12345}); err != nil {
 		t.Fatal(err)
 	}
-	if err := (offsets.Store{Table: table, Group: "other"}).Save(t.Context(), db, topic, 0, offsets.Write{Next: 1, Generation: 1}); err != nil {
+	if err := (groupOffsets{Table: table, Group: "other"}).Save(t.Context(), db, topic, 0, storage.OffsetWrite{Next: 1, Generation: 1}); err != nil {
 		t.Fatal(err)
 	}
 	base := []string{"--dsn", dsn, "--dialect", dialect, "--table", table, "--group", group}
@@ -70,7 +71,7 @@ func expectOffsets(t *testing.T, dialect, dsn string) {
 		t.Helper()
 		return runArgs(t, append(args, base...)...)
 	}
-	stored := func(p int) (offsets.Row, bool) {
+	stored := func(p int) (storage.OffsetRow, bool) {
 		t.Helper()
 		row, found, err := store.Read(t.Context(), db, topic, p)
 		if err != nil {
@@ -149,7 +150,7 @@ func expectOffsets(t *testing.T, dialect, dsn string) {
 	if c := committed(0); c != 2 {
 		t.Errorf("the group's committed offset is %d, want 2", c)
 	}
-	if row, _, _ := (offsets.Store{Table: table, Group: "other"}).Read(t.Context(), db, topic, 0); row.Next != 1 {
+	if row, _, _ := (groupOffsets{Table: table, Group: "other"}).Read(t.Context(), db, topic, 0); row.Next != 1 {
 		t.Errorf("another group's row changed: %+v", row)
 	}
 
@@ -255,12 +256,12 @@ func TestOffsetsShowDeletedTopic(t *testing.T) {
 	gone := "gone-" + conformance.RandomSuffix()
 	path := emptySQLite(t)
 	db := openGorm(t, dialectSQLite, path)
-	store := offsets.Store{Table: defaultOffsetsTable, Group: "billing"}
+	store := groupOffsets{Table: defaultOffsetsTable, Group: "billing"}
 	if err := store.Migrate(t.Context(), db); err != nil {
 		t.Fatal(err)
 	}
 	for _, tp := range []string{topic, gone} {
-		if err := store.Save(t.Context(), db, tp, 0, offsets.Write{Next: 4, Generation: 1}); err != nil {
+		if err := store.Save(t.Context(), db, tp, 0, storage.OffsetWrite{Next: 4, Generation: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -295,4 +296,35 @@ func TestOffsetsShowDeletedTopic(t *testing.T) {
 	if !strings.Contains(r.stderr, "topic "+gone+" does not exist") {
 		t.Errorf("reset of a deleted topic:\n%v", r)
 	}
+}
+
+// groupOffsets is a group's rows in an offsets table, through the
+// storage.OffsetStore of the database's adapter, as the consumer keeps
+// them.
+type groupOffsets struct{ Table, Group string }
+
+func offsetStoreOf(db *gorm.DB) storage.OffsetStore {
+	s, err := backends[db.Name()].newStore(backends[db.Name()].defaultTable, "")
+	if err != nil {
+		panic(err)
+	}
+	return s.(storage.OffsetStore)
+}
+
+func (g groupOffsets) Migrate(ctx context.Context, db *gorm.DB) error {
+	return offsetStoreOf(db).MigrateOffsets(ctx, db, g.Table)
+}
+
+// Save stores w as the first write of a member: no floor.
+func (g groupOffsets) Save(ctx context.Context, db *gorm.DB, topic string, partition int, w storage.OffsetWrite) error {
+	w.OffsetKey, w.Floor = storage.OffsetKey{Group: g.Group, Topic: topic, Partition: int32(partition)}, -1
+	return offsetStoreOf(db).SaveOffset(ctx, db, g.Table, w)
+}
+
+func (g groupOffsets) Read(ctx context.Context, db *gorm.DB, topic string, partition int) (storage.OffsetRow, bool, error) {
+	rows, err := offsetStoreOf(db).Offsets(ctx, db, g.Table, g.Group, topic, int32(partition))
+	if err != nil || len(rows) == 0 {
+		return storage.OffsetRow{}, false, err
+	}
+	return rows[0], true, nil
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/testhooks"
 
 	"gorm.io/gorm"
@@ -53,7 +52,7 @@ func snapshotShop(t *testing.T, s *shop) *shop {
 // storedOffset reads the offsets table of s directly.
 func storedOffset(t *testing.T, s *shop, group, topic string, partition int) int64 {
 	t.Helper()
-	next, err := offsets.Store{Table: consumer.DefaultOffsetsTable, Group: group}.Load(context.Background(), s.db, topic, partition)
+	next, err := groupOffsets{Table: consumer.DefaultOffsetsTable, Group: group}.Load(context.Background(), s.db, topic, partition)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,6 @@ import (
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -109,7 +108,7 @@ func testMemberFrozenInsideItsTransaction(t *testing.T, name string, s *shop) {
 	brokers := cluster.ListenAddrs()
 	sendOrders(t, brokers, "orders", 1, 10, nil)
 	table := "inbox_offsets" + s.suffix
-	st := offsets.Store{Table: table, Group: "inventory"}
+	st := groupOffsets{Table: table, Group: "inventory"}
 
 	// The member to be frozen applies orders 0-4, and order 5 up to its
 	// COMMIT, where it stops, its transaction open.

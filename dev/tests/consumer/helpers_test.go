@@ -18,7 +18,6 @@ import (
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/storage"
 
@@ -335,8 +334,8 @@ type running struct {
 }
 
 // offsets is the table of stored offsets r uses.
-func (r *running) offsets() offsets.Store {
-	return offsets.Store{Table: cmp.Or(r.cfg.OffsetsTable, consumer.DefaultOffsetsTable), Group: r.cfg.GroupID}
+func (r *running) offsets() groupOffsets {
+	return groupOffsets{Table: cmp.Or(r.cfg.OffsetsTable, consumer.DefaultOffsetsTable), Group: r.cfg.GroupID}
 }
 
 func start(t *testing.T, cfg consumer.Config) *running {

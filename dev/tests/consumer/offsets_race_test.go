@@ -17,7 +17,6 @@ import (
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/atonce"
 	"github.com/inboxgo/inbox/conformance/testservers"
-	"github.com/inboxgo/inbox/internal/offsets"
 )
 
 // A deployment of several replicas of a consumer with StoreOffsets starts
@@ -74,7 +73,7 @@ func TestOffsetsMigrateAtTheSameInstant(t *testing.T) {
 				calls := make([]func() error, offsetsReplicas)
 				for i := range calls {
 					db := openOffsetsPool(t, name, where)
-					calls[i] = func() error { return offsets.Store{Table: table, Group: "g"}.Migrate(context.Background(), db) }
+					calls[i] = func() error { return groupOffsets{Table: table, Group: "g"}.Migrate(context.Background(), db) }
 				}
 				if err := atonce.Calls(calls...); err != nil {
 					t.Fatalf("round %d: %d Migrate calls at once without the offsets table: %v", round+1, len(calls), err)
@@ -98,12 +97,12 @@ func TestOffsetsMigrateAddsColumnsAtTheSameInstant(t *testing.T) {
 				calls := make([]func() error, offsetsReplicas)
 				for i := range calls {
 					db := openOffsetsPool(t, name, where)
-					calls[i] = func() error { return offsets.Store{Table: table, Group: "g"}.Migrate(context.Background(), db) }
+					calls[i] = func() error { return groupOffsets{Table: table, Group: "g"}.Migrate(context.Background(), db) }
 				}
 				if err := atonce.Calls(calls...); err != nil {
 					t.Fatalf("round %d: %d Migrate calls at once on an old offsets table: %v", round+1, len(calls), err)
 				}
-				row, found, err := offsets.Store{Table: table, Group: "g"}.Read(context.Background(), first, "orders", 0)
+				row, found, err := groupOffsets{Table: table, Group: "g"}.Read(context.Background(), first, "orders", 0)
 				if err != nil || !found || row.Next != 41 {
 					t.Fatalf("round %d: the old row after Migrate: %+v (%v, %v)", round+1, row, found, err)
 				}
@@ -142,7 +141,7 @@ func TestOffsetsMigrateReplica(t *testing.T) {
 	}
 	db := openOffsetsPool(t, name, os.Getenv(offsetsWhereVar))
 	atonce.Ready()
-	if err := (offsets.Store{Table: os.Getenv(offsetsTableVar), Group: "g"}).Migrate(context.Background(), db); err != nil {
+	if err := (groupOffsets{Table: os.Getenv(offsetsTableVar), Group: "g"}).Migrate(context.Background(), db); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -17,7 +17,7 @@ import (
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
-	"github.com/inboxgo/inbox/internal/offsets"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // The offsets table on every database: created idempotently, upserted (the
@@ -40,7 +40,7 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			s := offsets.Store{Table: "inbox_offsets_" + conformance.RandomSuffix(), Group: "g1"}
+			s := groupOffsets{Table: "inbox_offsets_" + conformance.RandomSuffix(), Group: "g1"}
 			t.Cleanup(func() {
 				_ = db.Exec(`DROP TABLE ` + s.Table).Error
 				if sqlDB, err := db.DB(); err == nil {
@@ -53,14 +53,14 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 				}
 			}
 			in := func(fn func(tx *gorm.DB) error) error { return db.Transaction(fn) }
-			other := offsets.Store{Table: s.Table, Group: "g2"}
+			other := groupOffsets{Table: s.Table, Group: "g2"}
 			for _, step := range []struct {
-				st   offsets.Store
+				st   groupOffsets
 				p    int
 				next int64
 			}{{s, 0, 5}, {s, 1, 7}, {s, 0, 9}, {other, 0, 100}} {
 				err := in(func(tx *gorm.DB) error {
-					return step.st.Save(ctx, tx, "orders", step.p, offsets.Write{Next: step.next, Generation: 1})
+					return step.st.Save(ctx, tx, "orders", step.p, storage.OffsetWrite{Next: step.next, Generation: 1})
 				})
 				if err != nil {
 					t.Fatal(err)
@@ -68,7 +68,7 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 			}
 			// A rolled-back transaction leaves no offset behind.
 			_ = in(func(tx *gorm.DB) error {
-				if err := s.Save(ctx, tx, "orders", 1, offsets.Write{Next: 1000, Generation: 1}); err != nil {
+				if err := s.Save(ctx, tx, "orders", 1, storage.OffsetWrite{Next: 1000, Generation: 1}); err != nil {
 					t.Fatal(err)
 				}
 				return errRollback
@@ -78,7 +78,7 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 			// and a generation not newer than its own; the same value again
 			// is no move back (MySQL reports 0 rows).
 			if err := in(func(tx *gorm.DB) error {
-				return s.Save(ctx, tx, "advance", 0, offsets.Write{Next: 7, Generation: 2})
+				return s.Save(ctx, tx, "advance", 0, storage.OffsetWrite{Next: 7, Generation: 2})
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -99,14 +99,14 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 				{1, 0, 3, 1, moved}, {1, -1, 3, 1, ok}, {1, 3, 3, 1, ok},
 			} {
 				err := in(func(tx *gorm.DB) error {
-					return s.Advance(ctx, tx, "advance", c.p, c.floor, offsets.Write{Next: c.next, Generation: c.gen})
+					return s.Advance(ctx, tx, "advance", c.p, c.floor, storage.OffsetWrite{Next: c.next, Generation: c.gen})
 				})
 				got := ok
-				var te *offsets.TakenOverError
+				var te *storage.OffsetTakenOverError
 				switch {
-				case errors.Is(err, offsets.ErrPositionMoved):
+				case errors.Is(err, storage.ErrOffsetMoved):
 					got = moved
-				case errors.As(err, &te) && errors.Is(err, offsets.ErrTakenOver):
+				case errors.As(err, &te) && errors.Is(err, storage.ErrOffsetTakenOver):
 					got = taken
 				case err != nil:
 					got = err.Error()
@@ -145,7 +145,7 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 
 			// The fingerprint of the message before the offset.
 			if err := in(func(tx *gorm.DB) error {
-				return s.Save(ctx, tx, "last", 0, offsets.Write{Next: 4, Generation: 1, Last: -42})
+				return s.Save(ctx, tx, "last", 0, storage.OffsetWrite{Next: 4, Generation: 1, Last: -42})
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -161,7 +161,7 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 				t.Errorf("%+v (%v) after next_offset moved alone, want offset 6 without fingerprint", row, err)
 			}
 			if err := in(func(tx *gorm.DB) error {
-				return s.Advance(ctx, tx, "last", 0, 6, offsets.Write{Next: 7, Generation: 1})
+				return s.Advance(ctx, tx, "last", 0, 6, storage.OffsetWrite{Next: 7, Generation: 1})
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -170,7 +170,7 @@ func TestOffsetStoreOnEachDatabase(t *testing.T) {
 			}
 
 			for _, c := range []struct {
-				st    offsets.Store
+				st    groupOffsets
 				group string
 				topic string
 				p     int
@@ -237,7 +237,7 @@ func TestOffsetsMigrateAddsColumnsToAnOldTable(t *testing.T) {
 			table := freshOffsetsTable(t, db)
 			createOldOffsetsTable(t, db, table)
 			ctx := context.Background()
-			st := offsets.Store{Table: table, Group: "g"}
+			st := groupOffsets{Table: table, Group: "g"}
 			if err := st.Migrate(ctx, db); err != nil {
 				t.Fatal(err)
 			}
@@ -253,7 +253,7 @@ func TestOffsetsMigrateAddsColumnsToAnOldTable(t *testing.T) {
 				t.Errorf("the older version's row: %d (%v), want 3", got, err)
 			}
 			if err := db.Transaction(func(tx *gorm.DB) error {
-				return st.Advance(ctx, tx, "orders", 0, 41, offsets.Write{Next: 42, Generation: 7, Last: 99})
+				return st.Advance(ctx, tx, "orders", 0, 41, storage.OffsetWrite{Next: 42, Generation: 7, Last: 99})
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -296,8 +296,8 @@ func TestOffsetsTableIsTransactionalOnMySQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	fresh := offsets.Store{Table: "inbox_offsets_" + conformance.RandomSuffix(), Group: "g1"}
-	myisam := offsets.Store{Table: "inbox_offsets_" + conformance.RandomSuffix(), Group: "g1"}
+	fresh := groupOffsets{Table: "inbox_offsets_" + conformance.RandomSuffix(), Group: "g1"}
+	myisam := groupOffsets{Table: "inbox_offsets_" + conformance.RandomSuffix(), Group: "g1"}
 	t.Cleanup(func() {
 		for _, table := range []string{fresh.Table, myisam.Table} {
 			_ = db.Exec("DROP TABLE IF EXISTS `" + table + "`").Error

@@ -26,7 +26,6 @@ import (
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
-	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -131,7 +130,7 @@ func TestConsumersStartingAtTheSameInstant(t *testing.T) {
 				}
 
 				s.checkExactlyOnce(t, startupOrders, nil)
-				st := offsets.Store{Table: "inbox_offsets_startup_" + suffix, Group: "startup-" + suffix}
+				st := groupOffsets{Table: "inbox_offsets_startup_" + suffix, Group: "startup-" + suffix}
 				for p := range startupPartitions {
 					next, err := st.Load(context.Background(), db, "orders", p)
 					if err != nil || next != startupOrders/startupPartitions {

@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/inboxgo/inbox/hooks"
-	"github.com/inboxgo/inbox/internal/offsets"
 	"github.com/inboxgo/inbox/internal/testhooks"
 )
 
@@ -68,7 +67,7 @@ type offsetWatch struct {
 	done      chan struct{}
 }
 
-func watchStoredOffset(t *testing.T, s *shop, st offsets.Store, topic string, partition int) *offsetWatch {
+func watchStoredOffset(t *testing.T, s *shop, st groupOffsets, topic string, partition int) *offsetWatch {
 	w := &offsetWatch{max: -1, back: -1, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
@@ -154,7 +153,7 @@ func testZombieMember(t *testing.T, name string, s *shop) {
 	brokers := cluster.ListenAddrs()
 	sendOrders(t, brokers, "orders", 1, 10, nil)
 	table := "inbox_offsets" + s.suffix
-	st := offsets.Store{Table: table, Group: "inventory"}
+	st := groupOffsets{Table: table, Group: "inventory"}
 
 	// The member to be paused processes orders 0-5; after the database
 	// commit of order 5 its worker stops (AfterDB runs before the message

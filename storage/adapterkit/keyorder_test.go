@@ -1,4 +1,4 @@
-package keyorder
+package adapterkit
 
 import (
 	"math/rand/v2"
@@ -20,19 +20,19 @@ func TestSortAndUnsort(t *testing.T) {
 		{Consumer: "a", EventID: "é", Day: d.AddDate(0, 0, -1)},
 		{Consumer: "b", EventID: "a", Day: d},
 	}
-	if sorted, order := Sort(want); order != nil || &sorted[0] != &want[0] {
+	if sorted, order := SortRows(want); order != nil || &sorted[0] != &want[0] {
 		t.Errorf("rows in key order were copied: order %v", order)
 	}
 	for range 20 {
 		rows := slices.Clone(want)
 		rand.Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
 		given := slices.Clone(rows)
-		sorted, order := Sort(rows)
+		sorted, order := SortRows(rows)
 		if !slices.Equal(rows, given) {
 			t.Fatal("Sort changed its argument")
 		}
 		if !slices.EqualFunc(sorted, want, func(a, b storage.InboxRow) bool { return a.Key() == b.Key() }) {
-			t.Fatalf("Sort(%v) = %v, want %v", rows, sorted, want)
+			t.Fatalf("SortRows(%v) = %v, want %v", rows, sorted, want)
 		}
 		// A result per sorted row: true for the rows of consumer "a".
 		got := make([]bool, len(sorted))

@@ -1,4 +1,4 @@
-package ownedtx
+package adapterkit
 
 import (
 	"context"
@@ -44,7 +44,7 @@ type fakeConnector struct{ d *fakeDriver }
 func (c fakeConnector) Connect(context.Context) (driver.Conn, error) { return c.d.Open("") }
 func (c fakeConnector) Driver() driver.Driver                        { return c.d }
 
-var testDialect = &Dialect{
+var testDialect = &TxDialect{
 	Commit: func(conn *sql.Conn) error {
 		_, err := conn.ExecContext(context.Background(), "COMMIT")
 		return err
@@ -66,7 +66,7 @@ func begin(t *testing.T, ctx context.Context, db *sql.DB) *Tx {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return New(ctx, conn, testDialect)
+	return NewTx(ctx, conn, testDialect)
 }
 
 // Every way a transaction ends: what it sends, what it returns, and

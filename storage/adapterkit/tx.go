@@ -1,15 +1,4 @@
-// Package ownedtx is a transaction that an adapter opened itself on one
-// connection, without database/sql's BeginTx, so that BEGIN costs no round
-// trip of its own: PostgreSQL sends BEGIN in one pipeline with the claim,
-// MySQL claims on a connection with autocommit off, where the claim opens
-// the transaction. database/sql does not know about such a transaction, so
-// [Tx] is the connection pool value (gorm.ConnPool and gorm.TxCommitter)
-// that GORM runs it on: it commits and rolls back itself, takes savepoints
-// for GORM's nested transactions (through GORM's own SavePoint, as on a
-// *sql.Tx), refuses Begin (it has no BeginTx), and rolls back, or, failing
-// that, discards the connection, on every path that does not commit, so
-// that no pooled connection is ever left in a transaction.
-package ownedtx
+package adapterkit
 
 import (
 	"context"
@@ -19,14 +8,14 @@ import (
 	"time"
 )
 
-// ErrCommitRolledBack is wrapped by a Dialect's Commit when the server
+// ErrCommitRolledBack is wrapped by a TxDialect's Commit when the server
 // answered COMMIT by rolling the transaction back (PostgreSQL, for a
 // transaction an earlier failed statement had aborted): nothing was
 // committed, and the connection is fit for the pool.
 var ErrCommitRolledBack = errors.New("COMMIT rolled back the transaction, which an earlier failed statement had aborted")
 
-// Dialect is what differs between adapters in ending a transaction.
-type Dialect struct {
+// TxDialect is what differs between adapters in ending a transaction.
+type TxDialect struct {
 	// Commit sends COMMIT on conn and reports its outcome. After an error
 	// that does not wrap ErrCommitRolledBack the connection's state is
 	// unknown, and it is discarded.
@@ -42,25 +31,39 @@ type Dialect struct {
 // it is discarded.
 const RollbackTimeout = 10 * time.Second
 
-// Tx is a transaction opened on conn. It is used by one goroutine at a
-// time, as a *sql.Tx handed to a handler is.
+// Tx is a transaction that an adapter opened itself on one connection,
+// without database/sql's BeginTx, so that BEGIN costs no round trip of its
+// own (PostgreSQL sends BEGIN in one pipeline with the claim; MySQL claims
+// on a connection with autocommit off, where the claim opens the
+// transaction). database/sql does not know about such a transaction, so Tx
+// is the connection pool value (gorm.ConnPool and gorm.TxCommitter) that
+// GORM runs it on: it commits and rolls back itself, takes savepoints for
+// GORM's nested transactions (through GORM's own SavePoint, as on a
+// *sql.Tx), refuses Begin (it has no BeginTx), and rolls back, or, failing
+// that, discards the connection, on every path that does not commit, so
+// that no pooled connection is ever left in a transaction. This is what
+// storage.ClaimBeginner asks of the transaction BeginClaim returns.
+//
+// It is used by one goroutine at a time, as a *sql.Tx handed to a handler
+// is.
 type Tx struct {
 	ctx     context.Context // the transaction's: once it is done, COMMIT is refused, as database/sql does
 	conn    *sql.Conn
-	d       *Dialect
+	d       *TxDialect
 	ended   bool
 	tainted bool
 }
 
-// New returns the transaction open on conn, whose life goes by ctx (see
+// NewTx returns the transaction open on conn, whose life goes by ctx (see
 // Commit). The Tx owns conn from now on: Commit or Rollback returns it to
-// its pool (or discards it).
-func New(ctx context.Context, conn *sql.Conn, d *Dialect) *Tx {
+// its pool (or discards it). Set it as the Statement.ConnPool of a
+// *gorm.DB session to run GORM on it.
+func NewTx(ctx context.Context, conn *sql.Conn, d *TxDialect) *Tx {
 	return &Tx{ctx: ctx, conn: conn, d: d}
 }
 
 // Conn is the transaction's connection, for the adapter's own statements
-// (which Dialect.Taints need not see).
+// (which TxDialect.Taints need not see).
 func (t *Tx) Conn() *sql.Conn { return t.conn }
 
 func (t *Tx) note(query string) {
@@ -107,7 +110,7 @@ func (t *Tx) Commit() error {
 	t.ended = true
 	err := t.d.Commit(t.conn)
 	if (err != nil && !errors.Is(err, ErrCommitRolledBack)) || t.tainted {
-		Discard(t.conn)
+		DiscardConn(t.conn)
 	}
 	_ = t.conn.Close()
 	return err
@@ -124,18 +127,18 @@ func (t *Tx) Rollback() error {
 	defer cancel()
 	_, err := t.conn.ExecContext(ctx, "ROLLBACK")
 	if err != nil || t.tainted {
-		Discard(t.conn)
+		DiscardConn(t.conn)
 	}
 	_ = t.conn.Close()
 	return err
 }
 
-// Abandon rolls back whatever a begin that failed half-way opened on conn
-// and hands conn back (or discards it).
-func Abandon(conn *sql.Conn, d *Dialect) { _ = New(context.Background(), conn, d).Rollback() }
+// AbandonTx rolls back whatever a begin that failed half-way opened on
+// conn and hands conn back (or discards it).
+func AbandonTx(conn *sql.Conn, d *TxDialect) { _ = NewTx(context.Background(), conn, d).Rollback() }
 
-// Discard makes database/sql close conn instead of pooling it once it is
-// closed.
-func Discard(conn *sql.Conn) {
+// DiscardConn makes database/sql close conn instead of pooling it once it
+// is closed: for a connection whose session state is unknown or changed.
+func DiscardConn(conn *sql.Conn) {
 	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 }
