@@ -8,7 +8,12 @@
 // carry with each row's shard and seq). An inbox Store that implements
 // storage.WatermarkStore, for sequenced dedup, runs the watermark checks
 // too: values stored byte for byte, written atomically with the effect,
-// by a compare-and-set that two members of a group cannot both win.
+// by a compare-and-set that two members of a group cannot both win. One
+// that implements storage.OffsetStore, for the consumer's stored offsets,
+// runs the offsets checks: offsets written atomically with the effect,
+// refused when the row went back behind the writer's floor or was written
+// by a newer generation of the group, and tables of earlier versions
+// upgraded with their rows.
 //
 // It is for adapter authors, ours and third parties': an adapter's test
 // hands Run a HarnessMaker, which returns a fresh, isolated database and
@@ -120,6 +125,10 @@ type Features struct {
 	// that does not (one hidden behind a wrapper, say), rather than being
 	// skipped.
 	Watermarks bool
+	// Offsets is true if the Store must implement storage.OffsetStore: the
+	// offsets checks then fail on a Store that does not, rather than being
+	// skipped.
+	Offsets bool
 }
 
 // HarnessMaker returns a fresh harness. It is called once per check.
@@ -147,7 +156,13 @@ type Check struct {
 	// Features.Watermarks says it must). The suite migrates the watermark
 	// table with the inbox table.
 	Watermarks bool
-	Run        func(ctx context.Context, env *Env) error
+	// Offsets checks are about the optional storage.OffsetStore capability
+	// of the inbox Store: they run only against a Store that implements
+	// it, and are skipped otherwise (unless Features.Offsets says it
+	// must). The suite migrates an offsets table of its own, named
+	// conformance_offsets_ and a random suffix, and drops it afterwards.
+	Offsets bool
+	Run     func(ctx context.Context, env *Env) error
 }
 
 // ID returns the stable name of the check: "area/name", and
@@ -163,7 +178,7 @@ func (c Check) ID() string {
 // outbox checks.
 func Checks() []Check {
 	return slices.Concat(schemaChecks, atomicityChecks, scopeChecks, idChecks, concurrencyChecks, batchChecks, retentionChecks,
-		watermarkChecks, outboxEnqueueChecks, outboxOrderChecks, outboxRelayChecks, outboxSequenceChecks, outboxExpiryChecks)
+		watermarkChecks, offsetChecks, outboxEnqueueChecks, outboxOrderChecks, outboxRelayChecks, outboxSequenceChecks, outboxExpiryChecks)
 }
 
 // ErrSkipped is wrapped by the error of RunCheck for a check of a store the
@@ -204,11 +219,15 @@ func RunCheck(ctx context.Context, newHarness HarnessMaker, c Check) (err error)
 		return fmt.Errorf("%s: %w", c.ID(), err)
 	}
 	now := time.Now().UTC()
-	env := &Env{H: h, Clock: &Clock{now: now}, Today: storage.DayOf(now), effects: "conformance_effects_" + randomHex(6)}
+	env := &Env{H: h, Clock: &Clock{now: now}, Today: storage.DayOf(now), effects: "conformance_effects_" + randomHex(6),
+		offsetsTable: "conformance_offsets_" + randomHex(6)}
 	if err := h.DB.WithContext(ctx).Table(env.effects).Migrator().CreateTable(&effectRow{}); err != nil {
 		return fmt.Errorf("%s: setup: create effects table %s: %w", c.ID(), env.effects, err)
 	}
 	defer func() { _ = h.DB.Migrator().DropTable(env.effects) }()
+	if c.Offsets {
+		defer func() { _ = h.DB.Migrator().DropTable(env.offsetsTable) }()
+	}
 	if !c.Unmigrated {
 		if err := env.migrate(ctx, c); err != nil {
 			return fmt.Errorf("%s: setup: migrate: %w", c.ID(), err)
@@ -234,12 +253,16 @@ func (c Check) runsOn(h *Harness) error {
 		return fmt.Errorf("setup: the harness's Features say the Store implements storage.WatermarkStore; its type %T does not", h.Store)
 	case c.Watermarks && !isWatermarkStore(h.Store):
 		return fmt.Errorf("%w: the inbox Store does not implement storage.WatermarkStore (no sequenced dedup)", ErrSkipped)
+	case c.Offsets && !isOffsetStore(h.Store) && h.Features.Offsets:
+		return fmt.Errorf("setup: the harness's Features say the Store implements storage.OffsetStore; its type %T does not", h.Store)
+	case c.Offsets && !isOffsetStore(h.Store):
+		return fmt.Errorf("%w: the inbox Store does not implement storage.OffsetStore (no stored offsets)", ErrSkipped)
 	}
 	return nil
 }
 
 // migrate runs the Migrate of the store c is about (and, for a watermark
-// check, MigrateWatermarks).
+// check, MigrateWatermarks; for an offsets check, MigrateOffsets).
 func (env *Env) migrate(ctx context.Context, c Check) error {
 	if c.Outbox {
 		return env.Outbox().Migrate(ctx)
@@ -249,6 +272,9 @@ func (env *Env) migrate(ctx context.Context, c Check) error {
 	}
 	if c.Watermarks {
 		return env.watermarks().MigrateWatermarks(ctx, env.H.DB.WithContext(ctx))
+	}
+	if c.Offsets {
+		return env.offsets().MigrateOffsets(ctx, env.H.DB.WithContext(ctx), env.offsetsTable)
 	}
 	return nil
 }
@@ -286,7 +312,8 @@ type Env struct {
 	// Today is the clock's day when the check started.
 	Today time.Time
 
-	effects string
+	effects      string
+	offsetsTable string // the offsets checks'
 }
 
 // Retention and preparation windows the suite's inboxes use.

@@ -64,8 +64,36 @@ func (s *Store) MigrateOffsets(ctx context.Context, db *gorm.DB, table string) e
 		if err := offsets.AutoMigrate(conn.Set("gorm:table_options", "ENGINE=InnoDB"), table); err != nil {
 			return fmt.Errorf("mysql: %w", err)
 		}
+		if err := binaryOffsetNames(conn, table); err != nil {
+			return err
+		}
 		return checkOffsetsTransactional(conn, table)
 	})
+}
+
+// binaryOffsetNames makes the offsets table compare group ids and topics
+// byte for byte, as Kafka does: under the server's default collation (one
+// that folds case, as tables made by earlier versions have) the rows of
+// topics "Orders" and "orders" would be one. The columns keep their types
+// and rows; a key that was unique under the folding collation is unique
+// under the binary one.
+func binaryOffsetNames(db *gorm.DB, table string) error {
+	var folding int64
+	err := db.Raw(`SELECT COUNT(*) FROM information_schema.COLUMNS
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME IN ('group_id', 'topic')
+		AND (COLLATION_NAME IS NULL OR COLLATION_NAME <> 'utf8mb4_bin')`, table).Row().Scan(&folding)
+	if err != nil {
+		return fmt.Errorf("mysql: read the collations of the offsets table %s: %w", table, err)
+	}
+	if folding == 0 {
+		return nil
+	}
+	err = db.Exec("ALTER TABLE `" + table + "` MODIFY group_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, " +
+		"MODIFY topic VARCHAR(249) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL").Error
+	if err != nil {
+		return fmt.Errorf("mysql: make the offsets table %s compare group ids and topics byte for byte: %w", table, err)
+	}
+	return nil
 }
 
 // checkOffsetsTransactional fails if the offsets table exists (in the

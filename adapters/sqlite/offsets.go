@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"gorm.io/gorm"
 
@@ -15,22 +16,26 @@ import (
 var offsets = adapterkit.OffsetTable{}
 
 // MigrateOffsets implements storage.OffsetStore: it creates the offsets
-// table or adds the columns it lacks. SQLite's write lock orders concurrent
-// callers; one whose CREATE (or ALTER) lost the race finds the table (or
-// column) made and migrates again.
+// table or adds the columns it lacks, in a transaction, so that SQLite's
+// write lock orders concurrent callers (with immediate transactions, as
+// Open sets, each finds what the one before made). A caller whose
+// transaction could not take the lock (a deferred transaction whose lock
+// upgrade failed), or whose CREATE or ALTER lost the race, runs again.
 func (s *Store) MigrateOffsets(ctx context.Context, db *gorm.DB, table string) error {
 	if err := storage.ValidateIdentifier("offsets table", table); err != nil {
 		return err
 	}
 	db = db.WithContext(ctx)
-	err := offsets.AutoMigrate(db, table)
-	// The table (or a column) is there now: made by another process. Each
-	// failure is another caller's success, so this ends.
-	for range 8 {
-		if err == nil || !db.Migrator().HasTable(table) {
+	migrate := func() error {
+		return db.Transaction(func(tx *gorm.DB) error { return offsets.AutoMigrate(tx, table) })
+	}
+	err := migrate()
+	for attempt := 1; err != nil && attempt < 20 && ctx.Err() == nil; attempt++ {
+		if !s.IsRetryable(err) && !db.Migrator().HasTable(table) {
 			break
 		}
-		err = offsets.AutoMigrate(db, table)
+		time.Sleep(time.Duration(attempt) * 5 * time.Millisecond)
+		err = migrate()
 	}
 	if err != nil {
 		return fmt.Errorf("sqlite: %w", err)
