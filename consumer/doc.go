@@ -70,7 +70,9 @@
 // table (inbox_offsets: group_id, topic, partition, next_offset, and the
 // writer's group generation and a fingerprint of the message before the
 // offset; create it, or add the later columns to an older one, with
-// [Consumer.Migrate]) in the same transaction as the effect, and each
+// [Consumer.Migrate]), kept by the inbox's adapter (its Store implements
+// storage.OffsetStore, as the three adapters here do), in the same
+// transaction as the effect, and each
 // assigned partition starts at that offset whenever the database has one,
 // even when it is behind the group's committed offset (the group's is used
 // for a partition without a row, and then stored). A crash between the

@@ -9,9 +9,14 @@
 // packages inbox and outbox own transactions, retries, validation, logging
 // and metrics, so a store does none of those. Optional capabilities
 // ([ClaimBeginner], [DayPreparer], [Verifier], [SchemaPrinter],
-// [StatsReporter], [WatermarkStore], and for an OutboxStore [Sequenced],
-// [Sharded] and [MarkReader]) are detected by type assertion, as
-// database/sql/driver detects optional driver features.
+// [StatsReporter], [WatermarkStore], [OffsetStore], and for an OutboxStore
+// [Sequenced], [Sharded] and [MarkReader]) are detected by type assertion,
+// as database/sql/driver detects optional driver features.
+//
+// Package storage/adapterkit holds what the adapters here share and
+// another adapter may use: a transaction opened without BEGIN of its own
+// (for a ClaimBeginner), the global order of a claim's row locks, and the
+// offsets table on GORM (for an OffsetStore).
 //
 // The doc comments here state the contract; package conformance is its
 // executable form. A store that passes conformance.Run is fit for use, and

@@ -27,9 +27,9 @@ type TxDialect struct {
 	Taints func(query string) bool
 }
 
-// RollbackTimeout bounds ROLLBACK: a connection that does not answer within
+// rollbackTimeout bounds ROLLBACK: a connection that does not answer within
 // it is discarded.
-const RollbackTimeout = 10 * time.Second
+const rollbackTimeout = 10 * time.Second
 
 // Tx is a transaction that an adapter opened itself on one connection,
 // without database/sql's BeginTx, so that BEGIN costs no round trip of its
@@ -117,13 +117,13 @@ func (t *Tx) Commit() error {
 }
 
 // Rollback rolls back; a connection that cannot roll back within
-// RollbackTimeout is discarded.
+// rollbackTimeout (10 s) is discarded.
 func (t *Tx) Rollback() error {
 	if t.ended {
 		return sql.ErrTxDone
 	}
 	t.ended = true
-	ctx, cancel := context.WithTimeout(context.Background(), RollbackTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 	defer cancel()
 	_, err := t.conn.ExecContext(ctx, "ROLLBACK")
 	if err != nil || t.tainted {

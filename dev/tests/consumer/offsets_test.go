@@ -17,6 +17,8 @@ import (
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
+	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -331,5 +333,54 @@ func TestOffsetsTableIsTransactionalOnMySQL(t *testing.T) {
 	err = myisam.Migrate(ctx, db)
 	if err == nil || !strings.Contains(err.Error(), "MyISAM") || !strings.Contains(err.Error(), "transaction") {
 		t.Fatalf("migrate of a MyISAM offsets table = %v, want an error naming the engine", err)
+	}
+}
+
+// hiddenStore is an inbox store behind a wrapper that passes on the four
+// methods of storage.InboxStore alone: it keeps no offsets.
+type hiddenStore struct{ storage.InboxStore }
+
+// StoreOffsets needs a store that keeps offsets (storage.OffsetStore): the
+// inbox's, or without an inbox the Classifier. New refuses a store without
+// one, naming its type, rather than failing at the first write; the
+// adapter's store itself is taken.
+func TestStoreOffsetsNeedsAnOffsetStore(t *testing.T) {
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "o.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	store, err := inboxsqlite.New(inboxsqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler := func(context.Context, *gorm.DB, consumer.Message) error { return nil }
+	config := func(s storage.InboxStore, naturally bool) consumer.Config {
+		cfg := consumer.Config{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topics: []string{"t"}, Consumer: "c",
+			Handler: handler, StoreOffsets: true}
+		if naturally {
+			cfg.NaturallyIdempotent, cfg.DB, cfg.Classifier = true, db, s
+			return cfg
+		}
+		ib, err := inbox.New(db, s, inbox.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Inbox = ib
+		return cfg
+	}
+	for _, naturally := range []bool{false, true} {
+		_, err := consumer.New(config(hiddenStore{store}, naturally))
+		if !errors.Is(err, inbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "StoreOffsets needs an inbox store that implements storage.OffsetStore") ||
+			!strings.Contains(err.Error(), "consumer_test.hiddenStore") {
+			t.Errorf("naturally idempotent %v: New = %v, want ErrInvalidConfig naming storage.OffsetStore and the store's type", naturally, err)
+		}
+		if _, err := consumer.New(config(store, naturally)); err != nil {
+			t.Errorf("naturally idempotent %v: New with the adapter's store = %v", naturally, err)
+		}
 	}
 }
