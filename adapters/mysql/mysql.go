@@ -88,6 +88,12 @@
 // always differs (one equal to the old value is refused), and 0 is
 // storage.ErrWatermarkMoved.
 //
+// The Store implements storage.OffsetStore, the consumer's stored offsets
+// (consumer.Config.StoreOffsets): [Store.MigrateOffsets] makes the InnoDB
+// table the consumer names (inbox_offsets by default) in the connection's
+// database, group ids and topics compared byte for byte, under a named lock
+// (GET_LOCK) so that replicas starting together take turns.
+//
 // # Three round trips
 //
 // BEGIN is a round trip of its own on go-sql-driver/mysql (stacking it

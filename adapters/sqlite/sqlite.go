@@ -38,6 +38,11 @@
 // rows is storage.ErrWatermarkMoved. The write lock serialises the
 // transactions that write watermarks, as every writer.
 //
+// The Store implements storage.OffsetStore, the consumer's stored offsets
+// (consumer.Config.StoreOffsets): [Store.MigrateOffsets] makes the table the
+// consumer names (inbox_offsets by default) in one transaction, which
+// SQLite's write lock orders among replicas starting together.
+//
 // The package name collides with gorm.io/driver/sqlite; import it with an
 // alias, e.g. inboxsqlite.
 package sqlite
