@@ -97,7 +97,7 @@ func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bo
 			Store:     store,
 			TxOptions: txOptions,
 			Open:      func(context.Context) (*gorm.DB, error) { return openDB(dsn, open) },
-			Features:  conformance.Features{ExpiryCountsRows: false, Watermarks: true},
+			Features:  conformance.Features{ExpiryCountsRows: false, Watermarks: true, Offsets: true},
 			Close: func() error {
 				owned.note(len(inboxmysql.OwnedPools(store)) > 0)
 				if err := store.Close(); err != nil {

@@ -63,7 +63,7 @@ func newHarness(dsn string, txOpts *sql.TxOptions, openDB func(string) (*gorm.DB
 			Store:     store,
 			TxOptions: txOpts,
 			Open:      func(context.Context) (*gorm.DB, error) { return openDB(dsn) },
-			Features:  conformance.Features{ExpiryCountsRows: false, Watermarks: true},
+			Features:  conformance.Features{ExpiryCountsRows: false, Watermarks: true, Offsets: true},
 			Close: func() error {
 				err := db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`).Error
 				if cerr := closeDB(db); err == nil {

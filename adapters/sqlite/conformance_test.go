@@ -37,7 +37,7 @@ func newHarness(t *testing.T, prepared bool) conformance.HarnessMaker {
 			Store:    store,
 			Outbox:   ob,
 			Open:     open,
-			Features: conformance.Features{ExpiryCountsRows: true, Watermarks: true},
+			Features: conformance.Features{ExpiryCountsRows: true, Watermarks: true, Offsets: true},
 			Close: func() error {
 				sqlDB, err := db.DB()
 				if err != nil {

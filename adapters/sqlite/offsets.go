@@ -16,16 +16,23 @@ import (
 var offsets = adapterkit.OffsetTable{}
 
 // MigrateOffsets implements storage.OffsetStore: it creates the offsets
-// table or adds the columns it lacks, in a transaction, so that SQLite's
-// write lock orders concurrent callers (with immediate transactions, as
-// Open sets, each finds what the one before made). A caller whose
-// transaction could not take the lock (a deferred transaction whose lock
-// upgrade failed), or whose CREATE or ALTER lost the race, runs again.
+// table or adds the columns it lacks. A table that has them all is only
+// read, so that Migrate does not wait for a writer (a transaction that
+// holds SQLite's write lock). Otherwise it migrates in a transaction, so
+// that SQLite's write lock orders concurrent callers (with immediate
+// transactions, as Open sets, each finds what the one before made); one
+// whose transaction could not take the lock (a deferred transaction whose
+// lock upgrade failed), or whose CREATE or ALTER lost the race, runs
+// again.
 func (s *Store) MigrateOffsets(ctx context.Context, db *gorm.DB, table string) error {
 	if err := storage.ValidateIdentifier("offsets table", table); err != nil {
 		return err
 	}
 	db = db.WithContext(ctx)
+	var have int64
+	if err := db.Raw(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name IN (?)`, table, offsetColumns).Scan(&have).Error; err == nil && have == int64(len(offsetColumns)) {
+		return nil
+	}
 	migrate := func() error {
 		return db.Transaction(func(tx *gorm.DB) error { return offsets.AutoMigrate(tx, table) })
 	}
@@ -42,6 +49,9 @@ func (s *Store) MigrateOffsets(ctx context.Context, db *gorm.DB, table string) e
 	}
 	return nil
 }
+
+// offsetColumns are the offsets table's columns.
+var offsetColumns = []string{"group_id", "topic", "partition", "next_offset", "generation", "last_offset", "last_fingerprint"}
 
 // Offsets implements storage.OffsetStore.
 func (s *Store) Offsets(ctx context.Context, db *gorm.DB, table, group, topic string, partition int32) ([]storage.OffsetRow, error) {

@@ -29,6 +29,13 @@ import (
 	"github.com/inboxgo/inbox/inbox"
 )
 
+// classifyingOffsetStore is a faulttest.ClassifyingStore that keeps the
+// stored offsets of the store it wraps.
+type classifyingOffsetStore struct {
+	faulttest.ClassifyingStore
+	storage.OffsetStore
+}
+
 // newFaultShop is a SQLite shop whose inbox classifies errors with
 // transient and retries quickly, with a table that has a deferred foreign
 // key (checked only at COMMIT).
@@ -47,7 +54,9 @@ func newFaultShop(t *testing.T, transient func(error) bool, cfg inbox.Config) *s
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := setupShop(t, db, faulttest.ClassifyingStore{InboxStore: base, Transient: transient}, "")
+	// The adapter's stored offsets passed on, as a wrapper must for
+	// StoreOffsets.
+	s := setupShop(t, db, classifyingOffsetStore{faulttest.ClassifyingStore{InboxStore: base, Transient: transient}, base}, "")
 	cfg.Logger = testLogger(t)
 	cfg.RetentionDays = max(cfg.RetentionDays, 30)
 	cfg.MinBackoff, cfg.MaxBackoff = time.Millisecond, 5*time.Millisecond
