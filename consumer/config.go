@@ -248,9 +248,10 @@ type Config struct {
 	// database commit and the Kafka commit redelivers nothing, and a
 	// database failover that lost commits applies them again, exactly once.
 	// The Inbox's Store (with NaturallyIdempotent and no Inbox, the
-	// Classifier) must implement storage.OffsetStore. Call Migrate first. The package doc, "Offsets in the database", says
-	// how it works: zombies fenced by generation, frozen transactions, the
-	// checks against the partition's log, how to reset a group.
+	// Classifier) must implement storage.OffsetStore. Call Migrate first.
+	// The package doc, "Offsets in the database", says how it works:
+	// zombies fenced by generation, frozen transactions, the checks against
+	// the partition's log, how to reset a group.
 	StoreOffsets bool
 	// OffsetsTable is the table of stored offsets. Default "inbox_offsets".
 	OffsetsTable string
