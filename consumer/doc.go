@@ -244,6 +244,17 @@
 // is needed; raising the epoch by hand stays safe.
 //
 // What the consumer does about the ways this could go wrong:
+//   - A number that comes again for another event (two relays racing on
+//     one partition, such as a cloned database's beside the original's):
+//     the first copy on the partition wins, and the later event is skipped
+//     as its relay expects; the relay finds its lost race in the partition
+//     and publishes the event again under a new epoch, where it is applied.
+//     A batch holding both copies is run in two parts, so that the
+//     watermark, not the batch, decides the second. The consumer logs the
+//     skip at ERROR, naming both events, when it saw the number's first copy
+//     committed itself (the last 1024 numbers of each shard since the
+//     partition was assigned); a copy of an older number is a duplicate
+//     like any other.
 //   - A message that fails inside its batch holds back the later messages
 //     of its shard: none of them commits before it is resolved, or the
 //     watermark would pass it and its retry would look like a duplicate.
