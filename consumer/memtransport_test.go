@@ -404,3 +404,11 @@ func (r *memReader) close() error {
 	}
 	return nil
 }
+
+// recreate deletes topic and creates it again with n empty partitions.
+func (b *memBroker) recreate(topic string, n int) {
+	b.mu.Lock()
+	delete(b.logs, topic)
+	b.mu.Unlock()
+	b.createTopic(topic, n)
+}
