@@ -42,8 +42,10 @@ type memBroker struct {
 	commitErr func(tp topicPartition, next int64) error
 	// fetchErrs are returned by the next fetches, in order.
 	fetchErrs []error
-	// deadErr, when set, is returned by the dead-letter writer.
-	deadErr error
+	// deadErrs are returned by the next dead-letter writes, in order;
+	// deadErr, when set, by every write after them.
+	deadErrs []error
+	deadErr  error
 	dead    []kafka.Message
 	readers int // the partition readers open
 	closed  int // the transports closed
@@ -231,6 +233,11 @@ type memWriter struct{ b *memBroker }
 func (w memWriter) WriteMessages(_ context.Context, msgs ...kafka.Message) error {
 	w.b.mu.Lock()
 	defer w.b.mu.Unlock()
+	if len(w.b.deadErrs) > 0 {
+		err := w.b.deadErrs[0]
+		w.b.deadErrs = w.b.deadErrs[1:]
+		return err
+	}
 	if w.b.deadErr != nil {
 		return w.b.deadErr
 	}
