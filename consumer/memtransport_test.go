@@ -46,9 +46,9 @@ type memBroker struct {
 	// deadErr, when set, by every write after them.
 	deadErrs []error
 	deadErr  error
-	dead    []kafka.Message
-	readers int // the partition readers open
-	closed  int // the transports closed
+	dead     []kafka.Message
+	readers  int // the partition readers open
+	closed   int // the transports closed
 }
 
 type memLog struct {
