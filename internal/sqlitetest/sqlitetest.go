@@ -27,30 +27,39 @@ import (
 	"github.com/inboxgo/inbox/storage"
 )
 
-// Open opens a new SQLite database in t's temporary directory, with the
-// settings the SQLite adapter's DSN uses (WAL, immediate write locks, a
-// busy timeout), and closes it when t ends.
+// Open opens a new SQLite database in t's temporary directory and closes
+// it when t ends.
 func Open(t testing.TB) *gorm.DB {
 	t.Helper()
-	q := url.Values{}
-	q.Set("_journal_mode", "WAL")
-	q.Set("_txlock", "immediate")
-	q.Set("_busy_timeout", "10000")
-	q.Set("_foreign_keys", "1")
-	dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?" + q.Encode()
-	db, err := gorm.Open(gormsqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	db, err := OpenPath(filepath.Join(t.TempDir(), "test.db"))
 	if err != nil {
-		t.Fatalf("open SQLite (the root module's tests need cgo for it): %v", err)
+		t.Fatal(err)
 	}
 	sqlDB, err := db.DB()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sqlDB.Ping(); err != nil {
-		t.Fatalf("open SQLite (the root module's tests need cgo for it): %v", err)
-	}
 	t.Cleanup(func() { sqlDB.Close() })
 	return db
+}
+
+// OpenPath opens (and creates) the SQLite database at path, with the
+// settings the SQLite adapter's DSN uses: WAL, immediate write locks, a
+// busy timeout.
+func OpenPath(path string) (*gorm.DB, error) {
+	q := url.Values{}
+	q.Set("_journal_mode", "WAL")
+	q.Set("_txlock", "immediate")
+	q.Set("_busy_timeout", "10000")
+	q.Set("_foreign_keys", "1")
+	db, err := gorm.Open(gormsqlite.Open("file:"+path+"?"+q.Encode()), &gorm.Config{Logger: logger.Discard})
+	if err == nil {
+		err = db.Exec("SELECT 1").Error
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open SQLite (the root module's tests need cgo for it): %w", err)
+	}
+	return db, nil
 }
 
 // Store is an InboxStore and a WatermarkStore on SQLite: one inbox table
