@@ -221,3 +221,49 @@ func TestMemBadSequenceIsDeadLettered(t *testing.T) {
 		t.Errorf("dead letter error %q", headerOf(dead[0], "dlq_error"))
 	}
 }
+
+// A sequenced message dead-lettered moves its stream's watermark past it
+// (and, with StoreOffsets, the stored offset): delivered again, it is a
+// duplicate, not a second dead letter.
+func TestMemSequencedDeadLetterMovesTheWatermark(t *testing.T) {
+	e := newMemEnv(t, 1)
+	e.b.createTopic("orders.dlq", 1)
+	e.b.produce("orders", 0,
+		sequenced("q1", "orders-outbox", 0, 1, 1),
+		sequenced("q2", "orders-outbox", 0, 2, 1),
+		sequenced("q3", "orders-outbox", 0, 3, 1),
+	)
+	cfg := e.sequencedConfig(func(ctx context.Context, tx *gorm.DB, m Message) error {
+		if m.EventID == "q2" {
+			return errBoom
+		}
+		return apply(tx, m)
+	})
+	cfg.OnFailure = DeadLetter
+	cfg.DeadLetterTopic = "orders.dlq"
+	cfg.MaxAttempts = 2
+	cfg.StoreOffsets = true
+	r := e.start(cfg)
+	e.committedTo(0, 3)
+	r.end(t)
+	if row := e.stored(0); row.Next != 3 {
+		t.Errorf("stored %+v, want 3", row)
+	}
+	if n := len(e.b.deadLetters()); n != 1 {
+		t.Fatalf("%d dead letters, want 1", n)
+	}
+
+	// Everything again, from the start.
+	e.b.setCommitted("orders", 0, 0)
+	if err := e.db.Exec(`DELETE FROM ` + DefaultOffsetsTable).Error; err != nil {
+		t.Fatal(err)
+	}
+	e.start(cfg)
+	e.eventually("the duplicates", func() bool { return e.count(hooks.Duplicate) == 3 })
+	if n := len(e.b.deadLetters()); n != 1 {
+		t.Errorf("%d dead letters after the redelivery, want still 1", n)
+	}
+	if got := e.effects(); !slices.Equal(got, []string{"q1", "q3"}) {
+		t.Errorf("effects %q", got)
+	}
+}
