@@ -92,7 +92,7 @@ func TestMemDeadLetterRefused(t *testing.T) {
 	if len(e.b.deadLetters()) != 1 || !strings.Contains(e.logs.String(), "publishing a dead letter failed; retrying") {
 		t.Errorf("%d dead letters; the retry is not logged", len(e.b.deadLetters()))
 	}
-	r.end(t)
+	r.close(t)
 
 	e.b.deadErr = kafka.MessageSizeTooLarge
 	e.b.produce("orders", 0, event("worse", "3"), event("c", "4"))

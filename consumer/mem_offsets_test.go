@@ -50,7 +50,7 @@ func TestMemStoreOffsets(t *testing.T) {
 	if row := e.stored(0); row.Next != 3 || row.Generation != e.b.generation() || row.Last == 0 {
 		t.Errorf("stored %+v, want next 3 of generation %d with the fingerprint of offset 2", row, e.b.generation())
 	}
-	r.end(t)
+	r.close(t)
 
 	// The group's offset was reset behind: the stored offset wins, nothing
 	// is delivered again.
@@ -59,7 +59,7 @@ func TestMemStoreOffsets(t *testing.T) {
 	e.committedTo(0, 3)
 	e.b.produce("orders", 0, event("d", "4"))
 	e.committedTo(0, 4)
-	r.end(t)
+	r.close(t)
 	if d := e.count(hooks.Duplicate); d != 0 {
 		t.Errorf("%d duplicates: the group's offset won over the stored one", d)
 	}
@@ -72,7 +72,7 @@ func TestMemStoreOffsets(t *testing.T) {
 	e.setStored(0, 2, e.b.generation())
 	r = e.start(cfg)
 	e.eventually("the redelivered messages", func() bool { return e.count(hooks.Duplicate) == 2 })
-	r.end(t)
+	r.close(t)
 	if got := e.effects(); len(got) != 4 {
 		t.Errorf("effects %q, want 4", got)
 	}
@@ -90,7 +90,7 @@ func TestMemStoredOffsetMovedBack(t *testing.T) {
 	cfg.StoreOffsets = true
 	ctx := testhooks.With(context.Background(), &testhooks.Knobs{PosCheckInterval: 10 * time.Millisecond})
 	r := e.startCtx(ctx, cfg)
-	defer r.end(t)
+	defer r.close(t)
 	e.committedTo(0, 3)
 	e.eventually("the stored offset", func() bool { return e.stored(0).Next == 3 })
 	e.setStored(0, 1, e.b.generation())
@@ -114,7 +114,7 @@ func TestMemStoredOffsetOfANewerGeneration(t *testing.T) {
 	cfg.StoreOffsets = true
 	r := e.start(cfg)
 	e.committedTo(0, 1)
-	r.end(t)
+	r.close(t)
 
 	e.setStored(0, 1, 99)
 	r = e.start(cfg)
@@ -126,7 +126,7 @@ func TestMemStoredOffsetOfANewerGeneration(t *testing.T) {
 	if !strings.Contains(e.logs.String(), "the row is taken over") {
 		t.Error("the takeover is not logged")
 	}
-	r.end(t)
+	r.close(t)
 
 	// This member's generation is over: the coordinator refuses its commit.
 	e.setStored(0, 2, 99)
@@ -139,7 +139,7 @@ func TestMemStoredOffsetOfANewerGeneration(t *testing.T) {
 		return nil
 	}
 	r = e.start(cfg)
-	defer r.end(t)
+	defer r.close(t)
 	e.eventually("the zombie's stop", func() bool { return strings.Contains(e.logs.String(), "partition taken over by a newer generation") })
 }
 
@@ -153,7 +153,7 @@ func TestMemTopicRecreated(t *testing.T) {
 	cfg.StoreOffsets = true
 	r := e.start(cfg)
 	e.committedTo(0, 4)
-	r.end(t)
+	r.close(t)
 	e.b.recreate("orders", 1)
 	e.b.produce("orders", 0, event("x", "x"), event("y", "y"), event("z", "z"), event("w", "w"), event("v", "v"))
 	r = e.start(cfg)
@@ -161,7 +161,7 @@ func TestMemTopicRecreated(t *testing.T) {
 	if s := r.c.Stopped()[0]; s.Reason != ReasonTopicRecreated || s.Offset != 4 {
 		t.Errorf("stopped %+v, want %s at 4", s, ReasonTopicRecreated)
 	}
-	r.end(t)
+	r.close(t)
 	if got := e.effects(); len(got) != 4 {
 		t.Errorf("effects %q: the recreated topic's messages were processed", got)
 	}
@@ -191,7 +191,7 @@ func TestMemLogEndFallsBehind(t *testing.T) {
 	e.b.produce("orders", 0, event("a", "1"), event("b", "2"))
 	ctx := testhooks.With(context.Background(), &testhooks.Knobs{LogCheckInterval: 10 * time.Millisecond})
 	r := e.startCtx(ctx, e.config(applyAll))
-	defer r.end(t)
+	defer r.close(t)
 	e.committedTo(0, 2)
 	e.b.recreate("orders", 1)
 	e.eventually("the stop", func() bool { return len(r.c.Stopped()) == 1 })

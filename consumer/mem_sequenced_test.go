@@ -84,7 +84,7 @@ func TestMemSequencedBatches(t *testing.T) {
 	r := e.start(cfg)
 	e.committedTo(0, 6)
 	e.committedTo(1, 6)
-	r.end(t)
+	r.close(t)
 	if n := e.rows("inbox_messages", ""); n != 0 {
 		t.Errorf("%d inbox rows, want 0", n)
 	}
@@ -245,7 +245,7 @@ func TestMemSequencedDeadLetterMovesTheWatermark(t *testing.T) {
 	cfg.StoreOffsets = true
 	r := e.start(cfg)
 	e.committedTo(0, 3)
-	r.end(t)
+	r.close(t)
 	if row := e.stored(0); row.Next != 3 {
 		t.Errorf("stored %+v, want 3", row)
 	}

@@ -63,7 +63,7 @@ func TestMemRedeliveryIsDuplicate(t *testing.T) {
 	e.b.setCommitted("orders", 0, 0)
 	r = e.start(e.config(h))
 	e.committedTo(0, 3)
-	r.end(t)
+	r.close(t)
 	if got := e.effects(); len(got) != 3 {
 		t.Errorf("effects %q after redelivery, want 3", got)
 	}

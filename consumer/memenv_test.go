@@ -146,7 +146,12 @@ type running struct {
 func (e *memEnv) start(cfg Config) *running {
 	e.t.Helper()
 	r := e.startCtx(context.Background(), cfg)
-	e.t.Cleanup(func() { r.stop(); <-r.done })
+	e.t.Cleanup(func() {
+		r.stop()
+		if err := <-r.done; err != nil {
+			e.t.Logf("Run returned %v", err)
+		}
+	})
 	return r
 }
 
@@ -176,6 +181,15 @@ func (r *running) end(t *testing.T) error {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Run did not return after its context ended")
 		return nil
+	}
+}
+
+// close stops the run and fails the test unless Run returned the end of
+// its context (with the partitions still stopped, if any).
+func (r *running) close(t *testing.T) {
+	t.Helper()
+	if err := r.end(t); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run returned %v, want context.Canceled", err)
 	}
 }
 

@@ -158,26 +158,6 @@ func (b *memBroker) rebalance(assign map[string][]int) {
 	b.notify()
 }
 
-// wait polls cond, under b.mu, until it holds or d passes.
-func (b *memBroker) wait(d time.Duration, cond func() bool) bool {
-	deadline := time.After(d)
-	for {
-		b.mu.Lock()
-		ok := cond()
-		ch := b.changed
-		b.mu.Unlock()
-		if ok {
-			return true
-		}
-		select {
-		case <-ch:
-		case <-time.After(5 * time.Millisecond):
-		case <-deadline:
-			return false
-		}
-	}
-}
-
 // memTransport is one Consumer's client of a memBroker.
 type memTransport struct {
 	b   *memBroker
