@@ -127,6 +127,12 @@ type Consumer struct {
 // otherwise), and so must DeadLetterTopic: the consumer never creates a
 // topic.
 func New(cfg Config) (*Consumer, error) {
+	return newConsumer(cfg, func(cfg *Config, log *slog.Logger) transport { return newKafkaGo(cfg, log) })
+}
+
+// newConsumer is New with the Kafka client that client builds from the
+// checked Config (the package's tests hand in an in-memory one).
+func newConsumer(cfg Config, client func(cfg *Config, log *slog.Logger) transport) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -167,7 +173,7 @@ func New(cfg Config) (*Consumer, error) {
 		}
 		c.watermarks, _ = cfg.Inbox.Store().(storage.WatermarkStore)
 	}
-	c.client = newKafkaGo(&c.cfg, c.log)
+	c.client = client(&c.cfg, c.log)
 	if cfg.OnFailure == DeadLetter && c.dlq == nil {
 		c.dlq = c.client.deadLetterWriter()
 	}

@@ -445,5 +445,7 @@
 // what each must guarantee). The kafka-go code behind it, the group, reader,
 // client and default dead-letter writer with their settings, is all in
 // transport_kafkago.go. Messages are kafka-go's kafka.Message whatever the
-// client, and dead letters go through a [MessageWriter].
+// client, and dead letters go through a [MessageWriter]. The package's own
+// tests run the consumer on an in-memory transport (memtransport_test.go)
+// and SQLite, without servers.
 package consumer
