@@ -364,7 +364,8 @@ func (c *Consumer) maintain(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			c.log.Error("inbox maintenance failed; will try again", "error", err, "next_in", c.cfg.MaintenanceInterval)
+			c.log.Error("inbox maintenance failed; will try again", append([]any{"error", err, "next_in", c.cfg.MaintenanceInterval},
+				c.missingTables(ctx, err)...)...)
 		}
 		c.emit(hooks.Event{Kind: hooks.Maintenance, Offset: -1, Err: err, Maintenance: report})
 		select {

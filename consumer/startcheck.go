@@ -7,9 +7,11 @@ package consumer
 // ever.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -108,41 +110,118 @@ func (c *Consumer) checkTables(ctx context.Context) error {
 // errProbeDone rolls the inbox probe's transaction back.
 var errProbeDone = errors.New("consumer: start-up probe done")
 
+// table is one table the configuration needs: its name for messages, the
+// call that makes it, and a probe that fails if it does not take the
+// consumer's statements.
+type table struct {
+	what, name, fix string
+	probe           func(ctx context.Context, db *gorm.DB) error
+}
+
+// tables lists the tables the configuration needs.
+func (c *Consumer) tables() []table {
+	var ts []table
+	if ib := c.cfg.Inbox; ib != nil {
+		store := ib.Store()
+		ts = append(ts, table{what: fmt.Sprintf("the inbox table of %T does not take a claim", store),
+			name: inboxTableName(store), fix: "run Inbox.Migrate (or inboxctl migrate)",
+			probe: func(ctx context.Context, db *gorm.DB) error { return c.probeClaim(ctx, db, store) }})
+	}
+	if c.cfg.StoreOffsets {
+		ts = append(ts, table{what: fmt.Sprintf("the offsets table %q (Config.StoreOffsets) cannot be read", c.cfg.OffsetsTable),
+			name: c.cfg.OffsetsTable, fix: "run Consumer.Migrate",
+			probe: func(ctx context.Context, db *gorm.DB) error {
+				_, _, err := c.offsets.Read(ctx, db, c.cfg.Topics[0], 0)
+				return err
+			}})
+	}
+	if c.watermarks != nil {
+		ts = append(ts, table{what: "the watermark table (Config.SequencedSources) cannot be read",
+			name: watermarkTableName(c.watermarks), fix: "run Consumer.Migrate (or inboxctl migrate)",
+			probe: func(ctx context.Context, db *gorm.DB) error {
+				_, err := c.watermarks.Watermarks(ctx, db, c.cfg.Consumer, c.cfg.Topics[0], 0)
+				return err
+			}})
+	}
+	return ts
+}
+
+// The names of a store's tables, as this module's adapters report them
+// (an adapter that does not is named by its type).
+type (
+	tableNamer          interface{ Table() string }
+	watermarkTableNamer interface{ WatermarkTable() string }
+	schemaNamer         interface{ Schema() string }
+)
+
+// inSchema is name qualified by store's schema, if it has one; "" if name
+// is.
+func inSchema(store any, name string) string {
+	if s, ok := store.(schemaNamer); ok && name != "" && s.Schema() != "" {
+		return s.Schema() + "." + name
+	}
+	return name
+}
+
+func inboxTableName(store any) string {
+	if n, ok := store.(tableNamer); ok {
+		return inSchema(store, n.Table())
+	}
+	return ""
+}
+
+func watermarkTableName(store any) string {
+	if n, ok := store.(watermarkTableNamer); ok {
+		return inSchema(store, n.WatermarkTable())
+	}
+	return ""
+}
+
 // probeTables runs each table's probe once. An error wrapping
 // ErrNotMigrated is a table that does not work while the database answers;
 // any other error says nothing about the tables.
 func (c *Consumer) probeTables(ctx context.Context) error {
 	db := c.db() // quiet: the probes' failures stay out of the application's GORM logger
-	if ib := c.cfg.Inbox; ib != nil {
-		err := c.probe(ctx, db, func(ctx context.Context, db *gorm.DB) error {
-			return c.probeClaim(ctx, db, ib.Store())
-		})
-		if err != nil {
-			return c.notMigrated(ctx, err, fmt.Sprintf("the inbox table of %T does not take a claim", ib.Store()),
-				"run Inbox.Migrate (or inboxctl migrate)")
-		}
-	}
-	if c.cfg.StoreOffsets {
-		err := c.probe(ctx, db, func(ctx context.Context, db *gorm.DB) error {
-			_, _, err := c.offsets.Read(ctx, db, c.cfg.Topics[0], 0)
-			return err
-		})
-		if err != nil {
-			return c.notMigrated(ctx, err, fmt.Sprintf("the offsets table %q (Config.StoreOffsets) cannot be read", c.cfg.OffsetsTable),
-				"run Consumer.Migrate")
-		}
-	}
-	if c.watermarks != nil {
-		err := c.probe(ctx, db, func(ctx context.Context, db *gorm.DB) error {
-			_, err := c.watermarks.Watermarks(ctx, db, c.cfg.Consumer, c.cfg.Topics[0], 0)
-			return err
-		})
-		if err != nil {
-			return c.notMigrated(ctx, err, "the watermark table (Config.SequencedSources) cannot be read",
-				"run Consumer.Migrate (or inboxctl migrate)")
+	for _, t := range c.tables() {
+		if err := c.probe(ctx, db, t.probe); err != nil {
+			return c.notMigrated(ctx, err, t.what, t.fix)
 		}
 	}
 	return nil
+}
+
+// missingTables returns, when err is a database failure that the store
+// reports as a missing table (storage.MissingTableReporter: one dropped
+// while the consumer runs), log attributes that say so: each table of the
+// configuration whose probe finds it missing, and the Migrate call that
+// makes it. Nil for any other err. The failure is still retried: the table
+// may come back.
+func (c *Consumer) missingTables(ctx context.Context, err error) []any {
+	mt, ok := c.cfg.Classifier.(storage.MissingTableReporter)
+	if !ok && c.cfg.Inbox != nil {
+		mt, ok = c.cfg.Inbox.Store().(storage.MissingTableReporter)
+	}
+	if !ok || err == nil || !mt.IsMissingTable(err) {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return []any{"missing_table", "a table the statement names does not exist"}
+	}
+	var names, fixes []string
+	for _, t := range c.tables() {
+		if perr := c.probe(ctx, c.db(), t.probe); perr != nil && mt.IsMissingTable(perr) {
+			names = append(names, cmp.Or(t.name, t.what))
+			if !slices.Contains(fixes, t.fix) {
+				fixes = append(fixes, t.fix)
+			}
+		}
+	}
+	if len(names) == 0 {
+		// Not a table of the consumer's: the handler's own, say.
+		return []any{"missing_table", "a table the statement names does not exist"}
+	}
+	return []any{"missing_table", strings.Join(names, ", "),
+		"fix", strings.Join(fixes, "; ") + ": the table does not exist (dropped?); retrying until it does"}
 }
 
 // probe runs fn within DatabaseTimeout.
