@@ -209,9 +209,10 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 // starts, and a worker commits only for the partitions its generation
 // assigned.
 //
-// Before joining, Run checks that every topic of Config.Topics exists (the
-// consumer never creates one: create them, with their partition counts,
-// before Run) and that each table the configuration needs takes the
+// Before joining, Run checks that every topic of Config.Topics exists, and
+// the DeadLetterTopic when the consumer's own writer publishes dead letters
+// (the consumer never creates one: create them, with their partition
+// counts, before Run) and that each table the configuration needs takes the
 // consumer's statements: the inbox table (a claim, rolled back), the
 // offsets table with StoreOffsets, the watermark table with
 // SequencedSources. It waits while the brokers or the database do not

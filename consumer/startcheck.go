@@ -23,8 +23,11 @@ import (
 
 var (
 	// ErrUnknownTopic is wrapped by Run's error when a topic of
-	// Config.Topics does not exist on the cluster when Run starts (or this
-	// client may not describe it). The consumer never creates topics.
+	// Config.Topics, or the DeadLetterTopic of the DeadLetter policy
+	// (unless a DeadLetterWriter of your own publishes dead letters, maybe
+	// to another cluster), does not exist on the cluster when Run starts
+	// (or this client may not describe it). The consumer never creates
+	// topics.
 	ErrUnknownTopic = errors.New("consumer: unknown topic")
 	// ErrNotMigrated is wrapped by Run's error when a table the
 	// configuration needs (the inbox table; the offsets table with
@@ -40,13 +43,19 @@ var (
 const topicGrace = 3 * time.Second
 
 // checkTopics returns an error wrapping ErrUnknownTopic, naming every topic
-// of Config.Topics the cluster does not know, once they were missing for
+// of Config.Topics the cluster does not know, and the dead-letter topic the
+// consumer's own writer would publish to, once they were missing for
 // topicGrace. While the cluster does not answer it retries, as Run does
 // for every broker outage; nil if ctx ends first.
 func (c *Consumer) checkTopics(ctx context.Context) error {
+	topics := c.cfg.Topics
+	dlq := c.cfg.OnFailure == DeadLetter && c.cfg.DeadLetterWriter == nil
+	if dlq {
+		topics = append(slices.Clip(topics), c.cfg.DeadLetterTopic)
+	}
 	var missingSince time.Time
 	for attempt := 1; ; attempt++ {
-		missing, err := c.client.missingTopics(ctx, c.cfg.Topics)
+		missing, err := c.client.missingTopics(ctx, topics)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -61,9 +70,15 @@ func (c *Consumer) checkTopics(ctx context.Context) error {
 		case missingSince.IsZero():
 			missingSince = time.Now()
 		case time.Since(missingSince) >= topicGrace:
-			return fmt.Errorf("%w: %s not on the cluster (or not visible to this client): create each topic of "+
-				"Config.Topics before Run, with the partitions you need (the consumer never creates topics), or correct the name",
-				ErrUnknownTopic, quoteAll(missing))
+			names, which := quoteAll(missing), "each topic of Config.Topics"
+			if dlq {
+				which += " and the dead-letter topic"
+				names = strings.Replace(names, fmt.Sprintf("%q", c.cfg.DeadLetterTopic),
+					fmt.Sprintf("%q (Config.DeadLetterTopic)", c.cfg.DeadLetterTopic), 1)
+			}
+			return fmt.Errorf("%w: %s not on the cluster (or not visible to this client): create %s before Run, "+
+				"with the partitions you need (the consumer never creates topics), or correct the name",
+				ErrUnknownTopic, names, which)
 		}
 		if backoff.Sleep(ctx, wait) != nil {
 			return nil
