@@ -110,3 +110,22 @@ func TestRelayNamesADroppedOutboxTable(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// Enqueue before Outbox.Migrate fails with an error naming the call.
+func TestEnqueueWithoutTheTablesNamesMigrate(t *testing.T) {
+	ctx := context.Background()
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "fresh.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob := newOutbox(t, db, store, outbox.Config{})
+	err = enqueue(ctx, db, ob, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")})
+	if err == nil || !strings.Contains(err.Error(), "run Outbox.Migrate") {
+		t.Fatalf("Enqueue before Migrate: %v, want an error naming Outbox.Migrate", err)
+	}
+	t.Log(err)
+}
