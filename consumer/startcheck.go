@@ -125,9 +125,9 @@ func (c *Consumer) checkTables(ctx context.Context) error {
 // errProbeDone rolls the inbox probe's transaction back.
 var errProbeDone = errors.New("consumer: start-up probe done")
 
-// table is one table the configuration needs: its name for messages, the
-// call that makes it, and a probe that fails if it does not take the
-// consumer's statements.
+// table is one table the configuration needs: what fails when it does not
+// work, its name for log lines, the call that makes it, and a probe that
+// fails if it does not take the consumer's statements.
 type table struct {
 	what, name, fix string
 	probe           func(ctx context.Context, db *gorm.DB) error
@@ -139,7 +139,7 @@ func (c *Consumer) tables() []table {
 	if ib := c.cfg.Inbox; ib != nil {
 		store := ib.Store()
 		ts = append(ts, table{what: fmt.Sprintf("the inbox table of %T does not take a claim", store),
-			name: inboxTableName(store), fix: "run Inbox.Migrate (or inboxctl migrate)",
+			name: cmp.Or(inboxTableName(store), fmt.Sprintf("the inbox table of %T", store)), fix: "run Inbox.Migrate (or inboxctl migrate)",
 			probe: func(ctx context.Context, db *gorm.DB) error { return c.probeClaim(ctx, db, store) }})
 	}
 	if c.cfg.StoreOffsets {
@@ -152,7 +152,7 @@ func (c *Consumer) tables() []table {
 	}
 	if c.watermarks != nil {
 		ts = append(ts, table{what: "the watermark table (Config.SequencedSources) cannot be read",
-			name: watermarkTableName(c.watermarks), fix: "run Consumer.Migrate (or inboxctl migrate)",
+			name: cmp.Or(watermarkTableName(c.watermarks), fmt.Sprintf("the watermark table of %T", c.watermarks)), fix: "run Consumer.Migrate (or inboxctl migrate)",
 			probe: func(ctx context.Context, db *gorm.DB) error {
 				_, err := c.watermarks.Watermarks(ctx, db, c.cfg.Consumer, c.cfg.Topics[0], 0)
 				return err
@@ -161,8 +161,8 @@ func (c *Consumer) tables() []table {
 	return ts
 }
 
-// The names of a store's tables, as this module's adapters report them
-// (an adapter that does not is named by its type).
+// The names of a store's tables, as this module's adapters report them; ""
+// for a store that does not.
 type (
 	tableNamer          interface{ Table() string }
 	watermarkTableNamer interface{ WatermarkTable() string }
@@ -225,7 +225,7 @@ func (c *Consumer) missingTables(ctx context.Context, err error) []any {
 	var names, fixes []string
 	for _, t := range c.tables() {
 		if perr := c.probe(ctx, c.db(), t.probe); perr != nil && mt.IsMissingTable(perr) {
-			names = append(names, cmp.Or(t.name, t.what))
+			names = append(names, t.name)
 			if !slices.Contains(fixes, t.fix) {
 				fixes = append(fixes, t.fix)
 			}
@@ -235,8 +235,11 @@ func (c *Consumer) missingTables(ctx context.Context, err error) []any {
 		// Not a table of the consumer's: the handler's own, say.
 		return []any{"missing_table", "a table the statement names does not exist"}
 	}
-	return []any{"missing_table", strings.Join(names, ", "),
-		"fix", strings.Join(fixes, "; ") + ": the table does not exist (dropped?); retrying until it does"}
+	state := "the table does not exist (dropped?); retrying until it does"
+	if len(names) > 1 {
+		state = "the tables do not exist (dropped?); retrying until they do"
+	}
+	return []any{"missing_table", strings.Join(names, ", "), "fix", strings.Join(fixes, "; ") + ": " + state}
 }
 
 // probe runs fn within DatabaseTimeout.
