@@ -215,9 +215,10 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 // starts, and a worker commits only for the partitions its generation
 // assigned.
 //
-// Before joining, Run checks that every topic of Config.Topics exists (the
-// consumer never creates one: create them, with their partition counts,
-// before Run) and that each table the configuration needs takes the
+// Before joining, Run checks that every topic of Config.Topics exists, and
+// the DeadLetterTopic when the consumer's own writer publishes dead letters
+// (the consumer never creates one: create them, with their partition
+// counts, before Run) and that each table the configuration needs takes the
 // consumer's statements: the inbox table (a claim, rolled back), the
 // offsets table with StoreOffsets, the watermark table with
 // SequencedSources. It waits while the brokers or the database do not
@@ -370,7 +371,8 @@ func (c *Consumer) maintain(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			c.log.Error("inbox maintenance failed; will try again", "error", err, "next_in", c.cfg.MaintenanceInterval)
+			c.log.Error("inbox maintenance failed; will try again", append([]any{"error", err, "next_in", c.cfg.MaintenanceInterval},
+				c.missingTables(ctx, err)...)...)
 		}
 		c.emit(hooks.Event{Kind: hooks.Maintenance, Offset: -1, Err: err, Maintenance: report})
 		select {

@@ -32,9 +32,12 @@
 //     an unreachable broker, failed joins, "Rebalance In Progress", a
 //     database that cannot commit. Run returns only when its context ends or
 //     Close is called, or at once for a setup retrying cannot cure: a
-//     configuration kafka-go rejects, a topic of Config.Topics that does not
-//     exist ([ErrUnknownTopic]: the consumer never creates topics), a table
-//     never migrated ([ErrNotMigrated]).
+//     configuration kafka-go rejects, a topic of Config.Topics (or the
+//     dead-letter topic) that does not exist ([ErrUnknownTopic]: the
+//     consumer never creates topics), a table
+//     never migrated ([ErrNotMigrated]). A table dropped while the consumer
+//     runs is a database failure, retried until it is back; its retry lines
+//     carry missing_table (the table's name) and fix (the Migrate call).
 //   - A member whose database stops answering does not keep its partitions:
 //     the consumer's own steps give up after Config.DatabaseTimeout, and
 //     after Config.MaxProcessingStall the member leaves the group, so that

@@ -306,7 +306,8 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: the database, not the messages, is failing
 		}
-		w.log.Log(ctx, level, "the batch could not commit; retrying it", "messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait)
+		w.log.Log(ctx, level, "the batch could not commit; retrying it", append([]any{"messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait},
+			w.c.missingTables(dbCtx, err)...)...)
 		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Consumer: w.c.cfg.Consumer, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return nil, false
@@ -396,7 +397,11 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
-		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait)
+		attrs := []any{"offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait}
+		if w.infrastructure(err) {
+			attrs = append(attrs, w.c.missingTables(dbCtx, err)...)
+		}
+		w.log.Warn("message failed; retrying", attrs...)
 		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
@@ -455,7 +460,8 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			return stopped
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("the batch could not commit; retrying it", "messages", len(items), "attempt", attempt, "error", err, "retry_in", wait)
+		w.log.Warn("the batch could not commit; retrying it", append([]any{"messages", len(items), "attempt", attempt, "error", err, "retry_in", wait},
+			w.c.missingTables(dbCtx, err)...)...)
 		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Consumer: w.c.cfg.Consumer, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned

@@ -309,7 +309,8 @@ func (w *worker) ensureLoaded(ctx, dbCtx context.Context) (ok bool) {
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: a missing table (Migrate not run) or a failing database
 		}
-		w.log.Log(ctx, level, "reading the watermarks failed; retrying", "attempt", attempt, "error", err, "retry_in", wait)
+		w.log.Log(ctx, level, "reading the watermarks failed; retrying", append([]any{"attempt", attempt, "error", err, "retry_in", wait},
+			w.c.missingTables(dbCtx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}
@@ -602,7 +603,8 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 		case moved:
 			level = slog.LevelInfo
 		}
-		w.log.Log(ctx, level, "moving the watermark past a dead-lettered message failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
+		w.log.Log(ctx, level, "moving the watermark past a dead-lettered message failed; retrying",
+			append([]any{"offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait}, w.c.missingTables(dbCtx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}
