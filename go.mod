@@ -3,7 +3,9 @@ module github.com/inboxgo/inbox
 go 1.25.0
 
 require (
+	github.com/mattn/go-sqlite3 v1.14.32
 	github.com/segmentio/kafka-go v0.4.51
+	gorm.io/driver/sqlite v1.6.0
 	gorm.io/gorm v1.31.2
 )
 

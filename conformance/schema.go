@@ -105,6 +105,39 @@ var schemaChecks = []Check{
 			}
 			return nil
 		}},
+	{Area: "schema", Name: "missing-table-is-reported",
+		Doc:        "a Store that reports missing tables (storage.MissingTableReporter) says so of a claim before Migrate, and of no other error",
+		Unmigrated: true,
+		Run: func(ctx context.Context, env *Env) error {
+			mt, ok := env.H.Store.(storage.MissingTableReporter)
+			if !ok {
+				return fmt.Errorf("%w: the inbox Store does not implement storage.MissingTableReporter", ErrSkipped)
+			}
+			errClaimed := errors.New("claimed")
+			err := env.H.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+				if _, err := env.H.Store.Claim(ctx, tx, []storage.InboxRow{RowOf(env.Msg("no-table-1"))}); err != nil {
+					return err
+				}
+				return errClaimed
+			}, env.H.TxOptions)
+			switch {
+			case errors.Is(err, errClaimed):
+				return errors.New("a claim before Migrate succeeded")
+			case !mt.IsMissingTable(err):
+				return fmt.Errorf("IsMissingTable is false for a claim before Migrate: %v", err)
+			}
+			// Another error of a statement on an existing table.
+			err = env.H.DB.WithContext(ctx).Raw(`SELECT no_such_column FROM ` + env.effects).Scan(new(int)).Error
+			switch {
+			case err == nil:
+				return fmt.Errorf("a select of a column that does not exist succeeded")
+			case mt.IsMissingTable(err):
+				return fmt.Errorf("IsMissingTable is true for a column that does not exist: %v", err)
+			case mt.IsMissingTable(nil):
+				return errors.New("IsMissingTable is true for nil")
+			}
+			return nil
+		}},
 }
 
 // asProcesses runs fn n times at once, each on its own connection pool when

@@ -126,6 +126,12 @@ type Consumer struct {
 // otherwise), and so must DeadLetterTopic: the consumer never creates a
 // topic.
 func New(cfg Config) (*Consumer, error) {
+	return newConsumer(cfg, func(cfg *Config, log *slog.Logger) transport { return newKafkaGo(cfg, log) })
+}
+
+// newConsumer is New with the Kafka client that client builds from the
+// checked Config (the package's tests hand in an in-memory one).
+func newConsumer(cfg Config, client func(cfg *Config, log *slog.Logger) transport) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -166,7 +172,7 @@ func New(cfg Config) (*Consumer, error) {
 		}
 		c.watermarks, _ = cfg.Inbox.Store().(storage.WatermarkStore)
 	}
-	c.client = newKafkaGo(&c.cfg, c.log)
+	c.client = client(&c.cfg, c.log)
 	if cfg.OnFailure == DeadLetter && c.dlq == nil {
 		c.dlq = c.client.deadLetterWriter()
 	}
@@ -209,9 +215,10 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 // starts, and a worker commits only for the partitions its generation
 // assigned.
 //
-// Before joining, Run checks that every topic of Config.Topics exists (the
-// consumer never creates one: create them, with their partition counts,
-// before Run) and that each table the configuration needs takes the
+// Before joining, Run checks that every topic of Config.Topics exists, and
+// the DeadLetterTopic when the consumer's own writer publishes dead letters
+// (the consumer never creates one: create them, with their partition
+// counts, before Run) and that each table the configuration needs takes the
 // consumer's statements: the inbox table (a claim, rolled back), the
 // offsets table with StoreOffsets, the watermark table with
 // SequencedSources. It waits while the brokers or the database do not
@@ -364,7 +371,8 @@ func (c *Consumer) maintain(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			c.log.Error("inbox maintenance failed; will try again", "error", err, "next_in", c.cfg.MaintenanceInterval)
+			c.log.Error("inbox maintenance failed; will try again", append([]any{"error", err, "next_in", c.cfg.MaintenanceInterval},
+				c.missingTables(ctx, err)...)...)
 		}
 		c.emit(hooks.Event{Kind: hooks.Maintenance, Offset: -1, Err: err, Maintenance: report})
 		select {

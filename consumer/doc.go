@@ -32,9 +32,12 @@
 //     an unreachable broker, failed joins, "Rebalance In Progress", a
 //     database that cannot commit. Run returns only when its context ends or
 //     Close is called, or at once for a setup retrying cannot cure: a
-//     configuration kafka-go rejects, a topic of Config.Topics that does not
-//     exist ([ErrUnknownTopic]: the consumer never creates topics), a table
-//     never migrated ([ErrNotMigrated]).
+//     configuration kafka-go rejects, a topic of Config.Topics (or the
+//     dead-letter topic) that does not exist ([ErrUnknownTopic]: the
+//     consumer never creates topics), a table
+//     never migrated ([ErrNotMigrated]). A table dropped while the consumer
+//     runs is a database failure, retried until it is back; its retry lines
+//     carry missing_table (the table's name) and fix (the Migrate call).
 //   - A member whose database stops answering does not keep its partitions:
 //     the consumer's own steps give up after Config.DatabaseTimeout, and
 //     after Config.MaxProcessingStall the member leaves the group, so that
@@ -246,6 +249,17 @@
 // is needed; raising the epoch by hand stays safe.
 //
 // What the consumer does about the ways this could go wrong:
+//   - A number that comes again for another event (two relays racing on
+//     one partition, such as a cloned database's beside the original's):
+//     the first copy on the partition wins, and the later event is skipped
+//     as its relay expects; the relay finds its lost race in the partition
+//     and publishes the event again under a new epoch, where it is applied.
+//     A batch holding both copies is run in two parts, so that the
+//     watermark, not the batch, decides the second. The consumer logs the
+//     skip at ERROR, naming both events, when it saw the number's first copy
+//     committed itself (the last 1024 numbers of each shard since the
+//     partition was assigned); a copy of an older number is a duplicate
+//     like any other.
 //   - A message that fails inside its batch holds back the later messages
 //     of its shard: none of them commits before it is resolved, or the
 //     watermark would pass it and its retry would look like a duplicate.
@@ -436,5 +450,7 @@
 // what each must guarantee). The kafka-go code behind it, the group, reader,
 // client and default dead-letter writer with their settings, is all in
 // transport_kafkago.go. Messages are kafka-go's kafka.Message whatever the
-// client, and dead letters go through a [MessageWriter].
+// client, and dead letters go through a [MessageWriter]. The package's own
+// tests run the consumer on an in-memory transport (memtransport_test.go)
+// and SQLite, without servers.
 package consumer

@@ -196,7 +196,7 @@ func (w *worker) storeCommittable(dbCtx context.Context, next int64) (int64, boo
 		level = slog.LevelDebug // stopping: the next owner redelivers them
 	}
 	w.log.Log(dbCtx, level, "cannot store the partition's offset before committing it; committing the stored one",
-		"offset", next, "stored", w.floor, "error", err)
+		append([]any{"offset", next, "stored", w.floor, "error", err}, w.c.missingTables(dbCtx, err)...)...)
 	return w.floor, true
 }
 

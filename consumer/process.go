@@ -36,6 +36,9 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		items[i] = &item{msg: Message{Message: m, EventID: id, EventTime: at}, extractErr: err}
 		if err == nil && w.seq != nil {
 			items[i].seq, items[i].seqErr = w.sequenceOf(&batch[i])
+			if p := items[i].seq; p != nil {
+				p.eventID = id
+			}
 		}
 	}
 	w.batch = items
@@ -69,19 +72,36 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		return false
 	}
 
+	// A number taken again in the batch is run after the messages before
+	// it committed: the watermark then decides it (see repeatsAt).
+	for len(items) > 0 {
+		n := repeatsAt(items)
+		if halt, goOn := w.processSegment(ctx, dbCtx, items[:n]); !goOn {
+			return halt
+		}
+		items = items[n:]
+	}
+	return false
+}
+
+// processSegment processes items, a batch or the part of one before a
+// number its stream took again, through the inbox. halt says the partition
+// must stop; goOn that the rest of the batch may follow (false also when
+// the worker is stopping, with items left unfinished).
+func (w *worker) processSegment(ctx, dbCtx context.Context, items []*item) (halt, goOn bool) {
 	var gap *gapError
 	var results []inbox.Result
 	for {
 		var stop bool
 		if items, gap, stop = w.cutAtGap(ctx, dbCtx, items); stop {
-			return true
+			return true, false
 		}
 		var ok bool
 		if results, ok = w.processInbox(ctx, dbCtx, items); ok {
 			break
 		}
 		if !w.seqMoved {
-			return false
+			return false, false
 		}
 		// A watermark moved under the batch (another member, or a
 		// failover that lost commits): the gaps are checked again against
@@ -111,12 +131,12 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 		}
 		switch res {
 		case stopped:
-			return true
+			return true, false
 		case abandoned:
-			return false
+			return false, false
 		}
 	}
-	return gap != nil
+	return gap != nil, gap == nil
 }
 
 // processInbox runs the messages with an id through inbox.ProcessBatch, in
@@ -232,7 +252,8 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			// "moved" and resumes from the database's: redeliveries only.
 			w.floor = max(w.floor, written)
 			if w.seq != nil {
-				w.seq.committed(seqOf, func(j int) inbox.Outcome { return rs[j].Outcome })
+				twice := w.seq.committed(seqOf, func(j int) inbox.Outcome { return rs[j].Outcome })
+				w.reportTakenTwice(twice, func(j int) int64 { return items[idx[j]].msg.Offset })
 			}
 			processed := 0
 			for j, i := range idx {
@@ -284,7 +305,8 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: the database, not the messages, is failing
 		}
-		w.log.Log(ctx, level, "the batch could not commit; retrying it", "messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait)
+		w.log.Log(ctx, level, "the batch could not commit; retrying it", append([]any{"messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait},
+			w.c.missingTables(dbCtx, err)...)...)
 		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Consumer: w.c.cfg.Consumer, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return nil, false
@@ -374,7 +396,11 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
-		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait)
+		attrs := []any{"offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait}
+		if w.infrastructure(err) {
+			attrs = append(attrs, w.c.missingTables(dbCtx, err)...)
+		}
+		w.log.Warn("message failed; retrying", attrs...)
 		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
@@ -433,7 +459,8 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			return stopped
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("the batch could not commit; retrying it", "messages", len(items), "attempt", attempt, "error", err, "retry_in", wait)
+		w.log.Warn("the batch could not commit; retrying it", append([]any{"messages", len(items), "attempt", attempt, "error", err, "retry_in", wait},
+			w.c.missingTables(dbCtx, err)...)...)
 		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Consumer: w.c.cfg.Consumer, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned

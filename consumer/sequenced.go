@@ -42,6 +42,8 @@ type seqPos struct {
 	partitions int
 	// cloudEvents says the headers are in the CloudEvents style.
 	cloudEvents bool
+	// eventID is the message's event id: the identity its number names.
+	eventID string
 }
 
 type streamID struct {
@@ -201,6 +203,39 @@ type watermarks struct {
 	partition int32
 	loaded    bool
 	streams   map[streamID]*streamState
+	// owners holds, per shard, the events that took the numbers this
+	// worker saw committed: the identities a later copy of a number is
+	// checked against (see committed).
+	owners map[shardKey]*numberOwners
+}
+
+// ownersKept bounds the numbers of a shard whose events a worker
+// remembers: a copy of a number that comes back later than that, or of one
+// committed before the worker started, is not checked.
+const ownersKept = 1024
+
+// numberOwners is a ring of the events that took a shard's recent numbers.
+type numberOwners struct {
+	seq [ownersKept]int64
+	id  [ownersKept]string
+}
+
+func (o *numberOwners) put(seq int64, id string) {
+	i := seq % ownersKept
+	o.seq[i], o.id[i] = seq, id
+}
+
+func (o *numberOwners) get(seq int64) (string, bool) {
+	i := seq % ownersKept
+	return o.id[i], o.seq[i] == seq
+}
+
+// takenTwice is a message whose number its stream's shard had already
+// given to another event.
+type takenTwice struct {
+	at    int // the message's index in the call
+	pos   *seqPos
+	first string // the event id of the number's first copy
 }
 
 type streamState struct {
@@ -274,7 +309,8 @@ func (w *worker) ensureLoaded(ctx, dbCtx context.Context) (ok bool) {
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: a missing table (Migrate not run) or a failing database
 		}
-		w.log.Log(ctx, level, "reading the watermarks failed; retrying", "attempt", attempt, "error", err, "retry_in", wait)
+		w.log.Log(ctx, level, "reading the watermarks failed; retrying", append([]any{"attempt", attempt, "error", err, "retry_in", wait},
+			w.c.missingTables(dbCtx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}
@@ -437,15 +473,35 @@ func (s *watermarks) writer(seqOf []*seqPos) func(group []int, committed []inbox
 }
 
 // committed takes in what a call committed: results[j] of the message at
-// seqOf[j].
-func (s *watermarks) committed(seqOf []*seqPos, outcomes func(j int) inbox.Outcome) {
+// seqOf[j]. It returns the duplicates whose number the worker saw
+// committed for another event: the first copy of a number wins, so they
+// are not applied, but nothing of their own was.
+func (s *watermarks) committed(seqOf []*seqPos, outcomes func(j int) inbox.Outcome) (twice []takenTwice) {
 	touched := map[streamID]bool{}
 	for j, p := range seqOf {
 		if p == nil || p.rows {
 			continue
 		}
-		if o := outcomes(j); o != inbox.Processed && o != inbox.Duplicate {
+		o := outcomes(j)
+		if o != inbox.Processed && o != inbox.Duplicate {
 			continue
+		}
+		if p.partitions > 0 && p.eventID != "" {
+			k := shardKey{p.stream, p.shard}
+			owners := s.owners[k]
+			if owners == nil {
+				if s.owners == nil {
+					s.owners = map[shardKey]*numberOwners{}
+				}
+				owners = new(numberOwners)
+				s.owners[k] = owners
+			}
+			switch first, ok := owners.get(p.seq); {
+			case o == inbox.Processed && !ok:
+				owners.put(p.seq, p.eventID)
+			case o == inbox.Duplicate && ok && first != p.eventID:
+				twice = append(twice, takenTwice{at: j, pos: p, first: first})
+			}
 		}
 		st := s.streams[p.stream]
 		if st == nil {
@@ -460,6 +516,41 @@ func (s *watermarks) committed(seqOf []*seqPos, outcomes func(j int) inbox.Outco
 	for id := range touched {
 		st := s.streams[id]
 		st.stored = watermark.Encode(st.applied)
+	}
+	return twice
+}
+
+// repeatsAt returns the index of the first of items, after the first,
+// whose aligned stream's shard had a number as high or higher earlier in
+// items, or len(items). Run in one call, both copies would be new to the
+// watermark and both applied when they are two events; run after the first
+// committed, the watermark covers the second.
+func repeatsAt(items []*item) int {
+	var highest map[shardKey]int64
+	for i, it := range items {
+		p := it.seq
+		if p == nil || p.partitions == 0 {
+			continue
+		}
+		k := shardKey{p.stream, p.shard}
+		if h, ok := highest[k]; ok && p.seq <= h {
+			return i
+		}
+		if highest == nil {
+			highest = map[shardKey]int64{}
+		}
+		highest[k] = p.seq
+	}
+	return len(items)
+}
+
+// reportTakenTwice logs each message whose number its stream had given to
+// another event.
+func (w *worker) reportTakenTwice(twice []takenTwice, offsetOf func(j int) int64) {
+	for _, t := range twice {
+		w.log.Error("a number of a sequenced stream names two events: the first copy was applied and this event is skipped; the producer's aligned relay finds the lost race in the partition and publishes it again under a new epoch (outbox package doc, \"A producer database that goes back\")",
+			"source", t.pos.stream.source, "epoch", t.pos.stream.epoch, "shard", t.pos.shard, "seq", t.pos.seq,
+			"event_id", t.pos.eventID, "first_event_id", t.first, "offset", offsetOf(t.at))
 	}
 }
 
@@ -487,6 +578,8 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 			return bounded(w.seq.store.SaveWatermarks(sctx, tx, writes))
 		})
 		if err == nil {
+			// A dead-lettered message took its number: a later copy of the
+			// number from another event is checked against it.
 			w.seq.committed(seqOf, func(int) inbox.Outcome { return inbox.Processed })
 			return true
 		}
@@ -510,7 +603,8 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 		case moved:
 			level = slog.LevelInfo
 		}
-		w.log.Log(ctx, level, "moving the watermark past a dead-lettered message failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
+		w.log.Log(ctx, level, "moving the watermark past a dead-lettered message failed; retrying",
+			append([]any{"offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait}, w.c.missingTables(dbCtx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}

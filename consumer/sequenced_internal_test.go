@@ -95,3 +95,50 @@ func TestSequenceOfRefusesWhatNoOutboxSends(t *testing.T) {
 		t.Errorf("a good aligned message: %+v, %v", p, err)
 	}
 }
+
+// A batch is cut before a number its shard already had in the batch, for
+// any stream and shard, and only for aligned streams.
+func TestRepeatsAtCutsBeforeANumberSeenInTheBatch(t *testing.T) {
+	a, b := streamID{source: "a", epoch: 1}, streamID{source: "a", epoch: 2}
+	at := func(id streamID, shard int32, seq int64, partitions int) *item {
+		return &item{seq: &seqPos{stream: id, shard: shard, seq: seq, partitions: partitions}}
+	}
+	for _, c := range []struct {
+		name  string
+		items []*item
+		want  int
+	}{
+		{"no repeat", []*item{at(a, 0, 1, 1), {}, at(b, 0, 1, 1), at(a, 1, 1, 2), at(a, 0, 2, 1)}, 5},
+		{"a number again", []*item{at(a, 0, 1, 1), at(a, 0, 2, 1), {}, at(a, 0, 2, 1)}, 3},
+		{"a number going back", []*item{at(a, 0, 5, 1), at(a, 0, 3, 1)}, 1},
+		{"unaligned", []*item{at(a, 0, 1, 0), at(a, 0, 1, 0)}, 2},
+		{"empty", nil, 0},
+	} {
+		if got := repeatsAt(c.items); got != c.want {
+			t.Errorf("%s: repeatsAt = %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// The worker remembers the event of each recent number it saw committed,
+// and reports a duplicate whose number another event took.
+func TestCommittedReportsANumberTakenByAnotherEvent(t *testing.T) {
+	id := streamID{source: "a", epoch: 1}
+	s := &watermarks{streams: map[streamID]*streamState{}}
+	pos := func(seq int64, ev string) *seqPos {
+		return &seqPos{stream: id, seq: seq, partitions: 1, eventID: ev}
+	}
+	outcomes := func(os ...inbox.Outcome) func(int) inbox.Outcome { return func(j int) inbox.Outcome { return os[j] } }
+	if twice := s.committed([]*seqPos{pos(1, "x"), pos(2, "y")}, outcomes(inbox.Processed, inbox.Processed)); len(twice) != 0 {
+		t.Fatalf("first copies reported: %+v", twice)
+	}
+	twice := s.committed([]*seqPos{pos(2, "y"), pos(2, "z"), pos(1, "x")}, outcomes(inbox.Duplicate, inbox.Duplicate, inbox.Duplicate))
+	if len(twice) != 1 || twice[0].at != 1 || twice[0].first != "y" || twice[0].pos.eventID != "z" {
+		t.Fatalf("reported %+v, want z losing number 2 to y", twice)
+	}
+	// A number older than the worker remembers is not checked.
+	s.committed([]*seqPos{pos(2+ownersKept, "w")}, outcomes(inbox.Processed))
+	if twice := s.committed([]*seqPos{pos(2, "z")}, outcomes(inbox.Duplicate)); len(twice) != 0 {
+		t.Errorf("a forgotten number reported: %+v", twice)
+	}
+}

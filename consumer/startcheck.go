@@ -7,9 +7,11 @@ package consumer
 // ever.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,8 +23,11 @@ import (
 
 var (
 	// ErrUnknownTopic is wrapped by Run's error when a topic of
-	// Config.Topics does not exist on the cluster when Run starts (or this
-	// client may not describe it). The consumer never creates topics.
+	// Config.Topics, or the DeadLetterTopic of the DeadLetter policy
+	// (unless a DeadLetterWriter of your own publishes dead letters, maybe
+	// to another cluster), does not exist on the cluster when Run starts
+	// (or this client may not describe it). The consumer never creates
+	// topics.
 	ErrUnknownTopic = errors.New("consumer: unknown topic")
 	// ErrNotMigrated is wrapped by Run's error when a table the
 	// configuration needs (the inbox table; the offsets table with
@@ -38,13 +43,19 @@ var (
 const topicGrace = 3 * time.Second
 
 // checkTopics returns an error wrapping ErrUnknownTopic, naming every topic
-// of Config.Topics the cluster does not know, once they were missing for
+// of Config.Topics the cluster does not know, and the dead-letter topic the
+// consumer's own writer would publish to, once they were missing for
 // topicGrace. While the cluster does not answer it retries, as Run does
 // for every broker outage; nil if ctx ends first.
 func (c *Consumer) checkTopics(ctx context.Context) error {
+	topics := c.cfg.Topics
+	dlq := c.cfg.OnFailure == DeadLetter && c.cfg.DeadLetterWriter == nil
+	if dlq {
+		topics = append(slices.Clip(topics), c.cfg.DeadLetterTopic)
+	}
 	var missingSince time.Time
 	for attempt := 1; ; attempt++ {
-		missing, err := c.client.missingTopics(ctx, c.cfg.Topics)
+		missing, err := c.client.missingTopics(ctx, topics)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -59,9 +70,15 @@ func (c *Consumer) checkTopics(ctx context.Context) error {
 		case missingSince.IsZero():
 			missingSince = time.Now()
 		case time.Since(missingSince) >= topicGrace:
-			return fmt.Errorf("%w: %s not on the cluster (or not visible to this client): create each topic of "+
-				"Config.Topics before Run, with the partitions you need (the consumer never creates topics), or correct the name",
-				ErrUnknownTopic, quoteAll(missing))
+			names, which := quoteAll(missing), "each topic of Config.Topics"
+			if dlq {
+				which += " and the dead-letter topic"
+				names = strings.Replace(names, fmt.Sprintf("%q", c.cfg.DeadLetterTopic),
+					fmt.Sprintf("%q (Config.DeadLetterTopic)", c.cfg.DeadLetterTopic), 1)
+			}
+			return fmt.Errorf("%w: %s not on the cluster (or not visible to this client): create %s before Run, "+
+				"with the partitions you need (the consumer never creates topics), or correct the name",
+				ErrUnknownTopic, names, which)
 		}
 		if backoff.Sleep(ctx, wait) != nil {
 			return nil
@@ -108,41 +125,121 @@ func (c *Consumer) checkTables(ctx context.Context) error {
 // errProbeDone rolls the inbox probe's transaction back.
 var errProbeDone = errors.New("consumer: start-up probe done")
 
+// table is one table the configuration needs: what fails when it does not
+// work, its name for log lines, the call that makes it, and a probe that
+// fails if it does not take the consumer's statements.
+type table struct {
+	what, name, fix string
+	probe           func(ctx context.Context, db *gorm.DB) error
+}
+
+// tables lists the tables the configuration needs.
+func (c *Consumer) tables() []table {
+	var ts []table
+	if ib := c.cfg.Inbox; ib != nil {
+		store := ib.Store()
+		ts = append(ts, table{what: fmt.Sprintf("the inbox table of %T does not take a claim", store),
+			name: cmp.Or(inboxTableName(store), fmt.Sprintf("the inbox table of %T", store)), fix: "run Inbox.Migrate (or inboxctl migrate)",
+			probe: func(ctx context.Context, db *gorm.DB) error { return c.probeClaim(ctx, db, store) }})
+	}
+	if c.cfg.StoreOffsets {
+		ts = append(ts, table{what: fmt.Sprintf("the offsets table %q (Config.StoreOffsets) cannot be read", c.cfg.OffsetsTable),
+			name: c.cfg.OffsetsTable, fix: "run Consumer.Migrate",
+			probe: func(ctx context.Context, db *gorm.DB) error {
+				_, _, err := c.offsets.Read(ctx, db, c.cfg.Topics[0], 0)
+				return err
+			}})
+	}
+	if c.watermarks != nil {
+		ts = append(ts, table{what: "the watermark table (Config.SequencedSources) cannot be read",
+			name: cmp.Or(watermarkTableName(c.watermarks), fmt.Sprintf("the watermark table of %T", c.watermarks)), fix: "run Consumer.Migrate (or inboxctl migrate)",
+			probe: func(ctx context.Context, db *gorm.DB) error {
+				_, err := c.watermarks.Watermarks(ctx, db, c.cfg.Consumer, c.cfg.Topics[0], 0)
+				return err
+			}})
+	}
+	return ts
+}
+
+// The names of a store's tables, as this module's adapters report them; ""
+// for a store that does not.
+type (
+	tableNamer          interface{ Table() string }
+	watermarkTableNamer interface{ WatermarkTable() string }
+	schemaNamer         interface{ Schema() string }
+)
+
+// inSchema is name qualified by store's schema, if it has one; "" if name
+// is.
+func inSchema(store any, name string) string {
+	if s, ok := store.(schemaNamer); ok && name != "" && s.Schema() != "" {
+		return s.Schema() + "." + name
+	}
+	return name
+}
+
+func inboxTableName(store any) string {
+	if n, ok := store.(tableNamer); ok {
+		return inSchema(store, n.Table())
+	}
+	return ""
+}
+
+func watermarkTableName(store any) string {
+	if n, ok := store.(watermarkTableNamer); ok {
+		return inSchema(store, n.WatermarkTable())
+	}
+	return ""
+}
+
 // probeTables runs each table's probe once. An error wrapping
 // ErrNotMigrated is a table that does not work while the database answers;
 // any other error says nothing about the tables.
 func (c *Consumer) probeTables(ctx context.Context) error {
 	db := c.db() // quiet: the probes' failures stay out of the application's GORM logger
-	if ib := c.cfg.Inbox; ib != nil {
-		err := c.probe(ctx, db, func(ctx context.Context, db *gorm.DB) error {
-			return c.probeClaim(ctx, db, ib.Store())
-		})
-		if err != nil {
-			return c.notMigrated(ctx, err, fmt.Sprintf("the inbox table of %T does not take a claim", ib.Store()),
-				"run Inbox.Migrate (or inboxctl migrate)")
-		}
-	}
-	if c.cfg.StoreOffsets {
-		err := c.probe(ctx, db, func(ctx context.Context, db *gorm.DB) error {
-			_, _, err := c.offsets.Read(ctx, db, c.cfg.Topics[0], 0)
-			return err
-		})
-		if err != nil {
-			return c.notMigrated(ctx, err, fmt.Sprintf("the offsets table %q (Config.StoreOffsets) cannot be read", c.cfg.OffsetsTable),
-				"run Consumer.Migrate")
-		}
-	}
-	if c.watermarks != nil {
-		err := c.probe(ctx, db, func(ctx context.Context, db *gorm.DB) error {
-			_, err := c.watermarks.Watermarks(ctx, db, c.cfg.Consumer, c.cfg.Topics[0], 0)
-			return err
-		})
-		if err != nil {
-			return c.notMigrated(ctx, err, "the watermark table (Config.SequencedSources) cannot be read",
-				"run Consumer.Migrate (or inboxctl migrate)")
+	for _, t := range c.tables() {
+		if err := c.probe(ctx, db, t.probe); err != nil {
+			return c.notMigrated(ctx, err, t.what, t.fix)
 		}
 	}
 	return nil
+}
+
+// missingTables returns, when err is a database failure that the store
+// reports as a missing table (storage.MissingTableReporter: one dropped
+// while the consumer runs), log attributes that say so: each table of the
+// configuration whose probe finds it missing, and the Migrate call that
+// makes it. Nil for any other err. The failure is still retried: the table
+// may come back.
+func (c *Consumer) missingTables(ctx context.Context, err error) []any {
+	mt, ok := c.cfg.Classifier.(storage.MissingTableReporter)
+	if !ok && c.cfg.Inbox != nil {
+		mt, ok = c.cfg.Inbox.Store().(storage.MissingTableReporter)
+	}
+	if !ok || err == nil || !mt.IsMissingTable(err) {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return []any{"missing_table", "a table the statement names does not exist"}
+	}
+	var names, fixes []string
+	for _, t := range c.tables() {
+		if perr := c.probe(ctx, c.db(), t.probe); perr != nil && mt.IsMissingTable(perr) {
+			names = append(names, t.name)
+			if !slices.Contains(fixes, t.fix) {
+				fixes = append(fixes, t.fix)
+			}
+		}
+	}
+	if len(names) == 0 {
+		// Not a table of the consumer's: the handler's own, say.
+		return []any{"missing_table", "a table the statement names does not exist"}
+	}
+	state := "the table does not exist (dropped?); retrying until it does"
+	if len(names) > 1 {
+		state = "the tables do not exist (dropped?); retrying until they do"
+	}
+	return []any{"missing_table", strings.Join(names, ", "), "fix", strings.Join(fixes, "; ") + ": " + state}
 }
 
 // probe runs fn within DatabaseTimeout.

@@ -347,7 +347,7 @@ func (w *worker) claim(ctx, dbCtx context.Context) (row storage.OffsetRow, found
 			err = aerr
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("cannot read the stored offset; retrying", "error", err, "retry_in", wait)
+		w.log.Warn("cannot read the stored offset; retrying", append([]any{"error", err, "retry_in", wait}, w.c.missingTables(ctx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return storage.OffsetRow{}, false, false
 		}
@@ -409,7 +409,8 @@ func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next, last int64) 
 			return false
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("cannot store the partition's offset; retrying", "offset", next, "error", err, "retry_in", wait)
+		w.log.Warn("cannot store the partition's offset; retrying", append([]any{"offset", next, "error", err, "retry_in", wait},
+			w.c.missingTables(dbCtx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}

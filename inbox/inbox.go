@@ -199,7 +199,9 @@ func (ib *Inbox) DB() *gorm.DB { return ib.app }
 
 // Migrate creates or upgrades the inbox table, retrying transient errors.
 // It does not prepare partitions: call Maintain (or start RunMaintenance)
-// after it.
+// after it. A claim on a table that does not exist (Migrate never ran, or
+// the table was dropped) fails with an error that names Migrate, when the
+// store tells a missing table apart (storage.MissingTableReporter).
 func (ib *Inbox) Migrate(ctx context.Context) error {
 	err := ib.retry(ctx, func(int) error { return txn.DatabaseFailure("migrate", ib.store.Migrate(ctx, ib.db.WithContext(ctx))) })
 	if err != nil {
@@ -496,7 +498,7 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, bound time.Duration, r
 			tx, ins, ok, err := cb.BeginClaim(bctx, ib.db.WithContext(tctx), ib.cfg.TxOptions, rows)
 			cancel()
 			if err != nil {
-				err = txn.DatabaseFailure("begin and claim", bounded(err))
+				err = txn.DatabaseFailure("begin and claim", ib.noTable(bounded(err)))
 				ct.done(nil, err)
 				return nil, nil, err
 			}
@@ -539,6 +541,25 @@ func (ib *Inbox) claimTxAt(ctx, traceCtx context.Context, bound time.Duration, r
 	}))
 }
 
+// noTable is err, a claim's failure, with the call that makes the inbox
+// table when the store reports that it does not exist
+// (storage.MissingTableReporter): Migrate never ran, or the table was
+// dropped.
+func (ib *Inbox) noTable(err error) error {
+	if mt, ok := ib.store.(storage.MissingTableReporter); ok && mt.IsMissingTable(err) {
+		return &noTableError{err}
+	}
+	return err
+}
+
+type noTableError struct{ err error }
+
+func (e *noTableError) Error() string {
+	return e.err.Error() + " (the inbox table does not exist: run Inbox.Migrate, or inboxctl migrate)"
+}
+
+func (e *noTableError) Unwrap() error { return e.err }
+
 // claimTrace ends a claim's Trace hook once, whichever step ends the claim
 // first. A nil *claimTrace (no hook) does nothing.
 type claimTrace struct {
@@ -571,7 +592,7 @@ func (ib *Inbox) claimWithin(ctx context.Context, tx *gorm.DB, rows []storage.In
 	inserted, err := ib.store.Claim(cctx, tx, rows)
 	cancel()
 	if err != nil {
-		return nil, txn.DatabaseFailure("claim", bounded(err))
+		return nil, txn.DatabaseFailure("claim", ib.noTable(bounded(err)))
 	}
 	if len(inserted) != len(rows) {
 		return nil, txn.DatabaseFailure("claim", fmt.Errorf("%w: %d answers for %d rows", errStoreContract, len(inserted), len(rows)))

@@ -174,7 +174,9 @@
 //     a message of its own whose number the other writer took first is not
 //     marked published; the next cycle sends it again under a new epoch.
 //     Each mark stores the epoch of its row and the offset the next check
-//     starts from.
+//     starts from. A consumer skips the losing copy (the first copy of a
+//     number wins there too) and logs it at Error with both events (package
+//     consumer, "Sequenced dedup").
 //
 // Nothing of this needs an operator; bump-epoch stays safe at any time.
 // What it does not cover:

@@ -186,7 +186,9 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 // Each message gets its event id and time headers (see [Message]); a
 // message that is invalid (for an aligned outbox, also one for another
 // topic than Config.AlignedTopic) fails the whole call with an error
-// wrapping inbox.ErrInvalidMessage before anything is written. If a statement fails,
+// wrapping inbox.ErrInvalidMessage before anything is written; one on a
+// table that does not exist (Migrate never ran) names Migrate, when the
+// store tells a missing table apart (storage.MissingTableReporter). If a statement fails,
 // roll tx back: part of the call may be in it. Enqueue does not retry; a
 // transient failure (the store's IsRetryable) means running the whole
 // transaction again. It locks the shards of the messages' keys until tx
@@ -196,6 +198,9 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) error {
 	err := o.enqueue(ctx, tx, msgs)
 	if err != nil {
+		if mt, ok := o.store.(storage.MissingTableReporter); ok && mt.IsMissingTable(err) {
+			err = fmt.Errorf("%w (a table of the outbox does not exist: run Outbox.Migrate, or inboxctl outbox migrate)", err)
+		}
 		o.log.LogAttrs(ctx, slog.LevelWarn, "enqueue failed", slog.Int("messages", len(msgs)), slog.Any("error", err))
 	}
 	return err

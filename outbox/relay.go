@@ -219,7 +219,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.log.Error("the broker refuses a stored message for good; its shard waits until the message or the topic is fixed",
 					"error", err, "cause", cause, "retry_in", pause)
 			} else {
-				r.log.Warn("relay cycle failed; trying again", "error", err, "in", pause)
+				r.log.Warn("relay cycle failed; trying again", append([]any{"error", err, "in", pause}, r.o.missingTable(err)...)...)
 			}
 		case n < r.cfg.MaxMessages:
 			failures = 0
@@ -233,6 +233,28 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// missingTable returns, when err is one the store reports as a missing
+// table (storage.MissingTableReporter: never migrated, or dropped while the
+// relay runs), log attributes naming the outbox's table and the call that
+// makes its tables; nil for any other err. The relay still retries: the
+// table may come back.
+func (o *Outbox) missingTable(err error) []any {
+	mt, ok := o.store.(storage.MissingTableReporter)
+	if !ok || !mt.IsMissingTable(err) {
+		return nil
+	}
+	name := fmt.Sprintf("the tables of %T", o.store)
+	if n, ok := o.store.(interface{ Table() string }); ok {
+		name = n.Table()
+		if s, ok := o.store.(interface{ Schema() string }); ok && s.Schema() != "" {
+			name = s.Schema() + "." + name
+		}
+		name += " (or another table of the outbox's)"
+	}
+	return []any{"missing_table", name,
+		"fix", "run Outbox.Migrate (or inboxctl outbox migrate): the table does not exist (dropped?); retrying until it does"}
 }
 
 func (r *Relay) release() {

@@ -22,7 +22,17 @@ forbid() { # module dir, pattern of module paths it must not reach
 	found="$(echo "$mods" | sort -u | grep -E "$2" || true)"
 	[ -z "$found" ] || fail "$1 (or its tests) imports $(echo "$found" | tr '\n' ' ')"
 }
-forbid . 'mattn/go-sqlite3|go-sql-driver|jackc/pgx|franz-go|gorm.io/driver'
+# The root module's own tests run on SQLite (internal/sqlitetest, imported by
+# test files only): its tests may reach the SQLite driver, its packages not.
+# A user's go mod tidy then fetches gorm.io/driver/sqlite and go-sqlite3 for
+# their go.sum lines, but builds neither and its go.mod names neither (the
+# check at the end).
+forbid . 'go-sql-driver|jackc/pgx|franz-go|gorm.io/driver/(mysql|postgres)'
+pkgs="$(cd "$root" && GOWORK=off go list ./... | grep -v '/internal/sqlitetest$')"
+found="$(cd "$root" && GOWORK=off go list -deps -f '{{with .Module}}{{.Path}}{{end}}' $pkgs | sort -u | grep -E 'mattn/go-sqlite3|gorm.io/driver' || true)"
+[ -z "$found" ] || fail "the root module's packages (not only their tests) import $(echo "$found" | tr '\n' ' ')"
+found="$(cd "$root" && GOWORK=off go list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep 'internal/sqlitetest' | grep -v '^github.com/inboxgo/inbox/internal/sqlitetest:' || true)"
+[ -z "$found" ] || fail "internal/sqlitetest is imported outside test files: $found"
 forbid otel 'mattn/go-sqlite3|go-sql-driver|jackc/pgx|franz-go|gorm.io/driver'
 forbid adapters/postgres 'mattn/go-sqlite3|go-sql-driver|franz-go|driver/sqlite|driver/mysql'
 forbid adapters/mysql 'mattn/go-sqlite3|jackc/pgx|franz-go|driver/sqlite|driver/postgres'

@@ -9,9 +9,10 @@
 // packages inbox and outbox own transactions, retries, validation, logging
 // and metrics, so a store does none of those. Optional capabilities
 // ([ClaimBeginner], [DayPreparer], [Verifier], [SchemaPrinter],
-// [StatsReporter], [WatermarkStore], [OffsetStore], and for an OutboxStore
-// [Sequenced], [Sharded] and [MarkReader]) are detected by type assertion,
-// as database/sql/driver detects optional driver features.
+// [StatsReporter], [WatermarkStore], [OffsetStore], [MissingTableReporter],
+// and for an OutboxStore [Sequenced], [Sharded] and [MarkReader]) are
+// detected by type assertion, as database/sql/driver detects optional
+// driver features.
 //
 // Package storage/adapterkit holds what the adapters here share and
 // another adapter may use: a transaction opened without BEGIN of its own

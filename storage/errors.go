@@ -36,3 +36,18 @@ func (e *identifierError) Error() string {
 }
 
 func (e *identifierError) Unwrap() error { return ErrInvalidConfig }
+
+// MissingTableReporter is an optional capability of an InboxStore or an
+// OutboxStore. IsMissingTable reports whether err, returned by one of the
+// store's operations or by any statement on its database, says that a
+// table does not exist: one never migrated, or dropped while the
+// application runs. The consumer and the relay still retry such a failure
+// as any other failure of the database (the table may come back), but
+// their log then names the missing table and the Migrate call that makes
+// it. The decision must rest on error codes (PostgreSQL's SQLSTATE 42P01,
+// MySQL's and MariaDB's error 1146), never on message text where the
+// database has a code for it (SQLite has none: its SQLITE_ERROR says
+// "no such table").
+type MissingTableReporter interface {
+	IsMissingTable(err error) bool
+}

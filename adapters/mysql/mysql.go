@@ -305,6 +305,18 @@ const (
 	errConnectionKilled  = 1927 // ER_CONNECTION_KILLED (MariaDB)
 )
 
+// errNoSuchTable is ER_NO_SUCH_TABLE: a statement named a table that does
+// not exist.
+const errNoSuchTable = 1146
+
+// IsMissingTable reports error 1146 (ER_NO_SUCH_TABLE): a statement named a
+// table that does not exist, never migrated or dropped
+// (storage.MissingTableReporter).
+func (s *Store) IsMissingTable(err error) bool {
+	var me *gomysql.MySQLError
+	return errors.As(err, &me) && me.Number == errNoSuchTable
+}
+
 // IsRetryable reports deadlocks (1213), lock wait timeouts (1205, also for
 // metadata locks), a table definition changed by maintenance under a running
 // transaction (1412), a record changed under snapshot isolation (1020), too

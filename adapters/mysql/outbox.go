@@ -480,6 +480,10 @@ func (s *OutboxStore) Release(ctx context.Context, db *gorm.DB, relay string) er
 // IsRetryable is the inbox Store's classification (see Store.IsRetryable).
 func (s *OutboxStore) IsRetryable(err error) bool { return s.tbl.IsRetryable(err) }
 
+// IsMissingTable is the inbox Store's classification (see
+// Store.IsMissingTable).
+func (s *OutboxStore) IsMissingTable(err error) bool { return s.tbl.IsMissingTable(err) }
+
 // Source returns the table's source id and epoch.
 func (s *OutboxStore) Source(ctx context.Context, db *gorm.DB) (string, int64, error) {
 	var got []struct {

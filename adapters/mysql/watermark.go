@@ -28,6 +28,10 @@ const WatermarkSuffix = "_watermarks"
 // has a row. InnoDB undoes the statement, not the transaction.
 const errDupEntry = 1062
 
+// WatermarkTable returns the name of the watermark table, <table>_watermarks
+// (in the inbox table's database), for messages that name it.
+func (s *Store) WatermarkTable() string { return s.wm.name }
+
 // watermarkSQL is the watermark table's name and statements, made by New.
 type watermarkSQL struct {
 	name, table    string // unquoted; quoted and qualified

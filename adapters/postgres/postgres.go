@@ -233,6 +233,7 @@ const (
 	sqlstateCannotConnectNow     = "57P03" // starting up, shutting down
 	sqlstateClassConnection      = "08"    // connection exceptions
 	sqlstateInternalError        = "XX000"
+	sqlstateUndefinedTable       = "42P01"
 	// routingRaceRoutine is the server function (the error's routine
 	// field) that raises XX000 "invalid arbiter index list" when a claim
 	// routes a row into a partition whose concurrent detach finalized after
@@ -283,6 +284,16 @@ var _ sqlStater = (*pgconn.PgError)(nil)
 // the package documentation). The caller's own context
 // ending is never retryable.
 func (s *Store) IsRetryable(err error) bool { return isRetryable(err) }
+
+// IsMissingTable reports SQLSTATE 42P01 (undefined_table): a statement
+// named a table that does not exist, never migrated or dropped
+// (storage.MissingTableReporter).
+func (s *Store) IsMissingTable(err error) bool { return isMissingTable(err) }
+
+func isMissingTable(err error) bool {
+	var se sqlStater
+	return errors.As(err, &se) && se.SQLState() == sqlstateUndefinedTable
+}
 
 func isRetryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {

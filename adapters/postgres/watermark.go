@@ -22,6 +22,10 @@ import (
 // storage.ErrInvalidConfig.
 const WatermarkSuffix = "_watermarks"
 
+// WatermarkTable returns the name of the watermark table, <table>_watermarks
+// (in the inbox table's schema), for messages that name it.
+func (s *Store) WatermarkTable() string { return s.wm.name }
+
 // watermarkSQL is the watermark table's name and statements, made by New.
 type watermarkSQL struct {
 	name, table    string // unquoted; quoted and schema-qualified

@@ -4,6 +4,7 @@ package sqlite
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/mattn/go-sqlite3"
 )
@@ -16,4 +17,12 @@ func ErrorCode(err error) (int, bool) {
 		return int(se.Code), true
 	}
 	return 0, false
+}
+
+// noSuchTable reports whether err is SQLite's "no such table" error: the
+// generic SQLITE_ERROR (SQLite has no code of its own for it) whose text
+// starts so.
+func noSuchTable(err error) bool {
+	var se sqlite3.Error
+	return errors.As(err, &se) && se.Code == sqlite3.ErrError && strings.HasPrefix(se.Error(), "no such table: ")
 }

@@ -7,3 +7,6 @@ package sqlite
 // SQLite driver (go-sqlite3 needs cgo: opening a database fails with its
 // error saying so), so it is never one.
 func ErrorCode(error) (int, bool) { return 0, false }
+
+// noSuchTable is false: without cgo no error is the SQLite driver's.
+func noSuchTable(error) bool { return false }

@@ -468,6 +468,10 @@ func (s *OutboxStore) Verify(ctx context.Context, db *gorm.DB) error { return ve
 // SQLITE_LOCKED.
 func (s *OutboxStore) IsRetryable(err error) bool { return isRetryable(err) }
 
+// IsMissingTable is the inbox Store's classification (see
+// Store.IsMissingTable).
+func (s *OutboxStore) IsMissingTable(err error) bool { return noSuchTable(err) }
+
 var (
 	_ storage.OutboxStore   = (*OutboxStore)(nil)
 	_ storage.StatsReporter = (*OutboxStore)(nil)

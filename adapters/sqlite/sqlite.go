@@ -308,6 +308,12 @@ const (
 // codes).
 func (s *Store) IsRetryable(err error) bool { return isRetryable(err) }
 
+// IsMissingTable reports SQLITE_ERROR raised for a statement that named a
+// table that does not exist, never migrated or dropped
+// (storage.MissingTableReporter). SQLite has no result code of its own for
+// it: the generic SQLITE_ERROR is told apart by its "no such table" text.
+func (s *Store) IsMissingTable(err error) bool { return noSuchTable(err) }
+
 func isRetryable(err error) bool {
 	code, ok := ErrorCode(err)
 	return ok && (code == codeBusy || code == codeLocked)

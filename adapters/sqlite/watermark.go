@@ -21,6 +21,10 @@ import (
 // wrapping storage.ErrInvalidConfig.
 const WatermarkSuffix = "_watermarks"
 
+// WatermarkTable returns the name of the watermark table, <table>_watermarks,
+// for messages that name it.
+func (s *Store) WatermarkTable() string { return s.table + WatermarkSuffix }
+
 // watermarkTable returns the watermark table's name, or why there is none.
 func (s *Store) watermarkTable() (string, error) {
 	name := s.table + WatermarkSuffix

@@ -248,6 +248,15 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 		return res, err
 	}
 	defer func() { _ = f.Drop(context.WithoutCancel(ctx)) }()
+	if mode == KafkaLibraryFree {
+		start := time.Now()
+		first, last, err := consumeLibraryFree(ctx, f, brokers, topic, topic+"-"+mode+groupSuffix, n, o.BatchSize)
+		if err != nil {
+			return res, err
+		}
+		res.Join, res.Elapsed = first.Sub(start), last.Sub(first)
+		return res, checkReserved(ctx, f, mode, n)
+	}
 	var (
 		processed   atomic.Int64
 		mu          sync.Mutex
@@ -343,12 +352,8 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 	mu.Lock()
 	res.Join, res.Elapsed = first.Sub(start), last.Sub(first)
 	mu.Unlock()
-	reserved, err := f.Reserved(ctx)
-	if err != nil {
+	if err := checkReserved(ctx, f, mode, n); err != nil {
 		return res, err
-	}
-	if reserved != int64(n) {
-		return res, fmt.Errorf("bench: consumer (%s) on %s applied %d effects for %d events", mode, b.Name, reserved, n)
 	}
 	if len(cfg.SequencedSources) > 0 {
 		// The point of the mode: no inbox row at all.
@@ -361,4 +366,16 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 		}
 	}
 	return res, nil
+}
+
+// checkReserved checks that mode applied each of the n events once.
+func checkReserved(ctx context.Context, f *Fixture, mode string, n int) error {
+	reserved, err := f.Reserved(ctx)
+	if err != nil {
+		return err
+	}
+	if reserved != int64(n) {
+		return fmt.Errorf("bench: consumer (%s) on %s applied %d effects for %d events", mode, f.Backend.Name, reserved, n)
+	}
+	return nil
 }

@@ -183,12 +183,21 @@ func (d *demo) runChain(ctx context.Context) (bool, error) {
 	d.say("  OrderCreated in topic  %7d  (%d distinct, %d published again: the relay after the crash found what its predecessor had sent in the partitions, and marked it without sending it again)",
 		created.Messages, created.Distinct, created.Duplicates)
 	d.say("  StockReserved in topic %7d  (%d distinct, %d published again)", reserved.Messages, reserved.Distinct, reserved.Duplicates)
-	d.say("  duplicates dropped     %7d  by B's watermarks, %d by the ledger's inbox rows", b.Duplicates, l.Duplicates)
+	// Each order is applied once by B and booked once by the ledger, so
+	// every other delivery is a duplicate: a copy a relay published again,
+	// or a message Kafka delivered again because its offset was not
+	// committed (B #1's kill, a hand-over between members).
+	d.say("  duplicates dropped     %7d  by B's watermarks: %d copies relay A published again + %d redelivered by Kafka (offsets B #1 had not committed when it was killed)",
+		b.Duplicates, created.Duplicates, int64(b.Duplicates)-created.Duplicates)
+	d.say("                         %7d  by the ledger's inbox rows: %d copies relay B published again + %d redelivered by Kafka",
+		l.Duplicates, reserved.Duplicates, int64(l.Duplicates)-reserved.Duplicates)
 	d.say("  dedup paths            B %d outcomes by watermark (%d rows, one per partition), %d by inbox row; ledger %d by inbox row, %d by watermark",
 		b.WatermarkProcessed+b.WatermarkDuplicates, ledger.ReserveWatermarks, b.Processed+b.Duplicates-b.WatermarkProcessed-b.WatermarkDuplicates,
 		l.Processed+l.Duplicates-l.WatermarkProcessed-l.WatermarkDuplicates, l.WatermarkProcessed+l.WatermarkDuplicates)
 	d.say("  reserved by B          %7d  (%d lost, %d twice)", ledger.Reserved, ledger.ReserveLost, ledger.ReserveTwice)
 	d.say("  booked by the ledger   %7d  (%d lost, %d twice)", ledger.Booked, ledger.BookLost, ledger.BookTwice)
+	d.say("  without dedup          B would have reserved %d times for %d orders (%d too many) and the ledger booked %d times (%d too many, before counting the StockReserved that B's extra reservations would have published)",
+		b.Processed+b.Duplicates, chainOrders, int64(b.Processed+b.Duplicates)-ledger.Reserved, l.Processed+l.Duplicates, int64(l.Processed+l.Duplicates)-ledger.Booked)
 	d.say("  out of order per key   %7d  (sequence numbers checked by B and by the ledger; %d first copies out of order on the topics)",
 		ledger.Reordered, created.Reordered+reserved.Reordered)
 	d.say("  time                   %7.1fs", time.Since(start).Seconds())

@@ -19,6 +19,12 @@
 // every StockReserved published at least once and booked once, and nothing
 // was applied out of its key's order.
 //
+// Each figure of the report says where it comes from (a duplicate is a
+// producer's second copy, a copy a relay published again, or a message
+// Kafka delivered again after a kill or a hand-over), and beside the
+// exactly-once result stands what the same deliveries would have applied
+// without the inbox.
+//
 // By default it needs nothing installed: SQLite in a temporary directory and
 // an in-process Kafka broker (franz-go's kfake). Point it at real servers with
 // -db postgres|mysql -dsn DSN and -brokers host:port.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -44,6 +45,46 @@ func expectVerified(t *testing.T, out string, code int) {
 	if !strings.Contains(out, "applied, ") || strings.Contains(out, "FAILED") {
 		t.Fatalf("unexpected report")
 	}
+	// Each figure says where it comes from, and the parts add up.
+	dups := figures(t, out, `duplicates skipped +(\d+) +\((\d+) sent twice by the producer \+ (\d+) redelivered by Kafka`)
+	if dups[0] != dups[1]+dups[2] || dups[1] == 0 {
+		t.Errorf("duplicates skipped %d, want the producer's %d + the %d redelivered", dups[0], dups[1], dups[2])
+	}
+	applied := figures(t, out, `reservations applied +(\d+)`)[0]
+	naive := figures(t, out, `without the inbox +(\d+) +reservations the same deliveries would have applied: (\d+) too many \((\d+) duplicates in the first group, (\d+) by the replay\)`)
+	if naive[0] != applied+naive[1] || naive[1] != naive[2]+naive[3] || naive[2] != dups[0] || naive[3] == 0 {
+		t.Errorf("without the inbox %v: want %d applied + the %d duplicates + the replay's deliveries", naive, applied, dups[0])
+	}
+	b := figures(t, out, `duplicates dropped +(\d+) +by B's watermarks: (\d+) copies relay A published again \+ (-?\d+) redelivered by Kafka`)
+	l := figures(t, out, `(\d+) +by the ledger's inbox rows: (\d+) copies relay B published again \+ (-?\d+) redelivered by Kafka`)
+	for _, f := range [][]int{b, l} {
+		if f[0] != f[1]+f[2] || f[2] < 0 {
+			t.Errorf("duplicates dropped %d: want %d published again + %d (not negative) redelivered", f[0], f[1], f[2])
+		}
+	}
+	chain := figures(t, out, `without dedup +B would have reserved (\d+) times for (\d+) orders \((\d+) too many\) and the ledger booked (\d+) times \((\d+) too many`)
+	if chain[0] != chain[1]+chain[2] || chain[2] != b[0] || chain[3] != chain[1]+chain[4] || chain[4] != l[0] {
+		t.Errorf("without dedup %v: want the orders plus the duplicates B (%d) and the ledger (%d) dropped", chain, b[0], l[0])
+	}
+}
+
+// figures returns the numbers pattern's groups match in out, failing t if
+// it does not match.
+func figures(t *testing.T, out, pattern string) []int {
+	t.Helper()
+	m := regexp.MustCompile(pattern).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no line matches %s", pattern)
+	}
+	ns := make([]int, len(m)-1)
+	for i, g := range m[1:] {
+		n, err := strconv.Atoi(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns[i] = n
+	}
+	return ns
 }
 
 func TestDemoDefault(t *testing.T) {

@@ -350,9 +350,18 @@ func (d *demo) report(ctx context.Context, liveLog, replayLog string, took time.
 	d.say("  events sent            %7d  (%d orders, %d sent twice by the producer)", messages, d.orders, d.batch.Duplicates)
 	d.say("  delivered to consumers %7d  (counted by the consumers; includes redeliveries after the kill and the rebalance)", live.Processed+live.Duplicates)
 	d.say("  partition assignments  %7d  (%d partitions; every assignment past the first %d is a hand-over: the kill and the rebalance)", live.Assigned, d.partitions, d.partitions)
-	d.say("  duplicates skipped     %7d", live.Duplicates)
-	d.say("  reservations applied   %7d", ledger.Applied)
+	// Every order is applied once, so each other delivery is a duplicate:
+	// a producer's second copy, or a message Kafka delivered again because
+	// its offset was not committed before the kill or the hand-over.
+	d.say("  duplicates skipped     %7d  (%d sent twice by the producer + %d redelivered by Kafka after the kill and the rebalance)",
+		live.Duplicates, d.batch.Duplicates, live.Duplicates-d.batch.Duplicates)
+	d.say("  reservations applied   %7d  (with the inbox: once per order)", ledger.Applied)
 	d.say("  replay, new group      %7d delivered, %d applied, %d skipped as duplicates", replay.Processed+replay.Duplicates, replay.Processed, replay.Duplicates)
+	// A consumer without the inbox applies every delivery it commits: the
+	// same run's deliveries, counted by the consumers above.
+	naive := live.Processed + live.Duplicates + replay.Processed + replay.Duplicates
+	d.say("  without the inbox      %7d  reservations the same deliveries would have applied: %d too many (%d duplicates in the first group, %d by the replay)",
+		naive, naive-int(ledger.Applied), live.Duplicates, replay.Processed+replay.Duplicates)
 	d.say("  time                   %7.1fs", took.Seconds())
 
 	problems := ledger.Problems()

@@ -113,6 +113,11 @@ func (s duplicateAsNew) Claim(ctx context.Context, tx *gorm.DB, rows []storage.I
 // INSERT IGNORE reports a row it dropped for want of a partition.
 type newAsDuplicate struct{ *inboxsqlite.Store }
 
+// missingEverywhere takes every error for a missing table.
+type missingEverywhere struct{ *inboxsqlite.Store }
+
+func (missingEverywhere) IsMissingTable(err error) bool { return err != nil }
+
 func (s newAsDuplicate) Claim(ctx context.Context, tx *gorm.DB, rows []storage.InboxRow) ([]bool, error) {
 	if _, err := s.Store.Claim(ctx, tx, rows); err != nil {
 		return nil, err
@@ -233,6 +238,9 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 		{"reports-new-as-duplicate",
 			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return newAsDuplicate{s} },
 			[]string{"atomicity/first-delivery-commits-row-and-effect", "scope/same-id-two-consumers", "schema/claim-answers-each-row"}},
+		{"takes-every-error-for-a-missing-table",
+			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return missingEverywhere{s} },
+			[]string{"schema/missing-table-is-reported"}},
 		{"folds-case-and-trailing-spaces",
 			func(_ *testing.T, s *inboxsqlite.Store) storage.InboxStore { return caseFolding{s} },
 			[]string{"scope/case-and-trailing-spaces-are-distinct"}},

@@ -288,7 +288,9 @@ func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 // does not pass the message until Kafka has the dead letter. A dead-letter
 // topic that stays missing stops the partition (it is not retried forever);
 // once the topic exists, the next start publishes the dead letter and goes
-// on.
+// on. (Run refuses to start without the dead-letter topic when the
+// consumer's own writer publishes dead letters; the test's writer, as one
+// of another cluster would, leaves the topic to the publish.)
 func TestDeadLetterPublishFailureHoldsTheOffset(t *testing.T) {
 	t.Parallel()
 	brokers := newKfake(t, 1, "orders") // no dead-letter topic yet
@@ -297,6 +299,9 @@ func TestDeadLetterPublishFailureHoldsTheOffset(t *testing.T) {
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
 	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
+	dlq := &kafka.Writer{Addr: kafka.TCP(brokers...), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, MaxAttempts: 3, BatchTimeout: 5 * time.Millisecond}
+	t.Cleanup(func() { _ = dlq.Close() })
+	cfg.DeadLetterWriter = dlq
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-1" {
 			return errors.New("poison")

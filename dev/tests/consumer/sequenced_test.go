@@ -705,3 +705,54 @@ func TestDuplicatesCommitOnlyWhatIsStored(t *testing.T) {
 	}
 	s.checkExactlyOnce(t, 4, nil)
 }
+
+// A number of an aligned stream taken by two events (a cloned producer
+// database's relay racing the original's) is the first copy's: the second
+// event is skipped with an ERROR that names both, in the same batch as the
+// first copy or in a later one, and is applied once when its relay
+// publishes it again under a new epoch.
+func TestSequencedNumberTakenTwiceFirstCopyWins(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{10, 1} {
+		t.Run("batch="+strconv.Itoa(batch), func(t *testing.T) {
+			t.Parallel()
+			brokers := newKfake(t, 1, "orders")
+			s := newSQLiteShop(t)
+			produce(t, brokers, "orders",
+				seqMessage(0, 0, 0, 1, 1),
+				seqMessage(1, 0, 0, 2, 1),
+				seqMessage(2, 0, 0, 2, 1), // number 2 again, another event
+				seqMessage(1, 0, 0, 2, 1), // a plain republication of the first copy
+				seqMessage(3, 0, 0, 3, 1),
+			)
+			ev, rec := newEvents(), newRecorder(t)
+			cfg := sequencedConfig(t, brokers, s, ev)
+			cfg.Logger = slog.New(rec)
+			cfg.BatchSize, cfg.BatchWait = batch, 200*time.Millisecond
+			r := start(t, cfg)
+			waitUntil(t, 30*time.Second, "5 messages", func() bool {
+				return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 5
+			})
+			// The loser's relay publishes it again, in a new epoch.
+			produce(t, brokers, "orders", seqMessageIn(2, 0, 2, 0, 1, 1))
+			waitUntil(t, 30*time.Second, "6 messages", func() bool {
+				return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 6
+			})
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			s.checkExactlyOnce(t, 4, nil)
+			if d := ev.count(hooks.Duplicate); d != 2 {
+				t.Errorf("%d duplicates, want 2", d)
+			}
+			const msg = "number of a sequenced stream names two events"
+			if n := rec.count(slog.LevelError, msg); n != 1 {
+				t.Fatalf("%d ERROR records about a number taken twice, want 1", n)
+			}
+			a, _ := rec.find(slog.LevelError, msg)
+			if a["event_id"].String() != "evt-order-2" || a["first_event_id"].String() != "evt-order-1" || a["seq"].String() != "2" {
+				t.Errorf("the ERROR names %v, want event evt-order-2 losing number 2 to evt-order-1", a)
+			}
+		})
+	}
+}

@@ -73,6 +73,25 @@ func TestRunRefusesAMissingTopic(t *testing.T) {
 	})
 }
 
+// A dead-letter topic that was never created (or is mistyped) is found
+// when Run starts, not at the first message that needs it: Run returns
+// an error naming it as the dead-letter topic.
+func TestRunRefusesAMissingDeadLetterTopic(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	cfg := baseConfig(t, brokers, "orders", "inventory", s, newEvents())
+	cfg.OnFailure, cfg.DeadLetterTopic = consumer.DeadLetter, "orders.dql"
+	err := runBriefly(t, cfg, 15*time.Second)
+	t.Logf("Run: %v", err)
+	if !errors.Is(err, consumer.ErrUnknownTopic) {
+		t.Fatalf("Run: %v, want an error wrapping ErrUnknownTopic", err)
+	}
+	if !strings.Contains(err.Error(), `"orders.dql" (Config.DeadLetterTopic)`) || strings.Contains(err.Error(), `"orders"`) {
+		t.Errorf("the error should name the dead-letter topic, and only it: %v", err)
+	}
+}
+
 // startCheckDB is a fresh database with nothing migrated, and an inbox
 // store on it.
 type startCheckDB struct {

@@ -520,3 +520,32 @@ func TestOwnStatementsBypassTheApplicationsGORMLogger(t *testing.T) {
 		t.Errorf("the application's logger got %q, want %q", rec.stmts, want)
 	}
 }
+
+// An application that calls Process before Migrate (or after its table was
+// dropped) gets an error naming the call that makes the table, not only
+// the database's "no such table".
+func TestProcessWithoutTheTableNamesMigrate(t *testing.T) {
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "fresh.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	store, err := inboxsqlite.New(inboxsqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.New(db, store, inbox.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ib.Process(context.Background(), inbox.Message{Consumer: "c", ID: "e1", Time: time.Now()},
+		func(context.Context, *gorm.DB, inbox.Message) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "the inbox table does not exist: run Inbox.Migrate") || !store.IsMissingTable(err) {
+		t.Fatalf("Process before Migrate: %v, want the missing table and Inbox.Migrate", err)
+	}
+	t.Log(err)
+}
