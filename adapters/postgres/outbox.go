@@ -201,13 +201,23 @@ func (s *OutboxStore) MigrationSQL(plan storage.MaintenancePlan) ([]string, erro
 
 // Append takes the counter rows of the rows' shards in ascending order
 // (their row locks order the shard's transactions until tx ends), and
-// inserts the rows.
+// inserts the rows. Its first statement notifies Channel (storage.Notifier).
 func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []storage.OutboxRow) error {
 	tx = tx.WithContext(ctx)
 	first := map[int32]int64{}
-	for _, c := range storage.AssignShards(rows, s.shards) {
+	for i, c := range storage.AssignShards(rows, s.shards) {
 		var last int64
-		if err := tx.Raw(`UPDATE `+s.shardsTable()+` SET next_seq = next_seq + ? WHERE shard = ? RETURNING next_seq`, c.Rows, c.Shard).Scan(&last).Error; err != nil {
+		var err error
+		if i == 0 {
+			// The notification rides on the first counter's statement;
+			// PostgreSQL delivers it at commit, once per transaction
+			// (identical ones are folded), and never after a rollback.
+			err = tx.Raw(`UPDATE `+s.shardsTable()+` SET next_seq = next_seq + ? FROM (SELECT pg_notify(?, '')) n WHERE shard = ? RETURNING next_seq`,
+				c.Rows, s.Channel(), c.Shard).Scan(&last).Error
+		} else {
+			err = tx.Raw(`UPDATE `+s.shardsTable()+` SET next_seq = next_seq + ? WHERE shard = ? RETURNING next_seq`, c.Rows, c.Shard).Scan(&last).Error
+		}
+		if err != nil {
 			return fmt.Errorf("postgres: number rows of shard %d of %s: %w", c.Shard, s.parent(), err)
 		}
 		if last < c.Rows {
