@@ -1,0 +1,76 @@
+package bench_test
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inboxgo/inbox/conformance/testservers"
+	"github.com/inboxgo/inbox/dev/bench"
+)
+
+// BenchmarkLatency measures commit to publish and commit to effect, per
+// relay mode (bench.RelayModes, the polling relay first) on the databases
+// INBOX_BENCH_BACKENDS names (default postgres,mariadb,sqlite), at the
+// loads INBOX_BENCH_LOADS names (comma-separated: a rate per second, or
+// bN for bursts of N every second; default 100,1000), each for
+// INBOX_BENCH_SECONDS (default 5), then the statements per second of an
+// idle relay in each mode. It logs a markdown table.
+func BenchmarkLatency(b *testing.B) {
+	brokers := testservers.KafkaBrokers(b)
+	names := []string{"postgres", "mariadb", "sqlite"}
+	if s := os.Getenv("INBOX_BENCH_BACKENDS"); s != "" {
+		names = strings.Split(s, ",")
+	}
+	secs := envInt("INBOX_BENCH_SECONDS", 5)
+	var loads []bench.Load
+	spec := os.Getenv("INBOX_BENCH_LOADS")
+	if spec == "" {
+		spec = "100,1000"
+	}
+	for _, s := range strings.Split(spec, ",") {
+		l := bench.Load{Duration: time.Duration(secs) * time.Second}
+		var err error
+		if rest, ok := strings.CutPrefix(s, "b"); ok {
+			l.Burst, err = strconv.Atoi(rest)
+		} else {
+			l.Rate, err = strconv.Atoi(s)
+		}
+		if err != nil {
+			b.Fatalf("INBOX_BENCH_LOADS: %q: %v", s, err)
+		}
+		loads = append(loads, l)
+	}
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) }
+	row := func(p bench.Percentiles) string {
+		return ms(p.P50) + " / " + ms(p.P99) + " / " + ms(p.P999) + " / " + ms(p.Max)
+	}
+	for _, name := range names {
+		b.Run(name, func(b *testing.B) {
+			be := backend(b, name, 16)
+			for range b.N {
+				lines := []string{"| database | load | relay | events (producers late by) | commit to publish | commit to effect, inbox rows | commit to effect, sequenced |", "|---|---|---|---|---|---|---|"}
+				for _, l := range loads {
+					rs, err := bench.Latency(b.Context(), be, brokers, l, bench.RelayModes, 4, 100)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, r := range rs {
+						lines = append(lines, fmt.Sprintf("| %s | %s | %s | %d (%s ms) | %s | %s | %s |", be.Name, l, r.Mode, r.Events, ms(r.Late), row(r.Publish), row(r.Rows), row(r.Sequenced)))
+					}
+				}
+				for _, mode := range []string{bench.RelayPolling, bench.RelayWakeups} {
+					r, err := bench.IdleStatements(b.Context(), be, mode, 3*time.Second, 5*time.Second)
+					if err != nil {
+						b.Fatal(err)
+					}
+					lines = append(lines, fmt.Sprintf("| %s | idle | %s | statements per second: %.1f | | | |", be.Name, mode, r.PerSecond))
+				}
+				b.Log("latencies in ms, p50 / p99 / p99.9 / max\n" + strings.Join(lines, "\n"))
+			}
+		})
+	}
+}
