@@ -44,7 +44,9 @@ func BenchmarkLatency(b *testing.B) {
 		}
 		loads = append(loads, l)
 	}
-	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) }
+	ms := func(d time.Duration) string {
+		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64)
+	}
 	row := func(p bench.Percentiles) string {
 		return ms(p.P50) + " / " + ms(p.P99) + " / " + ms(p.P999) + " / " + ms(p.Max)
 	}
