@@ -142,3 +142,12 @@ type partitionReader interface {
 	// commit.
 	close() error
 }
+
+// bufferedReader is the optional partitionReader capability by which a
+// batch stops waiting for more messages when the partition has nothing
+// more fetched.
+type bufferedReader interface {
+	// buffered returns how many messages the reader fetched from the
+	// broker that fetch has not returned yet.
+	buffered() int
+}

@@ -230,6 +230,10 @@ func (r kafkaGoReader) fetch(ctx context.Context) (kafka.Message, error) {
 
 func (r kafkaGoReader) close() error { return r.r.Close() }
 
+// buffered reads the reader's queue of fetched messages from its stats
+// (which also resets its counters: nothing else reads them).
+func (r kafkaGoReader) buffered() int { return int(r.r.Stats().QueueLength) }
+
 func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
 	return kafka.LoggerFunc(func(format string, args ...any) {
 		if log.Enabled(context.Background(), level) {

@@ -441,7 +441,8 @@ func (w *worker) write(next, last int64) offsets.Write {
 }
 
 // fetch returns the next batch: up to BatchSize messages, waiting at most
-// BatchWait after the first. It returns nothing when ctx ends, when an idle
+// BatchWait after the first, and no longer once the reader (a
+// bufferedReader) holds nothing more fetched. It returns nothing when ctx ends, when an idle
 // period of CommitInterval passed (so the caller can commit), or after a
 // fetch error (logged, then retried after a backoff).
 func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
@@ -463,8 +464,20 @@ func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
 	if w.c.cfg.BatchSize > 1 {
 		bctx, cancel := context.WithTimeout(ctx, w.c.cfg.BatchWait)
 		defer cancel()
+		br, _ := r.(bufferedReader)
 		for len(batch) < w.c.cfg.BatchSize {
-			m, err := r.fetch(bctx)
+			var m kafka.Message
+			var err error
+			if br != nil && br.buffered() == 0 {
+				// Nothing more is fetched: the batch goes now rather than
+				// after BatchWait. The grace lets the reader hand over
+				// the rest of a fetch it is still decoding.
+				gctx, gcancel := context.WithTimeout(bctx, batchGrace)
+				m, err = r.fetch(gctx)
+				gcancel()
+			} else {
+				m, err = r.fetch(bctx)
+			}
 			if err != nil {
 				break
 			}
@@ -473,6 +486,10 @@ func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
 	}
 	return batch
 }
+
+// batchGrace is how long a batch waits for one more message once its
+// partition has nothing more fetched.
+const batchGrace = time.Millisecond
 
 // afterCommit runs the tests' AfterDB knob (internal/testhooks) after a
 // database commit and reports whether it simulated a crash.
