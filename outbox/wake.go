@@ -84,9 +84,14 @@ func (r *Relay) listen(ctx context.Context, n storage.Notifier, wake chan<- stru
 				return
 			}
 			failures++
-			pause := backoff.Wait(r.o.cfg.MinBackoff, max(r.o.cfg.MaxBackoff, r.cfg.PollInterval), failures)
-			r.log.Warn("relay cannot open its listening connection; it polls until it can", "error", err, "retry_in", pause,
-				"min_poll", r.cfg.MinPollInterval, "safety_poll", r.cfg.PollInterval)
+			// A database that is down fails the relay's cycles too, logged
+			// there; a connection that cannot listen at all (another
+			// driver) is said once in a while, not on every try.
+			pause := backoff.Wait(r.o.cfg.MinBackoff, max(r.o.cfg.MaxBackoff, listenRetryMax), failures)
+			if failures%10 == 1 {
+				r.log.Warn("relay cannot open its listening connection; it polls until it can", "error", err, "attempts", failures,
+					"retry_in", pause, "min_poll", r.cfg.MinPollInterval, "safety_poll", r.cfg.PollInterval)
+			}
 			if backoff.Sleep(ctx, pause) != nil {
 				return
 			}
@@ -121,6 +126,10 @@ func (r *Relay) listen(ctx context.Context, n storage.Notifier, wake chan<- stru
 		}
 	}
 }
+
+// listenRetryMax bounds the pause between two attempts to open a listening
+// connection.
+const listenRetryMax = 30 * time.Second
 
 // pause waits for d, a wake-up or ctx's end, whichever comes first, and
 // reports whether a wake-up ended it. While listening says the relay
