@@ -151,9 +151,9 @@ type Config struct {
 	BatchSize int
 	// BatchWait is the longest a batch waits to fill up once its first
 	// message is there; it goes at once (after a millisecond's grace) when
-	// the partition has nothing more fetched, so a batch waits only for
-	// messages already on their way. Default 50ms; ignored when BatchSize
-	// is 1.
+	// its last message was the partition's last as the broker last said,
+	// so a batch waits only for messages already in the partition. Default
+	// 50ms; ignored when BatchSize is 1.
 	BatchWait time.Duration
 
 	// MaxAttempts bounds how often a failing message is tried before

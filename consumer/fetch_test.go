@@ -10,12 +10,12 @@ import (
 )
 
 // queueReader hands out queued messages at once, and waits for ctx when it
-// has none, as a reader with nothing more fetched does.
+// has none, as a reader at the partition's end does.
 type queueReader struct{ queue []kafka.Message }
 
 func (r *queueReader) seek(int64) error { return nil }
 func (r *queueReader) close() error     { return nil }
-func (r *queueReader) buffered() int    { return len(r.queue) }
+func (r *queueReader) caughtUp() bool   { return len(r.queue) == 0 }
 
 func (r *queueReader) fetch(ctx context.Context) (kafka.Message, error) {
 	if len(r.queue) == 0 {
@@ -28,8 +28,8 @@ func (r *queueReader) fetch(ctx context.Context) (kafka.Message, error) {
 }
 
 // A batch that can be processed now does not wait for BatchWait when its
-// partition has nothing more fetched; what is fetched already goes in it.
-func TestBatchDoesNotWaitWithNothingFetched(t *testing.T) {
+// reader is at the partition's end; what is fetched already goes in it.
+func TestBatchDoesNotWaitAtPartitionEnd(t *testing.T) {
 	const wait = 5 * time.Second
 	w := &worker{c: &Consumer{cfg: Config{BatchSize: 10, BatchWait: wait, CommitInterval: time.Second}}, log: slog.New(slog.DiscardHandler)}
 	r := &queueReader{queue: []kafka.Message{{Offset: 1}, {Offset: 2}, {Offset: 3}}}

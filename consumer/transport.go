@@ -143,11 +143,12 @@ type partitionReader interface {
 	close() error
 }
 
-// bufferedReader is the optional partitionReader capability by which a
+// caughtUpReader is the optional partitionReader capability by which a
 // batch stops waiting for more messages when the partition has nothing
-// more fetched.
-type bufferedReader interface {
-	// buffered returns how many messages the reader fetched from the
-	// broker that fetch has not returned yet.
-	buffered() int
+// more to give.
+type caughtUpReader interface {
+	// caughtUp reports whether the last message fetch returned was the
+	// partition's last when the broker sent it: no message after it was
+	// fetched or is waiting on the broker to be fetched, as of then.
+	caughtUp() bool
 }

@@ -230,9 +230,9 @@ func (r kafkaGoReader) fetch(ctx context.Context) (kafka.Message, error) {
 
 func (r kafkaGoReader) close() error { return r.r.Close() }
 
-// buffered reads the reader's queue of fetched messages from its stats
-// (which also resets its counters: nothing else reads them).
-func (r kafkaGoReader) buffered() int { return int(r.r.Stats().QueueLength) }
+// caughtUp reads the reader's lag: the high watermark of the last
+// message's fetch response past that message.
+func (r kafkaGoReader) caughtUp() bool { return r.r.Lag() == 0 }
 
 func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
 	return kafka.LoggerFunc(func(format string, args ...any) {

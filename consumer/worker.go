@@ -442,7 +442,7 @@ func (w *worker) write(next, last int64) offsets.Write {
 
 // fetch returns the next batch: up to BatchSize messages, waiting at most
 // BatchWait after the first, and no longer once the reader (a
-// bufferedReader) holds nothing more fetched. It returns nothing when ctx ends, when an idle
+// caughtUpReader) reached the partition's end. It returns nothing when ctx ends, when an idle
 // period of CommitInterval passed (so the caller can commit), or after a
 // fetch error (logged, then retried after a backoff).
 func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
@@ -464,14 +464,15 @@ func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
 	if w.c.cfg.BatchSize > 1 {
 		bctx, cancel := context.WithTimeout(ctx, w.c.cfg.BatchWait)
 		defer cancel()
-		br, _ := r.(bufferedReader)
+		cr, _ := r.(caughtUpReader)
 		for len(batch) < w.c.cfg.BatchSize {
 			var m kafka.Message
 			var err error
-			if br != nil && br.buffered() == 0 {
-				// Nothing more is fetched: the batch goes now rather than
-				// after BatchWait. The grace lets the reader hand over
-				// the rest of a fetch it is still decoding.
+			if cr != nil && cr.caughtUp() {
+				// Nothing more is on its way: the batch goes now rather
+				// than after BatchWait, unless a message was fetched
+				// meanwhile. While the partition holds more, the batch
+				// waits for it as before: batches stay full under load.
 				gctx, gcancel := context.WithTimeout(bctx, batchGrace)
 				m, err = r.fetch(gctx)
 				gcancel()
@@ -488,7 +489,7 @@ func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
 }
 
 // batchGrace is how long a batch waits for one more message once its
-// partition has nothing more fetched.
+// reader reached the partition's end.
 const batchGrace = time.Millisecond
 
 // afterCommit runs the tests' AfterDB knob (internal/testhooks) after a
