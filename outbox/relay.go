@@ -60,8 +60,11 @@ type RelayConfig struct {
 	// MinPollInterval is the pause of a relay that polls (one that does
 	// not listen for the database's notifications) after a cycle that
 	// found less than a full batch but something, or after a wake-up; each
-	// cycle that finds nothing doubles it, up to PollInterval. Default
-	// DefaultMinPollInterval, and never more than PollInterval.
+	// cycle that finds nothing doubles it, up to PollInterval. It is also
+	// the least time between the end of a cycle that published and the
+	// next cycle, however soon a wake-up comes, so that a stream of
+	// commits is taken several at a time. Default DefaultMinPollInterval,
+	// and never more than PollInterval.
 	MinPollInterval time.Duration
 	// NoWakeups turns the wake-ups off: the relay neither listens for the
 	// database's notifications nor takes the signal of this process's
@@ -270,12 +273,23 @@ func (r *Relay) Run(ctx context.Context) error {
 			idle = 0
 		}
 		if wait > 0 {
+			cycleEnd := time.Now()
 			woken, err := pause(ctx, wait, notified, local, r.listening.Load)
 			if err != nil {
 				return err
 			}
 			if woken {
 				idle = 0
+				if n > 0 {
+					// Under a steady stream of commits every one wakes
+					// the relay: cycles at most every MinPollInterval
+					// after one that published take several commits
+					// each, rather than claiming (on SQLite: taking the
+					// write lock) once per commit.
+					if err := backoff.Sleep(ctx, r.cfg.MinPollInterval-time.Since(cycleEnd)); err != nil {
+						return err
+					}
+				}
 			}
 		}
 	}

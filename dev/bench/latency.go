@@ -17,6 +17,7 @@ import (
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
 	"github.com/inboxgo/inbox/storage"
@@ -100,11 +101,15 @@ type LatencyResult struct {
 	Load          Load
 	Events        int
 	Late          time.Duration // how far the producers fell behind their schedule at most
+	Rate          float64       // the events per second the producers committed, first to last
 	// Publish is commit to the broker's acknowledgement of the relay's
 	// write; Rows and Sequenced are commit to the consumer's batch handler
 	// (the effect, before its commit), deduplicating by inbox rows and by
 	// sequence (watermarks).
 	Publish, Rows, Sequenced Percentiles
+	// Cycle is the relay's cycles that claimed something, Write their
+	// writes to the broker (part of Cycle).
+	Cycle, Write Percentiles
 }
 
 // Latency runs load once per relay mode on b: producers enqueue each event
@@ -152,15 +157,35 @@ func latencyOutbox(ctx context.Context, b *Backend, shards int) (storage.OutboxS
 // timedPublisher notes when the broker acknowledged each message.
 type timedPublisher struct {
 	*outbox.KafkaPublisher
-	at func(msgs []kafka.Message, t time.Time)
+	at func(msgs []kafka.Message, t time.Time, took time.Duration)
 }
 
 func (p timedPublisher) PublishPinned(ctx context.Context, msgs []kafka.Message, parts []int, n int) error {
+	start := time.Now()
 	err := p.KafkaPublisher.PublishPinned(ctx, msgs, parts, n)
 	if err == nil {
-		p.at(msgs, time.Now())
+		now := time.Now()
+		p.at(msgs, now, now.Sub(start))
 	}
 	return err
+}
+
+// durations collects durations from several goroutines.
+type durations struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (d *durations) add(v time.Duration) {
+	d.mu.Lock()
+	d.d = append(d.d, v)
+	d.mu.Unlock()
+}
+
+func (d *durations) percentiles() Percentiles {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return percentiles(d.d)
 }
 
 // stamps are the times of each event, in nanoseconds since start (0: not yet).
@@ -251,13 +276,19 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 	if err != nil {
 		return res, err
 	}
-	pub := timedPublisher{KafkaPublisher: kp, at: func(msgs []kafka.Message, t time.Time) {
+	var writes, cycles durations
+	pub := timedPublisher{KafkaPublisher: kp, at: func(msgs []kafka.Message, t time.Time, took time.Duration) {
+		writes.add(took)
 		for _, m := range msgs {
 			published.set(indexOf(m.Value), start, t)
 		}
 	}}
 	rcfg := relayConfig(mode, "lat-"+mode)
-	rcfg.Hooks = nil
+	rcfg.Hooks = []hooks.Hook{hooks.EventFunc(func(e hooks.Event) {
+		if e.Kind == hooks.RelayCycle && e.Err == nil {
+			cycles.add(e.Duration)
+		}
+	})}
 	relay, err := relayOb.NewRelay(pub, rcfg)
 	if err != nil {
 		return res, err
@@ -399,7 +430,19 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 		return res, err
 	}
 	commit[0].Store(0) // the warm-up is not counted
+	var lo, hi int64
+	for i := 1; i < n; i++ {
+		c := commit[i].Load()
+		if lo == 0 || c < lo {
+			lo = c
+		}
+		hi = max(hi, c)
+	}
+	if hi > lo {
+		res.Rate = float64(n-2) / time.Duration(hi-lo).Seconds()
+	}
 	res.Publish, res.Rows, res.Sequenced = since(commit, published), since(commit, rows), since(commit, seq)
+	res.Cycle, res.Write = cycles.percentiles(), writes.percentiles()
 	return res, nil
 }
 
