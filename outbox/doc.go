@@ -42,8 +42,9 @@
 // statement per safety poll (its claim); one that polls, about ten in the
 // first second after activity, then one per safety poll. A relay that
 // publishes a full batch goes on at once; after a shorter one it starts the
-// next cycle no sooner than MinPollInterval later, however soon it is
-// woken, so that a stream of commits is published several at a time.
+// next cycle no sooner than 5ms later (MinPollInterval, if shorter),
+// however soon it is woken, so that a stream of commits is published
+// several at a time.
 // RelayConfig.NoWakeups turns the wake-ups off.
 //
 // # Order per key

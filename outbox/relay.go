@@ -60,11 +60,12 @@ type RelayConfig struct {
 	// MinPollInterval is the pause of a relay that polls (one that does
 	// not listen for the database's notifications) after a cycle that
 	// found less than a full batch but something, or after a wake-up; each
-	// cycle that finds nothing doubles it, up to PollInterval. It is also
-	// the least time between the end of a cycle that published and the
-	// next cycle, however soon a wake-up comes, so that a stream of
-	// commits is taken several at a time. Default DefaultMinPollInterval,
-	// and never more than PollInterval.
+	// cycle that finds nothing doubles it, up to PollInterval. Default
+	// DefaultMinPollInterval, and never more than PollInterval. However
+	// soon a wake-up comes, a cycle starts no sooner than
+	// DefaultMinPollInterval (or MinPollInterval, if shorter) after one
+	// that published, so that a stream of commits is taken several at a
+	// time.
 	MinPollInterval time.Duration
 	// NoWakeups turns the wake-ups off: the relay neither listens for the
 	// database's notifications nor takes the signal of this process's
@@ -282,11 +283,12 @@ func (r *Relay) Run(ctx context.Context) error {
 				idle = 0
 				if n > 0 {
 					// Under a steady stream of commits every one wakes
-					// the relay: cycles at most every MinPollInterval
-					// after one that published take several commits
-					// each, rather than claiming (on SQLite: taking the
-					// write lock) once per commit.
-					if err := backoff.Sleep(ctx, r.cfg.MinPollInterval-time.Since(cycleEnd)); err != nil {
+					// the relay: a short gap after a cycle that
+					// published lets the next take several commits,
+					// rather than claiming (on SQLite: taking the write
+					// lock) once per commit.
+					gap := min(r.cfg.MinPollInterval, DefaultMinPollInterval)
+					if err := backoff.Sleep(ctx, gap-time.Since(cycleEnd)); err != nil {
 						return err
 					}
 				}
