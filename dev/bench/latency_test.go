@@ -2,6 +2,7 @@ package bench_test
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -18,7 +19,9 @@ import (
 // loads INBOX_BENCH_LOADS names (comma-separated: a rate per second, or
 // bN for bursts of N every second; default 100,1000), each for
 // INBOX_BENCH_SECONDS (default 5), then the statements per second of an
-// idle relay in each mode. It logs a markdown table.
+// idle relay in each mode. It logs a markdown table, and with
+// INBOX_BENCH_PLOT=file.png draws commit to effect (inbox rows), p50 and
+// p99, per load and relay mode.
 func BenchmarkLatency(b *testing.B) {
 	brokers := testservers.KafkaBrokers(b)
 	names := []string{"postgres", "mariadb", "sqlite"}
@@ -50,6 +53,14 @@ func BenchmarkLatency(b *testing.B) {
 	row := func(p bench.Percentiles) string {
 		return ms(p.P50) + " / " + ms(p.P99) + " / " + ms(p.P999) + " / " + ms(p.Max)
 	}
+	var all []bench.LatencyResult
+	defer func() {
+		if path := os.Getenv("INBOX_BENCH_PLOT"); path != "" && len(all) > 0 {
+			if err := writeLatencyChart(path, all); err != nil {
+				b.Error(err)
+			}
+		}
+	}()
 	for _, name := range names {
 		b.Run(name, func(b *testing.B) {
 			be := backend(b, name, 16)
@@ -60,6 +71,7 @@ func BenchmarkLatency(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
+					all = append(all, rs...)
 					for _, r := range rs {
 						lines = append(lines, fmt.Sprintf("| %s | %s | %s | %d (%.0f/s) | %s | %s | %s | %s | %s |", be.Name, l, r.Mode, r.Events, r.Rate, row(r.Publish), row(r.Rows), row(r.Sequenced), ms(r.Cycle.P50)+" / "+ms(r.Cycle.P99), ms(r.Write.P50)+" / "+ms(r.Write.P99)))
 					}
@@ -75,4 +87,52 @@ func BenchmarkLatency(b *testing.B) {
 			}
 		})
 	}
+}
+
+// writeLatencyChart draws the p50 and p99 of commit to effect (inbox rows)
+// of rs, one line per relay mode and percentile, over backend and load.
+func writeLatencyChart(path string, rs []bench.LatencyResult) error {
+	var xs []string
+	col := map[string]int{}
+	for _, r := range rs {
+		x := r.Backend + " " + r.Load.String()
+		if _, ok := col[x]; !ok {
+			col[x] = len(xs)
+			xs = append(xs, x)
+		}
+	}
+	var series []bench.Series
+	for _, mode := range bench.RelayModes {
+		for _, q := range []string{"p50", "p99"} {
+			s := bench.Series{Name: mode + " " + q, Y: make([]float64, len(xs))}
+			for i := range s.Y {
+				s.Y[i] = math.NaN()
+			}
+			for _, r := range rs {
+				if r.Mode != mode {
+					continue
+				}
+				d := r.Rows.P50
+				if q == "p99" {
+					d = r.Rows.P99
+				}
+				s.Y[col[r.Backend+" "+r.Load.String()]] = float64(d) / float64(time.Millisecond)
+			}
+			series = append(series, s)
+		}
+	}
+	c := bench.Chart{
+		Title:  "Commit to effect (inbox rows), polling relay against wake-ups",
+		XLabel: "database, load", YLabel: "ms",
+		X: xs, Series: series,
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := c.WritePNG(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
