@@ -94,8 +94,14 @@ func BenchmarkLatency(b *testing.B) {
 func writeLatencyChart(path string, rs []bench.LatencyResult) error {
 	var xs []string
 	col := map[string]int{}
+	label := func(r bench.LatencyResult) string {
+		if r.Load.Burst > 0 {
+			return fmt.Sprintf("%s b%d", r.Backend, r.Load.Burst)
+		}
+		return fmt.Sprintf("%s %d/s", r.Backend, r.Load.Rate)
+	}
 	for _, r := range rs {
-		x := r.Backend + " " + r.Load.String()
+		x := label(r)
 		if _, ok := col[x]; !ok {
 			col[x] = len(xs)
 			xs = append(xs, x)
@@ -116,14 +122,14 @@ func writeLatencyChart(path string, rs []bench.LatencyResult) error {
 				if q == "p99" {
 					d = r.Rows.P99
 				}
-				s.Y[col[r.Backend+" "+r.Load.String()]] = float64(d) / float64(time.Millisecond)
+				s.Y[col[label(r)]] = float64(d) / float64(time.Millisecond)
 			}
 			series = append(series, s)
 		}
 	}
 	c := bench.Chart{
 		Title:  "Commit to effect (inbox rows), polling relay against wake-ups",
-		XLabel: "database, load", YLabel: "ms",
+		XLabel: "database, load (bN: bursts of N every second)", YLabel: "ms",
 		X: xs, Series: series,
 	}
 	f, err := os.Create(path)
