@@ -298,18 +298,17 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // pollAfter returns the pause after a cycle that found n messages, less
-// than a full batch, and counts it in idle. A relay that listens for the
-// database's notifications waits for one, or for the safety poll; one that
-// polls looks again after MinPollInterval, doubled for each cycle in a row
-// that found nothing, up to the safety poll.
+// than a full batch, and counts it in idle: MinPollInterval, doubled for
+// each cycle in a row that found nothing, up to the safety poll. A wake-up
+// ends the pause sooner. A relay that listens polls the same way: the
+// database's notification is sent only by a transaction that finds its
+// shard published through (the relay may be idle), not by those that
+// commit while the relay works through a backlog.
 func (r *Relay) pollAfter(n int, idle *int) time.Duration {
 	if n > 0 {
 		*idle = 0
 	} else {
 		*idle++
-	}
-	if r.listening.Load() {
-		return r.cfg.PollInterval
 	}
 	d := r.cfg.MinPollInterval
 	for i := 1; i < *idle && d < r.cfg.PollInterval; i++ {

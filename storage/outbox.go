@@ -255,9 +255,12 @@ func ShareRows(pending []ShardCount, maxRows int) []ShardCount {
 // (PostgreSQL's LISTEN and NOTIFY), so that they need not poll for it.
 // Append of a Notifier has the notification sent inside its transaction,
 // so that the database delivers it at commit and never for a transaction
-// that rolls back, and once per transaction however many calls append.
-// A notification may still be lost (the listening connection breaks):
-// relays go on polling, less often, for that case.
+// that rolls back, once per transaction however many calls append, and at
+// least whenever a shard it appends to had nothing unpublished (a relay may
+// be idle); it may leave it out while the shards it appends to hold
+// unpublished rows, which a relay at work finds by polling soon after a
+// cycle that published. A notification may also be lost (the listening
+// connection breaks): relays go on polling, less often, for that case.
 type Notifier interface {
 	// Listen opens a connection of its own with db's settings, outside
 	// db's pool, that listens for the notifications of Append. It is
