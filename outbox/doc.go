@@ -27,9 +27,11 @@
 //     relays in every process. A transaction that appends while its shards
 //     hold unpublished rows sends none (PostgreSQL serializes the commits
 //     of notifying transactions; every one notifying halved the rate of
-//     8 writers): the relay is at work then, and polls soon after each
-//     cycle that published, as below. A relay that loses its listening
-//     connection logs it at Warn, polls as below, and listens again.
+//     8 writers): a relay is at work then, and polls soon after each cycle
+//     that published, as below. Such a transaction that commits long after
+//     its Enqueue, once the relay has backed off, waits for the relay's
+//     next poll. A relay that loses its listening connection logs it at
+//     Warn, polls as below, and listens again.
 //   - In the relay's process, on every database, Enqueue wakes the relays
 //     made from the same Outbox: after the commit when the transaction is
 //     one that tells its commit (an inbox handler's, a consumer's: package
@@ -44,12 +46,11 @@
 // safety poll, 1s by default): a lost notification delays a message by at
 // most that, and never loses it. An idle relay sends about ten statements
 // (its claims) in the first second after activity, then one per safety
-// poll. A relay that
-// publishes a full batch goes on at once; after a shorter one it starts the
-// next cycle no sooner than 5ms later (MinPollInterval, if shorter),
-// however soon it is woken, so that a stream of commits is published
-// several at a time.
-// RelayConfig.NoWakeups turns the wake-ups off.
+// poll. A relay that publishes a full batch goes on at once; after a
+// shorter one it starts the next cycle no sooner than 5ms later
+// (MinPollInterval, if shorter), however soon it is woken, so that a
+// stream of commits is published several at a time. RelayConfig.NoWakeups
+// turns the wake-ups off.
 //
 // # Order per key
 //
