@@ -149,8 +149,11 @@ type Config struct {
 	// transaction (through inbox.ProcessBatch). Default 1. With
 	// NaturallyIdempotent it applies to BatchHandler only.
 	BatchSize int
-	// BatchWait is how long a batch waits to fill up once its first message
-	// is there. Default 50ms; ignored when BatchSize is 1.
+	// BatchWait is the longest a batch waits to fill up once its first
+	// message is there; it goes at once (after a millisecond's grace) when
+	// its last message was the partition's last as the broker last said,
+	// so a batch waits only for messages already in the partition. Default
+	// 50ms; ignored when BatchSize is 1.
 	BatchWait time.Duration
 
 	// MaxAttempts bounds how often a failing message is tried before

@@ -60,8 +60,10 @@
 //
 // # Batches
 //
-// With Config.BatchSize > 1 up to that many messages of one partition (or
-// what arrived within Config.BatchWait) are processed in one transaction by
+// With Config.BatchSize > 1 up to that many messages of one partition (what
+// arrives within Config.BatchWait while the partition holds more; a batch
+// that reached the partition's end goes at once) are processed in one
+// transaction by
 // [inbox.Inbox.ProcessBatch]. A poison message is isolated: the rest of the
 // batch commits, and the poison is retried alone and then sent to the policy.
 // The retried message is then applied after the later messages of its batch:

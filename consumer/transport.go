@@ -142,3 +142,13 @@ type partitionReader interface {
 	// commit.
 	close() error
 }
+
+// caughtUpReader is the optional partitionReader capability by which a
+// batch stops waiting for more messages when the partition has nothing
+// more to give.
+type caughtUpReader interface {
+	// caughtUp reports whether the last message fetch returned was the
+	// partition's last when the broker sent it: no message after it was
+	// fetched or is waiting on the broker to be fetched, as of then.
+	caughtUp() bool
+}

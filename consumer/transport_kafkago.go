@@ -230,6 +230,10 @@ func (r kafkaGoReader) fetch(ctx context.Context) (kafka.Message, error) {
 
 func (r kafkaGoReader) close() error { return r.r.Close() }
 
+// caughtUp reads the reader's lag: the high watermark of the last
+// message's fetch response past that message.
+func (r kafkaGoReader) caughtUp() bool { return r.r.Lag() == 0 }
+
 func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
 	return kafka.LoggerFunc(func(format string, args ...any) {
 		if log.Enabled(context.Background(), level) {

@@ -443,7 +443,8 @@ func (w *worker) write(next, last int64) storage.OffsetWrite {
 }
 
 // fetch returns the next batch: up to BatchSize messages, waiting at most
-// BatchWait after the first. It returns nothing when ctx ends, when an idle
+// BatchWait after the first, and no longer once the reader (a
+// caughtUpReader) reached the partition's end. It returns nothing when ctx ends, when an idle
 // period of CommitInterval passed (so the caller can commit), or after a
 // fetch error (logged, then retried after a backoff).
 func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
@@ -465,8 +466,21 @@ func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
 	if w.c.cfg.BatchSize > 1 {
 		bctx, cancel := context.WithTimeout(ctx, w.c.cfg.BatchWait)
 		defer cancel()
+		cr, _ := r.(caughtUpReader)
 		for len(batch) < w.c.cfg.BatchSize {
-			m, err := r.fetch(bctx)
+			var m kafka.Message
+			var err error
+			if cr != nil && cr.caughtUp() {
+				// Nothing more is on its way: the batch goes now rather
+				// than after BatchWait, unless a message was fetched
+				// meanwhile. While the partition holds more, the batch
+				// waits for it as before: batches stay full under load.
+				gctx, gcancel := context.WithTimeout(bctx, batchGrace)
+				m, err = r.fetch(gctx)
+				gcancel()
+			} else {
+				m, err = r.fetch(bctx)
+			}
 			if err != nil {
 				break
 			}
@@ -475,6 +489,10 @@ func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
 	}
 	return batch
 }
+
+// batchGrace is how long a batch waits for one more message once its
+// reader reached the partition's end.
+const batchGrace = time.Millisecond
 
 // afterCommit runs the tests' AfterDB knob (internal/testhooks) after a
 // database commit and reports whether it simulated a crash.

@@ -15,6 +15,43 @@
 // headers the inbox consumer reads (event_id and event_time, or CloudEvents'
 // ce_id and ce_time), and the downstream inbox drops the copies.
 //
+// # Wake-ups
+//
+// A relay does not wait for a poll to find a commit; it is woken:
+//
+//   - On PostgreSQL (a store that is a storage.Notifier), Append sends a
+//     NOTIFY inside the enqueuing transaction when a shard it appends to
+//     has nothing unpublished, which the database delivers at commit, once
+//     per transaction, to a connection each relay keeps listening (one
+//     connection per relay, outside the application's pool). This reaches
+//     relays in every process. A transaction that appends while its shards
+//     hold unpublished rows sends none (PostgreSQL serializes the commits
+//     of notifying transactions; every one notifying halved the rate of
+//     8 writers): a relay is at work then, and polls soon after each cycle
+//     that published, as below. Such a transaction that commits long after
+//     its Enqueue, once the relay has backed off, waits for the relay's
+//     next poll. A relay that loses its listening connection logs it at
+//     Warn, polls as below, and listens again.
+//   - In the relay's process, on every database, Enqueue wakes the relays
+//     made from the same Outbox: after the commit when the transaction is
+//     one that tells its commit (an inbox handler's, a consumer's: package
+//     inbox and consumer run them), and otherwise at Enqueue, before the
+//     commit; the relay then finds nothing yet, and polls again soon.
+//   - Between wake-ups every relay polls adaptively:
+//     RelayConfig.MinPollInterval after a cycle that found something or
+//     followed a wake-up, doubled for each cycle in a row that found
+//     nothing, up to RelayConfig.PollInterval.
+//
+// Whatever the wake-ups, a relay looks at least every PollInterval (the
+// safety poll, 1s by default): a lost notification delays a message by at
+// most that, and never loses it. An idle relay sends about ten statements
+// (its claims) in the first second after activity, then one per safety
+// poll. A relay that publishes a full batch goes on at once; after a
+// shorter one it starts the next cycle no sooner than 5ms later
+// (MinPollInterval, if shorter), however soon it is woken, so that a
+// stream of commits is published several at a time. RelayConfig.NoWakeups
+// turns the wake-ups off.
+//
 // # Order per key
 //
 // Messages with the same topic and key reach Kafka in the order their

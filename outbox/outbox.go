@@ -77,6 +77,8 @@ type Outbox struct {
 	log    *slog.Logger
 
 	enqueued, refused, failed atomic.Uint64
+	// wakers are this process's relays of the outbox, woken by Enqueue.
+	wakers wakers
 }
 
 // Counters are an Outbox's totals since it was made.
@@ -248,6 +250,7 @@ func (o *Outbox) enqueue(ctx context.Context, tx *gorm.DB, msgs []Message) error
 		return fmt.Errorf("outbox: enqueue %d messages: %w", len(rows), err)
 	}
 	o.enqueued.Add(uint64(len(rows)))
+	o.wakers.wakeAfter(tx)
 	return nil
 }
 

@@ -25,9 +25,10 @@ import (
 
 // Defaults for RelayConfig.
 const (
-	DefaultLease        = 30 * time.Second
-	DefaultMaxMessages  = 500
-	DefaultPollInterval = 100 * time.Millisecond
+	DefaultLease           = 30 * time.Second
+	DefaultMaxMessages     = 500
+	DefaultPollInterval    = time.Second
+	DefaultMinPollInterval = 5 * time.Millisecond
 )
 
 // RelayConfig tunes a Relay. The zero value is usable.
@@ -51,9 +52,25 @@ type RelayConfig struct {
 	// MaxMessages bounds one cycle. Default DefaultMaxMessages, and never
 	// more than the Publisher's Limits.
 	MaxMessages int
-	// PollInterval is the pause after a cycle that found less than a full
-	// batch. Default DefaultPollInterval.
+	// PollInterval is the safety poll: the longest pause between two
+	// cycles, so the longest a message waits when no wake-up reaches the
+	// relay (see "Wake-ups" in the package doc). Default
+	// DefaultPollInterval.
 	PollInterval time.Duration
+	// MinPollInterval is the pause of a relay that polls (one that does
+	// not listen for the database's notifications) after a cycle that
+	// found less than a full batch but something, or after a wake-up; each
+	// cycle that finds nothing doubles it, up to PollInterval. Default
+	// DefaultMinPollInterval, and never more than PollInterval. However
+	// soon a wake-up comes, a cycle starts no sooner than
+	// DefaultMinPollInterval (or MinPollInterval, if shorter) after one
+	// that published, so that a stream of commits is taken several at a
+	// time.
+	MinPollInterval time.Duration
+	// NoWakeups turns the wake-ups off: the relay neither listens for the
+	// database's notifications nor takes the signal of this process's
+	// enqueues, and polls every MinPollInterval to PollInterval only.
+	NoWakeups bool
 	// Hooks receive a hooks.RelayCycle event after every cycle that did
 	// something or failed (hooks.EventHook); they stack, each called in
 	// order, and must be fast.
@@ -87,6 +104,7 @@ type Relay struct {
 	hooks    *hooklist.List
 
 	cycles, published, failures, leasesLost atomic.Uint64
+	listening                               atomic.Bool
 }
 
 // NewRelay returns a relay of o's messages through pub.
@@ -94,7 +112,7 @@ func (o *Outbox) NewRelay(pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if pub == nil {
 		return nil, fmt.Errorf("%w: relay needs a publisher", inbox.ErrInvalidConfig)
 	}
-	if cfg.Lease < 0 || cfg.MaxShards < 0 || cfg.MaxMessages < 0 || cfg.PollInterval < 0 {
+	if cfg.Lease < 0 || cfg.MaxShards < 0 || cfg.MaxMessages < 0 || cfg.PollInterval < 0 || cfg.MinPollInterval < 0 {
 		return nil, fmt.Errorf("%w: negative value in the relay configuration", inbox.ErrInvalidConfig)
 	}
 	if cfg.Lease != 0 && cfg.Lease < 10*time.Millisecond {
@@ -103,6 +121,7 @@ func (o *Outbox) NewRelay(pub Publisher, cfg RelayConfig) (*Relay, error) {
 	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
 	cfg.MaxMessages = cmp.Or(cfg.MaxMessages, DefaultMaxMessages)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
+	cfg.MinPollInterval = min(cmp.Or(cfg.MinPollInterval, DefaultMinPollInterval), cfg.PollInterval)
 	maxBytes := maxMessageBytes
 	if l, ok := pub.(Limited); ok {
 		m, b := l.Limits()
@@ -186,50 +205,93 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.checkPartitions(ctx); errors.Is(err, ErrPartitionCount) {
 		return err
 	}
+	notified, local := make(chan struct{}, 1), make(chan struct{}, 1)
+	if !r.cfg.NoWakeups {
+		r.o.wakers.add(local)
+		defer r.o.wakers.remove(local)
+		if n, ok := r.o.store.(storage.Notifier); ok {
+			lctx, stop := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				r.listen(lctx, n, notified, r.listening.Store)
+			}()
+			defer func() { stop(); <-done }()
+		}
+	}
 	failures := 0
+	// idle counts the cycles that found nothing since the last that found
+	// something or followed a wake-up: the polls back off with it.
+	idle := 0
 	for {
 		n, err := r.PublishOnce(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		pause := time.Duration(0)
+		wait := time.Duration(0)
 		switch {
 		case errors.Is(err, ErrPartitionCount):
 			// Publishing anyway would put keys where Kafka's partitioner
 			// does not and mix streams: the whole outbox waits.
 			failures++
-			pause = backoff.Wait(r.o.cfg.MinBackoff, r.o.cfg.MaxBackoff, failures)
+			wait = backoff.Wait(r.o.cfg.MinBackoff, r.o.cfg.MaxBackoff, failures)
 			r.log.Error("the aligned topic's partition count differs from the outbox's shards; nothing is published until they agree",
-				"error", err, "retry_in", pause)
+				"error", err, "retry_in", wait)
+			if err := backoff.Sleep(ctx, wait); err != nil {
+				return err
+			}
+			continue
 		case errors.Is(err, ErrShardStuck) && !errors.Is(err, errPublish):
 			// The other shards go on at full speed; the stuck one is
 			// reported on every cycle until the row is repaired.
 			failures = 0
 			r.log.Error("relay cannot publish a stored message; its shard waits (keys of other shards go on)", "error", err)
 			if n < r.cfg.MaxMessages {
-				pause = r.cfg.PollInterval
+				wait = r.pollAfter(n, &idle)
 			}
 		case err != nil:
 			failures++
-			pause = backoff.Wait(r.o.cfg.MinBackoff, r.o.cfg.MaxBackoff, failures)
+			wait = backoff.Wait(r.o.cfg.MinBackoff, r.o.cfg.MaxBackoff, failures)
 			if permanent, _, cause := kafkaerr.Classify(err); permanent {
 				// Nothing is dropped: the message's shard waits for it (the
 				// keys after it must not overtake it), retried until the
 				// message or the topic is fixed; other shards go on.
 				r.log.Error("the broker refuses a stored message for good; its shard waits until the message or the topic is fixed",
-					"error", err, "cause", cause, "retry_in", pause)
+					"error", err, "cause", cause, "retry_in", wait)
 			} else {
-				r.log.Warn("relay cycle failed; trying again", append([]any{"error", err, "in", pause}, r.o.missingTable(err)...)...)
+				r.log.Warn("relay cycle failed; trying again", append([]any{"error", err, "in", wait}, r.o.missingTable(err)...)...)
 			}
+			// A failing database or broker is not hurried by wake-ups.
+			if err := backoff.Sleep(ctx, wait); err != nil {
+				return err
+			}
+			continue
 		case n < r.cfg.MaxMessages:
 			failures = 0
-			pause = r.cfg.PollInterval
+			wait = r.pollAfter(n, &idle)
 		default:
 			failures = 0
+			idle = 0
 		}
-		if pause > 0 {
-			if err := backoff.Sleep(ctx, pause); err != nil {
+		if wait > 0 {
+			cycleEnd := time.Now()
+			woken, err := pause(ctx, wait, notified, local, r.listening.Load)
+			if err != nil {
 				return err
+			}
+			if woken {
+				idle = 0
+				if n > 0 {
+					// Under a steady stream of commits every one wakes
+					// the relay: a short gap after a cycle that
+					// published lets the next take several commits,
+					// rather than claiming (on SQLite: taking the write
+					// lock) once per commit.
+					gap := min(r.cfg.MinPollInterval, DefaultMinPollInterval)
+					if err := backoff.Sleep(ctx, gap-time.Since(cycleEnd)); err != nil {
+						return err
+					}
+				}
 			}
 		}
 	}
@@ -255,6 +317,26 @@ func (o *Outbox) missingTable(err error) []any {
 	}
 	return []any{"missing_table", name,
 		"fix", "run Outbox.Migrate (or inboxctl outbox migrate): the table does not exist (dropped?); retrying until it does"}
+}
+
+// pollAfter returns the pause after a cycle that found n messages, less
+// than a full batch, and counts it in idle: MinPollInterval, doubled for
+// each cycle in a row that found nothing, up to the safety poll. A wake-up
+// ends the pause sooner. A relay that listens polls the same way: the
+// database's notification is sent only by a transaction that finds its
+// shard published through (the relay may be idle), not by those that
+// commit while the relay works through a backlog.
+func (r *Relay) pollAfter(n int, idle *int) time.Duration {
+	if n > 0 {
+		*idle = 0
+	} else {
+		*idle++
+	}
+	d := r.cfg.MinPollInterval
+	for i := 1; i < *idle && d < r.cfg.PollInterval; i++ {
+		d *= 2
+	}
+	return min(d, r.cfg.PollInterval)
 }
 
 func (r *Relay) release() {

@@ -249,3 +249,32 @@ func ShareRows(pending []ShardCount, maxRows int) []ShardCount {
 	}
 	return out
 }
+
+// Notifier is an optional OutboxStore capability: the database itself tells
+// relays, in any process, that a transaction that appended rows committed
+// (PostgreSQL's LISTEN and NOTIFY), so that they need not poll for it.
+// Append of a Notifier has the notification sent inside its transaction,
+// so that the database delivers it at commit and never for a transaction
+// that rolls back, once per transaction however many calls append, and at
+// least whenever a shard it appends to had nothing unpublished (a relay may
+// be idle); it may leave it out while the shards it appends to hold
+// unpublished rows, which a relay at work finds by polling soon after a
+// cycle that published. A notification may also be lost (the listening
+// connection breaks): relays go on polling, less often, for that case.
+type Notifier interface {
+	// Listen opens a connection of its own with db's settings, outside
+	// db's pool, that listens for the notifications of Append. It is
+	// listening when Listen returns.
+	Listen(ctx context.Context, db *gorm.DB) (Listener, error)
+}
+
+// Listener is a listening connection of a Notifier.
+type Listener interface {
+	// Wait returns nil once a notification arrived that an earlier Wait
+	// did not return for (it may stand for several commits), and an error
+	// when ctx ends or the connection is lost; after an error the Listener
+	// is closed, and no notification is delivered again.
+	Wait(ctx context.Context) error
+	// Close ends the connection.
+	Close() error
+}

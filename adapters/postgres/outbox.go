@@ -201,19 +201,40 @@ func (s *OutboxStore) MigrationSQL(plan storage.MaintenancePlan) ([]string, erro
 
 // Append takes the counter rows of the rows' shards in ascending order
 // (their row locks order the shard's transactions until tx ends), and
-// inserts the rows.
+// inserts the rows. When a shard it appends to had nothing unpublished, it
+// notifies Channel (storage.Notifier).
 func (s *OutboxStore) Append(ctx context.Context, tx *gorm.DB, rows []storage.OutboxRow) error {
 	tx = tx.WithContext(ctx)
 	first := map[int32]int64{}
+	notify := false
 	for _, c := range storage.AssignShards(rows, s.shards) {
-		var last int64
-		if err := tx.Raw(`UPDATE `+s.shardsTable()+` SET next_seq = next_seq + ? WHERE shard = ? RETURNING next_seq`, c.Rows, c.Shard).Scan(&last).Error; err != nil {
+		var got struct {
+			NextSeq          int64
+			PublishedThrough *int64
+		}
+		err := tx.Raw(`UPDATE `+s.shardsTable()+` c SET next_seq = c.next_seq + ? WHERE c.shard = ?
+			RETURNING c.next_seq, (SELECT r.published_through FROM `+s.relayTable()+` r WHERE r.shard = c.shard) AS published_through`,
+			c.Rows, c.Shard).Scan(&got).Error
+		if err != nil {
 			return fmt.Errorf("postgres: number rows of shard %d of %s: %w", c.Shard, s.parent(), err)
 		}
+		last := got.NextSeq
 		if last < c.Rows {
 			return fmt.Errorf("postgres: shard %d of %s has no counter row; run Migrate", c.Shard, s.parent())
 		}
 		first[c.Shard] = last - c.Rows + 1
+		// Only a shard with nothing unpublished may have an idle relay;
+		// one with a backlog has a relay at work, which polls again soon
+		// after a cycle that published.
+		notify = notify || got.PublishedThrough == nil || last-c.Rows <= *got.PublishedThrough
+	}
+	if notify {
+		// PostgreSQL delivers it at commit, once per transaction (identical
+		// ones are folded), and never after a rollback. Its commit takes a
+		// lock that serializes notifying commits: hence only when needed.
+		if err := tx.Exec(`SELECT pg_notify(?, '')`, s.Channel()).Error; err != nil {
+			return fmt.Errorf("postgres: notify the relays of %s: %w", s.parent(), err)
+		}
 	}
 	storage.NumberRows(rows, first)
 	const perRow = 8

@@ -237,3 +237,40 @@ func BenchmarkBoundsCost(b *testing.B) {
 		_ = within(time.Minute, "COMMIT", func() error { return nil })
 	}
 }
+
+// AfterCommit's functions run once the transaction committed, never for
+// one that rolled back; outside
+// a transaction run by Transact it reports that it cannot.
+func TestAfterCommit(t *testing.T) {
+	db, _ := openHang(t)
+	ran := 0
+	if err := Transact(t.Context(), db, noneTransient{}, nil, 0, func(tx *gorm.DB) error {
+		if !AfterCommit(tx, func() { ran++ }) {
+			t.Fatal("AfterCommit refused a transaction run by Transact")
+		}
+		if ran != 0 {
+			t.Fatal("ran before the commit")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if ran != 1 {
+		t.Fatalf("ran %d times after the commit, want 1", ran)
+	}
+	errFn := errors.New("rolled back")
+	if err := Transact(t.Context(), db, noneTransient{}, nil, 0, func(tx *gorm.DB) error {
+		AfterCommit(tx, func() { ran++ })
+		return errFn
+	}); !errors.Is(err, errFn) {
+		t.Fatal(err)
+	}
+	if ran != 1 {
+		t.Fatal("ran after a rollback")
+	}
+	tx := db.Begin()
+	defer tx.Rollback()
+	if AfterCommit(tx, func() { ran++ }) {
+		t.Fatal("AfterCommit took a transaction that does not tell its commit")
+	}
+}

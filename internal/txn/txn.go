@@ -207,6 +207,42 @@ type txState struct {
 	// was cancelled (go-sql-driver/mysql does), so the lost connection that
 	// follows is the handler's doing, not the database's.
 	ownDeadline bool
+	// commits: the transaction is RunFrom's, which runs afterCommit once
+	// COMMIT succeeded. A savepoint's state does not commit; its parent,
+	// if followed, is the state of the transaction around it.
+	commits     bool
+	parent      *txState
+	afterCommit []func()
+}
+
+// AfterCommit arranges for fn to run once the transaction tx belongs to has
+// committed (in the goroutine that committed it), and reports whether it
+// could: only a transaction run by [RunFrom] or [Transact] (an inbox
+// handler's, a consumer's), or a savepoint inside one, tells its commit.
+// fn does not run when the transaction does not commit; it may run after a
+// savepoint's work was rolled back, when the transaction around it
+// commits.
+func AfterCommit(tx *gorm.DB, fn func()) bool {
+	for st := lookupState(tx); st != nil; st = st.parent {
+		if st.commits {
+			st.mu.Lock()
+			st.afterCommit = append(st.afterCommit, fn)
+			st.mu.Unlock()
+			return true
+		}
+	}
+	return false
+}
+
+// committed runs the functions AfterCommit registered.
+func (s *txState) committed() {
+	s.mu.Lock()
+	fns := s.afterCommit
+	s.afterCommit = nil
+	s.mu.Unlock()
+	for _, fn := range fns {
+		fn()
+	}
 }
 
 func (s *txState) record(err error) {
@@ -541,7 +577,7 @@ func detach(ctx context.Context, grace time.Duration) (context.Context, func()) 
 // ended. A positive bound bounds COMMIT and ROLLBACK (begin bounds BEGIN
 // itself): see [TimeoutError].
 func RunFrom(ctx context.Context, bound time.Duration, begin func(ctx context.Context) (*gorm.DB, func(), error), classify ErrorClassifier, fn func(tx *gorm.DB) error) error {
-	st := &txState{classify: classify}
+	st := &txState{classify: classify, commits: true}
 	tx, release, err := begin(withState(ctx, st))
 	if err != nil {
 		return err
@@ -586,6 +622,7 @@ func RunFrom(ctx context.Context, bound time.Duration, begin func(ctx context.Co
 		}
 		return commitError(classify, failed, err)
 	}
+	st.committed()
 	return nil
 }
 
@@ -641,7 +678,7 @@ func InSavepoint(ctx context.Context, tx *gorm.DB, classify ErrorClassifier, fn 
 	if err := tx.SavePoint(name).Error; err != nil {
 		return &Failure{Op: "savepoint", Err: err}
 	}
-	sp, st, untrack := track(tx, &txState{classify: classify})
+	sp, st, untrack := track(tx, &txState{classify: classify, parent: lookupState(tx)})
 	err := fn(sp)
 	// The savepoint's own statements must not be refused as the doomed
 	// transaction's.
