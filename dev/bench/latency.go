@@ -490,7 +490,9 @@ func IdleStatements(ctx context.Context, b *Backend, mode string, settle, window
 	time.Sleep(window)
 	res.PerSecond = float64(count.Load()-before) / window.Seconds()
 	cancel()
-	<-done
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		return res, err
+	}
 	return res, nil
 }
 

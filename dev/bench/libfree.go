@@ -107,7 +107,7 @@ func consumeLibraryFree(ctx context.Context, f *Fixture, brokers []string, topic
 
 // libraryFreePartition applies one assigned partition in batches until ctx
 // ends, committing each batch's offset after its transaction.
-func libraryFreePartition(ctx context.Context, f *Fixture, brokers []string, topic string, a kafka.PartitionAssignment, gen *kafka.Generation, batchSize int, committed func(int)) error {
+func libraryFreePartition(ctx context.Context, f *Fixture, brokers []string, topic string, a kafka.PartitionAssignment, gen *kafka.Generation, batchSize int, committed func(int)) (err error) {
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: brokers, Topic: topic, Partition: a.ID,
 		MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 100 * time.Millisecond,
@@ -129,7 +129,12 @@ func libraryFreePartition(ctx context.Context, f *Fixture, brokers []string, top
 		}
 		commitErr <- err
 	}()
-	defer func() { close(offsets); <-commitErr }()
+	defer func() {
+		close(offsets)
+		if cerr := <-commitErr; err == nil {
+			err = cerr
+		}
+	}()
 	skus := make([]int64, 0, batchSize)
 	for ctx.Err() == nil {
 		m, err := r.FetchMessage(ctx)
@@ -137,7 +142,7 @@ func libraryFreePartition(ctx context.Context, f *Fixture, brokers []string, top
 			return err
 		}
 		skus = skus[:0]
-		next := m.Offset + 1
+		var next int64
 		fillCtx, stop := context.WithTimeout(ctx, libraryFreeFill)
 		for {
 			sku, err := strconv.ParseInt(string(m.Key), 10, 64)

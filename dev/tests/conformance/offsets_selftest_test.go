@@ -60,12 +60,12 @@ func (s ignoresFloor) SaveOffset(ctx context.Context, tx *gorm.DB, table string,
 type ignoresGeneration struct{ *inboxsqlite.Store }
 
 func (s ignoresGeneration) SaveOffset(ctx context.Context, tx *gorm.DB, table string, w storage.OffsetWrite) error {
-	rows, err := s.Store.Offsets(ctx, tx, table, w.Group, w.Topic, w.Partition)
+	rows, err := s.Offsets(ctx, tx, table, w.Group, w.Topic, w.Partition)
 	if err != nil {
 		return err
 	}
 	if len(rows) == 1 && rows[0].Generation > w.Generation {
-		if _, err := s.Store.AdoptOffset(ctx, tx, table, w.OffsetKey, rows[0].Generation, w.Generation); err != nil {
+		if _, err := s.AdoptOffset(ctx, tx, table, w.OffsetKey, rows[0].Generation, w.Generation); err != nil {
 			return err
 		}
 	}

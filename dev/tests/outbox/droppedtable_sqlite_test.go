@@ -4,6 +4,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -108,7 +109,9 @@ func TestRelayNamesADroppedOutboxTable(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	cancel()
-	<-done
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("the relay ended with %v", err)
+	}
 }
 
 // Enqueue before Outbox.Migrate fails with an error naming the call.
