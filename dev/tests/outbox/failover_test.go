@@ -173,7 +173,7 @@ func runProducerFailover(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stop()
-	applied := startAppliedConsumer(runCtx, t, &wg, sqliteChain(t), brokers, topic, source)
+	applied := startAppliedConsumer(runCtx, t, &wg, sqliteChain(t), brokers, topic, source, nil)
 
 	var relays []func()
 	startRelay := func(id string) {
@@ -388,8 +388,9 @@ func (a appliedLog) missing(want []string) []string {
 }
 
 // startAppliedConsumer runs, until ctx ends, a consumer of topic on c that
-// deduplicates source by watermark and records each event it applies.
-func startAppliedConsumer(ctx context.Context, t *testing.T, wg *sync.WaitGroup, c chainDB, brokers []string, topic, source string) appliedLog {
+// lists source in SequencedSources and records each event it applies. It
+// logs to h, if not nil.
+func startAppliedConsumer(ctx context.Context, t *testing.T, wg *sync.WaitGroup, c chainDB, brokers []string, topic, source string, h slog.Handler) appliedLog {
 	t.Helper()
 	sfx := conformance.RandomSuffix()
 	log := appliedLog{t: t, db: c.db, table: "applied_" + sfx}
@@ -398,6 +399,10 @@ func startAppliedConsumer(ctx context.Context, t *testing.T, wg *sync.WaitGroup,
 		t.Fatal(err)
 	}
 	quiet := slog.New(slog.DiscardHandler)
+	clog := quiet
+	if h != nil {
+		clog = slog.New(h)
+	}
 	ibStore, err := c.newInbox("inbox_a_" + sfx)
 	if err != nil {
 		t.Fatal(err)
@@ -410,7 +415,7 @@ func startAppliedConsumer(ctx context.Context, t *testing.T, wg *sync.WaitGroup,
 		t.Fatal(err)
 	}
 	cons, err := consumer.New(consumer.Config{Brokers: brokers, GroupID: "applied-" + sfx, Topics: []string{topic}, Inbox: ib, Consumer: "apply",
-		SequencedSources: []string{source}, Logger: quiet, MaxWait: 100 * time.Millisecond,
+		SequencedSources: []string{source}, Logger: clog, MaxWait: 100 * time.Millisecond,
 		Handler: func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 			return tx.Exec(`INSERT INTO `+log.table+` (event_id) VALUES (?)`, msg.EventID).Error
 		}})
@@ -424,8 +429,9 @@ func startAppliedConsumer(ctx context.Context, t *testing.T, wg *sync.WaitGroup,
 	return log
 }
 
-// warnCounter is a slog handler that logs a test's Warn and Error records
-// and counts those whose message contains match.
+// warnCounter is a slog handler that counts the Warn and Error records
+// whose message contains match, and logs them and every Error record to
+// the test.
 type warnCounter struct {
 	t     *testing.T
 	match string
@@ -437,6 +443,8 @@ func (w *warnCounter) Enabled(_ context.Context, l slog.Level) bool { return l >
 func (w *warnCounter) Handle(_ context.Context, r slog.Record) error {
 	if strings.Contains(r.Message, w.match) {
 		w.n.Add(1)
+	} else if r.Level < slog.LevelError {
+		return nil
 	}
 	var b strings.Builder
 	r.Attrs(func(a slog.Attr) bool {
