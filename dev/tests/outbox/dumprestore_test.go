@@ -177,7 +177,10 @@ func runProducerDumpRestore(t *testing.T, dialect string, aligned bool) {
 		}
 		return func() {
 			_ = cmd.Process.Kill()
-			<-done
+			if err := <-done; err == nil || !strings.Contains(err.Error(), "killed") {
+				raw, _ := os.ReadFile(logFile)
+				t.Errorf("producer process %s ended before it was killed (%v):\n%s", filepath.Base(logFile), err, raw)
+			}
 		}
 	}
 	want := 0
@@ -276,8 +279,8 @@ func openProducerDB(t *testing.T, dialect, table string, shards int) producerDB 
 			}
 		})
 		return producerDB{
-			env:     append(env, "INBOX_PP_DSN="+dsn, "INBOX_PP_SCHEMA="+schema),
-			backup:  func(file string) { run("", "", pgTool("pg_dump"), "-Fc", "-n", schema, "-f", file, "-d", dsn) },
+			env:    append(env, "INBOX_PP_DSN="+dsn, "INBOX_PP_SCHEMA="+schema),
+			backup: func(file string) { run("", "", pgTool("pg_dump"), "-Fc", "-n", schema, "-f", file, "-d", dsn) },
 			// Into an empty schema: pg_restore --clean cannot drop a
 			// partitioned table's constraints from its partitions.
 			restore: func(file string) {
