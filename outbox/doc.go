@@ -215,12 +215,18 @@
 //     number wins there too) and logs it at Error with both events (package
 //     consumer, "Sequenced dedup").
 //
-// Nothing of this needs an operator; bump-epoch stays safe at any time.
+// Nothing of this needs an operator; bump-epoch stays safe at any time. A
+// relay that lives through a failover of its database needs nothing
+// either: once its connections reach the promoted server (a DSN over the
+// servers, such as PostgreSQL's target_session_attrs=read-write), it
+// checks what it finds there as above.
 // What it does not cover:
 //
 //   - An outbox that is not aligned: its shards span partitions and no
 //     partition witnesses them, so consumers take such messages' inbox
-//     rows (package consumer, "Sequenced dedup").
+//     rows (package consumer, "Sequenced dedup"; logged at Warn once per
+//     source). After a restore its relay publishes again the rows the
+//     backup held unpublished: copies, which the inbox rows drop.
 //   - Messages that retention deleted: the read starts at the log start,
 //     logged at Warn with both offsets; a database restored from before
 //     the retained messages is checked against what is left only.
