@@ -124,7 +124,10 @@
 // each write of the stored offset checks that the database still holds
 // the last offset this member stored (and an idle partition checks every
 // 5 s); if it does not, the transaction rolls back and the partition
-// resumes from the database's position (EventRepositioned, a Warn).
+// resumes from the database's position (EventRepositioned, a Warn). The
+// watermarks of SequencedSources went back with it: they are read again
+// there, and a sequence gap met while the stored offset is behind what the
+// member stored resumes the partition the same way instead of stopping it.
 // Without StoreOffsets such a failover loses those effects.
 //
 // Each row also names the group generation of the member that wrote it,
@@ -277,6 +280,12 @@
 //     makes the compare-and-set fail: the transaction rolls back, the
 //     watermarks are read again, and what the other member applied is a
 //     duplicate.
+//   - The consumer's own database failed over and lost commits: with
+//     StoreOffsets the partition resumes from the stored offset, which went
+//     back with the watermarks and the effects, and reads the watermarks
+//     again, so the messages in between are applied again, once (a gap the
+//     older watermark shows is then no gap). Without StoreOffsets such a
+//     stream shows a gap and stops, as any stream whose watermark went back.
 //   - A stream switched from inbox rows: until [Config.SequencedRowsUntil]
 //     a sequenced message also claims its row, so a copy of a message
 //     applied through a row before the switch is not applied again.

@@ -81,10 +81,16 @@ func (w *worker) checkPosition(ctx, dbCtx context.Context) {
 	if w.floor < 0 || w.tracker.inFlight() > 0 {
 		return
 	}
+	w.readPosition(dbCtx)
+}
+
+// readPosition reads the stored offset and sets w.lost as checkPosition
+// says; it reports whether it did.
+func (w *worker) readPosition(dbCtx context.Context) (lost bool) {
 	row, found, err := w.c.offsets.Read(dbCtx, w.c.db(), w.topic, w.partition)
 	if err != nil {
 		w.log.Debug("cannot read the stored offset", "error", err)
-		return
+		return false
 	}
 	switch {
 	case found && row.Generation > w.genID():
@@ -93,6 +99,7 @@ func (w *worker) checkPosition(ctx, dbCtx context.Context) {
 		w.lost = fmt.Errorf("%w: %s/%d is stored at %d, this worker committed %d (a database failover that lost commits, or a reset of the offsets table?)",
 			storage.ErrOffsetMoved, w.topic, w.partition, max(row.Next, -1), w.floor)
 	}
+	return w.lost != nil
 }
 
 // reposition reads the database's position again after w.lost, and either
@@ -116,6 +123,12 @@ func (w *worker) checkPosition(ctx, dbCtx context.Context) {
 func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) (halt bool) {
 	cause := w.lost
 	w.lost = nil
+	if w.seq != nil {
+		// The watermarks went back with the stored offset: the messages
+		// read again are judged by the database's, not by those in memory,
+		// which would take them for duplicates.
+		w.seq.loaded = false
+	}
 	prev, _ := w.tracker.committable()
 	start, from, hasStored, ok := w.position(ctx, dbCtx)
 	if !ok {

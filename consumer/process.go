@@ -96,6 +96,9 @@ func (w *worker) processSegment(ctx, dbCtx context.Context, items []*item) (halt
 		if items, gap, stop = w.cutAtGap(ctx, dbCtx, items); stop {
 			return true, false
 		}
+		if w.lost != nil {
+			return false, false // the database went back: run resumes from its position
+		}
 		var ok bool
 		if results, ok = w.processInbox(ctx, dbCtx, items); ok {
 			break

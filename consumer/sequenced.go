@@ -615,7 +615,9 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 // items before the first gap of an aligned stream, with the gap (the
 // partition then stops at the message after it), or all of items and nil.
 // stop is true when the partition stopped without a message to process
-// (the watermarks cannot be read) or ctx ended.
+// (the watermarks cannot be read) or ctx ended. With StoreOffsets, a gap
+// found while the stored offset went back behind what this worker
+// committed is the database's doing: it returns no items, with w.lost set.
 func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item, _ *gapError, stop bool) {
 	if w.seq == nil {
 		return items, nil, false
@@ -624,7 +626,22 @@ func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item,
 		return nil, nil, ctx.Err() == nil
 	}
 	n, gap := w.seq.firstGap(items)
-	if gap == nil || !w.stopAtGap(items[n], gap) {
+	if gap == nil {
+		return items, nil, false
+	}
+	if w.c.cfg.StoreOffsets && w.floor >= 0 {
+		// The watermark may have gone back with the stored offset (a
+		// failover that lost commits): then the partition resumes from the
+		// database's position (w.lost, see reposition) and the messages in
+		// between are no gap.
+		pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
+		lost := w.readPosition(pctx)
+		cancel()
+		if lost {
+			return nil, nil, false
+		}
+	}
+	if !w.stopAtGap(items[n], gap) {
 		return items, nil, false
 	}
 	return items[:n], gap, false

@@ -12,6 +12,7 @@ import (
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/testhooks"
+	"github.com/inboxgo/inbox/internal/watermark"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -180,7 +181,14 @@ func TestDeadLetteredOffsetIsStored(t *testing.T) {
 // primary: their effects, inbox rows and stored offset are gone.
 func loseTail(t *testing.T, s *shop, group string, from, n int) {
 	t.Helper()
-	err := s.db.Transaction(func(tx *gorm.DB) error {
+	if err := s.db.Transaction(func(tx *gorm.DB) error { return loseTailIn(tx, s, group, from, n) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loseTailIn makes loseTail's writes in tx.
+func loseTailIn(tx *gorm.DB, s *shop, group string, from, n int) error {
+	{
 		qty := 0
 		for i := from; i < n; i++ {
 			qty += 1 + i%3
@@ -198,9 +206,6 @@ func loseTail(t *testing.T, s *shop, group string, from, n int) {
 		// (written before a rebalance): a failover all the same, not a
 		// takeover, which only a newer generation means.
 		return tx.Exec(`UPDATE `+consumer.DefaultOffsetsTable+` SET next_offset = ?, generation = 0 WHERE group_id = ?`, from, group).Error
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -252,6 +257,64 @@ func TestRunningConsumerResumesFromTheDatabaseAfterAFailover(t *testing.T) {
 			}
 			if got := storedOffset(t, s, "inventory", "orders", 0); got != int64(n) {
 				t.Errorf("stored offset %d, want %d", got, n)
+			}
+		})
+	}
+}
+
+// The same failover under a consumer deduplicating a trusted source by
+// watermark: the promoted database's watermark went back with the effects
+// and the stored offset. The worker resumes from the database's position
+// and must judge the messages it reads again by the database's watermark,
+// not by the one it held in memory, which would drop them as duplicates.
+func TestSequencedRunningConsumerResumesAfterAFailover(t *testing.T) {
+	t.Parallel()
+	for _, idle := range []bool{false, true} {
+		name := "next message"
+		if idle {
+			name = "idle partition"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			brokers := newKfake(t, 1, "orders")
+			s := newSQLiteShop(t)
+			for i := range 10 {
+				produce(t, brokers, "orders", seqMessage(i, 0, 0, int64(i+1), 1))
+			}
+			ev := newEvents()
+			cfg := sequencedConfig(t, brokers, s, ev)
+			cfg.StoreOffsets = true
+			knobs := &testhooks.Knobs{PosCheckInterval: time.Hour}
+			if idle {
+				knobs.PosCheckInterval = 200 * time.Millisecond
+			}
+			r := startWith(t, cfg, knobs)
+			waitUntil(t, 30*time.Second, "10 processed", func() bool { return ev.count(hooks.Processed) == 10 })
+
+			// The failover: orders 6..9 (seq 7..10) are gone, with the
+			// watermark and the stored offset that covered them.
+			s.setWatermark(t, watermark.Applied{0: 10}, watermark.Applied{0: 6}, func(tx *gorm.DB) error {
+				return loseTailIn(tx, s, "inventory", 6, 10)
+			})
+			n := 10
+			if !idle {
+				produce(t, brokers, "orders", seqMessage(10, 0, 0, 11, 1))
+				n = 11
+			}
+			deadline := time.Now().Add(15 * time.Second)
+			for len(s.counts(t)) < n && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			time.Sleep(300 * time.Millisecond) // a redelivery applied twice would show now
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			s.checkExactlyOnce(t, n, nil)
+			if got := ev.count(hooks.Repositioned); got != 1 {
+				t.Errorf("%d repositionings, want 1", got)
+			}
+			if a := s.watermarks(t)[0][testSource+"/1"]; a[0] != int64(n) {
+				t.Errorf("watermark %v, want shard 0 at %d", a, n)
 			}
 		})
 	}
