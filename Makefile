@@ -52,8 +52,9 @@ bench: ## Run the benchmarks against every backend, side by side (see docs/BENCH
 	$(SERVICES) --postgres --mariadb --kafka -- env INBOX_REQUIRE_BACKENDS=1 $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
 
 .PHONY: chaos
-chaos: ## Kill consumers, restart Kafka and the databases, inject duplicates, then handler and configuration faults, the outbox chain under kills and restarts, a message its aligned outbox loses, relays and consumers paused (SIGSTOP), database links frozen, the chain's producer database restored from a backup under load; prove exactly once, and the loss stopped loudly, on every database (see docs/RELIABILITY.md).
+chaos: ## Kill consumers, restart Kafka and the databases, inject duplicates, then handler and configuration faults, the outbox chain under kills and restarts, a message its aligned outbox loses, relays and consumers paused (SIGSTOP), database links frozen, the chain's producer database restored from a backup under load, then failed over to an asynchronous standby (PostgreSQL); prove exactly once, and the loss stopped loudly, on every database (see docs/RELIABILITY.md).
 	$(SERVICES) --postgres --mariadb --kafka -- $(GO) run ./dev/cmd/inbox-chaos -session 3s -timeout 60m -phases chaos,faults,chain,gap,pause,partition,rewind
+	$(SERVICES) --postgres-standby async --kafka -- $(GO) run ./dev/cmd/inbox-chaos -db postgres -session 3s -timeout 20m -phases rewind -rewind-failover
 
 # The failover runs (docs/RELIABILITY.md, "Failover"). Each starts its own servers.
 FAILOVER_RUN := $(GO) run ./dev/cmd/inbox-chaos -db postgres -orders 6000 -waves 12 -duration 100s -kills 10 -broker-restarts 0 -terminations 2 -storms 0 -failovers 5 -session 3s

@@ -285,7 +285,7 @@ func RunChain(ctx context.Context, cfg Config, cc ChainConfig) (*ChainReport, er
 		errs: &errorLog{kinds: map[string]*errorKind{}}, marks: newMarkLog(), firstRelay: map[string]string{},
 	}
 	c.crep.StoreOffsets = cfg.StoreOffsets
-	c.primaryDir = cfg.DBDir
+	c.primaryDir, c.standbyDir = cfg.DBDir, cfg.StandbyDir
 	var err error
 	c.admin, c.backend, err = newAdmin(ctx, cfg, runID)
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/inboxgo/inbox/dev/inventory"
 	"github.com/inboxgo/inbox/internal/backoff"
 )
@@ -44,12 +46,19 @@ type RewindConfig struct {
 	Lease   time.Duration // the relays' lease; default 3 s
 }
 
-// Rewind is one backup and restore of service A's database.
+// Rewind is one backup and restore of service A's database, or one
+// failover of it.
 type Rewind struct {
 	// RelaysRestarted: A's relays were stopped before the restore and
 	// started after it; otherwise they ran through it.
 	RelaysRestarted bool
-	Backup          inventory.ABackup
+	// Failover: the rewind was a failover to an asynchronous standby cut
+	// off at Backup.Taken (the primary's WAL senders stopped), the primary
+	// killed and the standby promoted at the restore's time. Backup then
+	// says what the standby held when it was cut off, and Took is the time
+	// from the kill until the promoted standby accepted writes.
+	Failover bool
+	Backup   inventory.ABackup
 	// After is the time from the backup to the restore, in which orders
 	// were placed and published.
 	After time.Duration
@@ -67,7 +76,9 @@ func (r Rewind) TakenBack() int64 { return r.Before - r.Kept }
 
 // RunRewind runs the rewind phase on cfg's database: the chain scenario
 // (RunChain) with no kills, restarts or terminations, service A's database
-// rewound rc.Rewinds times instead. It checks what the chain run checks,
+// rewound rc.Rewinds times instead: restored from a backup, or, with
+// cfg.StandbyDir (a PostgreSQL asynchronous standby, cfg.DSN over both
+// servers, cfg.StoreOffsets), failed over (failoverOne). It checks what the chain run checks,
 // over the orders the rewinds left to deliver (RewindConfig's doc), and
 // that the relays logged that the database went back, at least once per
 // restore, and no process logged an ERROR.
@@ -105,7 +116,11 @@ func (c *chainRun) rewinder(ctx context.Context, driver inventory.Chain) error {
 		if backoff.Sleep(ctx, time.Until(at)) != nil {
 			return ctx.Err()
 		}
-		if err := c.rewindOne(ctx, driver, i+1, i%2 == 0); err != nil {
+		rewind := c.rewindOne
+		if c.standbyDir != "" {
+			rewind = c.failoverOne
+		}
+		if err := rewind(ctx, driver, i+1, i%2 == 0); err != nil {
 			return fmt.Errorf("rewind %d: %w", i+1, err)
 		}
 	}
@@ -173,6 +188,148 @@ func (c *chainRun) rewindOne(ctx context.Context, driver inventory.Chain, n int,
 	if restart {
 		return c.startRelays(ctx, ids)
 	}
+	return nil
+}
+
+// failoverOne rewinds service A's database by a failover, as rewindOne
+// does by a restore: with A's relays stopped until outbox A holds rows not
+// yet published and the writers held out, the standby catches up with the
+// primary and is cut off (the primary's WAL senders stopped); orders are
+// placed, published and applied on the primary for a few seconds; the
+// primary is killed (SIGKILL) and the standby promoted, the writers held
+// out again; the killed primary then rejoins as the new standby. The whole
+// database goes back, services B's and the ledger's tables too: their
+// consumers must store their offsets (Config.StoreOffsets) to apply again
+// what the promoted database lost.
+func (c *chainRun) failoverOne(ctx context.Context, driver inventory.Chain, n int, restart bool) error {
+	rw := Rewind{RelaysRestarted: restart, Failover: true}
+	primary, standby := c.primaryDir, c.standbyDir
+	pdb, err := c.openServer(primary)
+	if err != nil {
+		return err
+	}
+	defer closeDB(pdb)
+	gap := c.cfg.Duration / time.Duration(c.cc.Rewinds+2)
+	ids := c.stopRole(relayA)
+	c.waitUnpublished(ctx, driver, 5, 3*time.Second)
+	c.placing.Lock()
+	rw.Backup, err = c.cutStandby(ctx, driver, pdb, primary, strconv.Itoa(n))
+	c.placing.Unlock()
+	if err != nil {
+		return fmt.Errorf("cut the standby off: %w", err)
+	}
+	if err := c.startRelays(ctx, ids); err != nil {
+		return err
+	}
+	hold := min(max(gap/3, time.Second), 5*time.Second)
+	if backoff.Sleep(ctx, hold) != nil {
+		return ctx.Err()
+	}
+	pollUntil(ctx, 10*time.Second, 100*time.Millisecond, func(ctx context.Context) bool {
+		placed, err := driver.PlacedOrders(ctx, pdb)
+		return err == nil && int64(len(placed)) >= rw.Backup.Orders+10
+	})
+	if restart {
+		ids = c.stopRole(relayA)
+		c.waitUnpublished(ctx, driver, 3, 2*time.Second)
+	}
+	c.placing.Lock()
+	err = c.failOver(ctx, driver, pdb, primary, standby, &rw)
+	c.placing.Unlock()
+	if err != nil {
+		return fmt.Errorf("fail over: %w", err)
+	}
+	c.mu.Lock()
+	c.crep.Rewinds = append(c.crep.Rewinds, rw)
+	c.mu.Unlock()
+	c.lastRestore.Store(c.placed.Load())
+	mode := "A's relays running through it"
+	if restart {
+		mode = "A's relays restarted"
+	}
+	c.say("chain: rewind %d by failover (%s): promoted the standby cut off %.1fs earlier (%d orders, %d rows unpublished, epoch %d): %d orders taken back, epoch %d -> %d, promoted in %.2fs",
+		n, mode, rw.After.Seconds(), rw.Backup.Orders, rw.Backup.Unpublished, rw.Backup.Epoch, rw.TakenBack(), rw.EpochBefore, rw.Backup.Epoch, rw.Took.Seconds())
+	if restart {
+		if err := c.startRelays(ctx, ids); err != nil {
+			return err
+		}
+	}
+	if err := c.script(ctx, "postgres.sh", "rejoin", primary, standby, c.cfg.Replication); err != nil {
+		return err
+	}
+	c.primaryDir, c.standbyDir = standby, primary
+	return nil
+}
+
+// cutStandby waits until the standby replayed all that the primary (pdb,
+// in dir) committed, records what it then holds, and stops the primary's
+// WAL senders. The caller holds A's writers out.
+func (c *chainRun) cutStandby(ctx context.Context, driver inventory.Chain, pdb *gorm.DB, dir, tag string) (inventory.ABackup, error) {
+	b := inventory.ABackup{Tag: tag}
+	placed, err := driver.PlacedOrders(ctx, pdb)
+	if err != nil {
+		return b, err
+	}
+	b.Orders = int64(len(placed))
+	if b.Unpublished, err = driver.Unpublished(ctx, pdb, inventory.StageOrders); err != nil {
+		return b, err
+	}
+	if b.Epoch, err = driver.Epoch(ctx, pdb); err != nil {
+		return b, err
+	}
+	var lsn string
+	if err := pdb.WithContext(ctx).Raw(`SELECT pg_current_wal_lsn()::text`).Scan(&lsn).Error; err != nil {
+		return b, err
+	}
+	replayed := pollUntil(ctx, 30*time.Second, 20*time.Millisecond, func(ctx context.Context) bool {
+		var n int64
+		err := pdb.WithContext(ctx).Raw(`SELECT COUNT(*) FROM pg_stat_replication WHERE replay_lsn >= ?::pg_lsn`, lsn).Scan(&n).Error
+		return err == nil && n > 0
+	})
+	if !replayed {
+		return b, fmt.Errorf("the standby did not replay the primary's WAL up to %s in 30 s", lsn)
+	}
+	b.Taken = time.Now()
+	return b, c.script(ctx, "postgres.sh", "pause-wal", dir)
+}
+
+// failOver kills the primary (pdb, in primary) and promotes the standby,
+// and records the orders A's table held before and after. The caller holds
+// A's writers out.
+func (c *chainRun) failOver(ctx context.Context, driver inventory.Chain, pdb *gorm.DB, primary, standby string, rw *Rewind) error {
+	var err error
+	if rw.EpochBefore, err = driver.Epoch(ctx, pdb); err != nil {
+		return err
+	}
+	placed, err := driver.PlacedOrders(ctx, pdb)
+	if err != nil {
+		return err
+	}
+	rw.Before = int64(len(placed))
+	killed := time.Now()
+	rw.After = killed.Sub(rw.Backup.Taken)
+	if err := c.script(ctx, "postgres.sh", "kill", primary); err != nil {
+		return err
+	}
+	if err := c.script(ctx, "postgres.sh", "promote", standby); err != nil {
+		return err
+	}
+	rw.Took = time.Since(killed)
+	// The driver's idle connections went with the primary; new ones reach
+	// the promoted standby through the multi-host DSN.
+	if sqlDB, err := c.db.DB(); err == nil {
+		sqlDB.SetMaxIdleConns(0)
+		sqlDB.SetMaxIdleConns(2)
+	}
+	sdb, err := c.openServer(standby)
+	if err != nil {
+		return err
+	}
+	defer closeDB(sdb)
+	if placed, err = driver.PlacedOrders(ctx, sdb); err != nil {
+		return err
+	}
+	rw.Kept = int64(len(placed))
 	return nil
 }
 
@@ -340,11 +497,20 @@ func (r *ChainReport) writeRewinds(f func(string, ...any)) {
 			restarted++
 		}
 	}
-	f("  rewinds of A's database  %7d  (%d with A's relays restarted, %d with them running through it)", len(r.Rewinds), restarted, len(r.Rewinds)-restarted)
+	how := "restores"
+	if len(r.Rewinds) > 0 && r.Rewinds[0].Failover {
+		how = "failovers"
+	}
+	f("  rewinds of A's database  %7d  %s (%d with A's relays restarted, %d with them running through it)", len(r.Rewinds), how, restarted, len(r.Rewinds)-restarted)
 	for i, rw := range r.Rewinds {
 		mode := "running through"
 		if rw.RelaysRestarted {
 			mode = "restarted"
+		}
+		if rw.Failover {
+			f("      #%d relays %s: standby cut off with %d orders, %d rows unpublished, epoch %d; primary killed %.1fs later (epoch %d back to %d): %d orders taken back, promoted in %.2fs",
+				i+1, mode, rw.Backup.Orders, rw.Backup.Unpublished, rw.Backup.Epoch, rw.After.Seconds(), rw.EpochBefore, rw.Backup.Epoch, rw.TakenBack(), rw.Took.Seconds())
+			continue
 		}
 		f("      #%d relays %s: backup of %d orders, %d rows unpublished, epoch %d; restored %.1fs later (epoch %d back to %d): %d orders taken back, in %.2fs",
 			i+1, mode, rw.Backup.Orders, rw.Backup.Unpublished, rw.Backup.Epoch, rw.After.Seconds(), rw.EpochBefore, rw.Backup.Epoch, rw.TakenBack(), rw.Took.Seconds())

@@ -39,7 +39,12 @@
 // reaches the database through a link of its own, and one link at a time
 // freezes (no RST) and is healed or cut: the frozen member's partitions must
 // be committed on by a healthy member within MaxProcessingStall +
-// SessionTimeout + the rebalance, with no message charged anything.
+// SessionTimeout + the rebalance, with no message charged anything. Then
+// the rewind phase (dev/chaos.RunRewind): the chain's database goes back
+// under load, restored from a backup taken seconds earlier, or, with
+// -rewind-failover (PostgreSQL, scripts/with-services.sh --postgres-standby
+// async), failed over to a standby cut off seconds earlier; every order
+// the rewinds left to deliver must be reserved and booked once.
 // -phases selects the phases.
 //
 // It needs real servers: run it through make chaos, which starts throwaway
@@ -103,7 +108,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.StormLength, "storm-length", 4*time.Second, "length of a termination storm")
 	fs.DurationVar(&c.CatchUp, "catch-up", 5*time.Minute, "longest quiet period for the group to catch up")
 	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the orders and of the chaos")
-	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates), faults (handler and configuration faults), chain (the outbox chain under kills and restarts), gap (the chain's aligned outbox losing a message, which must stop its partition), pause (the chain's relays and consumers paused with SIGSTOP, with StoreOffsets off and on; PostgreSQL and MariaDB), partition (a consumer's database link frozen, then healed or cut; PostgreSQL and MariaDB) and rewind (the chain's producer database restored from a backup under load)")
+	phases := fs.String("phases", "chaos,faults", "phases to run per database: chaos (kills, restarts, duplicates), faults (handler and configuration faults), chain (the outbox chain under kills and restarts), gap (the chain's aligned outbox losing a message, which must stop its partition), pause (the chain's relays and consumers paused with SIGSTOP, with StoreOffsets off and on; PostgreSQL and MariaDB), partition (a consumer's database link frozen, then healed or cut; PostgreSQL and MariaDB) and rewind (the chain's producer database restored from a backup under load, or failed over with -rewind-failover)")
 	var pc chaos.PauseConfig
 	fs.IntVar(&pc.Orders, "pause-orders", 2000, "pause phase: orders service A places, per run")
 	fs.IntVar(&pc.Pauses, "pauses", 12, "pause phase: SIGSTOPs per run, the roles (relays and consumers of both stages) in turn")
@@ -123,8 +128,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cc.CrashAfter, "chain-crash-after", 3, "chain phase: the first relay of each outbox kills itself after this many acknowledged publishes, before marking them published (0: never)")
 	var rc chaos.RewindConfig
 	fs.IntVar(&rc.Orders, "rewind-orders", 3000, "rewind phase: orders service A places")
-	fs.IntVar(&rc.Rewinds, "rewinds", 6, "rewind phase: restores of service A's database from a backup taken seconds earlier, A's relays restarted and running through it in turn")
+	fs.IntVar(&rc.Rewinds, "rewinds", 6, "rewind phase: restores (or failovers) of service A's database, A's relays restarted and running through it in turn")
 	rewindDuration := fs.Duration("rewind-duration", 90*time.Second, "rewind phase: length of its chaos")
+	rewindFailover := fs.Bool("rewind-failover", false, "rewind phase, PostgreSQL: rewind the chain's database by failovers to an asynchronous standby that lacks the last commits instead of restores (needs scripts/with-services.sh --postgres-standby async; the consumers store their offsets)")
 	var gc chaos.GapConfig
 	fs.IntVar(&gc.Rounds, "gap-rounds", 5, "gap phase: rounds, each dropping one message of the chain's aligned outbox")
 	fs.IntVar(&gc.Orders, "gap-orders", 600, "gap phase: orders service A places per round")
@@ -380,9 +386,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 				dbFailed = dbFailed || err != nil || !prep.OK()
 			}
 		}
-		if runRewind && ctx.Err() == nil && cfg.Failovers == 0 && cfg.LeaderKills == 0 {
+		if runRewind && ctx.Err() == nil && cfg.Failovers == 0 && cfg.LeaderKills == 0 && (!*rewindFailover || db == "postgres") {
 			rcfg := cfg
 			rcfg.Duration = *rewindDuration
+			if *rewindFailover {
+				rcfg.DSN, rcfg.StandbyDir = os.Getenv("INBOX_POSTGRES_FAILOVER_DSN"), os.Getenv("INBOX_POSTGRES_STANDBY_DIR")
+				rcfg.Replication = os.Getenv("INBOX_POSTGRES_REPLICATION")
+				if rcfg.DSN == "" || rcfg.StandbyDir == "" || rcfg.Replication != "async" {
+					fmt.Fprintln(stderr, "inbox-chaos: -rewind-failover needs an asynchronous standby: run it with scripts/with-services.sh --postgres-standby async")
+					return 1
+				}
+				// The consumers' tables go back with the producer's:
+				// they apply again from their stored offsets.
+				rcfg.StoreOffsets = true
+			}
 			// Its files apart from the chain phase's (the event logs).
 			rcfg.WorkDir = filepath.Join(dir, "rewind")
 			if err := os.Mkdir(rcfg.WorkDir, 0o755); err != nil {
