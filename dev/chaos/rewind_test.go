@@ -1,10 +1,16 @@
 package chaos_test
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/dev/chaos"
 )
 
@@ -47,4 +53,99 @@ func TestChaosRewind(t *testing.T) {
 			}
 		},
 		chaos.RewindTable)
+}
+
+// rewindFailoverInnerVar marks the run of TestChaosRewindFailover inside
+// its own PostgreSQL servers.
+const rewindFailoverInnerVar = "INBOX_REWIND_FAILOVER_INNER"
+
+// TestChaosRewindFailover is the rewind phase by failover, CI-sized: the
+// chain's PostgreSQL database streams to an asynchronous standby; twice,
+// the standby is cut off after it received rows of outbox A not yet
+// published, orders are placed, published and applied for a few seconds,
+// the primary is killed and the standby promoted (A's relays restarted
+// around it the first time, running through it the second). The whole
+// database goes back, B's and the ledger's tables too, so the consumers
+// store their offsets. Every order the failovers left to deliver must be
+// reserved and booked once, in order per key, and no process may log an
+// ERROR. Like TestFailoverShort it runs itself again inside
+// scripts/with-services.sh, on private PostgreSQL servers (the shared Kafka
+// broker stays).
+func TestChaosRewindFailover(t *testing.T) {
+	if os.Getenv(rewindFailoverInnerVar) == "1" {
+		runRewindFailover(t)
+		return
+	}
+	testservers.KafkaBrokers(t)
+	testservers.PostgresDSN(t)
+	scripts, err := chaos.FindScripts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(scripts, "with-services.sh"), "--postgres-standby", "async", "--kafka", "--",
+		self, "-test.run", "^TestChaosRewindFailover$", "-test.v", "-test.count", "1", "-test.timeout", "4m")
+	cmd.Env = []string{rewindFailoverInnerVar + "=1"}
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch name {
+		case testservers.PostgresVar, testservers.MySQLVar, "INBOX_POSTGRES_DIR", "INBOX_MYSQL_DIR",
+			"INBOX_POSTGRES_STANDBY_DIR", "INBOX_POSTGRES_FAILOVER_DSN", "INBOX_POSTGRES_REPLICATION", rewindFailoverInnerVar, innerVar, failoverInnerVar:
+			continue
+		}
+		cmd.Env = append(cmd.Env, kv)
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = 30 * time.Second
+	start := time.Now()
+	err = cmd.Run()
+	t.Logf("rewind by failover on private PostgreSQL servers, %.1fs:\n%s", time.Since(start).Seconds(), out.String())
+	if err != nil {
+		t.Fatalf("rewind by failover: %v", err)
+	}
+}
+
+func runRewindFailover(t *testing.T) {
+	const rewinds = 2
+	dsn, standby := os.Getenv("INBOX_POSTGRES_FAILOVER_DSN"), os.Getenv("INBOX_POSTGRES_STANDBY_DIR")
+	if dsn == "" || standby == "" {
+		t.Fatal("no standby: run through scripts/with-services.sh --postgres-standby async")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := chaos.RunRewind(ctx, chaos.Config{
+		Dialect: "postgres", DSN: dsn, Brokers: testservers.KafkaBrokers(t),
+		DBDir: os.Getenv("INBOX_POSTGRES_DIR"), StandbyDir: standby, Replication: os.Getenv("INBOX_POSTGRES_REPLICATION"),
+		StoreOffsets: true, Partitions: 4, Session: 3 * time.Second, Duration: 20 * time.Second, CatchUp: 2 * time.Minute,
+		Seed: uint64(time.Now().UnixNano()), WorkDir: t.TempDir(), Log: testWriter{t},
+	}, chaos.RewindConfig{Orders: 400, Rewinds: rewinds, Lease: 2 * time.Second})
+	if rep != nil {
+		t.Log("\n" + rep.String())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range rep.Problems {
+		t.Error(p)
+	}
+	if len(rep.Rewinds) != rewinds {
+		t.Fatalf("%d rewinds, want %d", len(rep.Rewinds), rewinds)
+	}
+	for i, rw := range rep.Rewinds {
+		if !rw.Failover {
+			t.Errorf("rewind %d was no failover", i+1)
+		}
+	}
+	if !rep.Rewinds[0].RelaysRestarted || rep.Rewinds[1].RelaysRestarted {
+		t.Errorf("want the first failover with A's relays restarted, the second with them running through it")
+	}
+	if rep.RolledBackSent == 0 {
+		t.Errorf("no order published before a failover took it back: the failovers tested no renumbering")
+	}
 }
