@@ -276,6 +276,33 @@ func TestSequencedGapStopsThePartition(t *testing.T) {
 	s.checkExactlyOnce(t, 4, nil)
 }
 
+// With StoreOffsets a gap is checked against the stored offset first (a
+// failover that took the watermark back resumes the partition instead):
+// one the database did not make, its stored offset where this member left
+// it, still stops the partition.
+func TestSequencedGapStopsThePartitionWithStoredOffsets(t *testing.T) {
+	t.Parallel()
+	brokers := newKfake(t, 1, "orders")
+	s := newSQLiteShop(t)
+	produce(t, brokers, "orders", seqMessage(0, 0, 0, 1, 1), seqMessage(1, 0, 0, 2, 1))
+	ev := newEvents()
+	cfg := sequencedConfig(t, brokers, s, ev)
+	cfg.StoreOffsets = true
+	r := start(t, cfg)
+	waitUntil(t, 30*time.Second, "2 processed", func() bool { return ev.count(hooks.Processed) == 2 })
+	produce(t, brokers, "orders", seqMessage(2, 0, 0, 5, 1), seqMessage(3, 0, 0, 6, 1)) // 3 and 4 lost
+	waitUntil(t, 30*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
+	err := r.stop(t)
+	var pse *consumer.PartitionStoppedError
+	if !errors.As(err, &pse) || pse.Reason != consumer.ReasonSequenceGap || pse.Offset != 2 {
+		t.Fatalf("Run returned %v, want the partition stopped at offset 2 for a sequence gap", err)
+	}
+	s.checkExactlyOnce(t, 2, nil)
+	if got := ev.count(hooks.Repositioned); got != 0 {
+		t.Errorf("%d repositionings, want none", got)
+	}
+}
+
 // A dead-lettered message of an aligned stream moves its watermark: the
 // next message, in a batch of its own, is not a gap.
 func TestSequencedDeadLetterIsNotAGap(t *testing.T) {
