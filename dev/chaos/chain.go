@@ -124,6 +124,9 @@ func (r *ChainReport) String() string {
 		r.OrdersTopic.Messages, r.OrdersTopic.Distinct, r.OrdersTopic.Duplicates, r.OrdersTopic.Missing, r.OrdersTopic.Reordered)
 	f("  StockReserved in topic   %7d  (%d distinct, %d duplicates published, %d missing, %d first copies out of order)",
 		r.StockTopic.Messages, r.StockTopic.Distinct, r.StockTopic.Duplicates, r.StockTopic.Missing, r.StockTopic.Reordered)
+	for _, c := range r.OrdersTopic.Renumbered {
+		f("  OrderCreated copy under another epoch or number: %s", c)
+	}
 	f("  duplicates dropped       %7d  by B, %d by the ledger", r.DupSkipped[inventory.StageReserve], r.DupSkipped[inventory.StageLedger])
 	for _, stage := range []string{inventory.StageReserve, inventory.StageLedger} {
 		f("  %-24s %s", "dedup path ("+stage+")", fmtPaths(r.Outcomes[stage]))

@@ -394,6 +394,10 @@ type TopicScan struct {
 	Aligned    int64
 	StreamGaps []StreamGap
 	Epochs     int // distinct epochs among the aligned messages
+	// Renumbered lists the aligned copies of an event whose epoch or number
+	// differs from its first copy's (at most 10): a consumer deduplicating
+	// by watermark takes such a copy for a new event.
+	Renumbered []string
 
 	seen   map[string]bool    // the event ids
 	firsts map[string][]int64 // per key, the N of its first copies in order
@@ -469,8 +473,9 @@ func ScanTopic(ctx context.Context, brokers []string, topic string, partitions i
 		source, epoch string
 		partition     int
 	}
-	highest := map[stream]int64{}  // the highest number seen on a stream
-	firstEpoch := map[int]string{} // the epoch of each partition's first aligned message
+	highest := map[stream]int64{}   // the highest number seen on a stream
+	firstPos := map[string]string{} // event id -> "epoch/seq" of its first aligned copy
+	firstEpoch := map[int]string{}  // the epoch of each partition's first aligned message
 	for _, p := range offs.Topics[topic] {
 		if p.Error != nil {
 			return s, p.Error
@@ -506,6 +511,13 @@ func ScanTopic(ctx context.Context, brokers []string, topic string, partitions i
 				highest[st] = max(highest[st], seq)
 			}
 			id := headerValue(m, header.EventID)
+			if pos := headerValue(m, header.SeqEpoch) + "/" + headerValue(m, header.Seq); id != "" && headerValue(m, header.SeqPartitions) != "" {
+				if first, ok := firstPos[id]; !ok {
+					firstPos[id] = pos
+				} else if first != pos && len(s.Renumbered) < 10 {
+					s.Renumbered = append(s.Renumbered, fmt.Sprintf("%s at %d/%d as epoch/seq %s, first copy %s", id, m.Partition, m.Offset, pos, first))
+				}
+			}
 			if id == "" {
 				s.NoID++
 			} else if !seen[id] {
