@@ -177,14 +177,16 @@ func (r *Relay) witness(ctx context.Context, rows []storage.OutboxRow, stamp *se
 		}
 	}
 	// A shard is read from the stored offset when the relay never checked
-	// it, and when the store's source or epoch or the mark went back (the
-	// database was restored or failed over). Otherwise the relay's own
-	// view stands until the check after the publish, which reads what
-	// anyone else appended meanwhile.
+	// it, when the store's source or epoch or the mark went back (the
+	// database was restored or failed over), and when the mark moved on
+	// without this relay (another relay held the shard's lease meanwhile,
+	// and may have published past its mark before it died). Otherwise the
+	// relay's own view stands until the check after the publish, which
+	// reads what anyone else appended meanwhile.
 	var full []int32
 	for _, s := range shards {
 		w := r.wits[s]
-		if w == nil || w.source != string(stamp.source) || stamp.epochN < w.epoch || claimedMark[s] < w.mark {
+		if w == nil || w.source != string(stamp.source) || stamp.epochN < w.epoch || claimedMark[s] != w.mark {
 			full = append(full, s)
 		}
 	}
