@@ -187,7 +187,10 @@
 //   - What it reads: from the offset stored with the shard's mark (each
 //     mark stores the partition's end before the publish that reached it)
 //     to the end, once when it first publishes a shard, and again whenever
-//     the shard's mark, the source or the epoch in the database went back;
+//     the shard's mark, the source or the epoch in the database went back,
+//     or the mark moved on without this relay (another relay held the
+//     shard's lease meanwhile, and may have died between a publish and its
+//     acknowledgement);
 //     and, after each publish, whatever another writer (another relay,
 //     another database) appended since its last look. Otherwise a cycle
 //     costs one request, for the end offsets of its partitions after its
