@@ -357,9 +357,12 @@ func (d *demo) report(ctx context.Context, liveLog, replayLog string, took time.
 		live.Duplicates, d.batch.Duplicates, live.Duplicates-d.batch.Duplicates)
 	d.say("  reservations applied   %7d  (with the inbox: once per order)", ledger.Applied)
 	d.say("  replay, new group      %7d delivered, %d applied, %d skipped as duplicates", replay.Processed+replay.Duplicates, replay.Processed, replay.Duplicates)
-	// A consumer without the inbox applies every delivery it commits: the
-	// same run's deliveries, counted by the consumers above.
-	naive := live.Processed + live.Duplicates + replay.Processed + replay.Duplicates
+	// A consumer without the inbox applies every delivery it commits: each
+	// order once, every duplicate the consumers skipped, and every delivery
+	// of the replay. Counted from what was applied, not from the processed
+	// outcomes logged: a consumer killed with SIGKILL may have committed an
+	// effect whose outcome it never logged.
+	naive := int(ledger.Applied) + live.Duplicates + replay.Processed + replay.Duplicates
 	d.say("  without the inbox      %7d  reservations the same deliveries would have applied: %d too many (%d duplicates in the first group, %d by the replay)",
 		naive, naive-int(ledger.Applied), live.Duplicates, replay.Processed+replay.Duplicates)
 	d.say("  time                   %7.1fs", took.Seconds())
