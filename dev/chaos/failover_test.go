@@ -1,12 +1,8 @@
 package chaos_test
 
 import (
-	"bytes"
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -31,37 +27,7 @@ func TestFailoverShort(t *testing.T) {
 	}
 	testservers.KafkaBrokers(t)
 	testservers.PostgresDSN(t)
-	scripts, err := chaos.FindScripts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(scripts, "with-services.sh"), "--postgres-standby", "async", "--kafka", "--",
-		self, "-test.run", "^TestFailoverShort$", "-test.v", "-test.count", "1", "-test.timeout", "5m")
-	cmd.Env = []string{failoverInnerVar + "=1"}
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		switch name {
-		case testservers.KafkaVar, testservers.PostgresVar, testservers.MySQLVar, "INBOX_KAFKA_DIR", "INBOX_POSTGRES_DIR", "INBOX_MYSQL_DIR",
-			"INBOX_POSTGRES_STANDBY_DIR", "INBOX_POSTGRES_FAILOVER_DSN", "INBOX_POSTGRES_REPLICATION", failoverInnerVar, innerVar:
-			continue
-		}
-		cmd.Env = append(cmd.Env, kv)
-	}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.WaitDelay = 30 * time.Second
-	start := time.Now()
-	err = cmd.Run()
-	t.Logf("short failover run on private servers, %.1fs:\n%s", time.Since(start).Seconds(), out.String())
-	if err != nil {
-		t.Fatalf("short failover run: %v", err)
-	}
+	chaos.RunUnderStandby(t, "TestFailoverShort", failoverInnerVar, true, 6*time.Minute, "short failover run on private servers")
 }
 
 func runFailoverShort(t *testing.T) {

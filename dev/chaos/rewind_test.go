@@ -1,12 +1,8 @@
 package chaos_test
 
 import (
-	"bytes"
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -78,37 +74,7 @@ func TestChaosRewindFailover(t *testing.T) {
 	}
 	testservers.KafkaBrokers(t)
 	testservers.PostgresDSN(t)
-	scripts, err := chaos.FindScripts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(scripts, "with-services.sh"), "--postgres-standby", "async", "--kafka", "--",
-		self, "-test.run", "^TestChaosRewindFailover$", "-test.v", "-test.count", "1", "-test.timeout", "4m")
-	cmd.Env = []string{rewindFailoverInnerVar + "=1"}
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		switch name {
-		case testservers.PostgresVar, testservers.MySQLVar, "INBOX_POSTGRES_DIR", "INBOX_MYSQL_DIR",
-			"INBOX_POSTGRES_STANDBY_DIR", "INBOX_POSTGRES_FAILOVER_DSN", "INBOX_POSTGRES_REPLICATION", rewindFailoverInnerVar, innerVar, failoverInnerVar:
-			continue
-		}
-		cmd.Env = append(cmd.Env, kv)
-	}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.WaitDelay = 30 * time.Second
-	start := time.Now()
-	err = cmd.Run()
-	t.Logf("rewind by failover on private PostgreSQL servers, %.1fs:\n%s", time.Since(start).Seconds(), out.String())
-	if err != nil {
-		t.Fatalf("rewind by failover: %v", err)
-	}
+	chaos.RunUnderStandby(t, "TestChaosRewindFailover", rewindFailoverInnerVar, false, 5*time.Minute, "rewind by failover on private PostgreSQL servers")
 }
 
 func runRewindFailover(t *testing.T) {

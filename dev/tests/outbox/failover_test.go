@@ -3,7 +3,6 @@
 package outbox_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -57,37 +56,7 @@ func TestProducerFailover(t *testing.T) {
 	}
 	testservers.KafkaBrokers(t)
 	testservers.PostgresDSN(t)
-	scripts, err := chaos.FindScripts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(scripts, "with-services.sh"), "--postgres-standby", "async", "--kafka", "--",
-		self, "-test.run", "^TestProducerFailover$", "-test.v", "-test.count", "1", "-test.timeout", "4m")
-	cmd.Env = []string{producerFailoverVar + "=1"}
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		switch name {
-		case testservers.PostgresVar, testservers.MySQLVar, "INBOX_POSTGRES_DIR", "INBOX_MYSQL_DIR",
-			"INBOX_POSTGRES_STANDBY_DIR", "INBOX_POSTGRES_FAILOVER_DSN", "INBOX_POSTGRES_REPLICATION", producerFailoverVar:
-			continue
-		}
-		cmd.Env = append(cmd.Env, kv)
-	}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.WaitDelay = 30 * time.Second
-	start := time.Now()
-	err = cmd.Run()
-	t.Logf("producer failover on private PostgreSQL servers, %.1fs:\n%s", time.Since(start).Seconds(), out.String())
-	if err != nil {
-		t.Fatalf("producer failover run: %v", err)
-	}
+	chaos.RunUnderStandby(t, "TestProducerFailover", producerFailoverVar, false, 5*time.Minute, "producer failover on private PostgreSQL servers")
 }
 
 func runProducerFailover(t *testing.T) {
