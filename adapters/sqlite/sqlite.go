@@ -21,9 +21,12 @@
 //
 // A fresh database file is switched to WAL by its first connection, under an
 // exclusive lock the busy handler does not wait for: several processes
-// opening a new file at the same instant can see SQLITE_BUSY on their first
-// statement (retryable, and Migrate through the inbox retries it). Migrate
-// itself is safe with concurrent callers.
+// opening a new file at the same instant can see SQLITE_BUSY on a
+// connection's first statement. [Open] retries its first connection for up
+// to the busy timeout, so gorm.Open does not fail on it; a dialector of your
+// own (gormsqlite.Open(DSN(path))) does not, and gorm.Open may then return
+// "database is locked" (retryable: open again). Migrate itself is safe with
+// concurrent callers.
 //
 // SQLite has no partitions: expiry deletes expired days in small batches, each
 // in its own short transaction, through an index on the day column, so
@@ -49,12 +52,14 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 	"time"
 
+	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/storage"
 	gormsqlite "gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -117,8 +122,56 @@ func DSN(path string) string {
 }
 
 // Open returns a GORM dialector for the database file at path, with [DSN]'s
-// settings.
-func Open(path string) gorm.Dialector { return gormsqlite.Open(DSN(path)) }
+// settings. gorm.Open with it retries the pool's first connection while it
+// fails with SQLITE_BUSY, for up to the 5 s busy timeout: the switch of a
+// fresh file to WAL, which another process opening the same file at the same
+// instant can hold (see the package doc).
+func Open(path string) gorm.Dialector {
+	return &openDialector{Dialector: &gormsqlite.Dialector{DriverName: gormsqlite.DriverName, DSN: DSN(path)}}
+}
+
+// openDialector is gorm.io/driver/sqlite's dialector with a first
+// connection that waits out SQLITE_BUSY.
+type openDialector struct{ *gormsqlite.Dialector }
+
+// firstConnectionWait bounds Open's retries, the busy timeout DSN sets.
+const firstConnectionWait = 5 * time.Second
+
+func (d *openDialector) Initialize(db *gorm.DB) error {
+	if d.Conn != nil {
+		return d.Dialector.Initialize(db)
+	}
+	sqlDB, err := sql.Open(d.DriverName, d.DSN)
+	if err != nil {
+		return err
+	}
+	if err := firstConnection(sqlDB, firstConnectionWait); err != nil {
+		_ = sqlDB.Close()
+		return fmt.Errorf("sqlite: open %s: %w", d.DSN, err)
+	}
+	// A copy, so that a dialector passed to gorm.Open twice opens a pool
+	// for each, as gorm.io/driver/sqlite's own does.
+	withPool := *d.Dialector
+	withPool.Conn = sqlDB
+	return withPool.Initialize(db)
+}
+
+// firstConnection opens sqlDB's first connection, running the DSN's
+// pragmas, and tries again while that fails with SQLITE_BUSY or
+// SQLITE_LOCKED, for up to wait.
+func firstConnection(sqlDB *sql.DB, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	for attempt := 1; ; attempt++ {
+		err := sqlDB.PingContext(ctx)
+		if err == nil || !isRetryable(err) {
+			return err
+		}
+		if backoff.Sleep(ctx, backoff.Wait(5*time.Millisecond, 100*time.Millisecond, attempt)) != nil {
+			return err
+		}
+	}
+}
 
 // Table returns the inbox table name.
 func (s *Store) Table() string { return s.table }
