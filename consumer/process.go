@@ -142,6 +142,10 @@ func (w *worker) processSegment(ctx, dbCtx context.Context, items []*item) (halt
 	return gap != nil, gap == nil
 }
 
+// runBatch is package inbox's batch engine, which ProcessBatch and
+// ProcessBatchFunc run with no options, called with the consumer's.
+var runBatch = batchopt.Lookup[*inbox.Inbox, inbox.Message, inbox.Handler, inbox.BatchHandler, inbox.Result, inbox.Outcome]()
+
 // processInbox runs the messages with an id through inbox.ProcessBatch, in
 // one transaction, retrying without limit while the batch as a whole cannot
 // commit because the database failed. results[i] belongs to items[i]; items
@@ -225,7 +229,6 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	// BEGIN, the claim, the stored offset's write, COMMIT and ROLLBACK each
 	// within DatabaseTimeout.
 	opts.Bound = w.c.bound()
-	batchCtx := batchopt.With(callCtx, &opts)
 	// The stall clock runs until the batch commits or fails for a reason of
 	// a message's own; database failures retried below do not stop it.
 	w.beginDB()
@@ -244,9 +247,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		var rs []inbox.Result
 		var err error
 		if w.c.cfg.BatchHandler != nil {
-			rs, err = w.c.cfg.Inbox.ProcessBatchFunc(batchCtx, msgs, w.wrapBatch(items))
+			rs, err = runBatch(callCtx, w.c.cfg.Inbox, msgs, nil, w.wrapBatch(items), opts)
 		} else {
-			rs, err = w.c.cfg.Inbox.ProcessBatch(batchCtx, msgs, w.wrap(items))
+			rs, err = runBatch(callCtx, w.c.cfg.Inbox, msgs, w.wrap(items), nil, opts)
 		}
 		if err == nil {
 			// Every transaction of a call that succeeded committed, but for

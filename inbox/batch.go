@@ -69,6 +69,15 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, msgs []Message, h Handler) ([
 	return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, h: h})
 }
 
+func init() {
+	batchopt.Register(func(ctx context.Context, ib *Inbox, msgs []Message, h Handler, bh BatchHandler, opts batchopt.Options[Outcome]) ([]Result, error) {
+		if (h == nil) == (bh == nil) {
+			return nil, fmt.Errorf("%w: the batch engine needs one handler", ErrInvalidConfig)
+		}
+		return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, h: h, bh: bh, opts: opts})
+	})
+}
+
 // ProcessBatchFunc is ProcessBatch with a batch handler: h is called once
 // per transaction with all the new messages of the batch, in their order in
 // msgs (duplicates left out; h is not called when there is none). If h
@@ -84,10 +93,10 @@ func (ib *Inbox) ProcessBatchFunc(ctx context.Context, msgs []Message, h BatchHa
 	return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, bh: h})
 }
 
-// processBatch runs b with the options ctx carries (see package batchopt).
+// processBatch runs b with b.opts: the zero Options for ProcessBatch and
+// ProcessBatchFunc, the consumer's through package batchopt.
 func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error) {
 	start := time.Now()
-	ctx, b.opts = batchopt.Take[Outcome](ctx)
 	msgs := b.msgs
 	ends := b.startMessages(ctx)
 	now := ib.cfg.Now()

@@ -334,7 +334,6 @@ func TestProcessBatchOptions(t *testing.T) {
 		CallerReportsOutcomes: true,
 		Bound:                 time.Second,
 	}
-	ctx := batchopt.With(context.Background(), opts)
 	var calls atomic.Int32
 	h := func(ctx context.Context, tx *gorm.DB, m Message) error {
 		if _, ok := ctx.Value(key{}).(int); !ok {
@@ -346,7 +345,7 @@ func TestProcessBatchOptions(t *testing.T) {
 		}
 		return applyMsg(ctx, tx, m)
 	}
-	rs, err := e.ib.ProcessBatch(ctx, []Message{msg("a"), msg("bad"), msg("b")}, h)
+	rs, err := runWith(e.ib, opts, []Message{msg("a"), msg("bad"), msg("b")}, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +364,7 @@ func TestProcessBatchOptions(t *testing.T) {
 
 	// A failing BeforeCommit rolls the transaction back.
 	opts.BeforeCommit = func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) error { return errBoom }
-	rs, err = e.ib.ProcessBatch(batchopt.With(context.Background(), opts), []Message{msg("c")}, h)
+	rs, err = runWith(e.ib, opts, []Message{msg("c")}, h)
 	if (err == nil && rs[0].Outcome != Failed) || slices.Contains(e.effects(), "c") {
 		t.Errorf("a failing BeforeCommit: %+v, %v; effects %q", rs, err, e.effects())
 	}
@@ -388,7 +387,7 @@ func TestProcessBatchSequenced(t *testing.T) {
 		Watermarks: writes(1),
 	}
 	msgs := []Message{msg("s1"), msg("s0"), msg("s2"), msg("plain")}
-	rs, err := e.ib.ProcessBatch(batchopt.With(context.Background(), opts), msgs, applyMsg)
+	rs, err := runWith(e.ib, opts, msgs, applyMsg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +417,7 @@ func TestProcessBatchSequenced(t *testing.T) {
 		}
 		return applyMsg(ctx, tx, m)
 	}
-	rs, err = e.ib.ProcessBatch(batchopt.With(context.Background(), opts), []Message{msg("s3"), msg("s4"), msg("t1")}, h)
+	rs, err = runWith(e.ib, opts, []Message{msg("s3"), msg("s4"), msg("t1")}, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +428,7 @@ func TestProcessBatchSequenced(t *testing.T) {
 	// A watermark that moved since it was read fails the batch, rolled back.
 	opts = &batchopt.Options[Outcome]{Seq: []batchopt.SeqMark{{Chain: 1}}, Watermarks: writes(9)}
 	old = []byte{7}
-	rs, err = e.ib.ProcessBatch(batchopt.With(context.Background(), opts), []Message{msg("s5")}, applyMsg)
+	rs, err = runWith(e.ib, opts, []Message{msg("s5")}, applyMsg)
 	if !errors.Is(err, storage.ErrWatermarkMoved) && (len(rs) == 0 || !errors.Is(rs[0].Err, storage.ErrWatermarkMoved)) {
 		t.Errorf("a moved watermark: %+v, %v", rs, err)
 	}
@@ -437,7 +436,7 @@ func TestProcessBatchSequenced(t *testing.T) {
 		t.Error("the batch under a moved watermark committed")
 	}
 	opts = &batchopt.Options[Outcome]{Seq: []batchopt.SeqMark{{}}}
-	if _, err := e.ib.ProcessBatch(batchopt.With(context.Background(), opts), msgs, applyMsg); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := runWith(e.ib, opts, msgs, applyMsg); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("marks that do not match the messages: %v", err)
 	}
 }
@@ -544,4 +543,11 @@ func TestNewRefuses(t *testing.T) {
 	if ib.Store() != store || ib.DB() != db || ib.IsRetryable(errBoom) {
 		t.Error("Store, DB or IsRetryable")
 	}
+}
+
+// runWith runs msgs through ib's batch engine with opts, as the consumer
+// does.
+func runWith(ib *Inbox, opts *batchopt.Options[Outcome], msgs []Message, h Handler) ([]Result, error) {
+	run := batchopt.Lookup[*Inbox, Message, Handler, BatchHandler, Result, Outcome]()
+	return run(context.Background(), ib, msgs, h, nil, *opts)
 }

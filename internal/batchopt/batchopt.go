@@ -1,17 +1,22 @@
-// Package batchopt carries the options of inbox.ProcessBatch and
-// inbox.ProcessBatchFunc that only this module sets (package consumer: the
-// offsets it stores with a batch, its messages' contexts), in the context
-// of the call. Package inbox takes them out of that context before it runs
-// anything, so they apply to the one call they were set for, never to a
-// call made from one of its handlers.
+// Package batchopt is the entry by which package consumer runs package
+// inbox's batch engine with options of its own: the offsets it stores with
+// a batch, its messages' contexts, its sequenced dedup marks and watermark
+// writes, its retries and its step bound. inbox.ProcessBatch and
+// inbox.ProcessBatchFunc run the same engine with the zero Options.
 //
-// O is inbox.Outcome: package inbox imports this one, so it cannot be
-// named here.
+// Package inbox registers the engine when it is initialised ([Register]);
+// package consumer, which imports package inbox and so is initialised
+// after it, looks it up once ([Lookup]) and calls it with a plain Options
+// value. The engine is generic in package inbox's types only because this
+// package cannot import package inbox, which imports it: O is
+// inbox.Outcome, and the types of [Engine] are inbox's Inbox, Message,
+// Handler, BatchHandler and Result.
 package batchopt
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"gorm.io/gorm"
@@ -99,20 +104,25 @@ type SeqMark struct {
 // is to be run once the earlier message is resolved.
 var ErrHeldBack = errors.New("inbox: held back behind an earlier message of its sequenced stream that did not commit")
 
-type key[O any] struct{}
+// Engine runs msgs through ib's batch engine with opts, with h (a
+// per-message handler) or bh (a batch handler): exactly one of them is
+// set. The results and error are those inbox.ProcessBatch documents.
+type Engine[I, M, H, B, R, O any] func(ctx context.Context, ib I, msgs []M, h H, bh B, opts Options[O]) ([]R, error)
 
-// With returns ctx carrying opts for the ProcessBatch or ProcessBatchFunc
-// call it is passed to.
-func With[O any](ctx context.Context, opts *Options[O]) context.Context {
-	return context.WithValue(ctx, key[O]{}, opts)
-}
+// registered is the Engine package inbox registered.
+var registered any
 
-// Take returns the options ctx carries (the zero Options if none) and ctx
-// without them.
-func Take[O any](ctx context.Context) (context.Context, Options[O]) {
-	opts, _ := ctx.Value(key[O]{}).(*Options[O])
-	if opts == nil {
-		return ctx, Options[O]{}
+// Register records package inbox's engine. Package inbox calls it once,
+// from its init.
+func Register[I, M, H, B, R, O any](e Engine[I, M, H, B, R, O]) { registered = e }
+
+// Lookup returns the engine package inbox registered. It panics if the
+// types asked for are not those registered: a mismatch of this module's
+// own packages, which every test of package consumer runs into at once.
+func Lookup[I, M, H, B, R, O any]() Engine[I, M, H, B, R, O] {
+	e, ok := registered.(Engine[I, M, H, B, R, O])
+	if !ok {
+		panic(fmt.Sprintf("batchopt: the registered engine is %T, not %T", registered, e))
 	}
-	return context.WithValue(ctx, key[O]{}, (*Options[O])(nil)), *opts
+	return e
 }

@@ -5,30 +5,27 @@ import (
 	"testing"
 )
 
-// Take finds the options With put into a context, once: the context it
-// returns, which the call's handlers derive theirs from, carries none.
-func TestTakeRemovesTheOptions(t *testing.T) {
+// Lookup hands back the engine Register recorded, with its options, and
+// refuses types other than those registered.
+func TestLookupFindsTheRegisteredEngine(t *testing.T) {
 	type outcome int
-	type other int
-	calls := 0
-	opts := &Options[outcome]{MessageContext: func(ctx context.Context, _ int) context.Context { calls++; return ctx }}
-	ctx := With(t.Context(), opts)
-
-	if _, o := Take[other](ctx); o.MessageContext != nil {
-		t.Error("options found under another outcome type")
+	saved := registered
+	t.Cleanup(func() { registered = saved })
+	var got Options[outcome]
+	Register(func(_ context.Context, ib *int, msgs []string, _, _ func(), opts Options[outcome]) ([]bool, error) {
+		got = opts
+		return make([]bool, len(msgs)+*ib), nil
+	})
+	run := Lookup[*int, string, func(), func(), bool, outcome]()
+	two := 2
+	rs, err := run(t.Context(), &two, []string{"a"}, nil, nil, Options[outcome]{CallerRetries: true})
+	if err != nil || len(rs) != 3 || !got.CallerRetries {
+		t.Fatalf("engine call = %d results, %v, options %+v; want 3 results and the options passed", len(rs), err, got)
 	}
-	rest, o := Take[outcome](ctx)
-	if o.MessageContext == nil || o.BeforeCommit != nil {
-		t.Fatalf("Take = %+v, want the options set", o)
-	}
-	o.MessageContext(rest, 0)
-	if calls != 1 {
-		t.Errorf("%d calls of the options' MessageContext, want 1", calls)
-	}
-	if _, again := Take[outcome](rest); again.MessageContext != nil {
-		t.Error("the context Take returned still carries the options")
-	}
-	if _, none := Take[outcome](t.Context()); none.MessageContext != nil || none.BeforeCommit != nil {
-		t.Error("options found in a context without any")
-	}
+	defer func() {
+		if recover() == nil {
+			t.Error("Lookup with other types than registered did not panic")
+		}
+	}()
+	Lookup[*int, string, func(), func(), bool, int]()
 }

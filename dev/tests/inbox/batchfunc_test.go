@@ -93,11 +93,10 @@ func TestProcessBatchFuncIsolatesPoisonBySplitting(t *testing.T) {
 		}
 		return setEffect(ctx, tx, batch)
 	}
-	ctx := batchopt.With(t.Context(), &batchopt.Options[inbox.Outcome]{BeforeCommit: func(_ context.Context, _ *gorm.DB, o []inbox.Outcome) error {
+	results, err := runEngine(t.Context(), ib, msgs, nil, h, batchopt.Options[inbox.Outcome]{BeforeCommit: func(_ context.Context, _ *gorm.DB, o []inbox.Outcome) error {
 		seen = append(seen, slices.Clone(o))
 		return nil
 	}})
-	results, err := ib.ProcessBatchFunc(ctx, msgs, h)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -304,11 +304,10 @@ func TestBatchAdmitsAgainstOneClockReading(t *testing.T) {
 		{Consumer: "c", ID: "today-2", Time: day},
 	}
 	var seen []inbox.Outcome
-	ctx := batchopt.With(t.Context(), &batchopt.Options[inbox.Outcome]{BeforeCommit: func(_ context.Context, _ *gorm.DB, o []inbox.Outcome) error {
+	results, err := runEngine(t.Context(), ib, msgs, noop, nil, batchopt.Options[inbox.Outcome]{BeforeCommit: func(_ context.Context, _ *gorm.DB, o []inbox.Outcome) error {
 		seen = o
 		return nil
 	}})
-	results, err := ib.ProcessBatch(ctx, msgs, noop)
 	if err != nil || readings != 1 {
 		t.Fatalf("%v; %d clock readings, want 1", err, readings)
 	}

@@ -181,14 +181,15 @@ func TestTraceProcessTx(t *testing.T) {
 	)
 }
 
-// batchParent is the span the consumer puts into each message's context
-// with the MessageContext batch option (the producer's, in a real trace).
-func batchParents(ctx context.Context, rec *recordingTrace, msgs []inbox.Message) context.Context {
-	return batchopt.With(ctx, &batchopt.Options[inbox.Outcome]{MessageContext: func(ctx context.Context, i int) context.Context {
+// batchParents are the MessageContext batch option the consumer hands the
+// engine: it puts a span into each message's context (the producer's, in a
+// real trace).
+func batchParents(rec *recordingTrace, msgs []inbox.Message) batchopt.Options[inbox.Outcome] {
+	return batchopt.Options[inbox.Outcome]{MessageContext: func(ctx context.Context, i int) context.Context {
 		ctx, s := rec.start(ctx, "producer "+msgs[i].ID)
 		s.ended, s.result = true, "sent"
 		return ctx
-	}})
+	}}
 }
 
 func TestTraceProcessBatch(t *testing.T) {
@@ -208,7 +209,7 @@ func TestTraceProcessBatch(t *testing.T) {
 		}
 		return nil
 	}
-	res, err := ib.ProcessBatch(batchParents(t.Context(), rec, msgs), msgs, handler)
+	res, err := runEngine(t.Context(), ib, msgs, handler, nil, batchParents(rec, msgs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +249,7 @@ func TestTraceProcessBatchFunc(t *testing.T) {
 		}
 		return setEffect(ctx, tx, ms)
 	}
-	if _, err := ib.ProcessBatchFunc(batchParents(t.Context(), rec, msgs), msgs, h); err != nil {
+	if _, err := runEngine(t.Context(), ib, msgs, nil, h, batchParents(rec, msgs)); err != nil {
 		t.Fatal(err)
 	}
 	if got := countRows(t, db, "effects"); got != 3 {
@@ -286,3 +287,7 @@ func TestTraceHooksMayBeLeftOut(t *testing.T) {
 		t.Errorf("Message hook called %d times, want 3", messages)
 	}
 }
+
+// runEngine is package inbox's batch engine with options, as the consumer
+// calls it.
+var runEngine = batchopt.Lookup[*inbox.Inbox, inbox.Message, inbox.Handler, inbox.BatchHandler, inbox.Result, inbox.Outcome]()
