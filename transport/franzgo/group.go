@@ -20,8 +20,8 @@ var (
 	// ErrRevoked: a rebalance moved the partition to another member.
 	ErrRevoked = errors.New("franzgo: the partition was revoked from this member by a rebalance")
 	// ErrLost: the member lost its partitions without a rebalance handing
-	// them over (its session expired, it was fenced, or the group
-	// coordinator refused it): another member may already run them.
+	// them over (its session expired, a commit found it fenced, or the
+	// group coordinator refused it): another member may already run them.
 	ErrLost = errors.New("franzgo: the partition was lost: this member's group session ended (session expired or fenced)")
 	// ErrGroupClosed: Group.Close was called.
 	ErrGroupClosed = errors.New("franzgo: the group membership was closed")
@@ -34,7 +34,9 @@ var errNotRunning = errors.New("franzgo: commit for a partition this generation 
 // errRejected marks the group configuration franz-go refused.
 type errRejected struct{ err error }
 
-func (e errRejected) Error() string { return "franz-go rejected the group configuration: " + e.err.Error() }
+func (e errRejected) Error() string {
+	return "franz-go rejected the group configuration: " + e.err.Error()
+}
 func (e errRejected) Unwrap() error { return e.err }
 
 func (c *client) Group(cfg transport.GroupConfig) (transport.Group, error) {
@@ -208,7 +210,10 @@ func (g *group) assigned(_ context.Context, _ *kgo.Client, added map[string][]in
 		}
 	}
 	for k := range g.restart {
-		if g.held[k] && g.running[k] == nil {
+		if g.running[k] != nil {
+			continue // starts again after the join its return asks for
+		}
+		if g.held[k] {
 			g.pending[k] = true
 		}
 		delete(g.restart, k)
@@ -449,16 +454,18 @@ func (gen *generation) Start(a transport.Assignment, fn func(ctx context.Context
 			if g.running[k] == p {
 				delete(g.running, k)
 			}
-			if early && g.held[k] && !g.closed {
+			// Returned on its own (it doubts the member's hold on the
+			// partition), or ended by fenced: the member rejoins, and
+			// the partition starts again after the join if the member
+			// still holds it.
+			rejoin := g.held[k] && !g.closed && (early || errors.Is(context.Cause(ctx), ErrLost))
+			if rejoin {
 				g.restart[k] = true
 			}
 			g.mu.Unlock()
 			close(p.done)
-			if early {
-				// The function doubts the member's hold on the
-				// partition: rejoin; the partition starts again
-				// after the join if the member still holds it.
-				g.log.Warn("franz-go: a partition's function returned on its own; rejoining the group", "topic", a.Topic, "partition", a.Partition)
+			if rejoin {
+				g.log.Warn("franz-go: a partition's function returned while the member holds it; rejoining the group", "topic", a.Topic, "partition", a.Partition)
 				g.member.ForceRebalance()
 			}
 		}()
@@ -496,9 +503,31 @@ func (gen *generation) Commit(topic string, partition int, next int64) error {
 			}
 		})
 	if rerr != nil {
-		return fmt.Errorf("franz-go: committing %s/%d at %d: %w", topic, partition, next, rerr)
+		err := fmt.Errorf("franz-go: committing %s/%d at %d: %w", topic, partition, next, rerr)
+		if gen.Over(err) {
+			gen.g.fenced(err)
+		}
+		return err
 	}
 	return nil
+}
+
+// fenced ends every running function: the coordinator no longer counts
+// this member. franz-go rejoins at once as a new member and, cooperative,
+// keeps claiming the partitions it held, without calling OnPartitionsLost;
+// so the functions end here, and each partition the new member still
+// holds starts again under the new generation once its function returned
+// (see Start).
+func (g *group) fenced(err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.running) == 0 {
+		return
+	}
+	g.log.Warn("franz-go: a commit found this member fenced out of the group; ending its partitions' functions", "error", err)
+	for _, p := range g.running {
+		p.cancel(ErrLost)
+	}
 }
 
 // Over: the OffsetCommit response's codes that say the coordinator no
