@@ -1,10 +1,12 @@
 package franzgo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -283,6 +285,9 @@ func (g *group) Next(ctx context.Context) (transport.Generation, error) {
 		clear(g.pending)
 		g.mu.Unlock()
 		if len(take) > 0 {
+			slices.SortFunc(take, func(a, b tp) int {
+				return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.partition, b.partition))
+			})
 			return g.generation(ctx, take)
 		}
 		select {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +43,8 @@ func runContract(t *testing.T, c contract) {
 		{"CommitSeenByNextMember", testCommitSeenByNextMember},
 		{"SecondMemberJoins", testSecondMemberJoins},
 		{"OverWhenFenced", testOverWhenFenced},
+		{"FunctionReturningRejoins", testFunctionReturningRejoins},
+		{"RejectedSessionTimeout", testRejectedSessionTimeout},
 		{"MissingTopicsCreatesNothing", testMissingTopics},
 		{"DeadLetters", testDeadLetters},
 	} {
@@ -360,6 +363,59 @@ func testOverWhenFenced(t *testing.T, c contract, k target) {
 	}
 	if gen2.ID() <= gen.ID() {
 		t.Errorf("the generation after the removal is %d, not above %d", gen2.ID(), gen.ID())
+	}
+}
+
+// testFunctionReturningRejoins: a function that returns while its
+// partition is still assigned makes the member rejoin, and the partition
+// is handed out again.
+func testFunctionReturningRejoins(t *testing.T, c contract, k target) {
+	createTopic(t, k.brokers, k.topic, 1)
+	g := c.group(t, c.client(t, k), groupConfig(t, k))
+	gen := nextGen(t, g, 60*time.Second)
+	gen.Start(gen.Assigned(k.topic)[0], func(ctx context.Context, r transport.PartitionReader) {})
+	gen2 := nextGen(t, g, 60*time.Second)
+	if got := partitionsOf(gen2.Assigned(k.topic)); len(got) != 1 {
+		t.Fatalf("after the function returned, the next generation assigns %v", got)
+	}
+	if gen2.ID() < gen.ID() {
+		t.Errorf("the generation went back from %d to %d", gen.ID(), gen2.ID())
+	}
+	done := make(chan error, 1)
+	gen2.Start(gen2.Assigned(k.topic)[0], func(ctx context.Context, r transport.PartitionReader) {
+		done <- gen2.Commit(k.topic, 0, 1)
+		<-ctx.Done()
+	})
+	if err := <-done; err != nil {
+		t.Errorf("the partition started again cannot commit: %v", err)
+	}
+}
+
+// testRejectedSessionTimeout: the coordinator refusing the session
+// timeout (below group.min.session.timeout.ms) is an error of Next that
+// Rejected reports.
+func testRejectedSessionTimeout(t *testing.T, c contract, k target) {
+	createTopic(t, k.brokers, k.topic, 1)
+	cfg := groupConfig(t, k)
+	// The broker here allows 1 s and up.
+	cfg.SessionTimeout, cfg.HeartbeatInterval = 500*time.Millisecond, 100*time.Millisecond
+	g := c.group(t, c.client(t, k), cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		gen, err := g.Next(ctx)
+		if err == nil {
+			t.Fatalf("joined with a 500 ms session timeout: %v", gen.Assigned(k.topic))
+		}
+		if g.Rejected(err) {
+			if !errors.Is(err, kafka.InvalidSessionTimeout) && !strings.Contains(err.Error(), "INVALID_SESSION_TIMEOUT") {
+				t.Errorf("Rejected error %v does not name the session timeout", err)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("Next never returned a Rejected error; last: %v", err)
+		}
 	}
 }
 
