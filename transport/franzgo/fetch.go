@@ -121,8 +121,10 @@ type reader struct {
 	added, live bool
 	// floor is the lowest offset Fetch may return next: the offset set,
 	// or past the last record put. The client, sent past the log end,
-	// goes back to the log end; the records below the offset set are
-	// dropped, so the reader waits there as the contract asks.
+	// resets (to the log end, the log start, or the last record's
+	// timestamp) and fetches forward from there; the records below the
+	// offset set are dropped, so the reader waits there as the contract
+	// asks, at the cost of reading them.
 	floor  int64
 	buf    []kafka.Message
 	bytes  int
@@ -211,6 +213,7 @@ func (r *reader) put(recs []*kgo.Record, hwm int64) {
 	if r.bytes >= readerBufferBytes && !r.paused {
 		r.paused = true
 		r.f.cl.PauseFetchPartitions(map[string][]int32{r.k.topic: {r.k.partition}})
+		r.f.log.Debug("franz-go: the partition reader's buffer is full; fetching it pauses", "topic", r.k.topic, "partition", r.k.partition, "bytes", r.bytes)
 	}
 }
 

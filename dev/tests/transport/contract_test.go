@@ -40,6 +40,7 @@ func runContract(t *testing.T, c contract) {
 	}{
 		{"AssignedOffsets", testAssignedOffsets},
 		{"FetchSetOffsetCaughtUp", testFetch},
+		{"FetchBacklogInOrder", testFetchBacklog},
 		{"CommitSeenByNextMember", testCommitSeenByNextMember},
 		{"SecondMemberJoins", testSecondMemberJoins},
 		{"OverWhenFenced", testOverWhenFenced},
@@ -195,6 +196,54 @@ func testFetch(t *testing.T, c contract, k target) {
 	start, end, err := cl.LogOffsets(ctx, k.topic, 0)
 	if err != nil || start != 0 || end != 8 {
 		t.Errorf("LogOffsets = %d, %d, %v; want 0, 8", start, end, err)
+	}
+}
+
+// testFetchBacklog: a backlog larger than a reader buffers comes out
+// whole and in order, read slowly (the client holds fetching back
+// meanwhile) and after a move back.
+func testFetchBacklog(t *testing.T, c contract, k target) {
+	const n, size = 400, 10 << 10
+	createTopic(t, k.brokers, k.topic, 1)
+	var msgs []kafka.Message
+	for range n {
+		msgs = append(msgs, kafka.Message{Value: randomBytes(size)})
+	}
+	produce(t, k.brokers, k.topic, msgs...)
+	g := c.group(t, c.client(t, k), groupConfig(t, k))
+	gen := nextGen(t, g, 60*time.Second)
+	done := make(chan error, 1)
+	gen.Start(gen.Assigned(k.topic)[0], func(ctx context.Context, r transport.PartitionReader) {
+		done <- func() error {
+			if err := r.SetOffset(0); err != nil {
+				return err
+			}
+			read := func(from, to int64) error {
+				for want := from; want < to; want++ {
+					fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					m, err := r.Fetch(fctx)
+					cancel()
+					if err != nil || m.Offset != want || !bytes.Equal(m.Value, msgs[want].Value) {
+						return fmt.Errorf("fetch: offset %d (%v), want %d and its value", m.Offset, err, want)
+					}
+					if want == 10 {
+						time.Sleep(time.Second)
+					}
+				}
+				return nil
+			}
+			if err := read(0, 300); err != nil {
+				return err
+			}
+			if err := r.SetOffset(100); err != nil {
+				return err
+			}
+			return read(100, n)
+		}()
+		<-ctx.Done()
+	})
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -209,4 +209,5 @@ func removeMember(t *testing.T, brokers []string, group, memberID string) {
 	}
 }
 
+// testLogLevel is the tests' log level; Debug shows franz-go's group and fetch steps.
 var testLogLevel = slog.LevelWarn
