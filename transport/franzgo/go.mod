@@ -2,6 +2,9 @@ module github.com/inboxgo/inbox/transport/franzgo
 
 go 1.25.0
 
+// franz-go v1.21.7 is the newest release whose go directive the library's
+// floor (go 1.25) allows: v1.22 says go 1.26. A module that requires a newer
+// franz-go gets it (the dev module, for kfake, does).
 require (
 	github.com/inboxgo/inbox v0.0.0
 	github.com/segmentio/kafka-go v0.4.51

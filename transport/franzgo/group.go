@@ -376,7 +376,6 @@ func (g *group) Rejected(err error) bool {
 		kerr.GroupAuthorizationFailed,
 		kerr.TopicAuthorizationFailed,
 		kerr.SaslAuthenticationFailed,
-		kerr.InconsistentGroupProtocol,
 	} {
 		if errors.Is(err, e) {
 			return true

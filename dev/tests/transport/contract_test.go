@@ -33,7 +33,10 @@ type contract struct {
 // runContract runs the suite against a real broker, each test with its
 // own topic and group.
 func runContract(t *testing.T, c contract) {
-	brokers := testservers.KafkaBrokers(t)
+	runContractOn(t, c, testservers.KafkaBrokers(t))
+}
+
+func runContractOn(t *testing.T, c contract, brokers []string) {
 	for _, tc := range []struct {
 		name string
 		run  func(t *testing.T, c contract, k target)
