@@ -97,11 +97,11 @@ func (f *fetcher) distribute(fs kgo.Fetches) {
 // reader returns the reader of k, starting at offset (the assignment's:
 // a concrete offset, or FirstOffset / LastOffset).
 func (f *fetcher) reader(k tp, offset int64) *reader {
-	r := &reader{f: f, k: k, pos: offset, floor: max(offset, 0), wake: make(chan struct{}, 1)}
+	r := &reader{f: f, k: k, pos: offset, moving: true, floor: max(offset, 0), wake: make(chan struct{}, 1)}
 	f.mu.Lock()
 	f.readers[k] = r
 	f.mu.Unlock()
-	r.seekLocked()
+	f.do(r.applySeek)
 	return r
 }
 

@@ -293,6 +293,8 @@ func (g *group) Next(ctx context.Context) (transport.Generation, error) {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-g.ctx.Done():
+			return nil, ErrGroupClosed
 		case err := <-g.errs:
 			return nil, err
 		case <-g.wake:
