@@ -110,8 +110,12 @@ type group struct {
 	// after the next rejoin. running: the functions Start runs.
 	held    map[tp]bool
 	pending map[tp]bool
-	restart map[tp]bool
-	running map[tp]*part
+	// memberID and genID: the session of the last assignment, the
+	// generation Next hands out.
+	memberID string
+	genID    int32
+	restart  map[tp]bool
+	running  map[tp]*part
 
 	wake chan struct{}
 	errs chan error
@@ -201,9 +205,11 @@ func (g *group) signal() {
 // assigned runs after every join, with the partitions new to this member
 // (possibly none): they, and the partitions to restart that the member
 // still holds, become pending for Next.
-func (g *group) assigned(_ context.Context, _ *kgo.Client, added map[string][]int32) {
+func (g *group) assigned(_ context.Context, cl *kgo.Client, added map[string][]int32) {
+	memberID, genID := cl.GroupMetadata()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.memberID, g.genID = memberID, genID
 	for t, ps := range added {
 		for _, p := range ps {
 			k := tp{t, p}
@@ -306,7 +312,9 @@ func (g *group) Next(ctx context.Context) (transport.Generation, error) {
 // group's committed offsets. If those cannot be read, the partitions go
 // back to pending for the next call.
 func (g *group) generation(ctx context.Context, take []tp) (transport.Generation, error) {
-	memberID, genID := g.member.GroupMetadata()
+	g.mu.Lock()
+	memberID, genID := g.memberID, g.genID
+	g.mu.Unlock()
 	offsets, err := g.committed(ctx, take)
 	if err != nil {
 		g.mu.Lock()
