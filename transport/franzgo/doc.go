@@ -35,7 +35,9 @@
 // Dead letters are partitioned as kafka-go's kafka.Hash does (FNV-1a of
 // the key, Sarama's arithmetic), so a key lands on the partition it would
 // have with the kafka-go transport; a message without a key goes to a
-// sticky partition rather than round-robin.
+// sticky partition rather than round-robin. A cluster whose ACLs refuse
+// idempotent writes to the consumer's principal needs
+// kgo.DisableIdempotentWrite() in Options.ClientOptions.
 //
 // # What it does not do
 //
