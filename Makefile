@@ -4,7 +4,7 @@ GO       ?= go
 SERVICES := scripts/with-services.sh
 # ./... stops at a nested module: every module of go.work is listed, so
 # every target covers them all (README, "Modules").
-PKGS     := ./... ./adapters/postgres/... ./adapters/mysql/... ./adapters/sqlite/... ./otel/... ./cmd/inboxctl/... ./dev/...
+PKGS     := ./... ./adapters/postgres/... ./adapters/mysql/... ./adapters/sqlite/... ./otel/... ./transport/franzgo/... ./cmd/inboxctl/... ./dev/...
 # golangci-lint, pinned, built into .bin/ by the lint target (the module proxy serves it).
 GOLANGCI_VERSION := v2.15.0
 GOLANGCI := .bin/golangci-lint-$(GOLANGCI_VERSION)

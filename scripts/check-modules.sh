@@ -8,7 +8,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 fail() { echo "check-modules: $*" >&2; exit 1; }
 
-for mod in go.mod adapters/postgres/go.mod adapters/mysql/go.mod adapters/sqlite/go.mod otel/go.mod cmd/inboxctl/go.mod; do
+for mod in go.mod adapters/postgres/go.mod adapters/mysql/go.mod adapters/sqlite/go.mod otel/go.mod transport/franzgo/go.mod cmd/inboxctl/go.mod; do
 	line="$(grep -m1 '^go ' "$root/$mod")"
 	[ "$line" = "go 1.25.0" ] || fail "$mod says '$line', want 'go 1.25.0' (the oldest supported Go)"
 done
@@ -37,6 +37,9 @@ forbid otel 'mattn/go-sqlite3|go-sql-driver|jackc/pgx|franz-go|gorm.io/driver'
 forbid adapters/postgres 'mattn/go-sqlite3|go-sql-driver|franz-go|driver/sqlite|driver/mysql'
 forbid adapters/mysql 'mattn/go-sqlite3|jackc/pgx|franz-go|driver/sqlite|driver/postgres'
 forbid adapters/sqlite 'go-sql-driver|jackc/pgx|franz-go|driver/mysql|driver/postgres'
+# The franz-go transport brings franz-go and nothing of the databases or
+# the in-process broker.
+forbid transport/franzgo 'mattn/go-sqlite3|go-sql-driver|jackc/pgx|gorm.io/driver|kfake'
 
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
