@@ -67,8 +67,11 @@ type shardKey struct {
 // nothing on a partition can witness that its numbers were handed out
 // again (a restore of the producer's database): a watermark would skip the
 // new events that got them.
-func (w *worker) sequenceOf(m *kafka.Message) (*seqPos, error) {
-	p, untrusted, err := readSequence(m, w.c.trusted)
+//
+// The position is read into into; known, a source id read before, is
+// taken as the position's source when m's is the same (no copy of it).
+func (w *worker) sequenceOf(m *kafka.Message, into *seqPos, known string) (*seqPos, error) {
+	p, untrusted, err := readSequenceInto(m, w.c.trusted, into, known)
 	switch {
 	case err != nil:
 		return nil, err
@@ -117,6 +120,12 @@ func (c *Consumer) firstNoteOf(src string) bool {
 // the events around it, and guessing could drop it. p.partitions is 0 for
 // a trusted source that is not aligned.
 func readSequence(m *kafka.Message, trusted map[string]bool) (p *seqPos, untrusted string, err error) {
+	return readSequenceInto(m, trusted, new(seqPos), "")
+}
+
+// readSequenceInto is readSequence reading into into, which p then is;
+// known, if it is m's source id, becomes p's source (sparing a copy).
+func readSequenceInto(m *kafka.Message, trusted map[string]bool, into *seqPos, known string) (p *seqPos, untrusted string, err error) {
 	src, srcKey, err := firstHeader(m.Headers, []string{header.SeqSource, header.CloudEventsSeqSource})
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %w", errBadSequence, err)
@@ -151,7 +160,12 @@ func readSequence(m *kafka.Message, trusted map[string]bool) (p *seqPos, untrust
 		}
 		return v, nil
 	}
-	p = &seqPos{stream: streamID{source: string(src)}, cloudEvents: ce}
+	source := known
+	if string(src) != known {
+		source = string(src)
+	}
+	p = into
+	*p = seqPos{stream: streamID{source: source}, cloudEvents: ce}
 	if p.stream.epoch, err = num(pick(header.SeqEpoch, header.CloudEventsSeqEpoch), 1); err != nil {
 		return nil, "", err
 	}

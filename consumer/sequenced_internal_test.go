@@ -142,3 +142,44 @@ func TestCommittedReportsANumberTakenByAnotherEvent(t *testing.T) {
 		t.Errorf("a forgotten number reported: %+v", twice)
 	}
 }
+
+// The per-message bookkeeping of a sequenced message allocates only the
+// event id: its position is read into the batch's slab, its source id is
+// the one its stream's previous message read, and the offset tracker reuses
+// its slices.
+func TestPerMessageBookkeepingAllocs(t *testing.T) {
+	m := &kafka.Message{Partition: 0, Headers: []kafka.Header{
+		{Key: header.EventID, Value: []byte("e-1")},
+		{Key: header.EventTime, Value: []byte("2026-12-03T10:00:00.123Z")},
+		{Key: header.SeqSource, Value: []byte("src")},
+		{Key: header.SeqEpoch, Value: []byte("1")},
+		{Key: header.SeqShard, Value: []byte("0")},
+		{Key: header.Seq, Value: []byte("12")},
+		{Key: header.SeqPartitions, Value: []byte("1")},
+	}}
+	trusted := map[string]bool{"src": true}
+	ex := HeaderExtractor(nil, nil)
+	tr := newOffsetTracker(0)
+	var pos seqPos
+	known := "src"
+	off := int64(0)
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, _, err := extract(ex, m); err != nil {
+			t.Fatal(err)
+		}
+		p, _, err := readSequenceInto(m, trusted, &pos, known)
+		if err != nil || p != &pos || p.seq != 12 || p.partitions != 1 {
+			t.Fatalf("read %+v, %v", p, err)
+		}
+		if err := tr.fetched(off); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.markDone(off); err != nil {
+			t.Fatal(err)
+		}
+		off++
+	})
+	if allocs > 1 {
+		t.Errorf("%.1f allocations per message, want at most 1 (the event id)", allocs)
+	}
+}
