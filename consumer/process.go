@@ -347,8 +347,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 
 // wrap adapts the user's Handler to the inbox.
 func (w *worker) wrap(items []*item) inbox.Handler {
+	next := 0
 	return func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
-		it := itemAt(items, m.Offset)
+		it := itemAt(items, m.Offset, &next)
 		if it == nil {
 			return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
 		}
@@ -360,8 +361,9 @@ func (w *worker) wrap(items []*item) inbox.Handler {
 func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
 	return func(ctx context.Context, tx *gorm.DB, ms []inbox.Message) error {
 		batch := make([]Message, len(ms))
+		next := 0
 		for i, m := range ms {
-			it := itemAt(items, m.Offset)
+			it := itemAt(items, m.Offset, &next)
 			if it == nil {
 				return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
 			}
@@ -375,18 +377,22 @@ func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
 
 // itemAt is the item of items at offset, or nil. items are in offset
 // order, as fetched (a search that misses looks at each, should the
-// bookkeeping have been broken).
-func itemAt(items []*item, offset int64) *item {
-	i, ok := slices.BinarySearchFunc(items, offset, func(it *item, off int64) int { return cmp.Compare(it.msg.Offset, off) })
-	if ok {
-		return items[i]
+// bookkeeping have been broken). The handlers get their messages in offset
+// order too: items[*next] is looked at first, and *next moved past the
+// item found.
+func itemAt(items []*item, offset int64, next *int) *item {
+	i, ok := *next, false
+	if ok = i < len(items) && items[i].msg.Offset == offset; !ok {
+		i, ok = slices.BinarySearchFunc(items, offset, func(it *item, off int64) int { return cmp.Compare(it.msg.Offset, off) })
 	}
-	for _, it := range items {
-		if it.msg.Offset == offset {
-			return it
+	if !ok {
+		i = slices.IndexFunc(items, func(it *item) bool { return it.msg.Offset == offset })
+		if i < 0 {
+			return nil
 		}
 	}
-	return nil
+	*next = i + 1
+	return items[i]
 }
 
 // processIdempotent runs the handler for one message in its own

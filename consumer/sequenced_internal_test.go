@@ -111,6 +111,8 @@ func TestRepeatsAtCutsBeforeANumberSeenInTheBatch(t *testing.T) {
 		{"no repeat", []*item{at(a, 0, 1, 1), {}, at(b, 0, 1, 1), at(a, 1, 1, 2), at(a, 0, 2, 1)}, 5},
 		{"a number again", []*item{at(a, 0, 1, 1), at(a, 0, 2, 1), {}, at(a, 0, 2, 1)}, 3},
 		{"a number going back", []*item{at(a, 0, 5, 1), at(a, 0, 3, 1)}, 1},
+		{"a number again after another shard", []*item{at(a, 0, 1, 1), at(a, 0, 2, 1), at(b, 0, 1, 1), at(a, 0, 2, 1)}, 3},
+		{"shards taking turns", []*item{at(a, 0, 1, 1), at(b, 0, 1, 1), at(a, 0, 2, 1), at(b, 0, 2, 1), at(a, 1, 1, 2), at(b, 0, 2, 1)}, 5},
 		{"unaligned", []*item{at(a, 0, 1, 0), at(a, 0, 1, 0)}, 2},
 		{"empty", nil, 0},
 	} {
@@ -181,5 +183,33 @@ func TestPerMessageBookkeepingAllocs(t *testing.T) {
 	})
 	if allocs > 1 {
 		t.Errorf("%.1f allocations per message, want at most 1 (the event id)", allocs)
+	}
+}
+
+// The first gap is found against the committed watermark and the numbers
+// before it in the batch, per shard, also when shards take turns.
+func TestFirstGap(t *testing.T) {
+	a, b := streamID{source: "a", epoch: 1}, streamID{source: "b", epoch: 1}
+	s := &watermarks{streams: map[streamID]*streamState{a: {applied: watermark.Applied{0: 4}}}}
+	at := func(id streamID, shard int32, seq int64) *item {
+		return &item{seq: &seqPos{stream: id, shard: shard, seq: seq, partitions: 1}}
+	}
+	for _, c := range []struct {
+		name     string
+		items    []*item
+		want     int
+		expected int64
+	}{
+		{"none", []*item{at(a, 0, 5), at(a, 0, 6), at(b, 0, 9), at(a, 0, 7), at(b, 0, 10)}, 5, 0},
+		{"after the watermark", []*item{at(a, 0, 6)}, 0, 5},
+		{"in a run", []*item{at(a, 0, 5), at(a, 0, 7)}, 1, 6},
+		{"after another shard's run", []*item{at(a, 0, 5), at(b, 0, 3), at(b, 0, 4), at(a, 0, 7)}, 3, 6},
+		{"in a shard seen before", []*item{at(b, 0, 3), at(a, 0, 5), at(b, 0, 5)}, 2, 4},
+		{"a duplicate is no gap", []*item{at(a, 0, 3), at(a, 0, 5), at(a, 0, 4), at(a, 0, 6)}, 4, 0},
+	} {
+		n, gap := s.firstGap(c.items)
+		if n != c.want || (gap == nil) != (c.expected == 0) || (gap != nil && gap.expected != c.expected) {
+			t.Errorf("%s: firstGap = %d, %v; want %d, expecting %d", c.name, n, gap, c.want, c.expected)
+		}
 	}
 }
