@@ -69,6 +69,19 @@
 // The retried message is then applied after the later messages of its batch:
 // order within a partition holds for everything but a message that failed.
 //
+// That is why BatchSize is 1 by default, though a batch costs one
+// transaction and one claim for all its messages: with a per-message
+// Handler, BatchSize 100 ran about 5x the default on PostgreSQL
+// (docs/BENCHMARKS.md). Batching what is already fetched adds no latency (a
+// batch that reached the partition's end goes at once), and a poison
+// message is still isolated; what changes is the order of a message whose
+// handler fails and then succeeds on a retry (a handler that returns an
+// error until an event it depends on arrived is the usual case), and that
+// the handlers of a failed message's neighbours run again after the
+// rollback, so that a side effect outside tx (which a handler must not
+// have) is repeated; the batch's transaction also holds its row locks for
+// all its handlers. Choose a batch where none of this matters.
+//
 // # Offsets in the database
 //
 // With Config.StoreOffsets the next offset of each partition is written to a

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -27,17 +28,29 @@ import (
 // stop. Messages left unfinished (the worker is stopping) are not marked
 // done, so their offsets are not committed.
 func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (halt bool) {
+	// The batch's items, and their places in sequenced streams, are
+	// allocated together, not one by one.
+	slab := make([]item, len(batch))
 	items := make([]*item, len(batch))
-	for i, m := range batch {
+	var positions []seqPos
+	if w.seq != nil {
+		positions = make([]seqPos, len(batch))
+	}
+	var source string // the last stream's source id, which its next messages share
+	for i := range batch {
+		m := &batch[i]
 		if err := w.tracker.fetched(m.Offset); err != nil {
 			w.log.Error("offset bookkeeping broken", "error", err)
 		}
-		id, at, err := extract(w.c.cfg.Extract, &batch[i])
-		items[i] = &item{msg: Message{Message: m, EventID: id, EventTime: at}, extractErr: err}
+		id, at, err := extract(w.c.cfg.Extract, m)
+		it := &slab[i]
+		*it = item{msg: Message{Message: *m, EventID: id, EventTime: at}, extractErr: err}
+		items[i] = it
 		if err == nil && w.seq != nil {
-			items[i].seq, items[i].seqErr = w.sequenceOf(&batch[i])
-			if p := items[i].seq; p != nil {
+			it.seq, it.seqErr = w.sequenceOf(m, &positions[i], source)
+			if p := it.seq; p != nil {
 				p.eventID = id
+				source = p.stream.source
 			}
 		}
 	}
@@ -164,10 +177,13 @@ var runBatch = batchopt.Lookup[*inbox.Inbox, inbox.Message, inbox.Handler, inbox
 // commit (storeCommittable).
 func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (results []inbox.Result, ok bool) {
 	results = make([]inbox.Result, len(items))
-	var msgs []inbox.Message
+	msgs := make([]inbox.Message, 0, len(items))
 	msgIndex := make([]int, len(items)) // items[i] is msgs[msgIndex[i]], or -1
-	var idx []int
+	idx := make([]int, 0, len(items))
 	var seqOf []*seqPos // seqOf[j]: msgs[j]'s place in its sequenced stream, or nil
+	if w.seq != nil {
+		seqOf = make([]*seqPos, 0, len(items))
+	}
 	for i, it := range items {
 		msgIndex[i] = -1
 		if it.extractErr != nil || it.seqErr != nil {
@@ -178,7 +194,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		msgIndex[i] = len(msgs)
 		msgs = append(msgs, w.inboxMessage(it))
 		idx = append(idx, i)
-		seqOf = append(seqOf, it.seq)
+		if w.seq != nil {
+			seqOf = append(seqOf, it.seq)
+		}
 	}
 	if len(msgs) == 0 {
 		return results, true
@@ -189,14 +207,19 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			return w.messageContext(ctx, items[idx[j]])
 		}
 	}
-	// The call runs under a context of its own, which a write of the stored
-	// offset refused because a newer generation took the partition over
-	// cancels: the batch then rolls back as on a rebalance (the inbox logs
-	// that at Info), not as a failure of its messages.
-	callCtx, cancelCall := context.WithCancelCause(dbCtx)
-	defer cancelCall(nil)
-	written := int64(-1) // the highest stored offset this call wrote
+	callCtx := dbCtx
+	var written *int64 // the highest stored offset this call wrote
 	if w.c.cfg.StoreOffsets {
+		// The call runs under a context of its own, which a write of the
+		// stored offset refused because a newer generation took the
+		// partition over cancels: the batch then rolls back as on a
+		// rebalance (the inbox logs that at Info), not as a failure of its
+		// messages.
+		var cancelCall context.CancelCauseFunc
+		callCtx, cancelCall = context.WithCancelCause(dbCtx)
+		defer cancelCall(nil)
+		written = new(int64)
+		*written = -1
 		opts.BeforeCommit = func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
 			last := -1
 			for i := range items {
@@ -217,7 +240,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 				}
 				return err
 			}
-			written = max(written, next)
+			*written = max(*written, next)
 			return nil
 		}
 	}
@@ -256,7 +279,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			// one whose COMMIT a split refused after its write: then the
 			// floor is too high, and the next write finds the position
 			// "moved" and resumes from the database's: redeliveries only.
-			w.floor = max(w.floor, written)
+			if written != nil {
+				w.floor = max(w.floor, *written)
+			}
 			if w.seq != nil {
 				twice := w.seq.committed(seqOf, func(j int) inbox.Outcome { return rs[j].Outcome })
 				w.reportTakenTwice(twice, func(j int) int64 { return items[idx[j]].msg.Offset })
@@ -322,13 +347,10 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 
 // wrap adapts the user's Handler to the inbox.
 func (w *worker) wrap(items []*item) inbox.Handler {
-	byOffset := make(map[int64]*item, len(items))
-	for _, it := range items {
-		byOffset[it.msg.Offset] = it
-	}
+	next := 0
 	return func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
-		it, ok := byOffset[m.Offset]
-		if !ok {
+		it := itemAt(items, m.Offset, &next)
+		if it == nil {
 			return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
 		}
 		return w.callHandler(ctx, tx, it.msg)
@@ -337,15 +359,12 @@ func (w *worker) wrap(items []*item) inbox.Handler {
 
 // wrapBatch adapts the user's BatchHandler to the inbox.
 func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
-	byOffset := make(map[int64]*item, len(items))
-	for _, it := range items {
-		byOffset[it.msg.Offset] = it
-	}
 	return func(ctx context.Context, tx *gorm.DB, ms []inbox.Message) error {
 		batch := make([]Message, len(ms))
+		next := 0
 		for i, m := range ms {
-			it, ok := byOffset[m.Offset]
-			if !ok {
+			it := itemAt(items, m.Offset, &next)
+			if it == nil {
 				return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
 			}
 			batch[i] = it.msg
@@ -354,6 +373,26 @@ func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
 			return w.c.cfg.BatchHandler(ctx, tx, batch)
 		})
 	}
+}
+
+// itemAt is the item of items at offset, or nil. items are in offset
+// order, as fetched (a search that misses looks at each, should the
+// bookkeeping have been broken). The handlers get their messages in offset
+// order too: items[*next] is looked at first, and *next moved past the
+// item found.
+func itemAt(items []*item, offset int64, next *int) *item {
+	i, ok := *next, false
+	if ok = i < len(items) && items[i].msg.Offset == offset; !ok {
+		i, ok = slices.BinarySearchFunc(items, offset, func(it *item, off int64) int { return cmp.Compare(it.msg.Offset, off) })
+	}
+	if !ok {
+		i = slices.IndexFunc(items, func(it *item) bool { return it.msg.Offset == offset })
+		if i < 0 {
+			return nil
+		}
+	}
+	*next = i + 1
+	return items[i]
 }
 
 // processIdempotent runs the handler for one message in its own
@@ -575,7 +614,10 @@ func (w *worker) finish(it *item, o inbox.Outcome) {
 	kind := hooks.Processed
 	if o == inbox.Duplicate {
 		kind = hooks.Duplicate
-		w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
+		if w.log.Enabled(context.Background(), slog.LevelDebug) {
+			// Checked first: the attributes allocate even when not logged.
+			w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
+		}
 	}
 	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Sequenced: it.watermarked(), NoDedup: w.c.cfg.NaturallyIdempotent})
 	next, _ := w.tracker.committable()

@@ -67,8 +67,11 @@ type shardKey struct {
 // nothing on a partition can witness that its numbers were handed out
 // again (a restore of the producer's database): a watermark would skip the
 // new events that got them.
-func (w *worker) sequenceOf(m *kafka.Message) (*seqPos, error) {
-	p, untrusted, err := readSequence(m, w.c.trusted)
+//
+// The position is read into into; known, a source id read before, is
+// taken as the position's source when m's is the same (no copy of it).
+func (w *worker) sequenceOf(m *kafka.Message, into *seqPos, known string) (*seqPos, error) {
+	p, untrusted, err := readSequenceInto(m, w.c.trusted, into, known)
 	switch {
 	case err != nil:
 		return nil, err
@@ -117,6 +120,12 @@ func (c *Consumer) firstNoteOf(src string) bool {
 // the events around it, and guessing could drop it. p.partitions is 0 for
 // a trusted source that is not aligned.
 func readSequence(m *kafka.Message, trusted map[string]bool) (p *seqPos, untrusted string, err error) {
+	return readSequenceInto(m, trusted, new(seqPos), "")
+}
+
+// readSequenceInto is readSequence reading into into, which p then is;
+// known, if it is m's source id, becomes p's source (sparing a copy).
+func readSequenceInto(m *kafka.Message, trusted map[string]bool, into *seqPos, known string) (p *seqPos, untrusted string, err error) {
 	src, srcKey, err := firstHeader(m.Headers, []string{header.SeqSource, header.CloudEventsSeqSource})
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %w", errBadSequence, err)
@@ -151,7 +160,12 @@ func readSequence(m *kafka.Message, trusted map[string]bool) (p *seqPos, untrust
 		}
 		return v, nil
 	}
-	p = &seqPos{stream: streamID{source: string(src)}, cloudEvents: ce}
+	source := known
+	if string(src) != known {
+		source = string(src)
+	}
+	p = into
+	*p = seqPos{stream: streamID{source: source}, cloudEvents: ce}
 	if p.stream.epoch, err = num(pick(header.SeqEpoch, header.CloudEventsSeqEpoch), 1); err != nil {
 		return nil, "", err
 	}
@@ -338,24 +352,36 @@ func (e *gapError) Error() string {
 // no committed number in the shard yet starts at the first number it sees:
 // a new group, or a topic whose head retention deleted.
 func (s *watermarks) firstGap(items []*item) (int, *gapError) {
-	next := map[shardKey]int64{} // the number expected next, per shard; absent: any
+	var next map[shardKey]int64 // the number expected next, per shard before the current run; absent: any
+	var last *seqPos            // the run of one shard's messages goes on while it matches
+	var lastNext int64          // the number expected next in the run
 	for i, it := range items {
 		p := it.seq
 		if p == nil || p.partitions == 0 {
 			continue
 		}
-		k := shardKey{p.stream, p.shard}
-		exp, ok := next[k]
-		if !ok {
-			var v int64
-			if v, ok = s.applied(p); ok {
-				exp = v + 1
+		var exp int64
+		ok := true
+		if last != nil && p.shard == last.shard && p.stream == last.stream {
+			exp = lastNext
+		} else {
+			if last != nil {
+				if next == nil {
+					next = map[shardKey]int64{}
+				}
+				next[shardKey{last.stream, last.shard}] = lastNext
+			}
+			if exp, ok = next[shardKey{p.stream, p.shard}]; !ok {
+				var v int64
+				if v, ok = s.applied(p); ok {
+					exp = v + 1
+				}
 			}
 		}
 		if ok && p.seq > exp {
 			return i, &gapError{pos: p, expected: exp}
 		}
-		next[k] = max(exp, p.seq+1)
+		last, lastNext = p, max(exp, p.seq+1)
 	}
 	return len(items), nil
 }
@@ -478,6 +504,12 @@ func (s *watermarks) writer(seqOf []*seqPos) func(group []int, committed []inbox
 // are not applied, but nothing of their own was.
 func (s *watermarks) committed(seqOf []*seqPos, outcomes func(j int) inbox.Outcome) (twice []takenTwice) {
 	touched := map[streamID]bool{}
+	// A partition's messages mostly belong to one shard: the maps are
+	// looked up when the shard changes, not for every message.
+	var (
+		last   *seqPos // the previous message's position; nil: none
+		owners *numberOwners
+	)
 	for j, p := range seqOf {
 		if p == nil || p.rows {
 			continue
@@ -486,15 +518,20 @@ func (s *watermarks) committed(seqOf []*seqPos, outcomes func(j int) inbox.Outco
 		if o != inbox.Processed && o != inbox.Duplicate {
 			continue
 		}
+		if last == nil || p.shard != last.shard || p.stream != last.stream {
+			last, owners = p, nil
+		}
 		if p.partitions > 0 && p.eventID != "" {
-			k := shardKey{p.stream, p.shard}
-			owners := s.owners[k]
 			if owners == nil {
-				if s.owners == nil {
-					s.owners = map[shardKey]*numberOwners{}
+				k := shardKey{p.stream, p.shard}
+				owners = s.owners[k]
+				if owners == nil {
+					if s.owners == nil {
+						s.owners = map[shardKey]*numberOwners{}
+					}
+					owners = new(numberOwners)
+					s.owners[k] = owners
 				}
-				owners = new(numberOwners)
-				s.owners[k] = owners
 			}
 			switch first, ok := owners.get(p.seq); {
 			case o == inbox.Processed && !ok:
@@ -526,20 +563,30 @@ func (s *watermarks) committed(seqOf []*seqPos, outcomes func(j int) inbox.Outco
 // watermark and both applied when they are two events; run after the first
 // committed, the watermark covers the second.
 func repeatsAt(items []*item) int {
-	var highest map[shardKey]int64
+	var highest map[shardKey]int64 // of the shards before the current run
+	var last *seqPos               // the run of one shard's messages goes on while it matches
 	for i, it := range items {
 		p := it.seq
 		if p == nil || p.partitions == 0 {
 			continue
 		}
-		k := shardKey{p.stream, p.shard}
-		if h, ok := highest[k]; ok && p.seq <= h {
+		if last != nil && p.shard == last.shard && p.stream == last.stream {
+			if p.seq <= last.seq {
+				return i
+			}
+			last = p
+			continue
+		}
+		if last != nil {
+			if highest == nil {
+				highest = map[shardKey]int64{}
+			}
+			highest[shardKey{last.stream, last.shard}] = last.seq
+		}
+		if h, ok := highest[shardKey{p.stream, p.shard}]; ok && p.seq <= h {
 			return i
 		}
-		if highest == nil {
-			highest = map[shardKey]int64{}
-		}
-		highest[k] = p.seq
+		last = p
 	}
 	return len(items)
 }

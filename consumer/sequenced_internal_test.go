@@ -111,6 +111,8 @@ func TestRepeatsAtCutsBeforeANumberSeenInTheBatch(t *testing.T) {
 		{"no repeat", []*item{at(a, 0, 1, 1), {}, at(b, 0, 1, 1), at(a, 1, 1, 2), at(a, 0, 2, 1)}, 5},
 		{"a number again", []*item{at(a, 0, 1, 1), at(a, 0, 2, 1), {}, at(a, 0, 2, 1)}, 3},
 		{"a number going back", []*item{at(a, 0, 5, 1), at(a, 0, 3, 1)}, 1},
+		{"a number again after another shard", []*item{at(a, 0, 1, 1), at(a, 0, 2, 1), at(b, 0, 1, 1), at(a, 0, 2, 1)}, 3},
+		{"shards taking turns", []*item{at(a, 0, 1, 1), at(b, 0, 1, 1), at(a, 0, 2, 1), at(b, 0, 2, 1), at(a, 1, 1, 2), at(b, 0, 2, 1)}, 5},
 		{"unaligned", []*item{at(a, 0, 1, 0), at(a, 0, 1, 0)}, 2},
 		{"empty", nil, 0},
 	} {
@@ -140,5 +142,74 @@ func TestCommittedReportsANumberTakenByAnotherEvent(t *testing.T) {
 	s.committed([]*seqPos{pos(2+ownersKept, "w")}, outcomes(inbox.Processed))
 	if twice := s.committed([]*seqPos{pos(2, "z")}, outcomes(inbox.Duplicate)); len(twice) != 0 {
 		t.Errorf("a forgotten number reported: %+v", twice)
+	}
+}
+
+// The per-message bookkeeping of a sequenced message allocates only the
+// event id: its position is read into the batch's slab, its source id is
+// the one its stream's previous message read, and the offset tracker reuses
+// its slices.
+func TestPerMessageBookkeepingAllocs(t *testing.T) {
+	m := &kafka.Message{Partition: 0, Headers: []kafka.Header{
+		{Key: header.EventID, Value: []byte("e-1")},
+		{Key: header.EventTime, Value: []byte("2026-12-03T10:00:00.123Z")},
+		{Key: header.SeqSource, Value: []byte("src")},
+		{Key: header.SeqEpoch, Value: []byte("1")},
+		{Key: header.SeqShard, Value: []byte("0")},
+		{Key: header.Seq, Value: []byte("12")},
+		{Key: header.SeqPartitions, Value: []byte("1")},
+	}}
+	trusted := map[string]bool{"src": true}
+	ex := HeaderExtractor(nil, nil)
+	tr := newOffsetTracker(0)
+	var pos seqPos
+	known := "src"
+	off := int64(0)
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, _, err := extract(ex, m); err != nil {
+			t.Fatal(err)
+		}
+		p, _, err := readSequenceInto(m, trusted, &pos, known)
+		if err != nil || p != &pos || p.seq != 12 || p.partitions != 1 {
+			t.Fatalf("read %+v, %v", p, err)
+		}
+		if err := tr.fetched(off); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.markDone(off); err != nil {
+			t.Fatal(err)
+		}
+		off++
+	})
+	if allocs > 1 {
+		t.Errorf("%.1f allocations per message, want at most 1 (the event id)", allocs)
+	}
+}
+
+// The first gap is found against the committed watermark and the numbers
+// before it in the batch, per shard, also when shards take turns.
+func TestFirstGap(t *testing.T) {
+	a, b := streamID{source: "a", epoch: 1}, streamID{source: "b", epoch: 1}
+	s := &watermarks{streams: map[streamID]*streamState{a: {applied: watermark.Applied{0: 4}}}}
+	at := func(id streamID, shard int32, seq int64) *item {
+		return &item{seq: &seqPos{stream: id, shard: shard, seq: seq, partitions: 1}}
+	}
+	for _, c := range []struct {
+		name     string
+		items    []*item
+		want     int
+		expected int64
+	}{
+		{"none", []*item{at(a, 0, 5), at(a, 0, 6), at(b, 0, 9), at(a, 0, 7), at(b, 0, 10)}, 5, 0},
+		{"after the watermark", []*item{at(a, 0, 6)}, 0, 5},
+		{"in a run", []*item{at(a, 0, 5), at(a, 0, 7)}, 1, 6},
+		{"after another shard's run", []*item{at(a, 0, 5), at(b, 0, 3), at(b, 0, 4), at(a, 0, 7)}, 3, 6},
+		{"in a shard seen before", []*item{at(b, 0, 3), at(a, 0, 5), at(b, 0, 5)}, 2, 4},
+		{"a duplicate is no gap", []*item{at(a, 0, 3), at(a, 0, 5), at(a, 0, 4), at(a, 0, 6)}, 4, 0},
+	} {
+		n, gap := s.firstGap(c.items)
+		if n != c.want || (gap == nil) != (c.expected == 0) || (gap != nil && gap.expected != c.expected) {
+			t.Errorf("%s: firstGap = %d, %v; want %d, expecting %d", c.name, n, gap, c.want, c.expected)
+		}
 	}
 }

@@ -15,16 +15,21 @@ import (
 // gaps): only fetched offsets count. The tracker is not safe for concurrent
 // use; each partition worker owns one.
 type offsetTracker struct {
-	next    int64   // the committable offset; -1 until known
-	pending []int64 // fetched offsets not yet below next, ascending
-	done    map[int64]bool
+	next int64 // the committable offset; -1 until known
+	// pending[head:] are the fetched offsets not yet below next, ascending;
+	// done[i] says pending[i] is finished. Both are slices, not a map, and
+	// consumed from head: a partition finishes its messages mostly in
+	// order, and this bookkeeping runs for every message.
+	pending []int64
+	done    []bool
+	head    int
 }
 
 func newOffsetTracker(start int64) *offsetTracker {
 	if start < 0 {
 		start = -1 // a sentinel such as kafka.FirstOffset: learnt from the first fetch
 	}
-	return &offsetTracker{next: start, done: make(map[int64]bool)}
+	return &offsetTracker{next: start}
 }
 
 // fetched records that offset was handed out. Offsets must be fetched in
@@ -33,7 +38,7 @@ func (t *offsetTracker) fetched(offset int64) error {
 	if offset < 0 {
 		return fmt.Errorf("consumer: negative offset %d", offset)
 	}
-	if n := len(t.pending); n > 0 && offset <= t.pending[n-1] {
+	if n := len(t.pending); n > t.head && offset <= t.pending[n-1] {
 		return fmt.Errorf("consumer: offset %d fetched after %d", offset, t.pending[n-1])
 	}
 	if t.next >= 0 && offset < t.next {
@@ -42,24 +47,33 @@ func (t *offsetTracker) fetched(offset int64) error {
 	if t.next < 0 {
 		t.next = offset
 	}
+	if t.head > 0 && t.head == len(t.pending) {
+		// Everything is finished: start the slices over, keeping their
+		// arrays.
+		t.pending, t.done, t.head = t.pending[:0], t.done[:0], 0
+	} else if t.head > 0 && t.head >= cap(t.pending)/2 && len(t.pending) == cap(t.pending) {
+		// Full, half of it finished: move the rest down instead of growing.
+		n := copy(t.pending, t.pending[t.head:])
+		copy(t.done, t.done[t.head:])
+		t.pending, t.done, t.head = t.pending[:n], t.done[:n], 0
+	}
 	t.pending = append(t.pending, offset)
+	t.done = append(t.done, false)
 	return nil
 }
 
 // markDone records that the message at offset is finished (its effect
 // committed, or it was dead-lettered).
 func (t *offsetTracker) markDone(offset int64) error {
-	if _, ok := slices.BinarySearch(t.pending, offset); !ok {
+	i, ok := slices.BinarySearch(t.pending[t.head:], offset)
+	if !ok {
 		return fmt.Errorf("consumer: offset %d completed but not pending", offset)
 	}
-	t.done[offset] = true
-	n := 0
-	for n < len(t.pending) && t.done[t.pending[n]] {
-		delete(t.done, t.pending[n])
-		t.next = t.pending[n] + 1
-		n++
+	t.done[t.head+i] = true
+	for t.head < len(t.pending) && t.done[t.head] {
+		t.next = t.pending[t.head] + 1
+		t.head++
 	}
-	t.pending = slices.Delete(t.pending, 0, n)
 	return nil
 }
 
@@ -71,4 +85,4 @@ func (t *offsetTracker) committable() (int64, bool) {
 }
 
 // inFlight is how many fetched messages are not finished.
-func (t *offsetTracker) inFlight() int { return len(t.pending) }
+func (t *offsetTracker) inFlight() int { return len(t.pending) - t.head }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -360,5 +361,50 @@ func TestStalledWorker(t *testing.T) {
 	c.removeWorker(slow)
 	if w, _ := c.stalled(time.Second); w != nil {
 		t.Fatalf("a removed worker is still watched: %d", w.partition)
+	}
+}
+
+// The tracker against a plain model, over many fetches and completions in
+// random order, so that its slices are reset, compacted and grown.
+func TestOffsetTrackerModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	tr := newOffsetTracker(0)
+	var fetched []int64 // in order
+	done := map[int64]bool{}
+	next, off := int64(0), int64(0)
+	for step := range 20000 {
+		if rng.IntN(3) > 0 && len(fetched)-len(done) < 300 {
+			off += 1 + int64(rng.IntN(2)) // gaps, as compaction leaves
+			if err := tr.fetched(off); err != nil {
+				t.Fatal(err)
+			}
+			fetched = append(fetched, off)
+		} else {
+			var open []int64
+			for _, o := range fetched {
+				if !done[o] {
+					open = append(open, o)
+				}
+			}
+			if len(open) == 0 {
+				continue
+			}
+			o := open[rng.IntN(min(len(open), 8))] // mostly the oldest
+			if err := tr.markDone(o); err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+			done[o] = true
+			for len(fetched) > 0 && done[fetched[0]] {
+				next = fetched[0] + 1
+				delete(done, fetched[0])
+				fetched = fetched[1:]
+			}
+		}
+		if got, _ := tr.committable(); got != next {
+			t.Fatalf("step %d: committable %d, want %d", step, got, next)
+		}
+		if tr.inFlight() != len(fetched) {
+			t.Fatalf("step %d: in flight %d, want %d", step, tr.inFlight(), len(fetched))
+		}
 	}
 }

@@ -101,14 +101,17 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error
 	ends := b.startMessages(ctx)
 	now := ib.cfg.Now()
 	results := make([]Result, len(msgs))
-	firstOf := make(map[storage.InboxKey]int, len(msgs))
-	copiesOf := make(map[int][]int)
+	var firstOf map[storage.InboxKey]int // one message has no copy to find
+	if len(msgs) > 1 {
+		firstOf = make(map[storage.InboxKey]int, len(msgs))
+	}
+	var copiesOf map[int][]int
 	pending := make([]int, 0, len(msgs))
 	if b.opts.Seq != nil && len(b.opts.Seq) != len(msgs) {
 		return nil, fmt.Errorf("%w: %d dedup marks for %d messages", ErrInvalidConfig, len(b.opts.Seq), len(msgs))
 	}
-	b.results, b.copiesOf = results, copiesOf
-	blocked := map[int]bool{} // chains a message failed in before any transaction
+	b.results = results
+	var blocked map[int]bool // chains a message failed in before any transaction
 	for i, m := range msgs {
 		mk := b.mark(i)
 		var err error
@@ -123,6 +126,9 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error
 		case err != nil:
 			results[i] = Result{Outcome: Failed, Err: err}
 			if mk.Chain > 0 {
+				if blocked == nil {
+					blocked = map[int]bool{}
+				}
 				blocked[mk.Chain] = true
 			}
 			continue
@@ -132,12 +138,18 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error
 			results[i] = b.heldBack(i)
 			continue
 		}
-		k := m.row().Key()
-		if first, seen := firstOf[k]; seen {
-			copiesOf[first] = append(copiesOf[first], i)
-			continue
+		if firstOf != nil {
+			k := m.row().Key()
+			if first, seen := firstOf[k]; seen {
+				if copiesOf == nil {
+					copiesOf = map[int][]int{}
+					b.copiesOf = copiesOf
+				}
+				copiesOf[first] = append(copiesOf[first], i)
+				continue
+			}
+			firstOf[k] = i
 		}
-		firstOf[k] = i
 		if results[i].Outcome == 0 {
 			pending = append(pending, i)
 		}
@@ -311,9 +323,9 @@ type batchRun struct {
 // a per-message handler's failure it returns the failing message's index;
 // on any other failure, -1: a database failure (or the end of ctx) fails
 // the batch, anything else is to be pinned by splitting the group.
-func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, int, error) {
+func (b *batchRun) attempt(ctx context.Context, group []int) ([]Outcome, int, error) {
 	ib := b.ib
-	var outcomes map[int]Outcome
+	var outcomes []Outcome
 	failedIdx := -1
 	// Messages of a chain that do not claim have no inbox row.
 	rows := make([]storage.InboxRow, 0, len(group))
@@ -338,10 +350,16 @@ func (b *batchRun) attempt(ctx context.Context, group []int) (map[int]Outcome, i
 }
 
 // run is one transaction of attempt.
-func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow, rowOf []int, outcomesP *map[int]Outcome, failedIdxP *int) error {
+func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow, rowOf []int, outcomesP *[]Outcome, failedIdxP *int) error {
 	ib := b.ib
 	*failedIdxP = -1
-	*outcomesP = make(map[int]Outcome, len(group))
+	// outcomes[i] is msgs[i]'s in this transaction, zero for the messages
+	// outside group: indexed, not a map, as this runs per transaction.
+	if *outcomesP == nil {
+		*outcomesP = make([]Outcome, len(b.msgs))
+	} else {
+		clear(*outcomesP) // a retry
+	}
 	outcomes := *outcomesP
 	// The claim covers the whole group: it is traced under the first
 	// message's context, the transaction runs under the call's.
@@ -355,7 +373,7 @@ func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow
 			inserted[j] = rowOf[j] < 0 || claimed[rowOf[j]]
 		}
 		if b.bh != nil {
-			var fresh []Message
+			fresh := make([]Message, 0, len(group))
 			first := -1
 			for j, idx := range group {
 				if inserted[j] {
@@ -420,14 +438,15 @@ func (b *batchRun) run(ctx context.Context, group []int, rows []storage.InboxRow
 }
 
 // view is what every message's outcome will be once the current
-// transaction, with outcomes, commits.
-func (b *batchRun) view(outcomes map[int]Outcome) []Outcome {
+// transaction, with outcomes (indexed by message, zero for those it does
+// not run), commits.
+func (b *batchRun) view(outcomes []Outcome) []Outcome {
 	v := make([]Outcome, len(b.msgs))
 	for i, r := range b.results {
 		v[i] = r.Outcome
-	}
-	for idx, o := range outcomes {
-		v[idx] = o
+		if i < len(outcomes) && outcomes[i] != 0 {
+			v[i] = outcomes[i]
+		}
 	}
 	for first, copies := range b.copiesOf {
 		o := v[first]

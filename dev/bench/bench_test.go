@@ -500,7 +500,7 @@ func BenchmarkKafkaPaired(b *testing.B) {
 				for r := range ratios[0] {
 					line := fmt.Sprintf("round %d:", r+1)
 					for i, m := range modes {
-						line += fmt.Sprintf(" %s %.0f events/s (%.3fx)", m, results[i][r].EventsPerSec(), ratios[i][r])
+						line += fmt.Sprintf(" %s %.0f events/s (%.3fx, %.1fµs CPU/event)", m, results[i][r].EventsPerSec(), ratios[i][r], float64(results[i][r].CPUPerEvent().Nanoseconds())/1000)
 					}
 					b.Log(line)
 				}
@@ -510,6 +510,14 @@ func BenchmarkKafkaPaired(b *testing.B) {
 					b.ReportMetric(rs[len(rs)/2], name+"-median")
 					b.ReportMetric(rs[0], name+"-min")
 					b.ReportMetric(rs[len(rs)-1], name+"-max")
+				}
+				for i, m := range modes {
+					cpus := make([]float64, len(results[i]))
+					for r, res := range results[i] {
+						cpus[r] = float64(res.CPUPerEvent().Nanoseconds()) / 1000
+					}
+					slices.Sort(cpus)
+					b.ReportMetric(cpus[len(cpus)/2], m+"-cpu-us/event-median")
 				}
 			}
 		})

@@ -40,6 +40,9 @@ const (
 	// KafkaSequenced is KafkaInbox with sequenced dedup: one message per
 	// transaction, a watermark instead of the inbox row.
 	KafkaSequenced = "sequenced"
+	// KafkaHandlerDefault is KafkaInbox with the consumer's default
+	// settings: a per-message Handler, and BatchSize left unset.
+	KafkaHandlerDefault = "handler-default"
 )
 
 // BenchSource is the outbox source id the benchmark's events carry in their
@@ -60,6 +63,20 @@ type KafkaResult struct {
 	Elapsed time.Duration // from the first effect to the last
 	Ratio   float64       // throughput / the no-inbox mode's
 	Produce time.Duration // producing the topic (same topic for every mode)
+	// CPU is the CPU time this process spent consuming (the consumer or the
+	// library-free pipeline, from the start of the group's join until the
+	// last effect; the Kafka client and the database driver included, the
+	// servers not): on a shared, busy machine it varies far less than
+	// throughput.
+	CPU time.Duration
+}
+
+// CPUPerEvent is the mode's CPU time per event.
+func (r KafkaResult) CPUPerEvent() time.Duration {
+	if r.Events <= 0 {
+		return 0
+	}
+	return r.CPU / time.Duration(r.Events)
 }
 
 // EventsPerSec is the steady throughput, first to last effect.
@@ -248,12 +265,13 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 		return res, err
 	}
 	defer func() { _ = f.Drop(context.WithoutCancel(ctx)) }()
-	if mode == KafkaLibraryFree {
-		start := time.Now()
-		first, last, err := consumeLibraryFree(ctx, f, brokers, topic, topic+"-"+mode+groupSuffix, n, o.BatchSize)
+	if mode == KafkaLibraryFree || mode == KafkaClassicInbox {
+		start, cpu := time.Now(), processCPU()
+		first, last, err := consumeLibraryFree(ctx, f, brokers, topic, topic+"-"+mode+groupSuffix, n, o.BatchSize, mode == KafkaClassicInbox)
 		if err != nil {
 			return res, err
 		}
+		res.CPU = processCPU() - cpu
 		res.Join, res.Elapsed = first.Sub(start), last.Sub(first)
 		return res, checkReserved(ctx, f, mode, n)
 	}
@@ -301,6 +319,8 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 		cfg.NaturallyIdempotent, cfg.DB, cfg.Classifier = true, b.DB, f.Store
 	case KafkaInbox:
 		cfg.Inbox, cfg.Consumer = f.Inbox, ConsumerName
+	case KafkaHandlerDefault:
+		cfg.Inbox, cfg.Consumer, cfg.BatchSize = f.Inbox, ConsumerName, 0
 	case KafkaSequenced:
 		cfg.Inbox, cfg.Consumer, cfg.SequencedSources = f.Inbox, ConsumerName, []string{BenchSource}
 	case KafkaBatch:
@@ -335,11 +355,12 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 	}
 	runCtx, cancel := context.WithTimeout(ctx, kafkaTimeout)
 	defer cancel()
-	start := time.Now()
+	start, cpu := time.Now(), processCPU()
 	runErr := make(chan error, 1)
 	go func() { runErr <- c.Run(runCtx) }()
 	select {
 	case <-done:
+		res.CPU = processCPU() - cpu
 	case err := <-runErr:
 		return res, fmt.Errorf("bench: consumer (%s) on %s stopped after %d of %d events: %w", mode, b.Name, processed.Load(), n, err)
 	case <-runCtx.Done():
