@@ -208,7 +208,7 @@ func TestMemClientErrorsAreRetried(t *testing.T) {
 	}
 
 	e.b.joinErrs = []error{memRejected{errors.New("invalid session timeout")}}
-	c, err := newConsumer(e.config(applyAll), e.b.transport())
+	c, err := New(e.config(applyAll))
 	if err != nil {
 		t.Fatal(err)
 	}

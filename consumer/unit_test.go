@@ -335,8 +335,8 @@ func TestDatabaseBoundsDefaults(t *testing.T) {
 // once it waited longer than the bound; a worker whose database answered
 // is not stalled.
 func TestStalledWorker(t *testing.T) {
-	c := &Consumer{workers: map[*worker]struct{}{}}
-	idle, slow, stuck := &worker{partition: 0}, &worker{partition: 1}, &worker{partition: 2}
+	c := &Consumer{workers: map[*worker]struct{}{}, holders: map[topicPartition]*worker{}}
+	idle, slow, stuck := &worker{partition: 0, done: make(chan struct{})}, &worker{partition: 1, done: make(chan struct{})}, &worker{partition: 2, done: make(chan struct{})}
 	for _, w := range []*worker{idle, slow, stuck} {
 		c.addWorker(w)
 	}
