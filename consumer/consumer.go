@@ -523,6 +523,9 @@ func (c *Consumer) startGeneration(member context.Context, gen transport.Generat
 					select {
 					case <-prev.done:
 					case <-ctx.Done():
+					case <-member.Done():
+					}
+					if ctx.Err() != nil || member.Err() != nil {
 						return
 					}
 				}

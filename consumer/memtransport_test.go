@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -45,6 +46,10 @@ type memBroker struct {
 	// the rebalances asked for (by rebalance, or by a function returning
 	// on its own); revocations records each revocation as acknowledged.
 	cooperative bool
+	// relist makes a cooperative group break its contract: Assigned lists
+	// the partitions the member keeps too, and Start runs a second
+	// function for them.
+	relist      bool
 	rebalances  int
 	revocations []memRevocation
 	// assign, when set, is the partitions of each topic the next
@@ -272,6 +277,7 @@ type memGroup struct {
 	seen   int  // the broker's rebalances this member followed
 	rejoin bool // the last join failed: the next one does not wait
 	held   map[topicPartition]*memHold
+	extra  []*memHold // the holds relist started a second function over
 	fns    sync.WaitGroup
 }
 
@@ -317,7 +323,7 @@ func (g *memGroup) Next(ctx context.Context) (transport.Generation, error) {
 			if b.assign != nil && !slices.Contains(b.assign[topic], p) {
 				continue
 			}
-			if _, kept := g.held[topicPartition{topic, p}]; kept {
+			if _, kept := g.held[topicPartition{topic, p}]; kept && !b.relist {
 				continue // cooperative: runs on under the generation that started it
 			}
 			off, ok := b.committed[topicPartition{topic, p}]
@@ -396,7 +402,7 @@ func (g *memGroup) Close() error {
 	}
 	b := g.t.b
 	b.mu.Lock()
-	for _, h := range g.held {
+	for _, h := range append(slices.Collect(maps.Values(g.held)), g.extra...) {
 		h.ending = true
 		h.cancel(errMemGroupClosed)
 	}
@@ -435,6 +441,9 @@ func (g *memGeneration) Start(a transport.Assignment, fn func(ctx context.Contex
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	h := &memHold{cancel: cancel, done: make(chan struct{})}
+	if old, ok := g.g.held[topicPartition{a.Topic, a.Partition}]; ok {
+		g.g.extra = append(g.g.extra, old)
+	}
 	g.g.held[topicPartition{a.Topic, a.Partition}] = h
 	b.mu.Unlock()
 	g.g.fns.Go(func() {
