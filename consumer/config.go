@@ -57,8 +57,10 @@ const (
 	// StopPartition halts the message's partition at it: the partition's
 	// worker stops fetching, commits the offsets before the message and
 	// nothing after it, logs an error, reports [EventPartitionStopped] and
-	// waits for the next rebalance or for Run to end, when the message is
-	// tried again. Other partitions go on. The default.
+	// holds the partition until it is revoked (with kafka-go at the next
+	// rebalance; with a cooperative client at one that moves it) or Run
+	// ends; when it is assigned again the message is tried again. Other
+	// partitions go on. The default.
 	StopPartition Policy = iota
 	// DeadLetter publishes the message to Config.DeadLetterTopic, with its
 	// key, value and headers and headers saying why (see DLQ header
@@ -304,7 +306,8 @@ type Config struct {
 	// was down are then processed, not skipped.
 	StartOffset int64
 	// SessionTimeout, HeartbeatInterval and RebalanceTimeout are passed to
-	// kafka.ConsumerGroupConfig; zero keeps kafka-go's defaults.
+	// the Kafka client's group (transport.GroupConfig); zero keeps the
+	// client's defaults.
 	SessionTimeout, HeartbeatInterval, RebalanceTimeout time.Duration
 	// MaxWait is the longest a fetch waits for new data. Default 500ms; it
 	// also bounds how long a revoked partition takes to let go.

@@ -50,7 +50,9 @@ var (
 // that the message before it shows to belong to a deleted topic
 // (ReasonTopicRecreated; for these two EventID is empty and Attempts 0). Nothing at or after Offset is committed to Kafka (or stored
 // in the offsets table). The partition stays halted until it is assigned
-// again (a rebalance, or the next Run), when it is tried again.
+// again (after a rebalance that revoked it: with kafka-go every rebalance,
+// with a cooperative client one that moved it; or the next Run), when it
+// is tried again.
 type PartitionStoppedError struct {
 	Topic     string
 	Partition int
