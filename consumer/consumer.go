@@ -238,9 +238,9 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 // *PartitionStoppedError for each partition still stopped; an error wrapping
 // ErrUnknownTopic or ErrNotMigrated (see above); an error wrapping
 // inbox.ErrInvalidConfig if the Kafka client (Config.Transport) or the
-// group coordinator rejects the configuration (an invalid session timeout or group id, failed
-// authentication or authorization: retrying cannot cure these); ErrRunning
-// if called twice. A Consumer runs once.
+// group coordinator rejects the configuration (an invalid session timeout
+// or group id, failed authentication or authorization: retrying cannot
+// cure these); ErrRunning if called twice. A Consumer runs once.
 func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.mu.Lock()
 	if c.state != 0 {

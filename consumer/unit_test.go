@@ -227,6 +227,14 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := New(ok); err != nil {
 		t.Fatalf("valid config rejected: %v", err)
 	}
+	// Brokers are the default client's: a Transport needs none.
+	withTransport := ok
+	withTransport.Brokers, withTransport.Transport = nil, newMemBroker().client()
+	if c, err := New(withTransport); err != nil {
+		t.Fatalf("a config with a Transport and no Brokers rejected: %v", err)
+	} else if c.client != withTransport.Transport {
+		t.Errorf("the consumer's client is %T, not the Transport given", c.client)
+	}
 	cases := map[string]func(*Config){
 		"no brokers":            func(c *Config) { c.Brokers = nil },
 		"no group":              func(c *Config) { c.GroupID = "" },
