@@ -7,6 +7,7 @@ package consumer
 // letters.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -60,7 +61,7 @@ func newKafkaGo(brokers []string, dialer *kafka.Dialer, log *slog.Logger) *kafka
 }
 
 func (k *kafkaGo) Group(cfg transport.GroupConfig) (transport.Group, error) {
-	log := cmpLogger(cfg.Logger, k.log)
+	log := cmp.Or(cfg.Logger, k.log)
 	g, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                cfg.GroupID,
 		Brokers:           k.brokers,
@@ -78,13 +79,6 @@ func (k *kafkaGo) Group(cfg transport.GroupConfig) (transport.Group, error) {
 		return nil, fmt.Errorf("kafka-go rejected the group configuration: %w", err)
 	}
 	return kafkaGoGroup{g: g, k: k, maxWait: cfg.MaxWait, log: log}, nil
-}
-
-func cmpLogger(l, def *slog.Logger) *slog.Logger {
-	if l != nil {
-		return l
-	}
-	return def
 }
 
 func (k *kafkaGo) LogOffsets(ctx context.Context, topic string, partition int) (start, end int64, err error) {
@@ -224,7 +218,7 @@ func (g *kafkaGoGeneration) Assigned(topic string) []transport.Assignment {
 // transport.PartitionReader allows.
 func (g *kafkaGoGeneration) Start(a transport.Assignment, fn func(ctx context.Context, r transport.PartitionReader)) {
 	g.gen.Start(func(ctx context.Context) {
-		log := g.g.log.With("topic", a.Topic, "partition", a.Partition)
+		log := g.g.log.With("topic", a.Topic, "partition", a.Partition, "generation", g.gen.ID)
 		r := kafka.NewReader(kafka.ReaderConfig{
 			Brokers:     g.g.k.brokers,
 			Topic:       a.Topic,
