@@ -14,6 +14,7 @@ import (
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
+	"github.com/inboxgo/inbox/transport"
 )
 
 // Message is one Kafka message with the event id and time the consumer
@@ -56,8 +57,10 @@ const (
 	// StopPartition halts the message's partition at it: the partition's
 	// worker stops fetching, commits the offsets before the message and
 	// nothing after it, logs an error, reports [EventPartitionStopped] and
-	// waits for the next rebalance or for Run to end, when the message is
-	// tried again. Other partitions go on. The default.
+	// holds the partition until it is revoked (with kafka-go at the next
+	// rebalance; with a cooperative client at one that moves it) or Run
+	// ends; when it is assigned again the message is tried again. Other
+	// partitions go on. The default.
 	StopPartition Policy = iota
 	// DeadLetter publishes the message to Config.DeadLetterTopic, with its
 	// key, value and headers and headers saying why (see DLQ header
@@ -97,10 +100,12 @@ type MessageWriter interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// Config configures a [Consumer]. Brokers, GroupID, Topics, Handler and
-// either Inbox with Consumer or NaturallyIdempotent with DB are required.
+// Config configures a [Consumer]. Brokers (unless Transport is set),
+// GroupID, Topics, Handler and either Inbox with Consumer or
+// NaturallyIdempotent with DB are required.
 type Config struct {
-	// Brokers are the Kafka bootstrap addresses (host:port).
+	// Brokers are the Kafka bootstrap addresses (host:port) of the default
+	// kafka-go client; unused when Transport is set.
 	Brokers []string
 	// GroupID is the Kafka consumer group.
 	GroupID string
@@ -242,11 +247,11 @@ type Config struct {
 	// DeadLetterWriter publishes dead letters; each one names
 	// DeadLetterTopic, so a *kafka.Writer given here must leave its Topic
 	// empty (New rejects it otherwise) and should accept messages as large
-	// as the source topics hold (its BatchBytes). Default a *kafka.Writer
-	// on Brokers requiring all in-sync replicas, accepting messages of up to
-	// 11 MiB (the 10 MiB the partition readers accept plus room for the
-	// dead-letter headers); Run closes it and its connections when it
-	// returns.
+	// as the source topics hold (its BatchBytes). Default the Transport's
+	// dead-letter writer (kafka-go's: a *kafka.Writer on Brokers), requiring
+	// all in-sync replicas, accepting messages of up to 11 MiB (the 10 MiB
+	// the partition readers accept plus room for the dead-letter headers);
+	// Run closes it and its connections when it returns.
 	DeadLetterWriter MessageWriter
 
 	// StoreOffsets writes each partition's next offset into OffsetsTable
@@ -306,13 +311,22 @@ type Config struct {
 	// was down are then processed, not skipped.
 	StartOffset int64
 	// SessionTimeout, HeartbeatInterval and RebalanceTimeout are passed to
-	// kafka.ConsumerGroupConfig; zero keeps kafka-go's defaults.
+	// the Kafka client's group (transport.GroupConfig); zero keeps the
+	// client's defaults.
 	SessionTimeout, HeartbeatInterval, RebalanceTimeout time.Duration
 	// MaxWait is the longest a fetch waits for new data. Default 500ms; it
 	// also bounds how long a revoked partition takes to let go.
 	MaxWait time.Duration
-	// Dialer connects to the brokers. Default kafka.DefaultDialer.
+	// Dialer connects the default kafka-go client to the brokers; unused
+	// when Transport is set. Default kafka.DefaultDialer.
 	Dialer *kafka.Dialer
+	// Transport is the Kafka client the consumer runs on (see package
+	// transport). Nil means kafka-go (github.com/segmentio/kafka-go, eager
+	// rebalancing) over Brokers and Dialer. franzgo.New of the module
+	// github.com/inboxgo/inbox/transport/franzgo gives franz-go's, with
+	// cooperative-sticky rebalancing. A Client serves one Consumer; Run
+	// closes it when it returns.
+	Transport transport.Client
 
 	// MaintenanceInterval is how often Run runs the inbox's maintenance
 	// (inbox.Inbox.Maintain: prepare the coming days' partitions, expire
@@ -368,7 +382,7 @@ func (c *Config) validate() error {
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf(format, args...))
 	}
-	if len(c.Brokers) == 0 {
+	if len(c.Brokers) == 0 && c.Transport == nil {
 		bad("no brokers")
 	}
 	if c.GroupID == "" {

@@ -19,6 +19,7 @@ import (
 	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
+	"github.com/inboxgo/inbox/transport"
 )
 
 var (
@@ -49,7 +50,9 @@ var (
 // that the message before it shows to belong to a deleted topic
 // (ReasonTopicRecreated; for these two EventID is empty and Attempts 0). Nothing at or after Offset is committed to Kafka (or stored
 // in the offsets table). The partition stays halted until it is assigned
-// again (a rebalance, or the next Run), when it is tried again.
+// again (after a rebalance that revoked it: with kafka-go every rebalance,
+// with a cooperative client one that moved it; or the next Run), when it
+// is tried again.
 type PartitionStoppedError struct {
 	Topic     string
 	Partition int
@@ -87,9 +90,10 @@ type Consumer struct {
 	offsets offsetTable     // with StoreOffsets
 	knobs   testhooks.Knobs // the tests' (see internal/testhooks), set by Run
 	dlq     MessageWriter
-	// client is the Kafka client (transport.go): the group, the partition
-	// readers, the log offset lookups and the default dead-letter writer.
-	client transport
+	// client is the Kafka client (Config.Transport, or kafka-go's): the
+	// group, the partition readers, the log offset lookups and the default
+	// dead-letter writer.
+	client transport.Client
 
 	hooks    *hooklist.List
 	contexts []ContextHook
@@ -100,6 +104,9 @@ type Consumer struct {
 	done    chan struct{}
 	stopped map[topicPartition]*PartitionStoppedError
 	workers map[*worker]struct{} // the running partition workers, for the stall watchdog
+	// holders is the latest worker started for each partition (see
+	// startGeneration), until it returns.
+	holders map[topicPartition]*worker
 
 	watchers sync.WaitGroup // the stall watchdogs (Consumer.watch)
 
@@ -126,12 +133,6 @@ type Consumer struct {
 // otherwise), and so must DeadLetterTopic: the consumer never creates a
 // topic.
 func New(cfg Config) (*Consumer, error) {
-	return newConsumer(cfg, func(cfg *Config, log *slog.Logger) transport { return newKafkaGo(cfg, log) })
-}
-
-// newConsumer is New with the Kafka client that client builds from the
-// checked Config (the package's tests hand in an in-memory one).
-func newConsumer(cfg Config, client func(cfg *Config, log *slog.Logger) transport) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -160,6 +161,7 @@ func newConsumer(cfg Config, client func(cfg *Config, log *slog.Logger) transpor
 		dlq:      cfg.DeadLetterWriter,
 		stopped:  make(map[topicPartition]*PartitionStoppedError),
 		workers:  make(map[*worker]struct{}),
+		holders:  make(map[topicPartition]*worker),
 		done:     make(chan struct{}),
 		hooks:    hl,
 		contexts: contexts,
@@ -172,9 +174,12 @@ func newConsumer(cfg Config, client func(cfg *Config, log *slog.Logger) transpor
 		}
 		c.watermarks, _ = cfg.Inbox.Store().(storage.WatermarkStore)
 	}
-	c.client = client(&c.cfg, c.log)
+	c.client = cfg.Transport
+	if c.client == nil {
+		c.client = newKafkaGo(c.cfg.Brokers, c.cfg.Dialer, c.log)
+	}
 	if cfg.OnFailure == DeadLetter && c.dlq == nil {
-		c.dlq = c.client.deadLetterWriter()
+		c.dlq = c.client.DeadLetterWriter()
 	}
 	return c, nil
 }
@@ -211,9 +216,12 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 // Everything transient is retried with backoff and logged, never a reason to
 // return: an unreachable broker, failed joins, "Rebalance In Progress",
 // errors from the group, a database that cannot commit. On a rebalance the
-// workers of the old generation stop and commit before the new generation
-// starts, and a worker commits only for the partitions its generation
-// assigned.
+// workers of the partitions revoked from this member stop and commit
+// before the revocation completes (with kafka-go's eager rebalancing every
+// partition is revoked; with a cooperative client such as franz-go's only
+// those that move, and the workers of the partitions this member keeps go
+// on undisturbed), and a worker commits only for the partition it was
+// started for.
 //
 // Before joining, Run checks that every topic of Config.Topics exists, and
 // the DeadLetterTopic when the consumer's own writer publishes dead letters
@@ -229,10 +237,10 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 // Run returns ctx's error when ctx ended (nil after Close), joined with a
 // *PartitionStoppedError for each partition still stopped; an error wrapping
 // ErrUnknownTopic or ErrNotMigrated (see above); an error wrapping
-// inbox.ErrInvalidConfig if kafka-go or the group coordinator rejects the
-// configuration (an invalid session timeout or group id, failed
-// authentication or authorization: retrying cannot cure these); ErrRunning
-// if called twice. A Consumer runs once.
+// inbox.ErrInvalidConfig if the Kafka client (Config.Transport) or the
+// group coordinator rejects the configuration (an invalid session timeout
+// or group id, failed authentication or authorization: retrying cannot
+// cure these); ErrRunning if called twice. A Consumer runs once.
 func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.mu.Lock()
 	if c.state != 0 {
@@ -248,9 +256,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	defer cancel(nil)
 	// Flushes and closes the default dead-letter writer, then the client's
 	// own connections.
-	defer c.client.close()
+	defer c.client.Close()
 
-	// Before the group: kafka-go's joins it at once, and a member must not
+	// Before the group: a client may join it at once, and a member must not
 	// hold partitions while it waits for its database. If runCtx ends
 	// during the checks, the loop below ends at once.
 	if err := c.checkTopics(runCtx); err != nil {
@@ -261,7 +269,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		c.log.Error("consumer not started", "error", err)
 		return err
 	}
-	group, err := c.client.group()
+	group, err := c.client.Group(c.groupConfig())
 	if err != nil {
 		return fmt.Errorf("%w: consumer: %w", errInvalidConfig, err)
 	}
@@ -287,7 +295,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	failures := 0
 	var fatal error
 	for {
-		gen, err := group.next(member)
+		gen, err := group.Next(member)
 		if runCtx.Err() != nil {
 			break
 		}
@@ -298,7 +306,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 			// take over the partitions. Out of the group until the database
 			// answers, then back in.
 			c.log.Warn("leaving the consumer group", "cause", context.Cause(member))
-			if cerr := group.close(); cerr != nil {
+			if cerr := group.Close(); cerr != nil {
 				c.log.Warn("closing the consumer group failed", "error", cerr)
 			}
 			group = nil
@@ -306,7 +314,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 			if !c.awaitDatabase(runCtx) {
 				break
 			}
-			if group, err = c.client.group(); err != nil {
+			if group, err = c.client.Group(c.groupConfig()); err != nil {
 				// It was accepted before: not expected to happen.
 				fatal = fmt.Errorf("%w: consumer: %w", errInvalidConfig, err)
 				cancel(fatal)
@@ -316,7 +324,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 			failures = 0
 			continue
 		}
-		if err != nil && group.rejected(err) {
+		if err != nil && group.Rejected(err) {
 			c.log.Error("the group rejected this consumer's configuration; stopping", "error", err)
 			fatal = fmt.Errorf("%w: consumer: group %q: %w", errInvalidConfig, c.cfg.GroupID, err)
 			cancel(fatal)
@@ -334,10 +342,10 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		failures = 0
 		c.startGeneration(member, gen)
 	}
-	// Close waits for the workers of the current generation (which commit
-	// what they finished) and then leaves the group.
+	// Close waits for every worker still running (they commit what they
+	// finished) and then leaves the group.
 	if group != nil {
-		if cerr := group.close(); cerr != nil {
+		if cerr := group.Close(); cerr != nil {
 			c.log.Warn("closing the consumer group failed", "error", cerr)
 		}
 	}
@@ -468,33 +476,70 @@ func (c *Consumer) join(runCtx context.Context) (context.Context, context.Cancel
 	return member, leave
 }
 
-// startGeneration starts one worker per assigned partition. The generation
-// ends when any of them returns, and the next generation is not handed out
-// before all of them returned (see generation.start).
-func (c *Consumer) startGeneration(runCtx context.Context, gen generation) {
-	var commitMu sync.Mutex
+// groupConfig is what the group membership takes from the Config.
+func (c *Consumer) groupConfig() transport.GroupConfig {
+	return transport.GroupConfig{
+		GroupID:           c.cfg.GroupID,
+		Topics:            c.cfg.Topics,
+		SessionTimeout:    c.cfg.SessionTimeout,
+		HeartbeatInterval: c.cfg.HeartbeatInterval,
+		RebalanceTimeout:  c.cfg.RebalanceTimeout,
+		JoinBackoff:       c.cfg.MinBackoff,
+		StartOffset:       c.cfg.StartOffset,
+		MaxWait:           c.cfg.MaxWait,
+		Logger:            c.log,
+	}
+}
+
+// startGeneration starts a worker for each partition gen gives this member
+// to start: all of its partitions with an eager client, only the new ones
+// with a cooperative client, whose workers of kept partitions go on. A
+// worker belongs to the generation that started it: it writes that
+// generation's id into the stored offset's row and commits through it.
+//
+// The client runs no partition in two functions at once; the workers
+// make sure of it too: a worker whose partition's previous worker still
+// runs waits for it to return before it reads anything.
+func (c *Consumer) startGeneration(member context.Context, gen transport.Generation) {
 	n := 0
 	for _, topic := range c.cfg.Topics {
-		for _, pa := range gen.assignments(topic) {
+		for _, a := range gen.Assigned(topic) {
 			w := &worker{
 				c:         c,
 				gen:       gen,
-				commitMu:  &commitMu,
 				topic:     topic,
-				partition: pa.partition,
-				assigned:  pa.offset,
-				log:       c.log.With("topic", topic, "partition", pa.partition, "generation", gen.id()),
+				partition: a.Partition,
+				assigned:  a.Offset,
+				done:      make(chan struct{}),
+				log:       c.log.With("topic", topic, "partition", a.Partition, "generation", gen.ID()),
 			}
 			w.seq = w.newWatermarks()
-			c.addWorker(w)
-			gen.start(func(genCtx context.Context) {
+			prev := c.addWorker(w)
+			if prev != nil {
+				w.log.Warn("partition started again while its previous worker still runs (the Kafka client did not revoke it first); the new worker waits for it to return",
+					"previous_generation", prev.genID())
+			}
+			gen.Start(a, func(ctx context.Context, r transport.PartitionReader) {
 				defer c.removeWorker(w)
-				w.run(runCtx, genCtx)
+				if prev != nil {
+					select {
+					case <-prev.done:
+					case <-ctx.Done():
+					case <-member.Done():
+					}
+					if ctx.Err() != nil || member.Err() != nil {
+						return
+					}
+				}
+				w.run(member, ctx, r)
 			})
 			n++
 		}
 	}
-	c.log.Info("generation started", "generation", gen.id(), "member", gen.memberID(), "partitions", n)
+	c.mu.Lock()
+	running := len(c.workers)
+	c.mu.Unlock()
+	c.log.Info("generation started", "generation", gen.ID(), "member", gen.MemberID(), "partitions_started", n, "partitions_running", running)
 }
 
 func (c *Consumer) db() *gorm.DB { return c.quietDB }

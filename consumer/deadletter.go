@@ -11,16 +11,6 @@ import (
 	"github.com/inboxgo/inbox/inbox"
 )
 
-const (
-	// readerMaxBytes is the most a partition reader fetches at once, and so
-	// about the largest message the consumer can be handed.
-	readerMaxBytes = 10 << 20
-	// deadLetterMaxBytes is the largest dead letter the default writer
-	// accepts: a message the reader took plus room for the dlq_* headers.
-	// (kafka-go's default, 1 MiB, refused larger messages client-side.)
-	deadLetterMaxBytes = readerMaxBytes + 1<<20
-)
-
 // DLQ reasons, the values of the dlq_reason header.
 const (
 	ReasonHandlerError = "handler-error" // retries used up

@@ -1,6 +1,9 @@
-// Package consumer runs a Kafka consumer group (github.com/segmentio/kafka-go)
-// through an [inbox.Inbox], so that each event's effect on the database
-// commits exactly once, whatever Kafka redelivers.
+// Package consumer runs a Kafka consumer group through an [inbox.Inbox], so
+// that each event's effect on the database commits exactly once, whatever
+// Kafka redelivers. It runs on any Kafka client that implements package
+// transport's contract ([Config.Transport]): github.com/segmentio/kafka-go
+// by default, franz-go's with the module
+// github.com/inboxgo/inbox/transport/franzgo.
 //
 // This package is for applications: build a [Consumer] from a [Config] and
 // Run it. What differs between databases is behind the adapter the inbox
@@ -16,10 +19,15 @@
 //     that has not committed (or been dead-lettered) holds back every offset
 //     after it.
 //   - One worker per assigned partition: messages of a partition are handled
-//     in order, partitions in parallel. On a rebalance the old generation's
-//     workers finish the transaction in flight, commit and stop before the new
-//     generation starts (kafka-go's Generation guarantees the order), and a
-//     worker commits only for the partitions its generation was assigned.
+//     in order, partitions in parallel, and a partition never runs in two
+//     workers of one member. On a rebalance the workers of the partitions
+//     revoked from this member finish the transaction in flight, commit and
+//     stop before the revocation completes, so before another member can
+//     fetch them. With kafka-go (eager rebalancing) that is every
+//     partition, at every rebalance; with a cooperative client (franz-go's
+//     cooperative-sticky) only the partitions that move, and the workers of
+//     the partitions the member keeps go on undisturbed. A worker commits
+//     only for the partition it was started for.
 //   - A message is never skipped silently. One that cannot be processed
 //     (retries used up, a permanent handler error, no event id or time,
 //     invalid, older than the inbox's retention) goes to
@@ -32,7 +40,7 @@
 //     an unreachable broker, failed joins, "Rebalance In Progress", a
 //     database that cannot commit. Run returns only when its context ends or
 //     Close is called, or at once for a setup retrying cannot cure: a
-//     configuration kafka-go rejects, a topic of Config.Topics (or the
+//     configuration the Kafka client rejects, a topic of Config.Topics (or the
 //     dead-letter topic) that does not exist ([ErrUnknownTopic]: the
 //     consumer never creates topics), a table
 //     never migrated ([ErrNotMigrated]). A table dropped while the consumer
@@ -467,14 +475,20 @@
 // # Transport
 //
 // The partition workers (order, offset commits, the failure policy, stored
-// offsets, dead letters, the log-end checks) reach Kafka only through a small
-// transport of the consumer's own: a group that yields generations, a
-// generation that starts the workers and commits their offsets, a reader per
-// partition and a lookup of a partition's log offsets (transport.go states
-// what each must guarantee). The kafka-go code behind it, the group, reader,
-// client and default dead-letter writer with their settings, is all in
-// transport_kafkago.go. Messages are kafka-go's kafka.Message whatever the
-// client, and dead letters go through a [MessageWriter]. The package's own
-// tests run the consumer on an in-memory transport (memtransport_test.go)
-// and SQLite, without servers.
+// offsets, dead letters, the log-end checks) and the group loop reach Kafka
+// only through package transport's interfaces: a Client whose Group yields
+// generations, a Generation that starts a worker per partition with a
+// reader of that partition and commits its offsets, and a lookup of a
+// partition's log offsets (package transport states what each must
+// guarantee, eager and cooperative rebalancing alike). [Config.Transport]
+// takes the Client; nil means kafka-go over [Config.Brokers] and
+// [Config.Dialer], whose group, reader, client and default dead-letter
+// writer with their settings are all in transport_kafkago.go. A worker
+// belongs to the generation that started it: it writes that generation's
+// id into its stored offset rows, and with a cooperative client it goes on
+// under that generation for as long as the member keeps the partition.
+// Messages are kafka-go's kafka.Message whatever the client, and dead
+// letters go through a [MessageWriter]. The package's own tests run the
+// consumer on an in-memory transport, eager or cooperative
+// (memtransport_test.go), and SQLite, without servers.
 package consumer

@@ -13,11 +13,11 @@ import (
 // has none, as a reader at the partition's end does.
 type queueReader struct{ queue []kafka.Message }
 
-func (r *queueReader) seek(int64) error { return nil }
-func (r *queueReader) close() error     { return nil }
-func (r *queueReader) caughtUp() bool   { return len(r.queue) == 0 }
+func (r *queueReader) SetOffset(int64) error { return nil }
+func (r *queueReader) Close() error          { return nil }
+func (r *queueReader) CaughtUp() bool        { return len(r.queue) == 0 }
 
-func (r *queueReader) fetch(ctx context.Context) (kafka.Message, error) {
+func (r *queueReader) Fetch(ctx context.Context) (kafka.Message, error) {
 	if len(r.queue) == 0 {
 		<-ctx.Done()
 		return kafka.Message{}, ctx.Err()

@@ -7,13 +7,14 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/internal/backoff"
+	"github.com/inboxgo/inbox/transport"
 )
 
 // logOffsets returns the partition's log start offset (the first offset
 // retention kept) and its log end offset (the offset the next message
 // produced will get).
 func (c *Consumer) logOffsets(ctx context.Context, topic string, partition int) (start, end int64, err error) {
-	start, end, err = c.client.logOffsets(ctx, topic, partition)
+	start, end, err = c.client.LogOffsets(ctx, topic, partition)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -40,7 +41,7 @@ const defaultLogCheckInterval = 30 * time.Second
 // offset to start at:
 //
 //   - a sentinel (no committed or stored offset) becomes the log start
-//     (offsetFirst) or the log end (offsetLast), and commit is true:
+//     (transport.FirstOffset) or the log end (transport.LastOffset), and commit is true:
 //     committing it at once makes a restart begin there, rather than at the
 //     log end of the moment, skipping what was produced in between;
 //   - an offset below the log start (retention deleted messages the group
@@ -48,7 +49,7 @@ const defaultLogCheckInterval = 30 * time.Second
 //     at Warn with how many were skipped, and commit is true;
 //   - an offset past the log end (the topic was deleted and recreated, or
 //     its log truncated) returns stop: the reader would wait there,
-//     silently (kafka-go's does; see partitionReader.fetch), for the log to
+//     silently (kafka-go's does; see transport.PartitionReader.Fetch), for the log to
 //     grow past it, and the messages below it would never be processed.
 //
 // The lookup is retried while it fails; ok is false if ctx ended first.
@@ -82,7 +83,7 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 
 // pastLogEnd checks, for a partition whose fetches come back empty, that
 // its next offset is not past the log end: the topic deleted and recreated
-// while consumed leaves the reader (kafka-go's, see partitionReader.fetch)
+// while consumed leaves the reader (kafka-go's, see transport.PartitionReader.Fetch)
 // waiting there, silently, while the new messages below it are never
 // fetched. It returns the stop to
 // apply, or nil. A failed lookup is only logged at Debug: the next idle
@@ -120,7 +121,7 @@ func (w *worker) logCheckInterval() time.Duration {
 // resolveStart is checkLog for a start offset not past the log end.
 func (w *worker) resolveStart(start, first, end int64) (int64, bool, *PartitionStoppedError, bool) {
 	switch {
-	case start == offsetLast:
+	case start == transport.LastOffset:
 		w.log.Info("no committed offset: starting at the log end, committed at once", "log_end", end)
 		return end, true, nil, true
 	case start < 0:

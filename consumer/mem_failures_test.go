@@ -208,7 +208,7 @@ func TestMemClientErrorsAreRetried(t *testing.T) {
 	}
 
 	e.b.joinErrs = []error{memRejected{errors.New("invalid session timeout")}}
-	c, err := newConsumer(e.config(applyAll), e.b.transport())
+	c, err := New(e.config(applyAll))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,28 +243,33 @@ func TestMemMaintenance(t *testing.T) {
 // the database answers; the message's work in flight is rolled back and
 // done again.
 func TestMemStallLeavesTheGroup(t *testing.T) {
-	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"))
-	var calls atomic.Int32
-	cfg := e.config(func(ctx context.Context, tx *gorm.DB, m Message) error {
-		if calls.Add(1) == 1 {
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		return apply(tx, m)
-	})
-	cfg.MaxProcessingStall = 150 * time.Millisecond
-	cfg.DatabaseTimeout = 100 * time.Millisecond
-	e.start(cfg)
-	e.committedTo(0, 1)
-	if got := e.effects(); len(got) != 1 {
-		t.Errorf("effects %q", got)
-	}
-	logs := e.logs.String()
-	if !strings.Contains(logs, "PARTITION STALLED") || !strings.Contains(logs, "rejoining the group") {
-		t.Errorf("the stall and the rejoin are not logged:\n%s", tail(logs, 30))
-	}
-	if e.b.generation() < 2 {
-		t.Errorf("generation %d: the member did not rejoin", e.b.generation())
+	for _, cooperative := range []bool{false, true} {
+		t.Run(map[bool]string{false: "eager", true: "cooperative"}[cooperative], func(t *testing.T) {
+			e := newMemEnv(t, 1)
+			e.b.cooperative = cooperative
+			e.b.produce("orders", 0, event("a", "1"))
+			var calls atomic.Int32
+			cfg := e.config(func(ctx context.Context, tx *gorm.DB, m Message) error {
+				if calls.Add(1) == 1 {
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				return apply(tx, m)
+			})
+			cfg.MaxProcessingStall = 150 * time.Millisecond
+			cfg.DatabaseTimeout = 100 * time.Millisecond
+			e.start(cfg)
+			e.committedTo(0, 1)
+			if got := e.effects(); len(got) != 1 {
+				t.Errorf("effects %q", got)
+			}
+			logs := e.logs.String()
+			if !strings.Contains(logs, "PARTITION STALLED") || !strings.Contains(logs, "rejoining the group") {
+				t.Errorf("the stall and the rejoin are not logged:\n%s", tail(logs, 30))
+			}
+			if e.b.generation() < 2 {
+				t.Errorf("generation %d: the member did not rejoin", e.b.generation())
+			}
+		})
 	}
 }

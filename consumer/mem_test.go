@@ -293,7 +293,7 @@ func TestMemStartChecks(t *testing.T) {
 	e := newMemEnv(t, 1)
 	cfg := e.config(func(ctx context.Context, tx *gorm.DB, m Message) error { return nil })
 	cfg.Topics = []string{"orders", "payments"}
-	c, err := newConsumer(cfg, e.b.transport())
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +306,7 @@ func TestMemStartChecks(t *testing.T) {
 
 	cfg = e.config(func(ctx context.Context, tx *gorm.DB, m Message) error { return nil })
 	cfg.StoreOffsets = true
-	c, err = newConsumer(cfg, e.b.transport())
+	c, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,6 +90,7 @@ func apply(tx *gorm.DB, m Message) error {
 func (e *memEnv) config(h Handler) Config {
 	return Config{
 		Brokers:        []string{"membroker:9092"},
+		Transport:      e.b.client(),
 		GroupID:        "inventory",
 		Topics:         []string{"orders"},
 		Inbox:          e.ib,
@@ -157,7 +158,7 @@ func (e *memEnv) start(cfg Config) *running {
 
 func (e *memEnv) startCtx(ctx context.Context, cfg Config) *running {
 	e.t.Helper()
-	c, err := newConsumer(cfg, e.b.transport())
+	c, err := New(cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}

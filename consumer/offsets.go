@@ -11,6 +11,7 @@ import (
 
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/storage"
+	"github.com/inboxgo/inbox/transport"
 )
 
 // DefaultOffsetsTable is the table of stored offsets when
@@ -120,7 +121,7 @@ func (w *worker) readPosition(dbCtx context.Context) (lost bool) {
 // the log, discards what the worker holds and moves the reader there. The
 // group's offset is not moved back: the database's position wins on the
 // next assignment anyway.
-func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) (halt bool) {
+func (w *worker) reposition(ctx, dbCtx context.Context, reader transport.PartitionReader) (halt bool) {
 	cause := w.lost
 	w.lost = nil
 	if w.seq != nil {
@@ -165,7 +166,7 @@ func (w *worker) reposition(ctx, dbCtx context.Context, reader partitionReader) 
 		w.c.emit(hooks.Event{Kind: hooks.Repositioned, Topic: w.topic, Partition: w.partition, Offset: start, Err: cause})
 	}
 	w.tracker = newOffsetTracker(start)
-	if err := reader.seek(start); err != nil {
+	if err := reader.SetOffset(start); err != nil {
 		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
 		return true
 	}

@@ -8,6 +8,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/inboxgo/inbox/transport"
 )
 
 // lastCheckTimeout bounds the fetch of the message before the stored
@@ -34,7 +36,7 @@ const lastCheckTimeout = 5 * time.Second
 // start; compaction removed it: the reader returns a later offset); or the
 // fetch failed or took longer than lastCheckTimeout. ok is false if ctx
 // ended first.
-func (w *worker) checkLast(ctx context.Context, reader partitionReader, start int64) (stop *PartitionStoppedError, ok bool) {
+func (w *worker) checkLast(ctx context.Context, reader transport.PartitionReader, start int64) (stop *PartitionStoppedError, ok bool) {
 	want := w.stored.Last
 	if !w.c.cfg.StoreOffsets || want == 0 || start != w.stored.Next || start <= 0 {
 		return nil, true
@@ -44,11 +46,11 @@ func (w *worker) checkLast(ctx context.Context, reader partitionReader, start in
 			"stored", start, "log_start", w.logStart)
 		return nil, true
 	}
-	if err := reader.seek(start - 1); err != nil {
+	if err := reader.SetOffset(start - 1); err != nil {
 		return nil, true // a closed reader: the caller's seek fails the same way
 	}
 	fctx, cancel := context.WithTimeout(ctx, lastCheckTimeout)
-	m, err := reader.fetch(fctx)
+	m, err := reader.Fetch(fctx)
 	cancel()
 	switch {
 	case ctx.Err() != nil:

@@ -94,16 +94,29 @@ func (w *worker) stalledFor(now time.Time) time.Duration {
 	return now.Sub(time.Unix(0, since))
 }
 
-func (c *Consumer) addWorker(w *worker) {
+// addWorker registers a worker about to start, as its partition's holder,
+// and returns the partition's previous holder if that one has not
+// returned yet.
+func (c *Consumer) addWorker(w *worker) (prev *worker) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.workers[w] = struct{}{}
+	tp := topicPartition{w.topic, w.partition}
+	prev = c.holders[tp]
+	c.holders[tp] = w
+	return prev
 }
 
+// removeWorker unregisters a worker that returned.
 func (c *Consumer) removeWorker(w *worker) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.workers, w)
+	tp := topicPartition{w.topic, w.partition}
+	if c.holders[tp] == w {
+		delete(c.holders, tp)
+	}
+	close(w.done)
 }
 
 // stalled returns the worker that has waited longest for the database,

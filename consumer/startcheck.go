@@ -55,7 +55,7 @@ func (c *Consumer) checkTopics(ctx context.Context) error {
 	}
 	var missingSince time.Time
 	for attempt := 1; ; attempt++ {
-		missing, err := c.client.missingTopics(ctx, topics)
+		missing, err := c.client.MissingTopics(ctx, topics)
 		if ctx.Err() != nil {
 			return nil
 		}

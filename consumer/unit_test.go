@@ -228,6 +228,14 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := New(ok); err != nil {
 		t.Fatalf("valid config rejected: %v", err)
 	}
+	// Brokers are the default client's: a Transport needs none.
+	withTransport := ok
+	withTransport.Brokers, withTransport.Transport = nil, newMemBroker().client()
+	if c, err := New(withTransport); err != nil {
+		t.Fatalf("a config with a Transport and no Brokers rejected: %v", err)
+	} else if c.client != withTransport.Transport {
+		t.Errorf("the consumer's client is %T, not the Transport given", c.client)
+	}
 	cases := map[string]func(*Config){
 		"no brokers":            func(c *Config) { c.Brokers = nil },
 		"no group":              func(c *Config) { c.GroupID = "" },
@@ -336,8 +344,8 @@ func TestDatabaseBoundsDefaults(t *testing.T) {
 // once it waited longer than the bound; a worker whose database answered
 // is not stalled.
 func TestStalledWorker(t *testing.T) {
-	c := &Consumer{workers: map[*worker]struct{}{}}
-	idle, slow, stuck := &worker{partition: 0}, &worker{partition: 1}, &worker{partition: 2}
+	c := &Consumer{workers: map[*worker]struct{}{}, holders: map[topicPartition]*worker{}}
+	idle, slow, stuck := &worker{partition: 0, done: make(chan struct{})}, &worker{partition: 1, done: make(chan struct{})}, &worker{partition: 2, done: make(chan struct{})}
 	for _, w := range []*worker{idle, slow, stuck} {
 		c.addWorker(w)
 	}

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,17 +20,19 @@ import (
 	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
+	"github.com/inboxgo/inbox/transport"
 )
 
-// worker consumes one assigned partition for one generation.
+// worker consumes one partition from the generation that started it until
+// the partition is revoked from this member (see Consumer.startGeneration).
 type worker struct {
 	c         *Consumer
-	gen       generation
-	commitMu  *sync.Mutex // serialises the generation's offset commits
+	gen       transport.Generation // the generation that started it
 	topic     string
 	partition int
-	assigned  int64 // the group's committed offset, or offsetFirst / offsetLast
+	assigned  int64 // the group's committed offset, or transport.FirstOffset / LastOffset
 	log       *slog.Logger
+	done      chan struct{} // closed once the worker returned (Consumer.removeWorker)
 
 	tracker       *offsetTracker
 	lastCommitted int64
@@ -76,9 +77,9 @@ type worker struct {
 	waitingSince atomic.Int64
 }
 
-// genID is the group generation this worker belongs to, which it writes
+// genID is the group generation that started this worker, which it writes
 // into the stored offset's row (see offsetTable.Advance).
-func (w *worker) genID() int32 { return w.gen.id() }
+func (w *worker) genID() int32 { return w.gen.ID() }
 
 // item is one fetched message on its way through the worker.
 type item struct {
@@ -101,16 +102,17 @@ const (
 	abandoned                   // the worker is stopping; the message stays unfinished
 )
 
-// run is the worker's whole life. It returns only when ctx or genCtx ends,
-// or when it finds that a newer generation of the group took its partition
-// over (this member's generation is over; see claim): the generation ends
-// as soon as one started function returns.
-func (w *worker) run(runCtx, genCtx context.Context) {
+// run is the worker's whole life, reading the partition with reader. It
+// returns only when runCtx or genCtx (the partition's hold, see
+// transport.Generation.Start) ends, or when it finds that a newer
+// generation of the group took its partition over (this member lost its
+// hold; see claim): the client then makes the member rejoin the group.
+func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionReader) {
 	ctx, cancel := context.WithCancelCause(runCtx)
 	defer cancel(nil)
 	stopAfter := context.AfterFunc(genCtx, func() { cancel(context.Cause(genCtx)) })
 	defer stopAfter()
-	// Database work in flight finishes when the generation ends (a
+	// Database work in flight finishes when the partition is revoked (a
 	// rebalance), each step of the consumer's own within DatabaseTimeout,
 	// and is rolled back when Run ends, or when this member leaves the
 	// group over a stalled partition (runCtx is the membership's).
@@ -120,6 +122,16 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	if w.assigned >= 0 {
 		w.lastCommitted = w.assigned
 	}
+	closeReader := func() {
+		if reader == nil {
+			return
+		}
+		if err := reader.Close(); err != nil {
+			w.log.Debug("closing the partition reader failed", "error", err)
+		}
+		reader = nil
+	}
+	defer closeReader()
 	var start int64
 	var commitStart bool
 	var beyondEnd *PartitionStoppedError
@@ -160,23 +172,13 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		w.stopPartition(beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
 			"group_committed", w.assigned)
 		// Held like a partition stopped at a message (see below).
+		closeReader()
 		<-ctx.Done()
 		w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
 		w.log.Info("partition released", "cause", context.Cause(ctx))
 		return
 	}
 
-	reader := w.c.client.reader(w.topic, w.partition, w.log)
-	closeReader := func() {
-		if reader == nil {
-			return
-		}
-		if err := reader.close(); err != nil {
-			w.log.Debug("closing the partition reader failed", "error", err)
-		}
-		reader = nil
-	}
-	defer closeReader()
 	if stop, ok := w.checkLast(ctx, reader, start); !ok {
 		return
 	} else if stop != nil {
@@ -187,7 +189,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		w.log.Info("partition released", "cause", context.Cause(ctx))
 		return
 	}
-	if err := reader.seek(start); err != nil {
+	if err := reader.SetOffset(start); err != nil {
 		// Only fails on a closed reader; nothing to fetch from.
 		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
 		<-ctx.Done()
@@ -212,9 +214,9 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		if w.lost != nil && !halted && ctx.Err() == nil {
 			halted = w.reposition(ctx, dbCtx, reader)
 			if w.takenBy != 0 {
-				// This member's generation is over: nothing it holds may be
+				// This member lost its hold: nothing it holds may be
 				// committed or stored (Kafka would refuse the commit anyway).
-				// Returning ends the generation at once; the member rejoins.
+				// Returning tells the client, which makes the member rejoin.
 				closeReader()
 				w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
 				w.log.Info("partition released", "cause", "taken over", "owner_generation", w.takenBy)
@@ -237,9 +239,9 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	closeReader()
 	w.commit(dbCtx, true)
 	if halted {
-		// Keep the partition (and the generation) until the next rebalance or
-		// the end of Run: returning would trigger a rebalance at once, and the
-		// message would come straight back.
+		// Keep the partition until it is revoked or Run ends: returning
+		// would make the member rejoin at once, and the message would come
+		// straight back.
 		<-ctx.Done()
 	}
 	w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
@@ -251,8 +253,8 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 // over (w.takenBy; see claim). checkLog then checks it against the
 // partition's log.
 //
-// Without StoreOffsets it is the group's committed offset (or offsetFirst /
-// offsetLast). With StoreOffsets it is the stored offset whenever the
+// Without StoreOffsets it is the group's committed offset (or
+// transport.FirstOffset / LastOffset). With StoreOffsets it is the stored offset whenever the
 // database has one, also when it is behind the group's: the database's
 // position belongs to the state the effects are in. After a failover to an
 // asynchronous replica, the effects, inbox rows and stored offset of the
@@ -354,27 +356,25 @@ func (w *worker) claim(ctx, dbCtx context.Context) (row storage.OffsetRow, found
 	}
 }
 
-// generationCurrent asks the group coordinator whether this worker's
-// generation is still the group's current one, by committing the group
-// offset this worker last committed (or was assigned; stored if there is
-// none), which changes nothing: the coordinator accepts a commit only from a
-// member of its current generation. It retries while the answer says
-// neither (see generation.over); ok is false if ctx ended first (the
-// generation ended meanwhile).
+// generationCurrent asks the group coordinator whether this member still
+// holds the partition in the group's current generation, by committing the
+// group offset this worker last committed (or was assigned; stored if there
+// is none), which changes nothing: the coordinator accepts a commit only
+// from a current member. It retries while the answer says neither (see
+// transport.Generation.Over); ok is false if ctx ended first (the partition
+// was revoked meanwhile).
 func (w *worker) generationCurrent(ctx context.Context, stored int64) (current, ok bool) {
 	next := w.lastCommitted
 	if next < 0 {
 		next = stored
 	}
 	for attempt := 1; ; attempt++ {
-		w.commitMu.Lock()
-		err := w.gen.commit(w.topic, w.partition, next)
-		w.commitMu.Unlock()
+		err := w.gen.Commit(w.topic, w.partition, next)
 		switch {
 		case err == nil:
 			w.lastCommitted = next
 			return true, true
-		case w.gen.over(err):
+		case w.gen.Over(err):
 			return false, true
 		}
 		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
@@ -443,17 +443,17 @@ func (w *worker) write(next, last int64) storage.OffsetWrite {
 }
 
 // fetch returns the next batch: up to BatchSize messages, waiting at most
-// BatchWait after the first, and no longer once the reader (a
-// caughtUpReader) reached the partition's end. It returns nothing when ctx ends, when an idle
+// BatchWait after the first, and no longer once the reader reached the
+// partition's end (CaughtUp). It returns nothing when ctx ends, when an idle
 // period of CommitInterval passed (so the caller can commit), or after a
 // fetch error (logged, then retried after a backoff).
-func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
+func (w *worker) fetch(ctx context.Context, r transport.PartitionReader) []kafka.Message {
 	idle := w.c.cfg.CommitInterval
 	if idle <= 0 {
 		idle = time.Second
 	}
 	fctx, cancel := context.WithTimeout(ctx, idle)
-	m, err := r.fetch(fctx)
+	m, err := r.Fetch(fctx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
@@ -466,20 +466,19 @@ func (w *worker) fetch(ctx context.Context, r partitionReader) []kafka.Message {
 	if w.c.cfg.BatchSize > 1 {
 		bctx, cancel := context.WithTimeout(ctx, w.c.cfg.BatchWait)
 		defer cancel()
-		cr, _ := r.(caughtUpReader)
 		for len(batch) < w.c.cfg.BatchSize {
 			var m kafka.Message
 			var err error
-			if cr != nil && cr.caughtUp() {
+			if r.CaughtUp() {
 				// Nothing more is on its way: the batch goes now rather
 				// than after BatchWait, unless a message was fetched
 				// meanwhile. While the partition holds more, the batch
 				// waits for it as before: batches stay full under load.
 				gctx, gcancel := context.WithTimeout(bctx, batchGrace)
-				m, err = r.fetch(gctx)
+				m, err = r.Fetch(gctx)
 				gcancel()
 			} else {
-				m, err = r.fetch(bctx)
+				m, err = r.Fetch(bctx)
 			}
 			if err != nil {
 				break
@@ -525,9 +524,7 @@ func (w *worker) commit(dbCtx context.Context, force bool) {
 			return
 		}
 	}
-	w.commitMu.Lock()
-	err := w.gen.commit(w.topic, w.partition, next)
-	w.commitMu.Unlock()
+	err := w.gen.Commit(w.topic, w.partition, next)
 	if err != nil {
 		w.log.Warn("offset commit failed; the messages will be redelivered if it never succeeds (the inbox absorbs them)",
 			"next_offset", next, "error", err)

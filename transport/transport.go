@@ -161,7 +161,9 @@ type Generation interface {
 	// last Commit. fn returning before that says the member's hold on the
 	// partition is in doubt (a newer owner wrote its stored offset): the
 	// client then makes the member rejoin the group (an eager client ends
-	// the generation).
+	// the generation), and the partition no longer counts as this
+	// member's: a later generation that gives it to this member lists it
+	// in Assigned again.
 	Start(a Assignment, fn func(ctx context.Context, r PartitionReader))
 	// Commit commits next, the NEXT offset to read (the last finished
 	// offset + 1), as the group's offset of the partition. It is called
