@@ -73,7 +73,7 @@ func benchConsumer(b *testing.B, seq bool, set func(cfg *Config)) {
 	}
 	br.produce("orders", 0, msgs...)
 	cfg := Config{
-		Brokers:        []string{"membroker:9092"},
+		Transport:      br.client(),
 		GroupID:        "inventory",
 		Topics:         []string{"orders"},
 		Inbox:          ib,
@@ -85,7 +85,7 @@ func benchConsumer(b *testing.B, seq bool, set func(cfg *Config)) {
 		cfg.SequencedSources = []string{"orders-outbox"}
 	}
 	set(&cfg)
-	c, err := newConsumer(cfg, br.transport())
+	c, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
