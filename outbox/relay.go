@@ -469,10 +469,15 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	}
 	rows = sent
 	var pubErr error
+	var placed *placement
 	if len(msgs) > 0 {
 		// Publishing after the lease expired would only duplicate what the
 		// next relay publishes, but it is wasted work: stop in time.
 		pubCtx, cancel := context.WithDeadline(ctx, claimedAt.Add(r.cfg.Lease*9/10))
+		if wit != nil {
+			placed = &placement{}
+			pubCtx = withPlacement(pubCtx, placed)
+		}
 		if r.pin != nil {
 			// A shard is a partition: misaligned checked each row's shard.
 			parts := make([]int, 0, len(msgs))
@@ -494,7 +499,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		// the next check finds what did land and does not send it again.
 		rowErr = pubErr
 		if pubErr == nil {
-			lost, err := r.verify(ctx, wit, rows, msgOf, stamped, perShard)
+			lost, err := r.verify(ctx, wit, rows, msgOf, stamped, perShard, placed)
 			switch {
 			case err != nil:
 				r.witnessPublished(wit, nil, true)
