@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -155,6 +156,9 @@ func pins(b kafka.Balancer) bool {
 type pin struct {
 	partition int
 	call      *pinCall
+	// at, if not nil, takes the offset the broker gave the message (see
+	// notePlacements).
+	at *atomic.Int64
 }
 
 // pinCall is what the pins of one PublishPinned call share.

@@ -193,8 +193,12 @@
 //     acknowledgement);
 //     and, after each publish, whatever another writer (another relay,
 //     another database) appended since its last look. Otherwise a cycle
-//     costs one request, for the end offsets of its partitions after its
-//     publish.
+//     costs nothing more than its publish: the broker's answer to the write
+//     gives each message's offset (on NewKafkaWriter's writer, through its
+//     Completion), and when a partition's messages took the offsets right
+//     after what the relay read, one after the other, nobody else appended
+//     before them. Any other partition costs one request, for its end
+//     offset after the publish.
 //   - The relay reads the partition as a consumer deduplicating by
 //     watermark does: per epoch of the source, the first message of a
 //     number is applied and any later one with that number is dropped as a
@@ -209,8 +213,9 @@
 //     (storage.Sequenced.BumpEpoch) and publishes the row under it, a stream
 //     no consumer has seen, which the following rows continue. It logs this
 //     at Warn with the shard, the numbers and both epochs.
-//   - After each publish it reads the end offsets again: if another writer
-//     appended to a partition in between, it reads those messages too, and
+//   - After each publish it checks where its messages landed (above): if
+//     another writer appended to a partition in between, it reads the end
+//     offset and those messages too, and
 //     a message of its own whose number the other writer took first is not
 //     marked published; the next cycle sends it again under a new epoch.
 //     Each mark stores the epoch of its row and the offset the next check

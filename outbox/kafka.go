@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -41,7 +42,10 @@ const (
 // all in-sync replicas, synchronous, partitioning by key as the Java client
 // does (murmur2; an aligned outbox's relay pins the partitions through the
 // [Balancer]), and with batches large enough that one relay cycle is one
-// batch per partition. Close it after the relay stopped.
+// batch per partition. Its Completion notes where the broker put an aligned
+// relay's messages, which spares the relay a request for the end offsets
+// after each publish; a writer without it (another Completion) works, with
+// that request. Close it after the relay stopped.
 func NewKafkaWriter(brokers ...string) *kafka.Writer {
 	return &kafka.Writer{
 		Addr:         kafka.TCP(brokers...),
@@ -50,9 +54,42 @@ func NewKafkaWriter(brokers ...string) *kafka.Writer {
 		BatchSize:    DefaultBatchMessages,
 		BatchBytes:   DefaultBatchBytes,
 		// A synchronous write waits this long for its batch to fill; the
-		// relay hands over a whole cycle at once, so waiting gains nothing.
-		BatchTimeout: time.Millisecond,
+		// relay hands over a whole cycle at once, so waiting gains nothing
+		// (0 would be kafka-go's default of a second). The wait cannot split
+		// a call: kafka-go adds all of a call's messages for a partition to
+		// its batch before the batch's timer can send it.
+		BatchTimeout: time.Microsecond,
 		WriteTimeout: 10 * time.Second,
+		// The offsets the broker gave a relay's messages spare the aligned
+		// relay a request for the end offsets after its publish.
+		Completion: notePlacements,
+	}
+}
+
+// placement is, for one PublishPinned call whose context carries it, the
+// offset at which the broker appended each message: -1 until the writer
+// reports it, and for a message whose write failed.
+type placement struct{ offsets []atomic.Int64 }
+
+type placementKey struct{}
+
+// withPlacement returns ctx carrying p, for PublishPinned to fill.
+func withPlacement(ctx context.Context, p *placement) context.Context {
+	return context.WithValue(ctx, placementKey{}, p)
+}
+
+// notePlacements is the Completion of NewKafkaWriter's writer: it notes the
+// offset of each pinned message of a batch the broker acknowledged. kafka-go
+// sets a message's Offset to its batch's base offset, from the produce
+// response, plus its index in the batch.
+func notePlacements(msgs []kafka.Message, err error) {
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		if p, ok := m.WriterData.(*pin); ok && p.at != nil && m.Partition == p.partition {
+			p.at.Store(m.Offset)
+		}
 	}
 }
 
@@ -162,12 +199,22 @@ func (p *KafkaPublisher) PublishPinned(ctx context.Context, msgs []kafka.Message
 		return err
 	}
 	call := &pinCall{count: count}
+	placed, _ := ctx.Value(placementKey{}).(*placement)
+	if placed != nil {
+		placed.offsets = make([]atomic.Int64, len(msgs))
+		for i := range placed.offsets {
+			placed.offsets[i].Store(-1)
+		}
+	}
 	pinned := make([]kafka.Message, len(msgs))
 	for i, m := range msgs {
 		if partitions[i] < 0 || partitions[i] >= count {
 			return fmt.Errorf("outbox: PublishPinned: partition %d of a topic of %d", partitions[i], count)
 		}
 		m.WriterData = &pin{partition: partitions[i], call: call}
+		if placed != nil {
+			m.WriterData.(*pin).at = &placed.offsets[i]
+		}
 		pinned[i] = m
 	}
 	err := p.w.WriteMessages(ctx, pinned...)

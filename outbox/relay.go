@@ -384,8 +384,17 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	var rows []storage.OutboxRow
 	claimedAt := time.Now()
 	req := storage.ClaimRequest{Relay: r.cfg.ID, Lease: r.cfg.Lease, MaxShards: r.cfg.MaxShards, MaxRows: r.cfg.MaxMessages}
+	// A store that reads the source and epoch with the claim (after the
+	// lease, as below) spares the cycle a round trip.
+	var source *claimedSource
+	sc, _ := r.o.store.(storage.SourceClaimer)
 	err := r.o.retry(ctx, "claim", func() error {
 		var err error
+		if r.o.seq != nil && sc != nil {
+			source = &claimedSource{}
+			rows, source.id, source.epoch, err = sc.ClaimSource(ctx, r.o.db.WithContext(ctx), req)
+			return err
+		}
 		rows, err = r.o.store.Claim(ctx, r.o.db.WithContext(ctx), req)
 		return err
 	})
@@ -402,7 +411,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	// The source and epoch are read after the claim, on every cycle that
 	// publishes: a bump of the epoch applies to every row published by a
 	// cycle that starts after it, first copies and copies alike.
-	stamp, err := r.sequenceStamp(ctx)
+	stamp, err := r.sequenceStamp(ctx, source)
 	if err != nil {
 		return 0, err
 	}
@@ -469,10 +478,15 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	}
 	rows = sent
 	var pubErr error
+	var placed *placement
 	if len(msgs) > 0 {
 		// Publishing after the lease expired would only duplicate what the
 		// next relay publishes, but it is wasted work: stop in time.
 		pubCtx, cancel := context.WithDeadline(ctx, claimedAt.Add(r.cfg.Lease*9/10))
+		if wit != nil {
+			placed = &placement{}
+			pubCtx = withPlacement(pubCtx, placed)
+		}
 		if r.pin != nil {
 			// A shard is a partition: misaligned checked each row's shard.
 			parts := make([]int, 0, len(msgs))
@@ -494,7 +508,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		// the next check finds what did land and does not send it again.
 		rowErr = pubErr
 		if pubErr == nil {
-			lost, err := r.verify(ctx, wit, rows, msgOf, stamped, perShard)
+			lost, err := r.verify(ctx, wit, rows, msgOf, stamped, perShard, placed)
 			switch {
 			case err != nil:
 				r.witnessPublished(wit, nil, true)
@@ -549,11 +563,22 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	return acked, bad
 }
 
-// sequenceStamp reads the store's source id and epoch for a cycle's
-// sequence headers; nil when the Outbox stamps none.
-func (r *Relay) sequenceStamp(ctx context.Context) (*sequenceStamp, error) {
+// claimedSource is the source id and epoch a storage.SourceClaimer read
+// with the cycle's claim.
+type claimedSource struct {
+	id    string
+	epoch int64
+}
+
+// sequenceStamp returns the stamp of a cycle's sequence headers, with the
+// source id and epoch read with the claim (claimed, if not nil) or else
+// read from the store now; nil when the Outbox stamps none.
+func (r *Relay) sequenceStamp(ctx context.Context, claimed *claimedSource) (*sequenceStamp, error) {
 	if r.o.seq == nil {
 		return nil, nil
+	}
+	if claimed != nil {
+		return newSequenceStamp(r.o.cfg.Headers, claimed.id, claimed.epoch, r.o.shards)
 	}
 	var source string
 	var epoch int64

@@ -35,6 +35,18 @@ type Sequenced interface {
 	BumpEpoch(ctx context.Context, db *gorm.DB) (epoch int64, err error)
 }
 
+// SourceClaimer is an optional capability of an OutboxStore that is
+// Sequenced: a relay cycle that stamps sequence headers claims and reads
+// the source and epoch in one call, where the database can do both in
+// fewer round trips than Claim and Source apart.
+type SourceClaimer interface {
+	// ClaimSource claims as Claim does, and returns the outbox table's
+	// source id and epoch as Source does, read no earlier than the claim
+	// began: a BumpEpoch that returned before the call is seen. With no
+	// rows, id and epoch may be empty.
+	ClaimSource(ctx context.Context, db *gorm.DB, req ClaimRequest) (rows []OutboxRow, id string, epoch int64, err error)
+}
+
 // MaxSourceBytes is the longest source id.
 const MaxSourceBytes = 64
 

@@ -275,34 +275,117 @@ type storedOutboxRow struct {
 	Headers  []byte
 }
 
+// leasedRow is a row of the claim's statement: a leased shard, and one of
+// its rows (nil fields: none read), with the source row when asked for.
+type leasedRow struct {
+	LeaseShard       int32
+	PublishedThrough int64
+	NextSeq          int64
+	Fits             bool
+	Source           *string
+	Epoch            *int64
+	Shard            *int32
+	Seq              *int64
+	Day              *string
+	EventID          *string
+	Topic            *string
+	MsgKey           []byte
+	MsgValue         []byte
+	Headers          []byte
+}
+
 // Claim leases shards with one UPDATE whose candidate rows are locked with
-// SKIP LOCKED (a relay never waits for another), then reads the leased
-// shards' oldest rows with one index range scan per shard.
+// SKIP LOCKED (a relay never waits for another). In the same statement it
+// reads the leased shards' rows, one index range scan per shard, when
+// their unpublished rows number no more than req.MaxRows; otherwise a
+// second statement reads each shard's share of them.
 func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
+	rows, _, _, err := s.claim(ctx, db, req, false)
+	return rows, err
+}
+
+// ClaimSource claims as Claim does and reads the source row in the same
+// statement, from the snapshot the lease's statement began with
+// (storage.SourceClaimer).
+func (s *OutboxStore) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	return s.claim(ctx, db, req, true)
+}
+
+func (s *OutboxStore) claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest, withSource bool) ([]storage.OutboxRow, string, int64, error) {
 	db = db.WithContext(ctx)
 	maxShards := req.MaxShards
 	if maxShards <= 0 {
 		maxShards = s.shards
 	}
-	var got []leasedShard
+	sourceCols, sourceJoin := "", ""
+	if withSource {
+		sourceCols = ", src.source, src.epoch"
+		sourceJoin = " LEFT JOIN " + s.sourceTable() + " src ON src.id = 1"
+	}
+	// The counters say how many committed rows each shard holds beyond its
+	// mark (the rows and the counter commit together, and the statement
+	// reads both in one snapshot), so each shard is read for exactly its
+	// rows: none is read only to be cut off by a LIMIT.
+	var got []leasedRow
 	err := db.Raw(`WITH pick AS (
 			SELECT r.shard, c.next_seq FROM `+s.relayTable()+` r JOIN `+s.shardsTable()+` c ON c.shard = r.shard
 			 WHERE c.next_seq > r.published_through AND (r.owner = ? OR r.lease_until < clock_timestamp())
 			 ORDER BY r.shard LIMIT ?
-			   FOR UPDATE OF r SKIP LOCKED)
-		UPDATE `+s.relayTable()+` r SET owner = ?, lease_until = clock_timestamp() + make_interval(secs => ?)
-		  FROM pick WHERE r.shard = pick.shard
-		RETURNING r.shard, r.published_through, pick.next_seq`,
-		req.Relay, maxShards, req.Relay, req.Lease.Seconds()).Scan(&got).Error
+			   FOR UPDATE OF r SKIP LOCKED),
+		leased AS (
+			UPDATE `+s.relayTable()+` r SET owner = ?, lease_until = clock_timestamp() + make_interval(secs => ?)
+			  FROM pick WHERE r.shard = pick.shard
+			RETURNING r.shard, r.published_through, pick.next_seq),
+		whole AS (SELECT coalesce(sum(next_seq - published_through), 0) <= ? AS fits FROM leased)
+		SELECT l.shard AS lease_shard, l.published_through, l.next_seq, whole.fits`+sourceCols+`,
+		       o.shard, o.seq, to_char(o.day, 'YYYY-MM-DD') AS day, o.event_id, o.topic, o.msg_key, o.msg_value, o.headers
+		  FROM leased l CROSS JOIN whole`+sourceJoin+`
+		  LEFT JOIN LATERAL (SELECT * FROM `+s.parent()+` x
+		     WHERE whole.fits AND x.shard = l.shard AND x.seq > l.published_through
+		     ORDER BY x.seq LIMIT l.next_seq - l.published_through) o ON true
+		 ORDER BY l.shard, o.seq`,
+		req.Relay, maxShards, req.Relay, req.Lease.Seconds(), req.MaxRows).Scan(&got).Error
 	if err != nil {
-		return nil, fmt.Errorf("postgres: lease shards of %s: %w", s.parent(), err)
+		return nil, "", 0, fmt.Errorf("postgres: lease shards of %s: %w", s.parent(), err)
 	}
 	if len(got) == 0 {
-		return nil, nil
+		return nil, "", 0, nil
 	}
-	// The counters say how many committed rows each shard holds beyond its
-	// mark, so each shard is read for exactly its share of MaxRows: no row
-	// is read only to be cut off by a LIMIT.
+	var source string
+	var epoch int64
+	if withSource {
+		if got[0].Source == nil || got[0].Epoch == nil {
+			return nil, "", 0, fmt.Errorf("postgres: %s has no source row; run Migrate", s.sourceTable())
+		}
+		source, epoch = *got[0].Source, *got[0].Epoch
+	}
+	if got[0].Fits {
+		rows := make([]storage.OutboxRow, 0, len(got))
+		for _, g := range got {
+			if g.Shard == nil || g.Seq == nil || g.Day == nil || g.EventID == nil || g.Topic == nil {
+				continue
+			}
+			day, err := time.Parse(time.DateOnly, *g.Day)
+			if err != nil {
+				return nil, "", 0, fmt.Errorf("postgres: malformed day %q: %w", *g.Day, err)
+			}
+			rows = append(rows, storage.OutboxRow{Shard: *g.Shard, Seq: *g.Seq, Day: day, EventID: *g.EventID, Topic: *g.Topic, Key: g.MsgKey, Value: g.MsgValue, Headers: g.Headers})
+		}
+		return rows, source, epoch, nil
+	}
+	leased := make([]leasedShard, 0, len(got))
+	for _, g := range got {
+		if len(leased) == 0 || leased[len(leased)-1].Shard != g.LeaseShard {
+			leased = append(leased, leasedShard{Shard: g.LeaseShard, PublishedThrough: g.PublishedThrough, NextSeq: g.NextSeq})
+		}
+	}
+	rows, err := s.readLeased(db, leased, req.MaxRows)
+	return rows, source, epoch, err
+}
+
+// readLeased reads each leased shard's share of maxRows of its oldest
+// unpublished rows.
+func (s *OutboxStore) readLeased(db *gorm.DB, got []leasedShard, maxRows int) ([]storage.OutboxRow, error) {
 	slices.SortFunc(got, func(a, b leasedShard) int { return cmp.Compare(a.Shard, b.Shard) })
 	pending := make([]storage.ShardCount, len(got))
 	through := make(map[int32]int64, len(got))
@@ -310,7 +393,7 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 		pending[i] = storage.ShardCount{Shard: l.Shard, Rows: l.NextSeq - l.PublishedThrough}
 		through[l.Shard] = l.PublishedThrough
 	}
-	shares := storage.ShareRows(pending, req.MaxRows)
+	shares := storage.ShareRows(pending, maxRows)
 	if len(shares) == 0 {
 		return nil, nil
 	}
@@ -322,7 +405,7 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 		fmt.Fprintf(&values, "(%d, %d::bigint, %d::bigint)", sh.Shard, through[sh.Shard], sh.Rows)
 	}
 	var stored []storedOutboxRow
-	err = db.Raw(`SELECT o.shard, o.seq, to_char(o.day, 'YYYY-MM-DD') AS day, o.event_id, o.topic, o.msg_key, o.msg_value, o.headers
+	err := db.Raw(`SELECT o.shard, o.seq, to_char(o.day, 'YYYY-MM-DD') AS day, o.event_id, o.topic, o.msg_key, o.msg_value, o.headers
 		  FROM (VALUES ` + values.String() + `) AS l(shard, through, take)
 		  CROSS JOIN LATERAL (SELECT * FROM ` + s.parent() + ` x WHERE x.shard = l.shard AND x.seq > l.through ORDER BY x.seq LIMIT l.take) o
 		 ORDER BY o.shard, o.seq`).Scan(&stored).Error
@@ -405,6 +488,8 @@ func (s *OutboxStore) IsRetryable(err error) bool { return isRetryable(err) }
 // IsMissingTable is the inbox Store's classification (see
 // Store.IsMissingTable).
 func (s *OutboxStore) IsMissingTable(err error) bool { return isMissingTable(err) }
+
+var _ storage.SourceClaimer = (*OutboxStore)(nil)
 
 // Source returns the table's source id and epoch.
 func (s *OutboxStore) Source(ctx context.Context, db *gorm.DB) (string, int64, error) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,7 +20,8 @@ import (
 // loads INBOX_BENCH_LOADS names (comma-separated: a rate per second, or
 // bN for bursts of N every second; default 100,1000), each for
 // INBOX_BENCH_SECONDS (default 5), then the statements per second of an
-// idle relay in each mode. It logs a markdown table, and with
+// idle relay in each mode. INBOX_BENCH_RELAYS picks relay modes
+// (comma-separated, default all); INBOX_BENCH_IDLE=0 skips the idle relay. It logs a markdown table, and with
 // INBOX_BENCH_PLOT=file.png draws commit to effect (inbox rows), p50 and
 // p99, per load and relay mode.
 func BenchmarkLatency(b *testing.B) {
@@ -47,6 +49,15 @@ func BenchmarkLatency(b *testing.B) {
 		}
 		loads = append(loads, l)
 	}
+	modes := bench.RelayModes
+	if s := os.Getenv("INBOX_BENCH_RELAYS"); s != "" {
+		modes = strings.Split(s, ",")
+		for _, m := range modes {
+			if !slices.Contains(bench.RelayModes, m) {
+				b.Fatalf("INBOX_BENCH_RELAYS: %q is none of %v", m, bench.RelayModes)
+			}
+		}
+	}
 	ms := func(d time.Duration) string {
 		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64)
 	}
@@ -67,7 +78,7 @@ func BenchmarkLatency(b *testing.B) {
 			for range b.N {
 				lines := []string{"| database | load | relay | events (committed per second) | commit to publish | commit to effect, inbox rows | commit to effect, sequenced | relay cycle (p50 / p99) | of which the broker's write |", "|---|---|---|---|---|---|---|---|---|"}
 				for _, l := range loads {
-					rs, err := bench.Latency(b.Context(), be, brokers, l, bench.RelayModes, 4, 100)
+					rs, err := bench.Latency(b.Context(), be, brokers, l, modes, 4, 100)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -77,6 +88,9 @@ func BenchmarkLatency(b *testing.B) {
 					}
 				}
 				for _, mode := range []string{bench.RelayPolling, bench.RelayWakeups} {
+					if os.Getenv("INBOX_BENCH_IDLE") == "0" {
+						break
+					}
 					r, err := bench.IdleStatements(b.Context(), be, mode, 3*time.Second, 5*time.Second)
 					if err != nil {
 						b.Fatal(err)
