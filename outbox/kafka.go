@@ -34,15 +34,15 @@ type Limited interface {
 
 // Defaults of the writer NewKafkaWriter makes.
 const (
-	DefaultBatchMessages = 1000
-	DefaultBatchBytes    = maxMessageBytes
+	defaultBatchMessages = 1000
+	defaultBatchBytes    = maxMessageBytes
 )
 
 // NewKafkaWriter returns a kafka-go Writer fit for a relay: acknowledged by
 // all in-sync replicas, synchronous, partitioning by key as the Java client
 // does (murmur2; an aligned outbox's relay pins the partitions through the
 // [Balancer]), and with batches large enough that one relay cycle is one
-// batch per partition. Its Completion notes where the broker put an aligned
+// batch per partition (up to 1,000 messages and 1 MiB). Its Completion notes where the broker put an aligned
 // relay's messages, which spares the relay a request for the end offsets
 // after each publish; a writer without it (another Completion) works, with
 // that request. Close it after the relay stopped.
@@ -51,8 +51,8 @@ func NewKafkaWriter(brokers ...string) *kafka.Writer {
 		Addr:         kafka.TCP(brokers...),
 		Balancer:     Balancer{},
 		RequiredAcks: kafka.RequireAll,
-		BatchSize:    DefaultBatchMessages,
-		BatchBytes:   DefaultBatchBytes,
+		BatchSize:    defaultBatchMessages,
+		BatchBytes:   defaultBatchBytes,
 		// A synchronous write waits this long for its batch to fill; the
 		// relay hands over a whole cycle at once, so waiting gains nothing
 		// (0 would be kafka-go's default of a second). The wait cannot split

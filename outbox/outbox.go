@@ -20,8 +20,8 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultRetentionDays = 3
-	DefaultPrepareDays   = 7
+	defaultRetentionDays = 3
+	defaultPrepareDays   = 7
 )
 
 // Config tunes an Outbox. The zero value is usable.
@@ -46,10 +46,10 @@ type Config struct {
 	// that holds no unpublished rows of another mode.
 	AlignedTopic string
 	// RetentionDays is how many days before today published rows are kept
-	// (for diagnosis and replays by hand). Default DefaultRetentionDays.
+	// (for diagnosis and replays by hand). Default 3.
 	RetentionDays int
 	// PrepareDays is how many days after today Maintain prepares storage
-	// for. Default DefaultPrepareDays.
+	// for. Default 7.
 	PrepareDays int
 	// MaxAttempts, MinBackoff and MaxBackoff bound the retries of the
 	// outbox's own transactions (Migrate, Maintain, and the relay's).
@@ -108,8 +108,8 @@ func New(db *gorm.DB, store storage.OutboxStore, cfg Config) (*Outbox, error) {
 	if cfg.Headers != EventHeaders && cfg.Headers != CloudEventsHeaders {
 		return nil, fmt.Errorf("%w: unknown header style %d", inbox.ErrInvalidConfig, cfg.Headers)
 	}
-	cfg.RetentionDays = cmp.Or(cfg.RetentionDays, DefaultRetentionDays)
-	cfg.PrepareDays = cmp.Or(cfg.PrepareDays, DefaultPrepareDays)
+	cfg.RetentionDays = cmp.Or(cfg.RetentionDays, defaultRetentionDays)
+	cfg.PrepareDays = cmp.Or(cfg.PrepareDays, defaultPrepareDays)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, 10)
 	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, 5*time.Millisecond)
 	cfg.MaxBackoff = max(cmp.Or(cfg.MaxBackoff, time.Second), cfg.MinBackoff)
@@ -164,10 +164,6 @@ func alignedShards(topic string, store storage.OutboxStore, sequenced bool) (int
 // store implements storage.Sequenced and Config.NoSequenceHeaders is
 // false.
 func (o *Outbox) Sequenced() bool { return o.seq != nil }
-
-// Aligned returns the topic and the shard count of an aligned outbox
-// (Config.AlignedTopic), or "" and 0.
-func (o *Outbox) Aligned() (topic string, shards int) { return o.cfg.AlignedTopic, o.shards }
 
 // Migrate creates or checks the outbox tables, retrying transient errors.
 // Call Maintain after it.

@@ -25,10 +25,10 @@ import (
 
 // Defaults for RelayConfig.
 const (
-	DefaultLease           = 30 * time.Second
-	DefaultMaxMessages     = 500
-	DefaultPollInterval    = time.Second
-	DefaultMinPollInterval = 5 * time.Millisecond
+	defaultLease           = 30 * time.Second
+	defaultMaxMessages     = 500
+	defaultPollInterval    = time.Second
+	defaultMinPollInterval = 5 * time.Millisecond
 )
 
 // RelayConfig tunes a Relay. The zero value is usable.
@@ -40,7 +40,7 @@ type RelayConfig struct {
 	// Default: host name, process id and a random suffix.
 	ID string
 	// Lease is how long a relay holds the shards it claims without claiming
-	// again; a relay that dies is replaced after it. Default DefaultLease.
+	// again; a relay that dies is replaced after it. Default 30s.
 	// A cycle's publish must end within 90% of it after the claim (a relay
 	// paused past that publishes nothing of the cycle; see the package doc,
 	// "Several relays"): give it more than the longest publish, broker
@@ -49,23 +49,21 @@ type RelayConfig struct {
 	// MaxShards bounds the shards one relay leases at a time, so that
 	// several relays share the work; 0 for no limit.
 	MaxShards int
-	// MaxMessages bounds one cycle. Default DefaultMaxMessages, and never
-	// more than the Publisher's Limits.
+	// MaxMessages bounds one cycle. Default 500, and never more than the
+	// Publisher's Limits.
 	MaxMessages int
 	// PollInterval is the safety poll: the longest pause between two
 	// cycles, so the longest a message waits when no wake-up reaches the
-	// relay (see "Wake-ups" in the package doc). Default
-	// DefaultPollInterval.
+	// relay (see "Wake-ups" in the package doc). Default 1s.
 	PollInterval time.Duration
 	// MinPollInterval is the pause of a relay that polls (one that does
 	// not listen for the database's notifications) after a cycle that
 	// found less than a full batch but something, or after a wake-up; each
 	// cycle that finds nothing doubles it, up to PollInterval. Default
-	// DefaultMinPollInterval, and never more than PollInterval. However
-	// soon a wake-up comes, a cycle starts no sooner than
-	// DefaultMinPollInterval (or MinPollInterval, if shorter) after one
-	// that published, so that a stream of commits is taken several at a
-	// time.
+	// 5ms, and never more than PollInterval. However soon a wake-up comes,
+	// a cycle starts no sooner than 5ms (or MinPollInterval, if shorter)
+	// after one that published, so that a stream of commits is taken
+	// several at a time.
 	MinPollInterval time.Duration
 	// NoWakeups turns the wake-ups off: the relay neither listens for the
 	// database's notifications nor takes the signal of this process's
@@ -118,10 +116,10 @@ func (o *Outbox) NewRelay(pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if cfg.Lease != 0 && cfg.Lease < 10*time.Millisecond {
 		return nil, fmt.Errorf("%w: relay lease %v is shorter than 10ms", inbox.ErrInvalidConfig, cfg.Lease)
 	}
-	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
-	cfg.MaxMessages = cmp.Or(cfg.MaxMessages, DefaultMaxMessages)
-	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
-	cfg.MinPollInterval = min(cmp.Or(cfg.MinPollInterval, DefaultMinPollInterval), cfg.PollInterval)
+	cfg.Lease = cmp.Or(cfg.Lease, defaultLease)
+	cfg.MaxMessages = cmp.Or(cfg.MaxMessages, defaultMaxMessages)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, defaultPollInterval)
+	cfg.MinPollInterval = min(cmp.Or(cfg.MinPollInterval, defaultMinPollInterval), cfg.PollInterval)
 	maxBytes := maxMessageBytes
 	if l, ok := pub.(Limited); ok {
 		m, b := l.Limits()
@@ -177,9 +175,6 @@ func defaultRelayID() string {
 	_, _ = rand.Read(b)
 	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
 }
-
-// ID returns the relay's id.
-func (r *Relay) ID() string { return r.cfg.ID }
 
 // Counters returns the relay's totals so far.
 func (r *Relay) Counters() RelayCounters {
@@ -287,7 +282,7 @@ func (r *Relay) Run(ctx context.Context) error {
 					// published lets the next take several commits,
 					// rather than claiming (on SQLite: taking the write
 					// lock) once per commit.
-					gap := min(r.cfg.MinPollInterval, DefaultMinPollInterval)
+					gap := min(r.cfg.MinPollInterval, defaultMinPollInterval)
 					if err := backoff.Sleep(ctx, gap-time.Since(cycleEnd)); err != nil {
 						return err
 					}

@@ -85,7 +85,7 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	dryRun := fs.Bool("dry-run", false, "maintain, bump-epoch: change nothing; print what would be prepared and removed, or the epoch it would move to")
 	printSQL := fs.Bool("print-sql", false, "migrate: print the DDL for --dialect instead of running it; connects to nothing")
 	fs.Lookup("retention-days").DefValue = "3"
-	o.retentionDays = outbox.DefaultRetentionDays
+	o.retentionDays = 3 // outbox.Config.RetentionDays' default
 	fs.Lookup("table").Usage = "outbox `table` name (default: the adapter's, outbox_messages)"
 	if err := parseFlags(fs, args, stdout); err != nil {
 		if err == errHelp {

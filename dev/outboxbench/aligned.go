@@ -72,7 +72,7 @@ func Drain(ctx context.Context, db *gorm.DB, store storage.OutboxStore, brokers 
 	if err != nil {
 		return Result{}, Witnessed{}, err
 	}
-	if _, shards := ob.Aligned(); v.Aligned && shards != o.Partitions {
+	if shards := shardsOf(store); v.Aligned && shards != o.Partitions {
 		return Result{}, Witnessed{}, fmt.Errorf("outboxbench: variant %q wants %d shards, the store has %d", v.Name, o.Partitions, shards)
 	}
 	if err := ob.Migrate(ctx); err != nil {

@@ -292,8 +292,8 @@ func Bench(b *testing.B, brokers []string, open func(shards int) (db *gorm.DB, s
 	var batches []int
 	for _, f := range strings.Split(cmp.Or(os.Getenv("INBOX_OUTBOX_BATCHES"), "500,1000"), ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 || n > outbox.DefaultBatchMessages {
-			b.Fatalf("INBOX_OUTBOX_BATCHES %q: want cycle sizes 1..%d", f, outbox.DefaultBatchMessages)
+		if max := outbox.NewKafkaWriter().BatchSize; err != nil || n < 1 || n > max {
+			b.Fatalf("INBOX_OUTBOX_BATCHES %q: want cycle sizes 1..%d (the relay's writer's batch)", f, max)
 		}
 		batches = append(batches, n)
 	}

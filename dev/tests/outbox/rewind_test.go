@@ -190,7 +190,7 @@ func runProducerRestore(t *testing.T, c chainDB, bump, survives, clone bool) {
 	enqueue(ob, "ev", 100, 100)
 	waitFor(200, time.Minute)
 	if clone {
-		runClone(t, c, ob, obStore, tables, startRelay, enqueue)
+		runClone(t, c, ob, obStore, topic, tables, startRelay, enqueue)
 		waitFor(350, 45*time.Second)
 		time.Sleep(time.Second)
 		rows, events := count()
@@ -240,11 +240,10 @@ func runProducerRestore(t *testing.T, c chainDB, bump, survives, clone bool) {
 // backup of the first's (its source id included: a copy of the database),
 // starts a relay of the clone's beside the original's, and has both
 // enqueue 75 new events at the same time.
-func runClone(t *testing.T, c chainDB, ob *outbox.Outbox, store storage.OutboxStore, tables []string,
+func runClone(t *testing.T, c chainDB, ob *outbox.Outbox, store storage.OutboxStore, topic string, tables []string,
 	startRelay func(*outbox.Outbox, string), enqueue func(*outbox.Outbox, string, int, int)) {
 	ctx := t.Context()
 	cloneTable := tables[0] + "_c"
-	topic, _ := ob.Aligned()
 	cob, cloneStore := alignedOutbox(ctx, t, c, cloneTable, topic)
 	err := c.db.Transaction(func(tx *gorm.DB) error {
 		for _, table := range tables {
