@@ -212,8 +212,8 @@ type Config struct {
 	// themselves: see the package documentation ("Database timeouts") for
 	// the DSN settings to add. Choose it above the longest the inbox's own
 	// statements may wait for a lock: during a rebalance a claim waits for
-	// the previous owner's transaction on the same message. Default
-	// DefaultDatabaseTimeout; negative means no bound.
+	// the previous owner's transaction on the same message. Default 30s;
+	// negative means no bound.
 	DatabaseTimeout time.Duration
 	// MaxProcessingStall bounds how long a partition may wait for the
 	// database to answer its work: from the start of a batch (its handlers
@@ -232,9 +232,9 @@ type Config struct {
 	//
 	// It must exceed DatabaseTimeout and HandlerTimeout, and should exceed
 	// the longest a batch may take (BatchSize × HandlerTimeout): a member
-	// leaves the group over a slow batch too. Default the larger of
-	// DefaultMaxProcessingStall and 2 × DatabaseTimeout + BatchSize ×
-	// HandlerTimeout; negative turns it off.
+	// leaves the group over a slow batch too. Default the larger of 2
+	// minutes and 2 × DatabaseTimeout + BatchSize × HandlerTimeout;
+	// negative turns it off.
 	MaxProcessingStall time.Duration
 	// MinBackoff and MaxBackoff bound the jittered exponential wait between
 	// attempts and between reconnection tries. Defaults 100ms and 10s.
@@ -332,8 +332,8 @@ type Config struct {
 	// (inbox.Inbox.Maintain: prepare the coming days' partitions, expire
 	// the days past the retention window): at start and then every
 	// interval, logging a failure at Error and reporting every run as an
-	// EventMaintenance. Default DefaultMaintenanceInterval; negative turns it
-	// off (run Maintain yourself then, for example with inboxctl). Several
+	// EventMaintenance. Default an hour, so that a missed run costs
+	// nothing (partitions are prepared days ahead); negative turns it off (run Maintain yourself then, for example with inboxctl). Several
 	// consumers running it on one inbox is safe (the Store serialises it),
 	// only redundant. Without Inbox nothing is maintained.
 	MaintenanceInterval time.Duration
@@ -354,27 +354,19 @@ type Config struct {
 
 var errInvalidConfig = inbox.ErrInvalidConfig
 
-// DefaultMaintenanceInterval is how often Run maintains the inbox unless
-// Config.MaintenanceInterval says otherwise: hourly, so that a missed run
-// costs nothing (partitions are prepared days ahead).
-const DefaultMaintenanceInterval = time.Hour
-
 // The defaults of the Config fields of the same names, used where a field is
-// left zero.
+// left zero; each field's comment states its own.
 const (
-	DefaultBatchSize      = 1
-	DefaultBatchWait      = 50 * time.Millisecond
-	DefaultMaxAttempts    = 5
-	DefaultMinBackoff     = 100 * time.Millisecond
-	DefaultMaxBackoff     = 10 * time.Second
-	DefaultCommitInterval = time.Second
-	DefaultMaxWait        = 500 * time.Millisecond
-	// DefaultDatabaseTimeout bounds each of the consumer's own steps on the
-	// database (see Config.DatabaseTimeout).
-	DefaultDatabaseTimeout = 30 * time.Second
-	// DefaultMaxProcessingStall is the shortest default of
-	// Config.MaxProcessingStall.
-	DefaultMaxProcessingStall = 2 * time.Minute
+	defaultMaintenanceInterval = time.Hour
+	defaultBatchSize           = 1
+	defaultBatchWait           = 50 * time.Millisecond
+	defaultMaxAttempts         = 5
+	defaultMinBackoff          = 100 * time.Millisecond
+	defaultMaxBackoff          = 10 * time.Second
+	defaultCommitInterval      = time.Second
+	defaultMaxWait             = 500 * time.Millisecond
+	defaultDatabaseTimeout     = 30 * time.Second
+	defaultMaxProcessingStall  = 2 * time.Minute
 )
 
 func (c *Config) validate() error {
@@ -438,7 +430,7 @@ func (c *Config) validate() error {
 	if c.MaxProcessingStall > 0 {
 		dbTimeout := c.DatabaseTimeout
 		if dbTimeout == 0 {
-			dbTimeout = DefaultDatabaseTimeout
+			dbTimeout = defaultDatabaseTimeout
 		}
 		if c.MaxProcessingStall <= dbTimeout || c.MaxProcessingStall <= c.HandlerTimeout {
 			// A single slow statement or handler call would make the member
@@ -519,19 +511,19 @@ func (c *Config) setDefaults() {
 	if c.Extract == nil {
 		c.Extract = HeaderExtractor(nil, nil)
 	}
-	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
-	c.BatchWait = cmp.Or(c.BatchWait, DefaultBatchWait)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
-	c.MinBackoff = cmp.Or(c.MinBackoff, DefaultMinBackoff)
-	c.MaxBackoff = max(cmp.Or(c.MaxBackoff, DefaultMaxBackoff), c.MinBackoff)
+	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
+	c.BatchWait = cmp.Or(c.BatchWait, defaultBatchWait)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
+	c.MinBackoff = cmp.Or(c.MinBackoff, defaultMinBackoff)
+	c.MaxBackoff = max(cmp.Or(c.MaxBackoff, defaultMaxBackoff), c.MinBackoff)
 	c.OffsetsTable = cmp.Or(c.OffsetsTable, DefaultOffsetsTable)
-	c.CommitInterval = cmp.Or(c.CommitInterval, DefaultCommitInterval)
+	c.CommitInterval = cmp.Or(c.CommitInterval, defaultCommitInterval)
 	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
-	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
-	c.MaintenanceInterval = cmp.Or(c.MaintenanceInterval, DefaultMaintenanceInterval)
-	c.DatabaseTimeout = cmp.Or(c.DatabaseTimeout, DefaultDatabaseTimeout)
+	c.MaxWait = cmp.Or(c.MaxWait, defaultMaxWait)
+	c.MaintenanceInterval = cmp.Or(c.MaintenanceInterval, defaultMaintenanceInterval)
+	c.DatabaseTimeout = cmp.Or(c.DatabaseTimeout, defaultDatabaseTimeout)
 	if c.MaxProcessingStall == 0 {
-		c.MaxProcessingStall = max(DefaultMaxProcessingStall,
+		c.MaxProcessingStall = max(defaultMaxProcessingStall,
 			2*max(c.DatabaseTimeout, 0)+time.Duration(c.BatchSize)*c.HandlerTimeout)
 	}
 	c.Dialer = cmp.Or(c.Dialer, kafka.DefaultDialer)

@@ -320,8 +320,8 @@ func TestDatabaseBoundsDefaults(t *testing.T) {
 		dbTimeout, stall time.Duration
 		bound            bool
 	}{
-		{"defaults", func(*Config) {}, DefaultDatabaseTimeout, DefaultMaxProcessingStall, true},
-		{"slow batches", func(c *Config) { c.BatchSize, c.HandlerTimeout = 10, 30*time.Second }, DefaultDatabaseTimeout, 6 * time.Minute, true},
+		{"defaults", func(*Config) {}, defaultDatabaseTimeout, defaultMaxProcessingStall, true},
+		{"slow batches", func(c *Config) { c.BatchSize, c.HandlerTimeout = 10, 30*time.Second }, defaultDatabaseTimeout, 6 * time.Minute, true},
 		{"explicit", func(c *Config) { c.DatabaseTimeout, c.MaxProcessingStall = 2*time.Second, 8*time.Second }, 2 * time.Second, 8 * time.Second, true},
 		{"off", func(c *Config) { c.DatabaseTimeout, c.MaxProcessingStall = -1, -1 }, -1, -1, false},
 	} {
