@@ -49,6 +49,10 @@ type RollingResult struct {
 	// the partitions that moved to another member.
 	KeptPause, MovedPause time.Duration
 	Kept, Moved           int
+	// SteadyPause is the longest a partition went without an effect in a
+	// stretch of Settle with no restart: the load's own gaps, the floor of
+	// the two pauses above.
+	SteadyPause time.Duration
 }
 
 // effectAt is one committed effect: which member applied which partition's
@@ -202,6 +206,15 @@ func RollingRestart(ctx context.Context, b *Backend, brokers []string, cfg Rolli
 	}
 	if err := settled(time.Now()); err != nil {
 		return res, err
+	}
+	// The reference: the longest gap of a partition in a stretch of the
+	// same length without any restart.
+	steadyEnd := time.Now()
+	if err := backoff.Sleep(ctx, cfg.Settle); err != nil {
+		return res, err
+	}
+	for p := range cfg.Partitions {
+		res.SteadyPause = max(res.SteadyPause, longestGap(effectsOf(&mu, effects, p), steadyEnd, time.Now()))
 	}
 	next := cfg.Members
 	for step := range cfg.Members {

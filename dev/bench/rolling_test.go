@@ -57,7 +57,7 @@ func BenchmarkRollingRestart(b *testing.B) {
 	rounds := envInt("INBOX_BENCH_ROUNDS", 3)
 	be := backend(b, "postgres", 16)
 	for range b.N {
-		lines := []string{"| round | transport | events | longest pause, partition kept (pairs) | longest pause, partition moved (pairs) |", "|---|---|---|---|---|"}
+		lines := []string{"| round | transport | events | longest gap without a restart | longest pause, partition kept (pairs) | longest pause, partition moved (pairs) |", "|---|---|---|---|---|---|"}
 		for round := range rounds {
 			order := names
 			if round%2 == 1 {
@@ -71,7 +71,7 @@ func BenchmarkRollingRestart(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				lines = append(lines, fmt.Sprintf("| %d | %s | %d | %v (%d) | %v (%d) |", round+1, r.Transport, r.Events,
+				lines = append(lines, fmt.Sprintf("| %d | %s | %d | %v | %v (%d) | %v (%d) |", round+1, r.Transport, r.Events, r.SteadyPause.Round(time.Millisecond),
 					r.KeptPause.Round(time.Millisecond), r.Kept, r.MovedPause.Round(time.Millisecond), r.Moved))
 			}
 		}
