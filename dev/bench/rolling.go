@@ -176,8 +176,14 @@ func RollingRestart(ctx context.Context, b *Backend, brokers []string, cfg Rolli
 		}
 		return o
 	}
-	// stopped returns the error of a member whose Run returned.
+	// stopped returns the error of a member whose Run returned, or of the
+	// producer.
 	stopped := func() error {
+		select {
+		case err := <-prodErr:
+			return fmt.Errorf("bench: rolling restart on %s: producing: %w", b.Name, err)
+		default:
+		}
 		for i, r := range members {
 			select {
 			case err := <-r.done:
@@ -382,15 +388,21 @@ func produceAtRate(ctx context.Context, brokers []string, topic string, partitio
 		}
 		// A write the broker did not acknowledge is tried again with the
 		// same events: a copy that did land is absorbed by the inbox.
+		// A new topic's leaders take a while to reach every broker's
+		// metadata: a minute of failures is given up on, not fewer.
+		failingSince := time.Time{}
 		for attempt := 1; ; attempt++ {
 			err := w.WriteMessages(context.WithoutCancel(ctx), msgs...)
 			if err == nil {
 				break
 			}
-			if attempt == 20 {
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			}
+			if time.Since(failingSince) > time.Minute {
 				return fmt.Errorf("bench: produce to %s: %w", topic, err)
 			}
-			if err := backoff.Sleep(context.WithoutCancel(ctx), 100*time.Millisecond); err != nil {
+			if err := backoff.Sleep(context.WithoutCancel(ctx), backoff.Wait(50*time.Millisecond, time.Second, attempt)); err != nil {
 				return err
 			}
 		}
