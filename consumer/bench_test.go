@@ -9,6 +9,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -107,5 +108,7 @@ func benchConsumer(b *testing.B, seq bool, set func(cfg *Config)) {
 	}
 	b.StopTimer()
 	cancel()
-	<-done
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		b.Fatal(err)
+	}
 }
