@@ -33,7 +33,7 @@ func TestRunKeepsRetryingAnUnreachableBroker(t *testing.T) {
 	ev := newEvents()
 	cfg := baseConfig(t, []string{addr}, "orders", "inventory", s, ev)
 	cfg.Logger = testLogger(t)
-	c, err := consumer.New(cfg)
+	c, err := newConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestRunKeepsRetryingAnUnreachableBroker(t *testing.T) {
 
 func TestCloseBeforeRun(t *testing.T) {
 	s := newSQLiteShop(t)
-	c, err := consumer.New(baseConfig(t, []string{"127.0.0.1:1"}, "orders", "g", s, newEvents()))
+	c, err := newConsumer(baseConfig(t, []string{"127.0.0.1:1"}, "orders", "g", s, newEvents()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestRunStopsOnARejectedConfiguration(t *testing.T) {
 	s := newSQLiteShop(t)
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, newEvents())
 	cfg.SessionTimeout = 100 * time.Millisecond // kfake's minimum here is 1s
-	c, err := consumer.New(cfg)
+	c, err := newConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
