@@ -20,9 +20,16 @@ demo: ## Run the demo: SQLite and an in-process Kafka broker, nothing to install
 	$(GO) run ./dev/cmd/inbox-demo
 
 .PHONY: test
-test: ## Run every test against real PostgreSQL, MariaDB, SQLite and Kafka (started and stopped here), then every benchmark once at tiny sizes; no backend may be skipped.
+test: ## Run every test against real PostgreSQL, MariaDB, SQLite and Kafka (started and stopped here), the consumer's suite and chaos phases again on franz-go, then every benchmark once at tiny sizes; no backend may be skipped.
 	$(SERVICES) --postgres --mariadb --kafka -- env INBOX_REQUIRE_BACKENDS=1 \
-		sh -c '$(GO) test -race -count=1 -timeout 45m $(PKGS) && $(BENCH_SMOKE) $(GO) test -run "^$$" -bench . -benchtime 1x -timeout 20m $(PKGS)'
+		sh -c '$(GO) test -race -count=1 -timeout 45m $(PKGS) && $(FRANZGO_PASS) && $(BENCH_SMOKE) $(GO) test -run "^$$" -bench . -benchtime 1x -timeout 20m $(PKGS)'
+
+# The consumer's real-broker suite (the sequenced end-to-end test among
+# them) and the chaos phases that run consumers (TestChaosShort, the pause
+# and partition phases) again on franz-go (dev/testtransport); the rest of
+# the tests do not depend on the consumer's Kafka client.
+FRANZGO_PASS := INBOX_TEST_TRANSPORT=franz-go $(GO) test -race -count=1 -timeout 30m ./dev/tests/consumer/ && \
+	INBOX_TEST_TRANSPORT=franz-go $(GO) test -race -count=1 -timeout 20m -run "^(TestChaosShort|TestChaosPause|TestChaosPartition)$$" ./dev/chaos/
 
 # Every benchmark once with the smallest sizes, so one that no longer runs
 # (a setup the library now refuses, a changed API) fails `make test`; the

@@ -325,7 +325,7 @@ type Config struct {
 	// rebalancing) over Brokers and Dialer. franzgo.New of the module
 	// github.com/inboxgo/inbox/transport/franzgo gives franz-go's, with
 	// cooperative-sticky rebalancing. A Client serves one Consumer; Run
-	// closes it when it returns.
+	// closes it when it returns (Close, if Run never ran).
 	Transport transport.Client
 
 	// MaintenanceInterval is how often Run runs the inbox's maintenance

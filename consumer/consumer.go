@@ -392,14 +392,18 @@ func (c *Consumer) maintain(ctx context.Context) {
 }
 
 // Close stops Run and waits for it to return. It is safe to call more than
-// once and before or without Run.
+// once and before or without Run; called before Run, it closes the Kafka
+// client (Config.Transport), which Run would have closed.
 func (c *Consumer) Close() error {
 	c.mu.Lock()
 	state := c.state
 	c.state = 2
 	cancel := c.cancel
 	c.mu.Unlock()
-	if state == 1 {
+	switch state {
+	case 0:
+		c.client.Close()
+	case 1:
 		cancel(errClosed)
 		<-c.done
 	}

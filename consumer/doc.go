@@ -342,7 +342,10 @@
 // too, because each row names the generation that wrote it and the new
 // owner claims its rows when it is assigned: the zombie's transaction rolls
 // back, it logs "partition taken over by a newer generation" at Warn and
-// its worker stops, and the owner sees nothing of it. A row whose offset
+// its worker stops, and the owner sees nothing of it. (A client that ends
+// a partition's function when the coordinator refuses its commit, as
+// franz-go's transport does, may stop the worker before it writes again.)
+// A row whose offset
 // went back with a generation that is not newer is a database failover
 // instead, and is repositioned (see Config.StoreOffsets, which also says
 // how a recreated group, whose generation ids start again, is told from a

@@ -49,6 +49,31 @@ func TestMemProcessesOnceAndCommits(t *testing.T) {
 	}
 }
 
+// A Consumer closed without ever running releases its Transport too (a
+// franz-go client dials and runs goroutines from the start), once, and a
+// Run after that closes nothing again.
+func TestMemCloseBeforeRunClosesTheTransport(t *testing.T) {
+	e := newMemEnv(t, 1)
+	c, err := New(e.config(func(ctx context.Context, tx *gorm.DB, m Message) error { return apply(tx, m) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Run(context.Background()); !errors.Is(err, ErrRunning) {
+		t.Fatalf("Run after Close = %v, want ErrRunning", err)
+	}
+	e.b.mu.Lock()
+	closed := e.b.closed
+	e.b.mu.Unlock()
+	if closed != 1 {
+		t.Errorf("transport closed %d times, want once", closed)
+	}
+}
+
 // Messages delivered again after the group's offset went back (a reset, a
 // lost commit) are duplicates: the effects stay as they were.
 func TestMemRedeliveryIsDuplicate(t *testing.T) {

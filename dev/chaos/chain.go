@@ -113,7 +113,7 @@ func (r *ChainReport) OK() bool { return len(r.Problems) == 0 }
 func (r *ChainReport) String() string {
 	var b strings.Builder
 	f := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	f("chain run on %s (seed %d): A (aligned outbox) -> relay -> B (watermarks, outbox) -> relay -> ledger (inbox rows)", r.Dialect, r.Seed)
+	f("chain run on %s, consumers on %s (seed %d): A (aligned outbox) -> relay -> B (watermarks, outbox) -> relay -> ledger (inbox rows)", r.Dialect, consumerTransport(), r.Seed)
 	f("  orders placed by A       %7d  (%d rows)", r.Orders, r.Ledger.Placed)
 	f("  SIGKILLs                 %7d  (%s; %d while busy)", r.Kills, fmtRoles(r.KillsByRole), r.BusyKills)
 	f("  injected relay crashes   %7d  (SIGKILL to itself between the broker's acknowledgement and marking published)", r.Injected)

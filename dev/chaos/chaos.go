@@ -40,6 +40,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/dev/inventory"
+	"github.com/inboxgo/inbox/dev/testtransport"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/storage"
@@ -191,7 +192,7 @@ func writeVerdict(f func(string, ...any), skipped, findings, problems []string, 
 func (r *Report) String() string {
 	var b strings.Builder
 	f := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	f("chaos run on %s (batches of %d, seed %d)", r.Dialect, r.BatchSize, r.Seed)
+	f("chaos run on %s, consumers on %s (batches of %d, seed %d)", r.Dialect, consumerTransport(), r.BatchSize, r.Seed)
 	f("  events (orders)          %7d", r.Orders)
 	f("  messages written         %7d  (%d producer duplicates injected; %d messages in the topic, retried writes included)", r.Messages, r.Duplicates, r.InTopic)
 	f("  consumer kills (SIGKILL) %7d  (%d while effects were being applied; %d replacement processes)", r.Kills, r.BusyKills, r.Replacements)
@@ -856,4 +857,14 @@ func (r *run) verify(ctx context.Context, batch inventory.Batch) error {
 		r.rep.Problems = append(r.rep.Problems, fmt.Sprintf("%d effects applied for %d orders", ledger.Applied, len(batch.Orders)))
 	}
 	return nil
+}
+
+// consumerTransport is the Kafka client the run's consumer processes use
+// (testtransport.Var, which they inherit), for the reports.
+func consumerTransport() string {
+	name, err := testtransport.Name()
+	if err != nil {
+		return err.Error()
+	}
+	return name
 }

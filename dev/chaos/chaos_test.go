@@ -3,6 +3,7 @@ package chaos_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -15,12 +16,18 @@ import (
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/dev/chaos"
 	"github.com/inboxgo/inbox/dev/inventory"
+	"github.com/inboxgo/inbox/dev/testtransport"
 )
 
 // The consumer processes are this test binary, re-executed.
 func TestMain(m *testing.M) {
 	if ran, code := inventory.RunProcessFromEnv(os.Stderr); ran {
 		os.Exit(code)
+	}
+	// An unknown client name fails here, not as a run on the default one.
+	if _, err := testtransport.Name(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
 	}
 	os.Exit(m.Run())
 }

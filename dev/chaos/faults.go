@@ -25,6 +25,7 @@ import (
 
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/dev/inventory"
+	"github.com/inboxgo/inbox/dev/testtransport"
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
@@ -670,6 +671,9 @@ func (rr *faultRound) consumerConfig(onEvent func(hooks.Event)) consumer.Config 
 // startConsumer runs a consumer in this process until the returned stop is
 // called; stop waits at most 30 s for it.
 func (rr *faultRound) startConsumer(ctx context.Context, cfg consumer.Config) (*consumer.Consumer, func() error, error) {
+	if err := testtransport.Apply(&cfg); err != nil {
+		return nil, nil, err
+	}
 	c, err := consumer.New(cfg)
 	if err != nil {
 		return nil, nil, err

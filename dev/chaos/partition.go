@@ -110,7 +110,7 @@ func (r *PartitionReport) OK() bool { return len(r.Problems) == 0 }
 func (r *PartitionReport) String() string {
 	var b strings.Builder
 	f := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	f("partition run on %s (batches of %d, seed %d): a consumer's database link frozen, the others healthy", r.Dialect, r.BatchSize, r.Seed)
+	f("partition run on %s, consumers on %s (batches of %d, seed %d): a consumer's database link frozen, the others healthy", r.Dialect, consumerTransport(), r.BatchSize, r.Seed)
 	f("  events (orders)          %7d  (%d messages written, %d in the topic)", r.Orders, r.Messages, r.InTopic)
 	f("  consumers                %7d  (StoreOffsets %v)", r.Consumers, r.StoreOffsets)
 	f("  settings                 SessionTimeout %v, DatabaseTimeout %v, MaxProcessingStall %v, server idle-transaction timeout %v", r.Session, r.DatabaseTimeout, r.MaxProcessingStall, r.IdleTxTimeout)

@@ -17,6 +17,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/dev/testtransport"
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
@@ -171,12 +172,16 @@ func RunChainProcess(ctx context.Context, cfg ChainProcessConfig, stderr io.Writ
 			return err
 		}
 		defer closeTrace()
-		cons, err := consumer.New(consumer.Config{
+		ccfg := consumer.Config{
 			Brokers: cfg.Brokers, GroupID: cfg.Group, Topics: []string{topic}, Inbox: ib, Consumer: cfg.Stage, Handler: h,
 			BatchWait: 20 * time.Millisecond, SessionTimeout: cfg.Session, HeartbeatInterval: cfg.Session / 4, RebalanceTimeout: 2 * cfg.Session,
 			Logger: log, Hooks: hks, StoreOffsets: cfg.StoreOffsets, OffsetsTable: c.OffsetsTable(cfg.Stage),
 			SequencedSources: trusted,
-		})
+		}
+		if err := testtransport.Apply(&ccfg); err != nil {
+			return err
+		}
+		cons, err := consumer.New(ccfg)
 		if err != nil {
 			return err
 		}

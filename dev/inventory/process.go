@@ -19,6 +19,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/dev/testtransport"
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/storage"
@@ -138,7 +139,7 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 	if cfg.DeadLetterTopic != "" {
 		onFailure = consumer.DeadLetter
 	}
-	c, err := consumer.New(consumer.Config{
+	ccfg := consumer.Config{
 		Brokers:            cfg.Brokers,
 		GroupID:            cfg.Group,
 		Topics:             []string{cfg.Topic},
@@ -158,7 +159,11 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 		DeadLetterTopic:    cfg.DeadLetterTopic,
 		DatabaseTimeout:    cfg.DatabaseTimeout,
 		MaxProcessingStall: cfg.MaxProcessingStall,
-	})
+	}
+	if err := testtransport.Apply(&ccfg); err != nil {
+		return err
+	}
+	c, err := consumer.New(ccfg)
 	if err != nil {
 		return err
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/inboxgo/inbox/transport"
@@ -78,6 +80,7 @@ func (f *fetcher) run(ctx context.Context) {
 }
 
 func (f *fetcher) distribute(fs kgo.Fetches) {
+	var recreated []string
 	fs.EachPartition(func(p kgo.FetchTopicPartition) {
 		f.mu.Lock()
 		r := f.readers[tp{p.Topic, p.Partition}]
@@ -87,11 +90,50 @@ func (f *fetcher) distribute(fs kgo.Fetches) {
 		}
 		if p.Err != nil && !errors.Is(p.Err, context.Canceled) {
 			r.fail(p.Err)
+			if errors.Is(p.Err, kerr.UnknownTopicID) && !slices.Contains(recreated, p.Topic) {
+				recreated = append(recreated, p.Topic)
+			}
 		}
 		if len(p.Records) > 0 {
 			r.put(p.Records, p.HighWatermark)
 		}
 	})
+	for _, t := range recreated {
+		f.readopt(t)
+	}
+}
+
+// readopt runs on the poll loop. It follows a topic deleted and created
+// again under its name, as kafka-go (which knows topics by name only)
+// does: franz-go keeps the topic ID it first saw and fails every fetch
+// with UNKNOWN_TOPIC_ID until the topic is purged and added again, so
+// without this the partitions would stall for good. The readers go on
+// from where they were; judging the new log (a stored or committed offset
+// past its end) is the consumer's business, as on kafka-go.
+func (f *fetcher) readopt(topic string) {
+	f.log.Warn("franz-go: the topic has a new ID (deleted and created again); fetching it under the new one", "topic", topic)
+	f.cl.PurgeTopicsFromConsuming(topic)
+	var rs []*reader
+	f.mu.Lock()
+	for k, r := range f.readers {
+		if k.topic == topic {
+			rs = append(rs, r)
+		}
+	}
+	f.mu.Unlock()
+	for _, r := range rs {
+		r.mu.Lock()
+		if r.live {
+			r.pos = r.floor
+		}
+		r.added, r.live, r.moving = false, false, true
+		if r.paused {
+			r.paused = false
+			r.f.cl.ResumeFetchPartitions(map[string][]int32{r.k.topic: {r.k.partition}})
+		}
+		r.mu.Unlock()
+		r.applySeek()
+	}
 }
 
 // reader returns the reader of k, starting at offset (the assignment's:

@@ -163,7 +163,7 @@ func testMemberFrozenInsideItsTransaction(t *testing.T, name string, s *shop) {
 	t.Logf("the owner reached offset 10 %v after it started", time.Since(tookOver).Round(10*time.Millisecond))
 	thawZombie()
 	waitUntil(t, 20*time.Second, "the resumed member to give the partition up", func() bool {
-		_, gaveUp := zrec.find(slog.LevelWarn, "taken over")
+		_, gaveUp := lostItsPartition(zrec)
 		return gaveUp
 	})
 	time.Sleep(300 * time.Millisecond)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/inboxgo/inbox/consumer"
+	"github.com/inboxgo/inbox/dev/testtransport"
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/testhooks"
@@ -338,6 +339,15 @@ func (r *running) offsets() groupOffsets {
 	return groupOffsets{Table: cmp.Or(r.cfg.OffsetsTable, consumer.DefaultOffsetsTable), Group: r.cfg.GroupID}
 }
 
+// newConsumer is consumer.New on the Kafka client testtransport.Var names
+// (kafka-go unless cfg has a Transport or the variable says franz-go).
+func newConsumer(cfg consumer.Config) (*consumer.Consumer, error) {
+	if err := testtransport.Apply(&cfg); err != nil {
+		return nil, err
+	}
+	return consumer.New(cfg)
+}
+
 func start(t *testing.T, cfg consumer.Config) *running {
 	t.Helper()
 	return startWith(t, cfg, nil)
@@ -346,7 +356,7 @@ func start(t *testing.T, cfg consumer.Config) *running {
 // startWith is start with the tests' knobs (nil for none) in Run's context.
 func startWith(t *testing.T, cfg consumer.Config, knobs *testhooks.Knobs) *running {
 	t.Helper()
-	c, err := consumer.New(cfg)
+	c, err := newConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

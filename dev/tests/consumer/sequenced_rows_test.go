@@ -111,7 +111,7 @@ func TestSequencedUnalignedSourceTakesInboxRows(t *testing.T) {
 	cfg := sequencedConfig(t, brokers, s, ev)
 	cfg.Logger = slog.New(rec)
 	cfg.BatchSize, cfg.BatchWait = 5, 200*time.Millisecond
-	c, err := consumer.New(cfg)
+	c, err := newConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ import (
 // error, failing the test if Run has not returned within d.
 func runBriefly(t *testing.T, cfg consumer.Config, d time.Duration) error {
 	t.Helper()
-	c, err := consumer.New(cfg)
+	c, err := newConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

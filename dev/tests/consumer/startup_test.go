@@ -218,7 +218,7 @@ func TestStartupReplica(t *testing.T) {
 	var maintMu sync.Mutex
 	var maintErrs []error
 	maintained := make(chan struct{})
-	c, err := consumer.New(consumer.Config{
+	c, err := newConsumer(consumer.Config{
 		Hooks: []hooks.Hook{hooks.EventFunc(func(e hooks.Event) {
 			if e.Kind != hooks.Maintenance {
 				return
