@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -237,7 +238,7 @@ func RollingRestart(ctx context.Context, b *Backend, brokers []string, cfg Rolli
 		// partition progressed since, then Settle.
 		for {
 			o := owners(stepStart)
-			if slices.Contains(mapsValues(o), next-1) {
+			if slices.Contains(slices.Collect(maps.Values(o)), next-1) {
 				break
 			}
 			if err := stopped(); err != nil {
@@ -295,14 +296,6 @@ func cmpName(name string) string {
 		return "kafka-go"
 	}
 	return name
-}
-
-func mapsValues(m map[int]int) []int {
-	vs := make([]int, 0, len(m))
-	for _, v := range m {
-		vs = append(vs, v)
-	}
-	return vs
 }
 
 // effectsOf returns the times partition p had an effect, in order.

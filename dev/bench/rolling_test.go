@@ -61,7 +61,8 @@ func BenchmarkRollingRestart(b *testing.B) {
 		for round := range rounds {
 			order := names
 			if round%2 == 1 {
-				order = reversed(names)
+				order = slices.Clone(names)
+				slices.Reverse(order)
 			}
 			for _, n := range order {
 				r, err := bench.RollingRestart(b.Context(), be, brokers, bench.RollingConfig{
@@ -77,12 +78,4 @@ func BenchmarkRollingRestart(b *testing.B) {
 		}
 		b.Log("\n" + strings.Join(lines, "\n"))
 	}
-}
-
-func reversed(s []string) []string {
-	r := make([]string, len(s))
-	for i, v := range s {
-		r[len(s)-1-i] = v
-	}
-	return r
 }
