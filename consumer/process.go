@@ -202,11 +202,6 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		return results, true
 	}
 	var opts batchopt.Options[inbox.Outcome]
-	if len(w.c.contexts) > 0 {
-		opts.MessageContext = func(ctx context.Context, j int) context.Context {
-			return w.messageContext(ctx, items[idx[j]])
-		}
-	}
 	callCtx := dbCtx
 	var written *int64 // the highest stored offset this call wrote
 	if w.c.cfg.StoreOffsets {
@@ -242,6 +237,12 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			}
 			*written = max(*written, next)
 			return nil
+		}
+	}
+	if len(w.c.contexts) > 0 {
+		opts.Contexts = make([]context.Context, len(msgs))
+		for j, i := range idx {
+			opts.Contexts[j] = w.messageContext(callCtx, items[i])
 		}
 	}
 	// The consumer reports each message's outcome once it is decided.
