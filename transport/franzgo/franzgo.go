@@ -37,14 +37,16 @@ type Options struct {
 	// default (10 s).
 	DialTimeout time.Duration
 	// Logger takes franz-go's messages of the client's own requests (log
-	// offsets, topic lookups, dead letters); a Group logs to
-	// transport.GroupConfig.Logger. nil discards them.
+	// offsets, topic lookups, dead letters) and of a Publisher; a Group
+	// logs to transport.GroupConfig.Logger. nil discards them.
 	Logger *slog.Logger
 	// ClientOptions are appended last to the options of every franz-go
 	// client this package creates (the group member, the fetcher, the
-	// client of the consumer's own requests and dead letters), so they
-	// override this package's choices: an escape hatch for what Options
-	// does not name (a custom dialer, metadata ages, a hook).
+	// client of the consumer's own requests and dead letters, a
+	// Publisher's), so they override this package's choices: an escape
+	// hatch for what Options does not name (a custom dialer, metadata
+	// ages, a hook). NewPublisher says which of its choices they cannot
+	// override.
 	ClientOptions []kgo.Opt
 }
 
