@@ -50,8 +50,9 @@ const (
 //     outbox.Balancer's default, kafka.Murmur2Balancer) gives it:
 //     toPositive(murmur2(key)) modulo the partition count, so switching a
 //     relay between the two publishers moves no key. A message without a
-//     key goes to a sticky partition (kafka-go's picks one at random per
-//     message); a relay stamps no sequence headers on those.
+//     key goes to a sticky partition (kafka-go's writer picks one at
+//     random per message), except in an aligned outbox, whose relay pins
+//     it like the others.
 //   - Per partition, messages are appended in the order given, across
 //     retries, and none after one that failed: the idempotent producer
 //     numbers each partition's batches, the broker appends them in that
@@ -59,10 +60,11 @@ const (
 //     one fails. A call holds at most 1,000 messages of 1 MiB (Limits),
 //     and is sent as one batch per partition.
 //
-// Unlike NewKafkaWriter's writer, it cannot tell an aligned relay where
-// the broker put its messages (that goes through the outbox package's own
-// writer), so such a relay reads the partitions' end offsets (EndOffsets)
-// after each publish: one ListOffsets request per cycle.
+// Unlike NewKafkaWriter's writer, whose Completion hands an aligned relay
+// the offsets its messages took through a mechanism of the outbox
+// package's own, it cannot tell the relay where the broker put them, so
+// such a relay reads the partitions' end offsets (EndOffsets) after each
+// publish: one ListOffsets request per cycle.
 //
 // A publish cut short by its context (the relay's lease deadline) may
 // still have been appended; the relay sends it again, and the downstream
