@@ -181,15 +181,17 @@ func TestTraceProcessTx(t *testing.T) {
 	)
 }
 
-// batchParents are the MessageContext batch option the consumer hands the
-// engine: it puts a span into each message's context (the producer's, in a
-// real trace).
-func batchParents(rec *recordingTrace, msgs []inbox.Message) batchopt.Options[inbox.Outcome] {
-	return batchopt.Options[inbox.Outcome]{MessageContext: func(ctx context.Context, i int) context.Context {
-		ctx, s := rec.start(ctx, "producer "+msgs[i].ID)
+// batchParents are the Contexts batch option the consumer hands the
+// engine: a span in each message's context (the producer's, in a real
+// trace), derived from ctx.
+func batchParents(ctx context.Context, rec *recordingTrace, msgs []inbox.Message) batchopt.Options[inbox.Outcome] {
+	ctxs := make([]context.Context, len(msgs))
+	for i, m := range msgs {
+		mctx, s := rec.start(ctx, "producer "+m.ID)
 		s.ended, s.result = true, "sent"
-		return ctx
-	}}
+		ctxs[i] = mctx
+	}
+	return batchopt.Options[inbox.Outcome]{Contexts: ctxs}
 }
 
 func TestTraceProcessBatch(t *testing.T) {
@@ -209,7 +211,7 @@ func TestTraceProcessBatch(t *testing.T) {
 		}
 		return nil
 	}
-	res, err := runEngine(t.Context(), ib, msgs, handler, nil, batchParents(rec, msgs))
+	res, err := runEngine(t.Context(), ib, msgs, handler, nil, batchParents(t.Context(), rec, msgs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,12 +221,12 @@ func TestTraceProcessBatch(t *testing.T) {
 	// The first transaction fails at "bad" and is run again without it.
 	checkTree(t, rec,
 		"producer a = sent",
-		"producer a > message a = processed",
 		"producer seen = sent",
-		"producer seen > message seen = duplicate",
 		"producer bad = sent",
-		"producer bad > message bad = failed: error",
 		"producer b = sent",
+		"producer a > message a = processed",
+		"producer seen > message seen = duplicate",
+		"producer bad > message bad = failed: error",
 		"producer b > message b = processed",
 		"producer a > message a > claim a,seen,bad,b = [true false true true]",
 		"producer a > message a > handler a = ok",
@@ -249,7 +251,7 @@ func TestTraceProcessBatchFunc(t *testing.T) {
 		}
 		return setEffect(ctx, tx, ms)
 	}
-	if _, err := runEngine(t.Context(), ib, msgs, nil, h, batchParents(rec, msgs)); err != nil {
+	if _, err := runEngine(t.Context(), ib, msgs, nil, h, batchParents(t.Context(), rec, msgs)); err != nil {
 		t.Fatal(err)
 	}
 	if got := countRows(t, db, "effects"); got != 3 {
@@ -259,10 +261,10 @@ func TestTraceProcessBatchFunc(t *testing.T) {
 	// handler under its first new message.
 	checkTree(t, rec,
 		"producer seen = sent",
-		"producer seen > message seen = duplicate",
 		"producer a = sent",
-		"producer a > message a = processed",
 		"producer b = sent",
+		"producer seen > message seen = duplicate",
+		"producer a > message a = processed",
 		"producer b > message b = processed",
 		"producer seen > message seen > claim seen,a,b = [false true true]",
 		"producer a > message a > handler a,b = ok",
