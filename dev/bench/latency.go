@@ -338,7 +338,7 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 			Logger:    discardLogger,
 		}
 		if path.trust {
-			ccfg.SequencedSources = []string{source}
+			ccfg.Sequenced.Sources = []string{source}
 		}
 		c, err := consumer.New(ccfg)
 		if err != nil {

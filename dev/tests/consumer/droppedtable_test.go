@@ -22,15 +22,15 @@ func TestDroppedTableIsNamedInTheRetryLog(t *testing.T) {
 				logs := newCaptured()
 				cfg := baseConfig(t, brokers, "orders", "inventory", s, newEvents())
 				cfg.Logger = slog.New(logs)
-				cfg.OffsetsTable = "inbox_offsets" + s.suffix
+				cfg.Offsets.Table = "inbox_offsets" + s.suffix
 				inboxTable := cmp.Or(s.inboxTable, "inbox_messages")
 				table, fix := inboxTable, "Inbox.Migrate"
 				switch which {
 				case "offsets":
-					cfg.StoreOffsets = true
-					table, fix = cfg.OffsetsTable, "Consumer.Migrate"
+					cfg.Offsets.Store = true
+					table, fix = cfg.Offsets.Table, "Consumer.Migrate"
 				case "watermarks":
-					cfg.SequencedSources = []string{testSource}
+					cfg.Sequenced.Sources = []string{testSource}
 					table, fix = inboxTable+"_watermarks", "Consumer.Migrate"
 				}
 				name := table

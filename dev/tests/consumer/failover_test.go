@@ -74,7 +74,7 @@ func TestStoredOffsetBehindTheGroupAfterAFailover(t *testing.T) {
 	sendOrders(t, brokers, "orders", 1, 6, nil)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", primary, ev)
-	cfg.StoreOffsets = true
+	cfg.Offsets.Store = true
 	a := start(t, cfg)
 	waitUntil(t, 30*time.Second, "orders 0-5", func() bool { return ev.count(hooks.Processed) == 6 })
 	if err := a.stop(t); err != nil {
@@ -137,8 +137,8 @@ func TestDeadLetteredOffsetIsStored(t *testing.T) {
 	sendOrders(t, brokers, "orders", 1, 5, nil)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.StoreOffsets = true
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
+	cfg.Offsets.Store = true
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-4" {
 			return errors.New("poison")
@@ -229,7 +229,7 @@ func TestRunningConsumerResumesFromTheDatabaseAfterAFailover(t *testing.T) {
 			sendOrders(t, brokers, "orders", 1, 10, nil)
 			ev := newEvents()
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-			cfg.StoreOffsets = true
+			cfg.Offsets.Store = true
 			knobs := &testhooks.Knobs{PosCheckInterval: time.Hour}
 			if idle {
 				knobs.PosCheckInterval = 200 * time.Millisecond
@@ -283,7 +283,7 @@ func TestSequencedRunningConsumerResumesAfterAFailover(t *testing.T) {
 			}
 			ev := newEvents()
 			cfg := sequencedConfig(t, brokers, s, ev)
-			cfg.StoreOffsets = true
+			cfg.Offsets.Store = true
 			knobs := &testhooks.Knobs{PosCheckInterval: time.Hour}
 			if idle {
 				knobs.PosCheckInterval = 200 * time.Millisecond

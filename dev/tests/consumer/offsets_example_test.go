@@ -48,12 +48,12 @@ func Example_storeOffsets() {
 		log.Fatal(err)
 	}
 	c, err := consumer.New(consumer.Config{
-		Brokers:      brokers,
-		GroupID:      "inventory",
-		Topics:       []string{"orders"},
-		Inbox:        ib,
-		Consumer:     "reserve-stock",
-		StoreOffsets: true,
+		Brokers:  brokers,
+		GroupID:  "inventory",
+		Topics:   []string{"orders"},
+		Inbox:    ib,
+		Consumer: "reserve-stock",
+		Offsets:  consumer.OffsetsConfig{Store: true},
 		Handler: func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 			return tx.Exec(`UPDATE stock SET reserved = reserved + 1 WHERE sku = 'sku-7'`).Error
 		},

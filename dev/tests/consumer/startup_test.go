@@ -236,9 +236,19 @@ func TestStartupReplica(t *testing.T) {
 		})},
 		Brokers: strings.Split(os.Getenv(startupBrokersVar), ","), GroupID: "startup-" + suffix, Topics: []string{"orders"},
 		Inbox: ib, Consumer: "reserve-stock", Handler: s.reserve,
-		StoreOffsets: true, OffsetsTable: "inbox_offsets_startup_" + suffix,
-		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, MaxWait: 100 * time.Millisecond,
-		SessionTimeout: 2 * time.Second, HeartbeatInterval: 200 * time.Millisecond, RebalanceTimeout: 2 * time.Second,
+		Offsets: consumer.OffsetsConfig{
+			Store: true,
+			Table: "inbox_offsets_startup_" + suffix,
+		},
+		Failure: consumer.FailureConfig{
+			MinBackoff: 10 * time.Millisecond,
+			MaxBackoff: 100 * time.Millisecond,
+		}, Kafka: consumer.KafkaConfig{
+			MaxWait:           100 * time.Millisecond,
+			SessionTimeout:    2 * time.Second,
+			HeartbeatInterval: 200 * time.Millisecond,
+			RebalanceTimeout:  2 * time.Second,
+		},
 		Logger: testLogger(t),
 	})
 	if err != nil {

@@ -69,19 +69,23 @@ func testConsumer(t *testing.T, batch bool, broker string) {
 	ev := &eventCounts{}
 	icfg := inbox.Config{Logger: slog.New(slog.DiscardHandler)}
 	ccfg := consumer.Config{
-		Brokers:         brokers,
-		GroupID:         "inventory",
-		Topics:          []string{topic},
-		Consumer:        "reserve-stock",
-		MaxAttempts:     2,
-		OnFailure:       consumer.DeadLetter,
-		DeadLetterTopic: dlq,
-		MinBackoff:      time.Millisecond,
-		MaxBackoff:      5 * time.Millisecond,
-		MaxWait:         100 * time.Millisecond,
-		SessionTimeout:  6 * time.Second,
-		Logger:          slog.New(slog.DiscardHandler),
-		Hooks:           []hooks.Hook{hooks.EventFunc(ev.on)}, // the user's own hook, still called
+		Brokers:  brokers,
+		GroupID:  "inventory",
+		Topics:   []string{topic},
+		Consumer: "reserve-stock",
+		Failure: consumer.FailureConfig{
+			MaxAttempts:     2,
+			Policy:          consumer.DeadLetter,
+			DeadLetterTopic: dlq,
+			MinBackoff:      time.Millisecond,
+			MaxBackoff:      5 * time.Millisecond,
+		},
+		Kafka: consumer.KafkaConfig{
+			MaxWait:        100 * time.Millisecond,
+			SessionTimeout: 6 * time.Second,
+		},
+		Logger: slog.New(slog.DiscardHandler),
+		Hooks:  []hooks.Hook{hooks.EventFunc(ev.on)}, // the user's own hook, still called
 	}
 	if batch {
 		ccfg.BatchSize, ccfg.BatchWait = 10, 200*time.Millisecond
@@ -272,10 +276,12 @@ func TestNaturallyIdempotentConsumer(t *testing.T) {
 			mu.Unlock()
 			return nil
 		},
-		MaxWait:        100 * time.Millisecond,
-		SessionTimeout: 6 * time.Second,
-		Logger:         slog.New(slog.DiscardHandler),
-		Hooks:          []hooks.Hook{hooks.EventFunc(ev.on)},
+		Kafka: consumer.KafkaConfig{
+			MaxWait:        100 * time.Millisecond,
+			SessionTimeout: 6 * time.Second,
+		},
+		Logger: slog.New(slog.DiscardHandler),
+		Hooks:  []hooks.Hook{hooks.EventFunc(ev.on)},
 	}
 	otelOpts := tel.opts
 	otelOpts.ConsumerGroup = ccfg.GroupID
