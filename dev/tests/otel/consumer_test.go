@@ -27,7 +27,9 @@ import (
 // producer's trace: every attempt at a message is a span whose parent is
 // the producer's span, with the claim and the handler as children and the
 // handler's context in the handler span; the metrics count each message
-// once, whatever became of it.
+// once, whatever became of it. The same holds with the hooks given to the
+// inbox alone, which the consumer then takes (kfake only: the wiring, not
+// the broker, is what differs).
 func TestConsumerTracesAndCountsEachMessageOnce(t *testing.T) {
 	t.Parallel()
 	// The real broker carries the headers as Kafka stores them; kfake is the
@@ -40,13 +42,21 @@ func TestConsumerTracesAndCountsEachMessageOnce(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
-				testConsumer(t, batch, broker)
+				testConsumer(t, batch, broker, false)
 			})
+			if broker == "kfake" {
+				t.Run(name+"/hooks-in-the-inbox", func(t *testing.T) {
+					t.Parallel()
+					testConsumer(t, batch, broker, true)
+				})
+			}
 		}
 	}
 }
 
-func testConsumer(t *testing.T, batch bool, broker string) {
+// testConsumer runs the consumer with the hooks in both Configs, or, with
+// inboxOnly, in the inbox's alone.
+func testConsumer(t *testing.T, batch bool, broker string, inboxOnly bool) {
 	tel := newTelemetry(t)
 	brokers, topics := newBroker(t, broker, "orders", "orders-dlq")
 	topic, dlq := topics[0], topics[1]
@@ -108,6 +118,9 @@ func testConsumer(t *testing.T, batch bool, broker string) {
 	}
 	icfg.Hooks = append(icfg.Hooks, otelHook)
 	ccfg.Hooks = append(ccfg.Hooks, otelHook)
+	if inboxOnly {
+		icfg.Hooks, ccfg.Hooks = ccfg.Hooks, nil
+	}
 	ib, err := inbox.New(db, store, icfg)
 	if err != nil {
 		t.Fatal(err)
