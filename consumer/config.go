@@ -208,9 +208,9 @@ type KafkaConfig struct {
 }
 
 // FailureConfig is what a [Config]'s consumer does with a failing message.
-// Under a consumer these settings own every retry of its messages:
-// inbox.Config's MaxAttempts, MinBackoff and MaxBackoff do not apply to
-// them (see "What is retried, and how often").
+// It owns every retry of the consumer's messages: the MaxAttempts,
+// MinBackoff and MaxBackoff of the inbox.Config of the Inbox it drives do
+// not apply to them (see "What is retried, and how often").
 type FailureConfig struct {
 	// MaxAttempts bounds how often a failing message is tried, the first
 	// try included, before Policy applies. Default 5. A failing database
