@@ -229,7 +229,7 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 // counts, before Run) and that each table the configuration needs takes the
 // consumer's statements: the inbox table (a claim, rolled back), the
 // offsets table with Offsets.Store, the watermark table with
-// SequencedSources. It waits while the brokers or the database do not
+// Sequenced.Sources. It waits while the brokers or the database do not
 // answer, and returns at once an error wrapping [ErrUnknownTopic], naming
 // the topics, or [ErrNotMigrated], naming the Migrate call to run. (The
 // server's durability settings are inboxctl check's to report.)

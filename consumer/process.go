@@ -202,11 +202,6 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		return results, true
 	}
 	var opts batchopt.Options[inbox.Outcome]
-	if len(w.c.contexts) > 0 {
-		opts.MessageContext = func(ctx context.Context, j int) context.Context {
-			return w.messageContext(ctx, items[idx[j]])
-		}
-	}
 	callCtx := dbCtx
 	var written *int64 // the highest stored offset this call wrote
 	if w.c.cfg.Offsets.Store {
@@ -244,13 +239,19 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			return nil
 		}
 	}
+	if len(w.c.contexts) > 0 {
+		opts.Contexts = make([]context.Context, len(msgs))
+		for j, i := range idx {
+			opts.Contexts[j] = w.messageContext(callCtx, items[i])
+		}
+	}
 	// The consumer reports each message's outcome once it is decided.
 	opts.CallerReportsOutcomes = true
 	// The consumer owns the retries of what it runs through the inbox (see
 	// the fault model in docs/RELIABILITY.md).
 	opts.CallerRetries = true
 	// BEGIN, the claim, the stored offset's write, COMMIT and ROLLBACK each
-	// within DatabaseTimeout.
+	// within Timeouts.Database.
 	opts.Bound = w.c.bound()
 	// The stall clock runs until the batch commits or fails for a reason of
 	// a message's own; database failures retried below do not stop it.

@@ -242,7 +242,7 @@ func (c *Consumer) missingTables(ctx context.Context, err error) []any {
 	return []any{"missing_table", strings.Join(names, ", "), "fix", strings.Join(fixes, "; ") + ": " + state}
 }
 
-// probe runs fn within DatabaseTimeout.
+// probe runs fn within Timeouts.Database.
 func (c *Consumer) probe(ctx context.Context, db *gorm.DB, fn func(ctx context.Context, db *gorm.DB) error) error {
 	pctx, cancel := ctx, context.CancelFunc(func() {})
 	if b := c.bound(); b > 0 {

@@ -228,21 +228,21 @@ func (ib *Inbox) processBatch(ctx context.Context, b *batchRun) ([]Result, error
 	return results, batchErr
 }
 
-// startMessages gives each message its context (batchopt's MessageContext)
+// startMessages gives each message its context (batchopt's Contexts)
 // and starts its MessageTracer hooks. ends[i] ends msgs[i]'s hook;
 // it is nil, and so is b.ctxs, when neither is in use.
 func (b *batchRun) startMessages(ctx context.Context) (ends []func(Outcome, error)) {
-	mc := b.opts.MessageContext
+	given := b.opts.Contexts
 	traced := b.ib.hooks.HasMessageTracers()
-	if mc == nil && !traced {
+	if given == nil && !traced {
 		return nil
 	}
 	b.ctxs = make([]context.Context, len(b.msgs))
 	ends = make([]func(Outcome, error), len(b.msgs))
 	for i, m := range b.msgs {
 		mctx := ctx
-		if mc != nil {
-			mctx = orContext(mc(ctx, i), ctx)
+		if given != nil {
+			mctx = orContext(given[i], ctx)
 		}
 		if traced && b.mark(i).Chain > 0 {
 			// Tells the tracers the message is deduplicated by its stream's

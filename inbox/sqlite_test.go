@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -325,7 +326,6 @@ func TestProcessBatchOptions(t *testing.T) {
 	type key struct{}
 	var seen []Outcome
 	opts := &batchopt.Options[Outcome]{
-		MessageContext: func(ctx context.Context, i int) context.Context { return context.WithValue(ctx, key{}, i) },
 		BeforeCommit: func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) error {
 			seen = slices.Clone(outcomes)
 			return tx.Exec(`INSERT INTO effects (id) VALUES ('before-commit')`).Error
@@ -334,10 +334,14 @@ func TestProcessBatchOptions(t *testing.T) {
 		CallerReportsOutcomes: true,
 		Bound:                 time.Second,
 	}
+	batch := []Message{msg("a"), msg("bad"), msg("b")}
+	for _, m := range batch {
+		opts.Contexts = append(opts.Contexts, context.WithValue(t.Context(), key{}, m.ID))
+	}
 	var calls atomic.Int32
 	h := func(ctx context.Context, tx *gorm.DB, m Message) error {
-		if _, ok := ctx.Value(key{}).(int); !ok {
-			return errors.New("no message context")
+		if id, _ := ctx.Value(key{}).(string); id != m.ID {
+			return fmt.Errorf("message %q ran under the context given for %q", m.ID, id)
 		}
 		if m.ID == "bad" {
 			calls.Add(1)
@@ -345,7 +349,7 @@ func TestProcessBatchOptions(t *testing.T) {
 		}
 		return applyMsg(ctx, tx, m)
 	}
-	rs, err := runWith(e.ib, opts, []Message{msg("a"), msg("bad"), msg("b")}, h)
+	rs, err := runWith(e.ib, opts, batch, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,6 +368,7 @@ func TestProcessBatchOptions(t *testing.T) {
 
 	// A failing BeforeCommit rolls the transaction back.
 	opts.BeforeCommit = func(ctx context.Context, tx *gorm.DB, outcomes []Outcome) error { return errBoom }
+	opts.Contexts = []context.Context{context.WithValue(t.Context(), key{}, "c")}
 	rs, err = runWith(e.ib, opts, []Message{msg("c")}, h)
 	if (err == nil && rs[0].Outcome != Failed) || slices.Contains(e.effects(), "c") {
 		t.Errorf("a failing BeforeCommit: %+v, %v; effects %q", rs, err, e.effects())

@@ -85,7 +85,8 @@ func (e *PartitionCountError) Is(target error) bool { return target == ErrPartit
 // PinningPublisher is the optional Publisher capability the relay of an
 // aligned outbox (Config.AlignedTopic) needs: it tells a topic's partition
 // count and sends each message to the partition it is given.
-// KafkaPublisher is one, over a writer whose Balancer is a [Balancer].
+// KafkaPublisher is one, over a writer whose Balancer is a [Balancer]; so
+// is franzgo.Publisher (module github.com/inboxgo/inbox/transport/franzgo).
 type PinningPublisher interface {
 	Publisher
 	// Partitions returns the number of partitions of topic, as the next

@@ -8,8 +8,12 @@
 // [Outbox.Enqueue] stores messages inside the caller's GORM transaction (a
 // handler's transaction from the inbox, or any transaction of the
 // application): they exist if and only if that transaction commits. A
-// [Relay] publishes them to Kafka with kafka-go and marks them published
-// once the broker acknowledged them (acks from all in-sync replicas). A
+// [Relay] publishes them to Kafka through a [Publisher] and marks them
+// published once the broker acknowledged them (acks from all in-sync
+// replicas). Two publishers come with the library: [KafkaPublisher] over
+// kafka-go's writer ([NewKafkaWriter]), and franzgo.Publisher of the module
+// github.com/inboxgo/inbox/transport/franzgo, over franz-go's idempotent
+// producer, which puts every key on the same partition. A
 // relay that dies in between publishes them again, so delivery is at least
 // once; every message carries a stable event id and event time in the
 // headers the inbox consumer reads (event_id and event_time, or CloudEvents'
@@ -74,9 +78,11 @@
 //     gives the same order.
 //   - A relay publishes, for each shard it leases, the rows right after the
 //     shard's published mark, in sequence order, in one synchronous write
-//     that kafka-go sends as one batch per partition (the relay keeps each
-//     cycle within the writer's batch limits, because a later batch could
-//     otherwise succeed after an earlier one failed). It then moves the
+//     that the publisher sends as one batch per partition (the relay keeps
+//     each cycle within the publisher's limits, [Limited], because a later
+//     batch could otherwise succeed after an earlier one failed;
+//     franz-go's idempotent producer also fails every later batch of a
+//     partition once one failed). It then moves the
 //     shard's mark with one UPDATE: outbox rows are written once and never
 //     updated. A publish that fails in part marks, per shard, only the
 //     messages before the first failure.
@@ -137,7 +143,8 @@
 // message without a key is placed by its event id the same way, and
 // carries sequence headers like the others. The relay publishes each
 // message to the partition equal to its shard ([PinningPublisher];
-// KafkaPublisher does it through the writer's [Balancer], NewKafkaWriter's)
+// KafkaPublisher does it through the writer's [Balancer], NewKafkaWriter's,
+// and franzgo.Publisher through its franz-go partitioner)
 // and adds the partitions header, inbox_partitions or ce_inboxpartitions,
 // with the count. A consumer can then check that a message's partition is
 // its shard and the count its topic's, and take a number above the last
@@ -146,8 +153,9 @@
 // The store's shard count (storage.Sharded: OutboxOptions.Shards with this
 // library's adapters) must equal the topic's partition count, and the
 // partition count may not change. Before each publish the relay reads it
-// (from the writer's metadata cache, which kafka-go refreshes every
-// Transport.MetadataTTL, 6s by default). A relay whose Run starts while it
+// (KafkaPublisher from the writer's metadata cache, which kafka-go
+// refreshes every Transport.MetadataTTL, 6s by default; franzgo.Publisher
+// from the cluster). A relay whose Run starts while it
 // differs from the shards returns a [*PartitionCountError]
 // ([ErrPartitionCount]) at once, naming both counts; if it changes while
 // the relay runs, every cycle fails with that error, logged at Error:
@@ -198,7 +206,8 @@
 //     Completion), and when a partition's messages took the offsets right
 //     after what the relay read, one after the other, nobody else appended
 //     before them. Any other partition costs one request, for its end
-//     offset after the publish.
+//     offset after the publish; so does every cycle on another publisher
+//     (franzgo.Publisher), which cannot hand the relay those offsets.
 //   - The relay reads the partition as a consumer deduplicating by
 //     watermark does: per epoch of the source, the first message of a
 //     number is applied and any later one with that number is dropped as a

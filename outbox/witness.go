@@ -25,7 +25,7 @@ import (
 // an aligned outbox reads back what was published to the topic's
 // partitions: the witness, outside the producer's database, of which
 // sequence numbers were already handed to which events. KafkaPublisher is
-// one. A relay that stamps sequence headers on an aligned outbox needs it.
+// one, and so is franzgo.Publisher. A relay that stamps sequence headers on an aligned outbox needs it.
 type Witness interface {
 	// EndOffsets returns, for each of partitions of topic, the offset the
 	// next message appended to it gets: every message acknowledged before

@@ -581,3 +581,65 @@ func BenchmarkTrackingPerStatement(b *testing.B) {
 type noTransient struct{}
 
 func (noTransient) IsRetryable(error) bool { return false }
+
+// BenchmarkKafkaTransports consumes one produced topic with each of the
+// end-to-end modes INBOX_BENCH_KAFKA_MODES names (default the batch
+// handler with inbox rows and with sequenced dedup) on each transport
+// INBOX_BENCH_TRANSPORTS names (default kafka-go,franz-go; the first the
+// reference), INBOX_BENCH_ROUNDS rounds (default 6) in an order that
+// alternates from round to round, on PostgreSQL. It logs every run's
+// events/s and reports, per mode, the per-round throughput ratio of each
+// transport to the reference: median and spread.
+func BenchmarkKafkaTransports(b *testing.B) {
+	brokers := testservers.KafkaBrokers(b)
+	n := envInt("INBOX_BENCH_KAFKA_EVENTS", bench.DefaultKafkaEvents)
+	modes := []string{bench.KafkaBatchHandler, bench.KafkaSequencedBatchHandler}
+	if s := os.Getenv("INBOX_BENCH_KAFKA_MODES"); s != "" {
+		modes = strings.Split(s, ",")
+	}
+	transports := []string{bench.TransportKafkaGo, bench.TransportFranzGo}
+	if s := os.Getenv("INBOX_BENCH_TRANSPORTS"); s != "" {
+		transports = strings.Split(s, ",")
+	}
+	var runs []string // mode m on transport t at runs[m*len(transports)+t]
+	for _, m := range modes {
+		for _, t := range transports {
+			runs = append(runs, bench.TransportMode(m, t))
+		}
+	}
+	o := options()
+	be := backend(b, "postgres", o.Workers)
+	for range b.N {
+		results, _, err := bench.KafkaPaired(b.Context(), be, brokers, n, o, runs, envInt("INBOX_BENCH_ROUNDS", 6))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for r := range results[0] {
+			line := fmt.Sprintf("round %d:", r+1)
+			for i, run := range runs {
+				line += fmt.Sprintf(" %s %.0f events/s (%.1fµs CPU/event)", run, results[i][r].EventsPerSec(), float64(results[i][r].CPUPerEvent().Nanoseconds())/1000)
+			}
+			b.Log(line)
+		}
+		for m, mode := range modes {
+			ref := results[m*len(transports)]
+			for t := 1; t < len(transports); t++ {
+				got := results[m*len(transports)+t]
+				ratios := make([]float64, len(ref))
+				for r := range ref {
+					ratios[r] = got[r].EventsPerSec() / ref[r].EventsPerSec()
+				}
+				b.Logf("%s, %s/%s per round: %.3f", mode, transports[t], transports[0], ratios)
+				slices.Sort(ratios)
+				name := mode + "-" + transports[t] + "/" + transports[0]
+				med := ratios[len(ratios)/2]
+				if len(ratios)%2 == 0 {
+					med = (ratios[len(ratios)/2-1] + med) / 2
+				}
+				b.ReportMetric(med, name+"-median")
+				b.ReportMetric(ratios[0], name+"-min")
+				b.ReportMetric(ratios[len(ratios)-1], name+"-max")
+			}
+		}
+	}
+}

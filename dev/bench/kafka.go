@@ -256,10 +256,16 @@ func produceEvents(ctx context.Context, brokers []string, topic string, partitio
 	return time.Since(start), nil
 }
 
-// consumeAll consumes the topic's n events with mode, as the consumer group
-// named after the topic, the mode and groupSuffix.
+// consumeAll consumes the topic's n events with mode (on the transport a
+// TransportMode names), as the consumer group named after the topic, the
+// mode and groupSuffix.
 func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode string, n int, o Options, groupSuffix string) (KafkaResult, error) {
 	res := KafkaResult{Mode: mode, Events: n}
+	groupID := topic + "-" + mode + groupSuffix
+	mode, newClient, err := splitTransport(mode)
+	if err != nil {
+		return res, err
+	}
 	f, err := NewFixture(ctx, b, o.SKUs, inbox.Config{}, 0)
 	if err != nil {
 		return res, err
@@ -267,7 +273,7 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 	defer func() { _ = f.Drop(context.WithoutCancel(ctx)) }()
 	if mode == KafkaLibraryFree || mode == KafkaClassicInbox {
 		start, cpu := time.Now(), processCPU()
-		first, last, err := consumeLibraryFree(ctx, f, brokers, topic, topic+"-"+mode+groupSuffix, n, o.BatchSize, mode == KafkaClassicInbox)
+		first, last, err := consumeLibraryFree(ctx, f, brokers, topic, groupID, n, o.BatchSize, mode == KafkaClassicInbox)
 		if err != nil {
 			return res, err
 		}
@@ -284,7 +290,7 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 	)
 	cfg := consumer.Config{
 		Brokers: brokers,
-		GroupID: topic + "-" + mode + groupSuffix,
+		GroupID: groupID,
 		Topics:  []string{topic},
 		Handler: func(ctx context.Context, tx *gorm.DB, m consumer.Message) error {
 			sku, err := strconv.ParseInt(string(m.Key), 10, 64)
@@ -346,11 +352,20 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 			cfg.Inbox, cfg.Consumer = f.Inbox, ConsumerName
 		}
 	}
+	if newClient != nil {
+		if cfg.Kafka.Transport, err = newClient(brokers); err != nil {
+			return res, err
+		}
+	}
 	c, err := consumer.New(cfg)
 	if err != nil {
+		if cfg.Kafka.Transport != nil {
+			cfg.Kafka.Transport.Close()
+		}
 		return res, err
 	}
 	if err := c.Migrate(ctx); err != nil {
+		_ = c.Close()
 		return res, err
 	}
 	runCtx, cancel := context.WithTimeout(ctx, kafkaTimeout)

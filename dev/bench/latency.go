@@ -1,11 +1,13 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +23,7 @@ import (
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/outbox"
 	"github.com/inboxgo/inbox/storage"
+	"github.com/inboxgo/inbox/transport/franzgo"
 )
 
 // Relay modes of the latency benchmark.
@@ -37,8 +40,38 @@ const (
 	RelayWakeupsApart = "wakeups-apart"
 )
 
-// RelayModes are the relay modes, the reference first.
+// RelayModes are the relay modes, the reference first. A mode may name the
+// Kafka client of its relay and consumers with a suffix (TransportMode):
+// "wakeups@franz-go" publishes through franzgo.Publisher and consumes
+// through franz-go; without one both are kafka-go.
 var RelayModes = []string{RelayPolling, RelayWakeups, RelayWakeupsApart}
+
+// latencyPublisher is what the latency benchmark's relay publishes with:
+// an aligned outbox's relay needs the publisher to pin and to witness.
+type latencyPublisher interface {
+	outbox.PinningPublisher
+	outbox.Witness
+	outbox.Limited
+}
+
+// newLatencyPublisher makes the relay's publisher on the named client, and
+// returns what closes it.
+func newLatencyPublisher(client string, brokers []string) (latencyPublisher, func(), error) {
+	if client == TransportFranzGo {
+		p, err := franzgo.NewPublisher(franzgo.Options{Brokers: brokers})
+		if err != nil {
+			return nil, nil, err
+		}
+		return p, p.Close, nil
+	}
+	w := outbox.NewKafkaWriter(brokers...)
+	kp, err := outbox.NewKafkaPublisher(w)
+	if err != nil {
+		_ = w.Close()
+		return nil, nil, err
+	}
+	return kp, func() { _ = w.Close() }, nil
+}
 
 // relayConfig is the relay configuration of mode.
 func relayConfig(mode, id string) outbox.RelayConfig {
@@ -156,13 +189,13 @@ func latencyOutbox(ctx context.Context, b *Backend, shards int) (storage.OutboxS
 
 // timedPublisher notes when the broker acknowledged each message.
 type timedPublisher struct {
-	*outbox.KafkaPublisher
+	latencyPublisher
 	at func(msgs []kafka.Message, t time.Time, took time.Duration)
 }
 
 func (p timedPublisher) PublishPinned(ctx context.Context, msgs []kafka.Message, parts []int, n int) error {
 	start := time.Now()
-	err := p.KafkaPublisher.PublishPinned(ctx, msgs, parts, n)
+	err := p.latencyPublisher.PublishPinned(ctx, msgs, parts, n)
 	if err == nil {
 		now := time.Now()
 		p.at(msgs, now, now.Sub(start))
@@ -220,6 +253,11 @@ func since(commit, later stamps) Percentiles {
 
 func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mode string, partitions, batch int) (LatencyResult, error) {
 	res := LatencyResult{Backend: b.Name, Mode: mode, Load: load}
+	mode, client, _ := strings.Cut(mode, "@")
+	newTransport, known := Transports[cmp.Or(client, TransportKafkaGo)]
+	if !known {
+		return res, fmt.Errorf("unknown Kafka client %q", client)
+	}
 	topic := "inbox-lat-" + randomSuffix()
 	if err := createTopic(ctx, brokers, topic, partitions); err != nil {
 		return res, err
@@ -270,14 +308,13 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 		return i
 	}
 
-	w := outbox.NewKafkaWriter(brokers...)
-	defer w.Close()
-	kp, err := outbox.NewKafkaPublisher(w)
+	kp, closePublisher, err := newLatencyPublisher(client, brokers)
 	if err != nil {
 		return res, err
 	}
+	defer closePublisher()
 	var writes, cycles durations
-	pub := timedPublisher{KafkaPublisher: kp, at: func(msgs []kafka.Message, t time.Time, took time.Duration) {
+	pub := timedPublisher{latencyPublisher: kp, at: func(msgs []kafka.Message, t time.Time, took time.Duration) {
 		writes.add(took)
 		for _, m := range msgs {
 			published.set(indexOf(m.Value), start, t)
@@ -339,6 +376,11 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 		}
 		if path.trust {
 			ccfg.Sequenced.Sources = []string{source}
+		}
+		if newTransport != nil {
+			if ccfg.Kafka.Transport, err = newTransport(brokers); err != nil {
+				return res, err
+			}
 		}
 		c, err := consumer.New(ccfg)
 		if err != nil {

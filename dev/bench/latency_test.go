@@ -21,7 +21,8 @@ import (
 // bN for bursts of N every second; default 100,1000), each for
 // INBOX_BENCH_SECONDS (default 5), then the statements per second of an
 // idle relay in each mode. INBOX_BENCH_RELAYS picks relay modes
-// (comma-separated, default all); INBOX_BENCH_IDLE=0 skips the idle relay. It logs a markdown table, and with
+// (comma-separated, default all; "wakeups@franz-go" runs the relay's
+// publisher and the consumers on franz-go); INBOX_BENCH_IDLE=0 skips the idle relay. It logs a markdown table, and with
 // INBOX_BENCH_PLOT=file.png draws commit to effect (inbox rows), p50 and
 // p99, per load and relay mode.
 func BenchmarkLatency(b *testing.B) {
@@ -53,8 +54,9 @@ func BenchmarkLatency(b *testing.B) {
 	if s := os.Getenv("INBOX_BENCH_RELAYS"); s != "" {
 		modes = strings.Split(s, ",")
 		for _, m := range modes {
-			if !slices.Contains(bench.RelayModes, m) {
-				b.Fatalf("INBOX_BENCH_RELAYS: %q is none of %v", m, bench.RelayModes)
+			base, client, _ := strings.Cut(m, "@")
+			if _, known := bench.Transports[client]; !slices.Contains(bench.RelayModes, base) || (client != "" && !known) {
+				b.Fatalf("INBOX_BENCH_RELAYS: %q is none of %v, with an optional @%s or @%s", m, bench.RelayModes, bench.TransportKafkaGo, bench.TransportFranzGo)
 			}
 		}
 	}

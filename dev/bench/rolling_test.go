@@ -10,18 +10,7 @@ import (
 
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/dev/bench"
-	"github.com/inboxgo/inbox/transport"
-	"github.com/inboxgo/inbox/transport/franzgo"
 )
-
-// rollingTransports are the Kafka clients BenchmarkRollingRestart compares,
-// by the names INBOX_BENCH_TRANSPORTS takes.
-var rollingTransports = map[string]func(brokers []string) (transport.Client, error){
-	"kafka-go": nil,
-	"franz-go": func(brokers []string) (transport.Client, error) {
-		return franzgo.New(franzgo.Options{Brokers: brokers})
-	},
-}
 
 // BenchmarkRollingRestart replaces each member of a 3-member group over 12
 // partitions in turn, under a steady load (INBOX_BENCH_ROLLING_RATE events
@@ -36,13 +25,13 @@ func BenchmarkRollingRestart(b *testing.B) {
 	if s := os.Getenv("INBOX_BENCH_TRANSPORTS"); s != "" {
 		names = strings.Split(s, ",")
 	} else {
-		for n := range rollingTransports {
+		for n := range bench.Transports {
 			names = append(names, n)
 		}
 		slices.Sort(names)
 	}
 	for _, n := range names {
-		if _, ok := rollingTransports[n]; !ok {
+		if _, ok := bench.Transports[n]; !ok {
 			b.Fatalf("INBOX_BENCH_TRANSPORTS: unknown transport %q", n)
 		}
 	}
@@ -67,7 +56,7 @@ func BenchmarkRollingRestart(b *testing.B) {
 			for _, n := range order {
 				r, err := bench.RollingRestart(b.Context(), be, brokers, bench.RollingConfig{
 					Members: 3, Partitions: 12, Rate: envInt("INBOX_BENCH_ROLLING_RATE", 500), Settle: settle,
-					Transport: rollingTransports[n], Name: n,
+					Transport: bench.Transports[n], Name: n,
 				})
 				if err != nil {
 					b.Fatal(err)

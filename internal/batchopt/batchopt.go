@@ -41,15 +41,13 @@ type Options[O any] struct {
 	// whole transaction like a failed claim: a database failure, reported
 	// for the batch.
 	BeforeCommit func(ctx context.Context, tx *gorm.DB, outcomes []O) error
-	// MessageContext, if set, makes the call start the work on msgs[i] from
-	// MessageContext(ctx, i) instead of the call's ctx: its MessageTracer
-	// hooks, its handler call and its logs get that context.
-	// It is called once per message and call, before any transaction; it
-	// must return a context derived from ctx (the consumer adds the trace
-	// context found in the message's headers), or nil to keep ctx. A
-	// BatchHandler called with several messages gets the context of the
-	// first of them.
-	MessageContext func(ctx context.Context, i int) context.Context
+	// Contexts, if set, has one entry per message: the work on msgs[i]
+	// (its MessageTracer hooks, its handler call, its logs) starts from
+	// Contexts[i] instead of the call's ctx. Each must be derived from the
+	// call's ctx (the consumer adds the trace context found in the
+	// message's headers); a nil entry keeps ctx. A BatchHandler called
+	// with several messages gets the context of the first of them.
+	Contexts []context.Context
 	// CallerReportsOutcomes says that the caller (the consumer) reports the
 	// outcome of each message once it is decided, so the call reports none
 	// to the hooks' EventHooks (see package hooks): each outcome is then

@@ -1,7 +1,8 @@
 // Package franzgo is a transport.Client over github.com/twmb/franz-go, for
 // consumer.Config.Kafka.Transport: the consumer's group membership, fetching,
 // offset commits, log-offset and topic lookups and default dead-letter
-// writer run on franz-go instead of kafka-go.
+// writer run on franz-go instead of kafka-go. Its Publisher is an outbox
+// relay's publisher on franz-go's idempotent producer (NewPublisher).
 //
 // # When to choose it
 //
@@ -38,6 +39,21 @@
 // sticky partition rather than round-robin. A cluster whose ACLs refuse
 // idempotent writes to the consumer's principal needs
 // kgo.DisableIdempotentWrite() in Options.ClientOptions.
+//
+// # The outbox relay's publisher
+//
+// NewPublisher returns an outbox.Publisher for outbox.Outbox.NewRelay, the
+// counterpart of outbox.KafkaPublisher over outbox.NewKafkaWriter's
+// writer: acknowledged by all in-sync replicas, keys on the partitions the
+// Java client (and the kafka-go writer's murmur2 balancer) gives them, so
+// a relay moves between the two without moving a key, and per partition
+// the order given, across retries, by the idempotent producer. It pins an
+// aligned outbox's messages to their shards' partitions and reads the
+// partitions back for its sequence checks (outbox.PinningPublisher,
+// outbox.Witness). Unlike the kafka-go writer it cannot tell the relay the
+// offsets its messages took, so an aligned relay on it asks the
+// partitions' end offsets after each publish: one ListOffsets request per
+// cycle.
 //
 // # What it does not do
 //

@@ -234,16 +234,7 @@ func (r *reader) put(recs []*kgo.Record, hwm int64) {
 		if rec.Offset < r.floor {
 			continue
 		}
-		m := kafka.Message{
-			Topic: rec.Topic, Partition: int(rec.Partition), Offset: rec.Offset, HighWaterMark: hwm,
-			Key: rec.Key, Value: rec.Value, Time: rec.Timestamp,
-		}
-		if len(rec.Headers) > 0 {
-			m.Headers = make([]kafka.Header, len(rec.Headers))
-			for i, h := range rec.Headers {
-				m.Headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
-			}
-		}
+		m := messageOf(rec, hwm)
 		r.buf = append(r.buf, m)
 		r.bytes += len(m.Key) + len(m.Value)
 		r.floor = rec.Offset + 1

@@ -37,14 +37,16 @@ type Options struct {
 	// default (10 s).
 	DialTimeout time.Duration
 	// Logger takes franz-go's messages of the client's own requests (log
-	// offsets, topic lookups, dead letters); a Group logs to
-	// transport.GroupConfig.Logger. nil discards them.
+	// offsets, topic lookups, dead letters) and of a Publisher; a Group
+	// logs to transport.GroupConfig.Logger. nil discards them.
 	Logger *slog.Logger
 	// ClientOptions are appended last to the options of every franz-go
 	// client this package creates (the group member, the fetcher, the
-	// client of the consumer's own requests and dead letters), so they
-	// override this package's choices: an escape hatch for what Options
-	// does not name (a custom dialer, metadata ages, a hook).
+	// client of the consumer's own requests and dead letters, a
+	// Publisher's), so they override this package's choices: an escape
+	// hatch for what Options does not name (a custom dialer, metadata
+	// ages, a hook). NewPublisher says which of its choices they cannot
+	// override.
 	ClientOptions []kgo.Opt
 }
 
@@ -59,20 +61,9 @@ const deadLetterTimeout = 30 * time.Second
 // New returns a Client over franz-go. It connects lazily: an unreachable
 // broker shows in the first request, not here.
 func New(opts Options) (transport.Client, error) {
-	if len(opts.Brokers) == 0 {
-		return nil, errors.New("franzgo: Options.Brokers is empty")
-	}
-	for _, b := range opts.Brokers {
-		if _, _, err := net.SplitHostPort(b); err != nil {
-			return nil, fmt.Errorf("franzgo: broker %q is not host:port: %w", b, err)
-		}
-	}
-	if opts.DialTimeout < 0 {
-		return nil, fmt.Errorf("franzgo: Options.DialTimeout is negative (%s)", opts.DialTimeout)
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	log, err := opts.check()
+	if err != nil {
+		return nil, err
 	}
 	c := &client{opts: opts, log: log}
 	own := append(c.common(log),
@@ -90,6 +81,26 @@ func New(opts Options) (transport.Client, error) {
 	}
 	c.own = cl
 	return c, nil
+}
+
+// check returns an error for options no client can be made of, and the
+// logger of the client's own messages.
+func (opts Options) check() (*slog.Logger, error) {
+	if len(opts.Brokers) == 0 {
+		return nil, errors.New("franzgo: Options.Brokers is empty")
+	}
+	for _, b := range opts.Brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			return nil, fmt.Errorf("franzgo: broker %q is not host:port: %w", b, err)
+		}
+	}
+	if opts.DialTimeout < 0 {
+		return nil, fmt.Errorf("franzgo: Options.DialTimeout is negative (%s)", opts.DialTimeout)
+	}
+	if opts.Logger == nil {
+		return slog.New(slog.DiscardHandler), nil
+	}
+	return opts.Logger, nil
 }
 
 // fnv32a is kafka.Hash's hash: FNV-1a, 32 bits, of the key.
@@ -111,22 +122,25 @@ type client struct {
 
 // common returns the connection options every client of this package
 // shares, before Options.ClientOptions.
-func (c *client) common(log *slog.Logger) []kgo.Opt {
+func (c *client) common(log *slog.Logger) []kgo.Opt { return c.opts.common(log) }
+
+// common returns the connection options of opts, before ClientOptions.
+func (opts Options) common(log *slog.Logger) []kgo.Opt {
 	o := []kgo.Opt{
-		kgo.SeedBrokers(c.opts.Brokers...),
+		kgo.SeedBrokers(opts.Brokers...),
 		kgo.WithLogger(kgoLogger{log}),
 	}
-	if c.opts.ClientID != "" {
-		o = append(o, kgo.ClientID(c.opts.ClientID))
+	if opts.ClientID != "" {
+		o = append(o, kgo.ClientID(opts.ClientID))
 	}
-	if c.opts.TLS != nil {
-		o = append(o, kgo.DialTLSConfig(c.opts.TLS.Clone()))
+	if opts.TLS != nil {
+		o = append(o, kgo.DialTLSConfig(opts.TLS.Clone()))
 	}
-	if c.opts.SASL != nil {
-		o = append(o, kgo.SASL(c.opts.SASL))
+	if opts.SASL != nil {
+		o = append(o, kgo.SASL(opts.SASL))
 	}
-	if c.opts.DialTimeout > 0 {
-		o = append(o, kgo.DialTimeout(c.opts.DialTimeout))
+	if opts.DialTimeout > 0 {
+		o = append(o, kgo.DialTimeout(opts.DialTimeout))
 	}
 	return o
 }
@@ -134,41 +148,53 @@ func (c *client) common(log *slog.Logger) []kgo.Opt {
 func (c *client) LogOffsets(ctx context.Context, topic string, partition int) (start, end int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	// One request per timestamp: a ListOffsets request names a partition
-	// once.
-	list := func(ts int64) (int64, error) {
-		req := kmsg.NewPtrListOffsetsRequest()
-		rt := kmsg.NewListOffsetsRequestTopic()
-		rt.Topic = topic
+	starts, err := listOffsets(ctx, c.own, topic, []int{partition}, -2)
+	if err != nil {
+		return 0, 0, err
+	}
+	ends, err := listOffsets(ctx, c.own, topic, []int{partition}, -1)
+	if err != nil {
+		return 0, 0, err
+	}
+	return starts[partition], ends[partition], nil
+}
+
+// listOffsets returns the offsets of topic's partitions at timestamp ts
+// (-2 the log start, -1 the log end), asked of each partition's leader
+// (franz-go sends each leader its partitions).
+func listOffsets(ctx context.Context, cl *kgo.Client, topic string, partitions []int, ts int64) (map[int]int64, error) {
+	req := kmsg.NewPtrListOffsetsRequest()
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	for _, p := range partitions {
 		rp := kmsg.NewListOffsetsRequestTopicPartition()
-		rp.Partition = int32(partition)
+		rp.Partition = int32(p)
 		rp.Timestamp = ts
 		rt.Partitions = append(rt.Partitions, rp)
-		req.Topics = append(req.Topics, rt)
-		resp, err := req.RequestWith(ctx, c.own)
-		if err != nil {
-			return 0, err
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]int64, len(partitions))
+	for _, t := range resp.Topics {
+		if t.Topic != topic {
+			continue
 		}
-		for _, t := range resp.Topics {
-			for _, p := range t.Partitions {
-				if t.Topic != topic || p.Partition != int32(partition) {
-					continue
-				}
-				if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
-					return 0, kafkaError(err)
-				}
-				return p.Offset, nil
+		for _, p := range t.Partitions {
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return nil, fmt.Errorf("partition %d: %w", p.Partition, kafkaError(err))
 			}
+			out[int(p.Partition)] = p.Offset
 		}
-		return 0, fmt.Errorf("franzgo: no log offset for %s/%d in the broker's answer", topic, partition)
 	}
-	if start, err = list(-2); err != nil {
-		return 0, 0, err
+	for _, p := range partitions {
+		if _, ok := out[p]; !ok {
+			return nil, fmt.Errorf("franzgo: no log offset for %s/%d in the broker's answer", topic, p)
+		}
 	}
-	if end, err = list(-1); err != nil {
-		return 0, 0, err
-	}
-	return start, end, nil
+	return out, nil
 }
 
 // MissingTopics sends its own Metadata request with AllowAutoTopicCreation
@@ -244,11 +270,7 @@ func (w deadLetterWriter) WriteMessages(ctx context.Context, msgs ...kafka.Messa
 		if m.Topic == "" {
 			return errors.New("franzgo: a dead letter names no topic")
 		}
-		r := &kgo.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Timestamp: m.Time}
-		for _, h := range m.Headers {
-			r.Headers = append(r.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
-		}
-		recs[i] = r
+		recs[i] = recordOf(m)
 	}
 	err := w.cl.ProduceSync(ctx, recs...).FirstErr()
 	switch {
@@ -259,6 +281,36 @@ func (w deadLetterWriter) WriteMessages(ctx context.Context, msgs ...kafka.Messa
 	default:
 		return kafkaError(err)
 	}
+}
+
+// recordOf is m as a franz-go record: its topic, key, value, time (zero:
+// franz-go stamps the produce time) and headers; the partition is the
+// partitioner's.
+func recordOf(m kafka.Message) *kgo.Record {
+	r := &kgo.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Timestamp: m.Time}
+	if len(m.Headers) > 0 {
+		r.Headers = make([]kgo.RecordHeader, len(m.Headers))
+		for i, h := range m.Headers {
+			r.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+		}
+	}
+	return r
+}
+
+// messageOf is a fetched record as kafka-go's message, hwm its partition's
+// high watermark.
+func messageOf(rec *kgo.Record, hwm int64) kafka.Message {
+	m := kafka.Message{
+		Topic: rec.Topic, Partition: int(rec.Partition), Offset: rec.Offset, HighWaterMark: hwm,
+		Key: rec.Key, Value: rec.Value, Time: rec.Timestamp,
+	}
+	if len(rec.Headers) > 0 {
+		m.Headers = make([]kafka.Header, len(rec.Headers))
+		for i, h := range rec.Headers {
+			m.Headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return m
 }
 
 // kafkaError turns a Kafka error code of franz-go into kafka-go's

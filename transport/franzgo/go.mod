@@ -13,8 +13,12 @@ require (
 )
 
 require (
+	github.com/jinzhu/inflection v1.0.0 // indirect
+	github.com/jinzhu/now v1.1.5 // indirect
 	github.com/klauspost/compress v1.19.2 // indirect
 	github.com/pierrec/lz4/v4 v4.1.26 // indirect
+	golang.org/x/text v0.23.0 // indirect
+	gorm.io/gorm v1.31.2 // indirect
 )
 
 // The library and its modules are developed together (go.work); a user's

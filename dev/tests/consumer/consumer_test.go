@@ -228,7 +228,7 @@ func TestBatchIsolatesPoison(t *testing.T) {
 
 // A consumer killed between its database commit and its offset commit: the
 // next instance is handed the message again. The inbox absorbs it; with
-// StoreOffsets it is not even redelivered.
+// Offsets.Store it is not even redelivered.
 func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 	t.Parallel()
 	for _, storeOffsets := range []bool{false, true} {

@@ -10,7 +10,7 @@ import (
 )
 
 // A table dropped under a running consumer (the inbox table; the offsets
-// table under StoreOffsets; the watermark table under SequencedSources)
+// table under Offsets.Store; the watermark table under Sequenced.Sources)
 // stays a database failure, retried until the table is back, but the retry
 // line says which table is missing and the Migrate call that makes it.
 func TestDroppedTableIsNamedInTheRetryLog(t *testing.T) {

@@ -63,7 +63,7 @@ func storedOffset(t *testing.T, s *shop, group, topic string, partition int) int
 // An asynchronous failover: the primary acknowledged commits that the
 // standby never received. The effects, inbox rows and stored offset of
 // those commits vanish together, but the group's offset in Kafka is already
-// past them. With StoreOffsets the consumer resumes from the database's
+// past them. With Offsets.Store the consumer resumes from the database's
 // position, behind the group's, and applies each of them again: exactly
 // once in the promoted database. (Before, it took the larger of the two
 // offsets and skipped them for good.)

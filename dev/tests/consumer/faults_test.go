@@ -55,7 +55,7 @@ func newFaultShop(t *testing.T, transient func(error) bool, cfg inbox.Config) *s
 		t.Fatal(err)
 	}
 	// The adapter's stored offsets passed on, as a wrapper must for
-	// StoreOffsets.
+	// Offsets.Store.
 	s := setupShop(t, db, classifyingOffsetStore{faulttest.ClassifyingStore{InboxStore: base, Transient: transient}, base}, "")
 	cfg.Logger = testLogger(t)
 	cfg.RetentionDays = max(cfg.RetentionDays, 30)

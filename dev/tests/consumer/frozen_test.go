@@ -266,7 +266,7 @@ func TestFrozenDatabaseChargesNoAttempt(t *testing.T) {
 	}
 }
 
-// (c) The inbox's own steps on the database are bounded by DatabaseTimeout:
+// (c) The inbox's own steps on the database are bounded by Timeouts.Database:
 // a BEGIN (with the pipelined claim on PostgreSQL) sent into a frozen link,
 // and a COMMIT sent into it after the handler's work, each give up within
 // the bound and are retried as a database failure (the batch loop, without
@@ -401,8 +401,8 @@ func (o *owner) count() int {
 // one link freezes for 40 s. The frozen member cannot make progress and
 // keeps heartbeating (Kafka is fine), so the group would leave its
 // partitions with it for as long as the link is frozen. After
-// MaxProcessingStall it leaves the group: its partitions move to the
-// healthy member within MaxProcessingStall + SessionTimeout (and the
+// Timeouts.ProcessingStall it leaves the group: its partitions move to the
+// healthy member within Timeouts.ProcessingStall + SessionTimeout (and the
 // rebalance), and everything produced meanwhile is processed there. Once
 // its database answers again (the link heals, or is cut and reconnects) it
 // rejoins. Every order is applied once, none is charged an attempt.

@@ -404,7 +404,7 @@ func TestStoredOffsetCheckGivesWayToRetentionAndCompaction(t *testing.T) {
 	}
 }
 
-// Without StoreOffsets, a group's committed offset past the log end stops
+// Without Offsets.Store, a group's committed offset past the log end stops
 // the partition just as loudly (kafka-go's reader would wait there).
 func TestCommittedOffsetBeyondLogEndStopsThePartition(t *testing.T) {
 	t.Parallel()

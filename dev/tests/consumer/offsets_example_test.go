@@ -18,7 +18,7 @@ import (
 	"github.com/inboxgo/inbox/inbox"
 )
 
-// With StoreOffsets the next offset of each partition is written into the
+// With Offsets.Store the next offset of each partition is written into the
 // database (the table inbox_offsets, made by Consumer.Migrate) in the same
 // transaction as the effect and its inbox row, and an assigned partition
 // starts there. A crash between the database commit and the Kafka commit

@@ -340,7 +340,7 @@ func TestOffsetsTableIsTransactionalOnMySQL(t *testing.T) {
 // methods of storage.InboxStore alone: it keeps no offsets.
 type hiddenStore struct{ storage.InboxStore }
 
-// StoreOffsets needs a store that keeps offsets (storage.OffsetStore): the
+// Offsets.Store needs a store that keeps offsets (storage.OffsetStore): the
 // inbox's, or without an inbox the Classifier. New refuses a store without
 // one, naming its type, rather than failing at the first write; the
 // adapter's store itself is taken.

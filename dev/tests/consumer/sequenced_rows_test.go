@@ -174,7 +174,7 @@ func TestSequencedUnalignedSourceTakesInboxRows(t *testing.T) {
 }
 
 // Sequence headers of a well-formed source id that is not in
-// SequencedSources (a typo in the list, or a source not listed yet) take
+// Sequenced.Sources (a typo in the list, or a source not listed yet) take
 // the inbox row, and the consumer says so once per source, at Info.
 func TestSequencedUntrustedSourceIsLoggedOnce(t *testing.T) {
 	t.Parallel()

@@ -264,7 +264,7 @@ func TestSequencedGapStopsThePartition(t *testing.T) {
 		t.Errorf("committed %v, want 2 (held at the gap)", got)
 	}
 
-	// AcceptSequenceGaps goes on past it.
+	// Sequenced.AcceptGaps goes on past it.
 	ev = newEvents()
 	cfg = sequencedConfig(t, brokers, s, ev)
 	cfg.Sequenced.AcceptGaps = true
@@ -276,7 +276,7 @@ func TestSequencedGapStopsThePartition(t *testing.T) {
 	s.checkExactlyOnce(t, 4, nil)
 }
 
-// With StoreOffsets a gap is checked against the stored offset first (a
+// With Offsets.Store a gap is checked against the stored offset first (a
 // failover that took the watermark back resumes the partition instead):
 // one the database did not make, its stored offset where this member left
 // it, still stops the partition.
@@ -373,7 +373,7 @@ func TestSequencedWatermarkMovedByAnotherMember(t *testing.T) {
 }
 
 // A stream switched from inbox rows to sequenced dedup: within
-// SequencedRowsUntil a sequenced message also consults its row, so a copy
+// Sequenced.RowsUntil a sequenced message also consults its row, so a copy
 // of a message applied through its row before the switch is a duplicate.
 func TestSequencedSwitchFromRowsConsultsThem(t *testing.T) {
 	t.Parallel()

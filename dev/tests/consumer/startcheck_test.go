@@ -171,8 +171,8 @@ var startCheckDBs = []startCheckDB{
 
 // A consumer whose tables were never migrated does not retry a "database
 // failure" for ever: Run returns at once an error naming the Migrate call
-// to run, for the inbox table, the offsets table (StoreOffsets) and the
-// watermark table (SequencedSources), each missing while the others exist.
+// to run, for the inbox table, the offsets table (Offsets.Store) and the
+// watermark table (Sequenced.Sources), each missing while the others exist.
 func TestRunRefusesTablesNeverMigrated(t *testing.T) {
 	brokers := newKfake(t, 1, "orders")
 	for _, d := range startCheckDBs {

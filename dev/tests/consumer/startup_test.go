@@ -31,7 +31,7 @@ import (
 
 // A deployment of a consumer group starts all its replicas at once, on a
 // database that has none of the consumer's tables yet: each replica calls
-// Inbox.Migrate and Consumer.Migrate (StoreOffsets) at the same instant,
+// Inbox.Migrate and Consumer.Migrate (Offsets.Store) at the same instant,
 // each on a connection pool and in a process of its own, then Run. Every
 // Migrate must succeed, every round, and the group must apply every order
 // once and store every partition's offset at its end.

@@ -129,6 +129,12 @@ func endOffsets(ctx context.Context, t *testing.T, brokers []string, topic strin
 // was pinned for the old count.
 func TestAlignedRelayKafka(t *testing.T) {
 	brokers := testservers.KafkaBrokers(t)
+	for _, pub := range publishers {
+		t.Run(pub.name, func(t *testing.T) { runAlignedRelayKafka(t, brokers, pub.open(t, brokers)) })
+	}
+}
+
+func runAlignedRelayKafka(t *testing.T, brokers []string, kp relayPublisher) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	db, err := gorm.Open(gormpg.Open(testservers.PostgresDSN(t)), &gorm.Config{Logger: logger.Discard})
@@ -164,17 +170,6 @@ func TestAlignedRelayKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A short metadata TTL, so that the relay sees the new partition count
-	// soon; the writer does not close a Transport it was given.
-	transport := &kafka.Transport{MetadataTTL: 300 * time.Millisecond}
-	defer transport.CloseIdleConnections()
-	w := outbox.NewKafkaWriter(brokers...)
-	w.Transport = transport
-	defer w.Close()
-	kp, err := outbox.NewKafkaPublisher(w)
-	if err != nil {
-		t.Fatal(err)
-	}
 	relay, err := ob.NewRelay(kp, outbox.RelayConfig{ID: "aligned", MaxMessages: 100})
 	if err != nil {
 		t.Fatal(err)
@@ -210,11 +205,7 @@ func TestAlignedRelayKafka(t *testing.T) {
 	}
 
 	// The topic grows by a partition.
-	admin := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport}
-	res, err := admin.CreatePartitions(ctx, &kafka.CreatePartitionsRequest{Topics: []kafka.TopicPartitionsConfig{{Name: topic, Count: shards + 1}}})
-	if err != nil || res.Errors[topic] != nil {
-		t.Fatalf("add a partition: %v, %v", err, res)
-	}
+	addPartitions(ctx, t, brokers, topic, shards+1)
 	for {
 		n, err := kp.Partitions(ctx, topic)
 		if err != nil {

@@ -357,7 +357,7 @@ func (a appliedLog) missing(want []string) []string {
 }
 
 // startAppliedConsumer runs, until ctx ends, a consumer of topic on c that
-// lists source in SequencedSources and records each event it applies. It
+// lists source in Sequenced.Sources and records each event it applies. It
 // logs to h, if not nil.
 func startAppliedConsumer(ctx context.Context, t *testing.T, wg *sync.WaitGroup, c chainDB, brokers []string, topic, source string, h slog.Handler) appliedLog {
 	t.Helper()

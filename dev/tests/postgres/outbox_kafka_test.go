@@ -17,13 +17,40 @@ import (
 	"github.com/inboxgo/inbox/consumer"
 	"github.com/inboxgo/inbox/dev/inventory"
 	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/transport/franzgo"
 )
 
 // TestOutboxRelayToKafka runs three relays against a real broker while four
 // writers enqueue; one relay dies without releasing its leases halfway. Every
 // message must reach Kafka, readable by the consumer's header extractor, and
 // per key the first copies must arrive in commit order.
+// It runs on each relay publisher this library ships.
 func TestOutboxRelayToKafka(t *testing.T) {
+	publishers := map[string]func(t *testing.T, brokers []string) outbox.Publisher{
+		"kafka-go": func(t *testing.T, brokers []string) outbox.Publisher {
+			w := outbox.NewKafkaWriter(brokers...)
+			t.Cleanup(func() { _ = w.Close() })
+			pub, err := outbox.NewKafkaPublisher(w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pub
+		},
+		"franz-go": func(t *testing.T, brokers []string) outbox.Publisher {
+			pub, err := franzgo.NewPublisher(franzgo.Options{Brokers: brokers})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pub.Close)
+			return pub
+		},
+	}
+	for _, name := range []string{"kafka-go", "franz-go"} {
+		t.Run(name, func(t *testing.T) { runOutboxRelayToKafka(t, publishers[name]) })
+	}
+}
+
+func runOutboxRelayToKafka(t *testing.T, open func(t *testing.T, brokers []string) outbox.Publisher) {
 	dsn, brokers := testservers.PostgresDSN(t), testservers.KafkaBrokers(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -59,13 +86,7 @@ func TestOutboxRelayToKafka(t *testing.T) {
 	defer stop()
 	var relays sync.WaitGroup
 	newRelay := func(id string) *outbox.Relay {
-		w := outbox.NewKafkaWriter(brokers...)
-		t.Cleanup(func() { _ = w.Close() })
-		pub, err := outbox.NewKafkaPublisher(w)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := ob.NewRelay(pub, outbox.RelayConfig{ID: id, Lease: 2 * time.Second, MaxShards: 6, MaxMessages: 20, PollInterval: 10 * time.Millisecond})
+		r, err := ob.NewRelay(open(t, brokers), outbox.RelayConfig{ID: id, Lease: 2 * time.Second, MaxShards: 6, MaxMessages: 20, PollInterval: 10 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
