@@ -74,16 +74,18 @@ func benchConsumer(b *testing.B, seq bool, set func(cfg *Config)) {
 	}
 	br.produce("orders", 0, msgs...)
 	cfg := Config{
-		Transport:      br.client(),
-		GroupID:        "inventory",
-		Topics:         []string{"orders"},
-		Inbox:          ib,
-		Consumer:       "reserve-stock",
-		CommitInterval: 5 * time.Millisecond,
-		Logger:         log,
+		Kafka: KafkaConfig{
+			Transport:      br.client(),
+			CommitInterval: 5 * time.Millisecond,
+		},
+		GroupID:  "inventory",
+		Topics:   []string{"orders"},
+		Inbox:    ib,
+		Consumer: "reserve-stock",
+		Logger:   log,
 	}
 	if seq {
-		cfg.SequencedSources = []string{"orders-outbox"}
+		cfg.Sequenced.Sources = []string{"orders-outbox"}
 	}
 	set(&cfg)
 	c, err := New(cfg)

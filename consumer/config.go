@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/internal/batchopt"
 	"github.com/inboxgo/inbox/storage"
 	"github.com/inboxgo/inbox/transport"
 )
@@ -31,10 +33,10 @@ type Message struct {
 // delivery. Every write that must be atomic with the inbox row (and the
 // stored offset) has to go through tx; the handler must not commit or roll
 // back tx. Returning an error (or panicking) rolls back everything of msg
-// and counts one of its Config.MaxAttempts: the consumer owns every retry,
+// and counts one of its Config.Failure.MaxAttempts: the consumer owns every retry,
 // so marking an error with inbox.Retryable changes nothing here. An error
 // marked with inbox.Permanent (also inside further wrapping) sends msg to
-// Config.OnFailure at once, with reason ReasonPermanent.
+// Config.Failure.Policy at once, with reason ReasonPermanent.
 type Handler func(ctx context.Context, tx *gorm.DB, msg Message) error
 
 // BatchHandler applies the effect of msgs, all seen for the first time and
@@ -44,7 +46,7 @@ type Handler func(ctx context.Context, tx *gorm.DB, msg Message) error
 // before one set-based statement, which would change a row it lists twice
 // only once (inbox.BatchHandler says why, per database). A failed batch is
 // split until the failing messages run alone; an error marked
-// inbox.Permanent then sends such a message to Config.OnFailure at once.
+// inbox.Permanent then sends such a message to Config.Failure.Policy at once.
 type BatchHandler func(ctx context.Context, tx *gorm.DB, msgs []Message) error
 
 // Policy is what happens to a message that cannot be processed: its
@@ -62,7 +64,7 @@ const (
 	// ends; when it is assigned again the message is tried again. Other
 	// partitions go on. The default.
 	StopPartition Policy = iota
-	// DeadLetter publishes the message to Config.DeadLetterTopic, with its
+	// DeadLetter publishes the message to Config.Failure.DeadLetterTopic, with its
 	// key, value and headers and headers saying why (see DLQ header
 	// constants), and then moves on. Its sequence headers are renamed
 	// (header.DLQSequencePrefix), so a copy of the dead letter put back on
@@ -100,12 +102,16 @@ type MessageWriter interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// Config configures a [Consumer]. Brokers (unless Transport is set),
-// GroupID, Topics, Handler and either Inbox with Consumer or
-// NaturallyIdempotent with DB are required.
+// Config configures a [Consumer]. GroupID, Topics, Handler (or
+// BatchHandler), Brokers (unless Kafka.Transport is set), and either Inbox
+// with Consumer or NaturallyIdempotent with DB are required. The rest is
+// grouped (Kafka, Failure, Timeouts, Offsets, Sequenced); a field left zero
+// takes the default its comment gives. The package documentation explains
+// the settings' reasons and interplay.
 type Config struct {
 	// Brokers are the Kafka bootstrap addresses (host:port) of the default
-	// kafka-go client; unused when Transport is set.
+	// kafka-go client. Required unless Kafka.Transport is set, which
+	// ignores them.
 	Brokers []string
 	// GroupID is the Kafka consumer group.
 	GroupID string
@@ -114,242 +120,164 @@ type Config struct {
 
 	// Inbox deduplicates messages. Required unless NaturallyIdempotent.
 	Inbox *inbox.Inbox
-	// Consumer is the inbox consumer name: it names the effect Handler
-	// applies, and with the event id forms the inbox key. Keep it when the
-	// group changes (a replay under a new GroupID must find the rows of the
-	// old one). Required with Inbox.
+	// Consumer is the inbox consumer name: with the event id it forms the
+	// inbox key, so keep it when GroupID changes (see "Event ids").
+	// Required with Inbox.
 	Consumer string
-	// Handler applies each message. Required, unless BatchHandler is set.
+	// Handler applies each message. Required unless BatchHandler is set.
 	Handler Handler
-	// BatchHandler, instead of Handler, applies all the new messages of a
-	// batch in one call (through inbox.ProcessBatchFunc), so that the effect
-	// can be one set-based statement: up to BatchSize messages of one
-	// partition, duplicates left out, in offset order. When it fails, the
-	// batch is split until the failing message is alone; that message's
-	// attempts then count as with Handler. HandlerTimeout bounds one call.
-	// With NaturallyIdempotent, a batch runs in one transaction without
-	// inbox rows; if it fails for a message, its messages are run one by
-	// one.
+	// BatchHandler, instead of Handler, applies the new messages of a batch
+	// (up to BatchSize of one partition, in offset order) in one call, for
+	// a set-based effect (see "Batches").
 	BatchHandler BatchHandler
-	// NaturallyIdempotent declares that Handler's effect is the same however
-	// often it runs (an upsert, a set-to-state, a version check): no inbox
-	// row is written and Inbox may be nil. Messages are then processed one by
-	// one, each in its own transaction on DB, and a message without event id
-	// is processed all the same (Message.EventID is then empty). Never set it
-	// for increments.
+
+	// NaturallyIdempotent declares that the handler's effect is the same
+	// however often it runs: no inbox row is written, Inbox may be nil, and
+	// DB and Classifier take its place (see "Naturally idempotent handlers").
 	NaturallyIdempotent bool
 	// DB is the database the transactions run on. Default Inbox.DB().
 	DB *gorm.DB
-	// Classifier decides which database errors are transient (a deadlock,
-	// a lost connection): those are retried without counting an attempt
-	// (see inbox.IsDatabaseFailure). Pass the adapter's Store. Default
+	// Classifier tells a failing database (retried without counting an
+	// attempt) from a failing message: pass the adapter's Store. Default
 	// Inbox.Store(); required with NaturallyIdempotent when Inbox is nil.
 	Classifier interface{ IsRetryable(err error) bool }
 
 	// Extract finds the event id and time of a message. Default
 	// HeaderExtractor(nil, nil): event_id/event_time, then ce_id/ce_time.
 	Extract Extractor
-
 	// BatchSize is the most messages of one partition processed in one
-	// transaction (through inbox.ProcessBatch). Default 1, which keeps a
-	// partition's order also for a message whose handler failed and is
-	// retried; above 1 such a message is retried after the rest of its
-	// batch committed (see "Batches" in the package doc). With a
-	// per-message Handler, 100 runs several times faster than 1 (one
-	// transaction and one claim per batch; docs/BENCHMARKS.md). With
+	// transaction. Default 1; see "Batches" for what more changes. With
 	// NaturallyIdempotent it applies to BatchHandler only.
 	BatchSize int
 	// BatchWait is the longest a batch waits to fill up once its first
-	// message is there; it goes at once (after a millisecond's grace) when
-	// its last message was the partition's last as the broker last said,
-	// so a batch waits only for messages already in the partition. Default
-	// 50ms; ignored when BatchSize is 1.
+	// message is there; a batch that reached the partition's end goes at
+	// once. Default 50ms; ignored when BatchSize is 1.
 	BatchWait time.Duration
-
-	// MaxAttempts bounds how often a failing message is tried before
-	// OnFailure applies, counting the first try. Default 5. Invalid
-	// messages, expired ones (inbox.ErrExpired) and messages without id or
-	// time are not retried. A database that cannot commit at all is not a
-	// failing message: the whole batch is retried without limit.
-	MaxAttempts int
-	// HandlerTimeout, if positive, bounds one call of Handler. Its context
-	// and transaction handle carry the deadline, so the handler's statements
-	// are cancelled when it passes; a handler still running or returning
-	// after it fails with an error wrapping ErrHandlerTimeout, its writes are
-	// rolled back, and the message counts an attempt (then OnFailure). Go
-	// code that ignores its context cannot be interrupted: the partition
-	// waits for it to return. Zero means no limit.
-	//
-	// One case is the database's, not the message's: the deadline cut short
-	// a statement the handler sent through tx, and a ping of the database on
-	// another connection gets no answer either (within 5 s, or
-	// DatabaseTimeout if shorter). The handler was then waiting on a
-	// database that does not answer (a link that drops every packet): the
-	// batch is retried as a database failure, without counting an attempt,
-	// and logged at Warn. A handler cannot make that ping fail: it carries
-	// no SQL of the handler's, waits on none of its locks, and a slow query
-	// of the handler's has been cancelled by then; only a server (or the way
-	// to it) that does not answer, or a pool with no connection to give,
-	// fails it, and then no transaction of the consumer could run either.
-	// A handler that times out in its own code, or on anything but tx,
-	// counts an attempt as always.
-	HandlerTimeout time.Duration
-	// DatabaseTimeout bounds each of the consumer's own steps on the
-	// database: BEGIN (with taking or opening a connection), the inbox's
-	// claim, the stored offset's write and read, COMMIT and ROLLBACK. A
-	// step past it is a database failure: rolled back and retried without
-	// limit and without counting an attempt, as a lost connection is (see
-	// inbox.IsDatabaseFailure). A COMMIT given up this way has an unknown
-	// outcome: it may still commit once the database gets it. The retry then
-	// finds the message's inbox row and skips it as a duplicate, so each
-	// effect still commits once (a naturally idempotent handler runs again,
-	// which its effect allows). The handler's own statements are bounded
-	// by HandlerTimeout, not by this.
-	//
-	// Without a bound, a database link that drops every packet (no RST)
-	// holds the statement, and the partition, until the kernel gives up on
-	// the connection, about 15 minutes later. Drivers bound little of it
-	// themselves: see the package documentation ("Database timeouts") for
-	// the DSN settings to add. Choose it above the longest the inbox's own
-	// statements may wait for a lock: during a rebalance a claim waits for
-	// the previous owner's transaction on the same message. Default 30s;
-	// negative means no bound.
-	DatabaseTimeout time.Duration
-	// MaxProcessingStall bounds how long a partition may wait for the
-	// database to answer its work: from the start of a batch (its handlers
-	// included) until the batch commits or fails for a reason of a
-	// message's own, with every retry of a database failure in between,
-	// and the same for reading and writing the stored offset. A member with a
-	// partition stalled longer leaves the group, so that the other members
-	// take over its partitions, as Kafka's max.poll.interval.ms makes a
-	// consumer that stops polling do; the work in flight is cancelled and
-	// rolled back (redelivered to the new owner, where the inbox absorbs
-	// what had committed). It rejoins as soon as a ping of its database
-	// succeeds. Its partitions move to the other members within
-	// MaxProcessingStall plus SessionTimeout plus the group's rebalance.
-	// Without it, a member whose database link freezes keeps heartbeating
-	// and keeps its partitions for as long as the freeze lasts.
-	//
-	// It must exceed DatabaseTimeout and HandlerTimeout, and should exceed
-	// the longest a batch may take (BatchSize × HandlerTimeout): a member
-	// leaves the group over a slow batch too. Default the larger of 2
-	// minutes and 2 × DatabaseTimeout + BatchSize × HandlerTimeout;
-	// negative turns it off.
-	MaxProcessingStall time.Duration
-	// MinBackoff and MaxBackoff bound the jittered exponential wait between
-	// attempts and between reconnection tries. Defaults 100ms and 10s.
-	MinBackoff, MaxBackoff time.Duration
-	// OnFailure is the policy for a message that cannot be processed.
-	// Default StopPartition.
-	OnFailure Policy
-	// DeadLetterTopic receives dead letters. Required with DeadLetter.
-	DeadLetterTopic string
-	// DeadLetterWriter publishes dead letters; each one names
-	// DeadLetterTopic, so a *kafka.Writer given here must leave its Topic
-	// empty (New rejects it otherwise) and should accept messages as large
-	// as the source topics hold (its BatchBytes). Default the Transport's
-	// dead-letter writer (kafka-go's: a *kafka.Writer on Brokers), requiring
-	// all in-sync replicas, accepting messages of up to 11 MiB (the 10 MiB
-	// the partition readers accept plus room for the dead-letter headers);
-	// Run closes it and its connections when it returns.
-	DeadLetterWriter MessageWriter
-
-	// StoreOffsets writes each partition's next offset into OffsetsTable
-	// in the same transaction as the effect, and starts each assigned
-	// partition at that stored offset whenever the database has one, ahead
-	// of the group's committed offset or behind it: a crash between the
-	// database commit and the Kafka commit redelivers nothing, and a
-	// database failover that lost commits applies them again, exactly once.
-	// The Inbox's Store (with NaturallyIdempotent and no Inbox, the
-	// Classifier) must implement storage.OffsetStore. Call Migrate first.
-	// The package doc, "Offsets in the database", says how it works:
-	// zombies fenced by generation, frozen transactions, the checks against
-	// the partition's log, how to reset a group.
-	StoreOffsets bool
-	// OffsetsTable is the table of stored offsets. Default "inbox_offsets".
-	OffsetsTable string
-
-	// SequencedSources turns sequenced dedup on for the messages of these
-	// outbox sources (their header.SeqSource ids: inboxctl outbox source
-	// prints a table's, and in code the producer's outbox store tells it,
-	// storage.Sequenced's Source) whose shards are aligned with the topic's
-	// partitions (outbox.Config.AlignedTopic): instead of an inbox row per
-	// event, the consumer keeps per stream (source, epoch, topic,
-	// partition) the highest sequence number it applied, and a message at
-	// or below it is a duplicate (see the package doc, "Sequenced dedup").
-	// List only sources published by this library's relay: the numbers are
-	// trusted. The Inbox's Store must implement storage.WatermarkStore.
-	// Messages of other sources, of a listed source that is not aligned
-	// (logged once per source at Warn), and without sequence headers take
-	// the inbox row as before, in the same batches; sequence headers of a
-	// well-formed source id that is not listed are logged once per source
-	// at Info.
-	SequencedSources []string
-	// SequencedRowsUntil is for a stream switched from inbox rows to
-	// sequenced dedup: until then, a sequenced message also claims its
-	// inbox row, so that a copy of a message first applied through a row
-	// is not applied again. Set it to the time of the switch plus the
-	// inbox's RetentionDays; leave it zero for sources this consumer never
-	// took through rows.
-	SequencedRowsUntil time.Time
-	// AcceptSequenceGaps makes a gap in an aligned sequenced stream (a
-	// message lost or reordered upstream; see package outbox, "Aligned
-	// shards") an ERROR log instead of a stopped partition. A missing
-	// message that arrives after the gap was accepted is then taken for a
-	// duplicate and skipped.
-	AcceptSequenceGaps bool
-
-	// CommitInterval is how often processed offsets are committed to Kafka.
-	// Default 1s; a negative value commits after every batch. Offsets are
-	// also committed when a partition is revoked and when Run ends.
-	CommitInterval time.Duration
-	// StartOffset is where a partition without a committed (or stored)
-	// offset starts: kafka.FirstOffset (the default), its log start, or
-	// kafka.LastOffset, its log end. The offset it resolves to is committed
-	// to the group at once, so that a restart begins there even if nothing
-	// was consumed: with LastOffset, messages produced while the consumer
-	// was down are then processed, not skipped.
-	StartOffset int64
-	// SessionTimeout, HeartbeatInterval and RebalanceTimeout are passed to
-	// the Kafka client's group (transport.GroupConfig); zero keeps the
-	// client's defaults.
-	SessionTimeout, HeartbeatInterval, RebalanceTimeout time.Duration
-	// MaxWait is the longest a fetch waits for new data. Default 500ms; it
-	// also bounds how long a revoked partition takes to let go.
-	MaxWait time.Duration
-	// Dialer connects the default kafka-go client to the brokers; unused
-	// when Transport is set. Default kafka.DefaultDialer.
-	Dialer *kafka.Dialer
-	// Transport is the Kafka client the consumer runs on (see package
-	// transport). Nil means kafka-go (github.com/segmentio/kafka-go, eager
-	// rebalancing) over Brokers and Dialer. franzgo.New of the module
-	// github.com/inboxgo/inbox/transport/franzgo gives franz-go's, with
-	// cooperative-sticky rebalancing. A Client serves one Consumer; Run
-	// closes it when it returns (Close, if Run never ran).
-	Transport transport.Client
-
-	// MaintenanceInterval is how often Run runs the inbox's maintenance
-	// (inbox.Inbox.Maintain: prepare the coming days' partitions, expire
-	// the days past the retention window): at start and then every
-	// interval, logging a failure at Error and reporting every run as an
-	// EventMaintenance. Default an hour, so that a missed run costs
-	// nothing (partitions are prepared days ahead); negative turns it off (run Maintain yourself then, for example with inboxctl). Several
-	// consumers running it on one inbox is safe (the Store serialises it),
-	// only redundant. Without Inbox nothing is maintained.
+	// MaintenanceInterval is how often Run runs the inbox's Maintain: at
+	// start, then every interval (see "Maintenance"). Default an hour;
+	// negative turns it off. Without Inbox nothing is maintained.
 	MaintenanceInterval time.Duration
 
-	// Logger receives the consumer's logs. Default slog.Default(). The
-	// values a message brings (its event id, its key) are logged shortened
-	// to 64 bytes, as error texts show them.
+	// Logger receives the consumer's logs. Default the Inbox's
+	// (inbox.Config.Logger), else slog.Default().
 	Logger *slog.Logger
-	// Hooks receive the consumer's events (hooks.EventHook: outcomes once
-	// they are decided, retries, dead letters, commits, lag, assignments,
-	// maintenance) and give each message the context it is processed under
-	// ([ContextHook]). Give the same hooks to the inbox's Config: it then
-	// traces each message's claim and handler, and leaves reporting the
-	// outcomes to the consumer (see package hooks). Hooks stack: each is
-	// called, in order.
+	// Hooks receive the consumer's events and give each message its context
+	// ([ContextHook]); they are called in order. Nil takes the Inbox's
+	// (inbox.Config.Hooks), so hooks are given once (see "Observability").
 	Hooks []hooks.Hook
+
+	// Kafka configures the Kafka client.
+	Kafka KafkaConfig
+	// Failure is what happens to a message that fails: its retries, then
+	// its policy.
+	Failure FailureConfig
+	// Timeouts bound the handler and the database.
+	Timeouts TimeoutsConfig
+	// Offsets stores each partition's offset in the database.
+	Offsets OffsetsConfig
+	// Sequenced deduplicates the messages of this library's outbox relays
+	// by a per-stream watermark instead of inbox rows.
+	Sequenced SequencedConfig
+}
+
+// KafkaConfig is the Kafka client of a [Config]: which one, and its
+// settings.
+type KafkaConfig struct {
+	// Transport is the Kafka client the consumer runs on (see package
+	// transport, and "Transport"). Nil means kafka-go over Brokers and
+	// Dialer. A Client serves one Consumer, and Run (or Close) closes it.
+	Transport transport.Client
+	// Dialer connects the default kafka-go client to Brokers; unused with
+	// Transport. Default kafka.DefaultDialer.
+	Dialer *kafka.Dialer
+	// StartOffset is where a partition without a committed or stored offset
+	// starts: kafka.FirstOffset (the default) or kafka.LastOffset. The
+	// offset it resolves to is committed at once (see "Start offsets").
+	StartOffset int64
+	// CommitInterval is how often processed offsets are committed to Kafka
+	// (also when a partition is revoked and when Run ends). Default 1s;
+	// negative commits after every batch.
+	CommitInterval time.Duration
+	// MaxWait is the longest a fetch waits for new data; it also bounds how
+	// long a revoked partition takes to let go. Default 500ms.
+	MaxWait time.Duration
+	// SessionTimeout, HeartbeatInterval and RebalanceTimeout go to the
+	// client's group (transport.GroupConfig); zero keeps the client's
+	// defaults.
+	SessionTimeout, HeartbeatInterval, RebalanceTimeout time.Duration
+}
+
+// FailureConfig is what a [Config]'s consumer does with a failing message.
+// It owns every retry of the consumer's messages: the MaxAttempts,
+// MinBackoff and MaxBackoff of the inbox.Config of the Inbox it drives do
+// not apply to them (see "What is retried, and how often").
+type FailureConfig struct {
+	// MaxAttempts bounds how often a failing message is tried, the first
+	// try included, before Policy applies. Default 5. A failing database
+	// counts no attempt and is retried without limit.
+	MaxAttempts int
+	// MinBackoff and MaxBackoff bound the jittered exponential wait between
+	// attempts, between retries of a failing database, and between
+	// reconnection tries. Defaults 100ms and 10s.
+	MinBackoff, MaxBackoff time.Duration
+	// Policy is what happens to a message that cannot be processed.
+	// Default StopPartition.
+	Policy Policy
+	// DeadLetterTopic receives dead letters. Required with DeadLetter; it
+	// must not be one of Topics.
+	DeadLetterTopic string
+	// DeadLetterWriter publishes dead letters. Default the Transport's (see
+	// "Dead letters"), which Run closes when it returns. A *kafka.Writer
+	// given here must leave its Topic empty.
+	DeadLetterWriter MessageWriter
+}
+
+// TimeoutsConfig bounds how long a [Config]'s consumer waits for its
+// handler and its database (see "Database timeouts").
+type TimeoutsConfig struct {
+	// Handler, if positive, bounds one call of Handler or BatchHandler:
+	// its context and tx carry the deadline, and a call past it fails with
+	// ErrHandlerTimeout and counts an attempt. Zero means no limit.
+	Handler time.Duration
+	// Database bounds each of the consumer's own steps on the database
+	// (BEGIN, the claim, the stored offset, COMMIT, ROLLBACK): past it, the
+	// step is a database failure. Default 30s; negative means no bound.
+	Database time.Duration
+	// ProcessingStall bounds how long a partition may wait for the database;
+	// a member stalled longer leaves the group until its database answers.
+	// It must exceed Database and Handler. Default the larger of 2 minutes
+	// and 2 × Database + BatchSize × Handler; negative turns it off.
+	ProcessingStall time.Duration
+}
+
+// OffsetsConfig stores each partition's offset in the database, with the
+// effects (see "Offsets in the database").
+type OffsetsConfig struct {
+	// Store writes each partition's next offset in the transaction of its
+	// effect, and starts each assigned partition at the stored offset. The
+	// inbox's Store (without Inbox, the Classifier) must implement
+	// storage.OffsetStore; call Consumer.Migrate first.
+	Store bool
+	// Table is the table of stored offsets. Default DefaultOffsetsTable.
+	Table string
+}
+
+// SequencedConfig turns sequenced dedup on (see "Sequenced dedup"): a
+// per-stream watermark instead of an inbox row per event.
+type SequencedConfig struct {
+	// Sources are the outbox sources (header.SeqSource ids; inboxctl outbox
+	// source prints a table's) whose aligned messages are deduplicated by
+	// watermark. List only sources published by this library's relay. The
+	// inbox's Store must implement storage.WatermarkStore.
+	Sources []string
+	// RowsUntil is for a stream switched from inbox rows: until then a
+	// sequenced message also claims its inbox row. Set it to the switch plus
+	// the inbox's RetentionDays; zero for sources never taken through rows.
+	RowsUntil time.Time
+	// AcceptGaps makes a gap in a sequenced stream an ERROR log instead of
+	// a stopped partition; a missing message arriving later is then
+	// skipped as a duplicate.
+	AcceptGaps bool
 }
 
 var errInvalidConfig = inbox.ErrInvalidConfig
@@ -374,14 +302,14 @@ func (c *Config) validate() error {
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf(format, args...))
 	}
-	if len(c.Brokers) == 0 && c.Transport == nil {
-		bad("no brokers")
+	if len(c.Brokers) == 0 && c.Kafka.Transport == nil {
+		bad("no Brokers (and no Kafka.Transport)")
 	}
 	if c.GroupID == "" {
-		bad("no group id")
+		bad("no GroupID")
 	}
 	if len(c.Topics) == 0 {
-		bad("no topics")
+		bad("no Topics")
 	}
 	seen := make(map[string]bool, len(c.Topics))
 	empty := false
@@ -396,8 +324,8 @@ func (c *Config) validate() error {
 			bad("topic %q listed twice in Topics", t)
 		}
 		seen[t] = true
-		if t == c.DeadLetterTopic {
-			bad("topic %q is also the dead-letter topic", t)
+		if t == c.Failure.DeadLetterTopic {
+			bad("topic %q of Topics is also Failure.DeadLetterTopic", t)
 		}
 	}
 	if empty {
@@ -405,82 +333,95 @@ func (c *Config) validate() error {
 	}
 	switch {
 	case c.Handler == nil && c.BatchHandler == nil:
-		bad("no handler")
+		bad("no Handler (or BatchHandler)")
 	case c.Handler != nil && c.BatchHandler != nil:
 		bad("both Handler and BatchHandler are set; give one")
 	}
 	if c.NaturallyIdempotent {
 		if c.DB == nil && c.Inbox == nil {
-			bad("a naturally idempotent consumer needs DB (or Inbox)")
+			bad("NaturallyIdempotent needs DB (or Inbox)")
 		}
 		if c.Classifier == nil && c.Inbox == nil {
-			bad("a naturally idempotent consumer without Inbox needs Classifier (the adapter's Store) to tell a failing database from a failing message")
+			bad("NaturallyIdempotent without Inbox needs Classifier (the adapter's Store) to tell a failing database from a failing message")
 		}
 	} else {
 		if c.Inbox == nil {
-			bad("no inbox (set NaturallyIdempotent only for handlers whose effect is idempotent)")
+			bad("no Inbox (set NaturallyIdempotent only for handlers whose effect is idempotent)")
 		}
 		if err := (inbox.Message{Consumer: c.Consumer, ID: "x", Time: time.Unix(0, 0)}).Validate(); err != nil {
-			bad("consumer name: %w", err)
+			bad("Consumer: %w", err)
 		}
 	}
-	if c.BatchSize < 0 || c.BatchWait < 0 || c.MaxAttempts < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.MaxWait < 0 || c.HandlerTimeout < 0 {
-		bad("negative size, count or duration")
+	for _, f := range []struct {
+		name  string
+		value int64
+	}{
+		{"BatchSize", int64(c.BatchSize)},
+		{"BatchWait", int64(c.BatchWait)},
+		{"Failure.MaxAttempts", int64(c.Failure.MaxAttempts)},
+		{"Failure.MinBackoff", int64(c.Failure.MinBackoff)},
+		{"Failure.MaxBackoff", int64(c.Failure.MaxBackoff)},
+		{"Kafka.MaxWait", int64(c.Kafka.MaxWait)},
+		{"Timeouts.Handler", int64(c.Timeouts.Handler)},
+	} {
+		if f.value < 0 {
+			bad("negative %s", f.name)
+		}
 	}
-	if c.MaxProcessingStall > 0 {
-		dbTimeout := c.DatabaseTimeout
+	if c.Timeouts.ProcessingStall > 0 {
+		dbTimeout := c.Timeouts.Database
 		if dbTimeout == 0 {
 			dbTimeout = defaultDatabaseTimeout
 		}
-		if c.MaxProcessingStall <= dbTimeout || c.MaxProcessingStall <= c.HandlerTimeout {
+		if c.Timeouts.ProcessingStall <= dbTimeout || c.Timeouts.ProcessingStall <= c.Timeouts.Handler {
 			// A single slow statement or handler call would make the member
 			// leave the group.
-			bad("MaxProcessingStall (%v) must exceed DatabaseTimeout (%v) and HandlerTimeout (%v)", c.MaxProcessingStall, dbTimeout, c.HandlerTimeout)
+			bad("Timeouts.ProcessingStall (%v) must exceed Timeouts.Database (%v) and Timeouts.Handler (%v)", c.Timeouts.ProcessingStall, dbTimeout, c.Timeouts.Handler)
 		}
 	}
-	switch c.OnFailure {
+	switch c.Failure.Policy {
 	case StopPartition:
 	case DeadLetter:
-		if c.DeadLetterTopic == "" {
-			bad("the dead-letter policy needs DeadLetterTopic")
+		if c.Failure.DeadLetterTopic == "" {
+			bad("Failure.Policy DeadLetter needs Failure.DeadLetterTopic")
 		}
 	default:
-		bad("unknown failure policy %d", int(c.OnFailure))
+		bad("unknown Failure.Policy %d", int(c.Failure.Policy))
 	}
-	if w, ok := c.DeadLetterWriter.(*kafka.Writer); ok && w != nil && w.Topic != "" {
-		// Every dead letter names DeadLetterTopic, and a Writer with a Topic
+	if w, ok := c.Failure.DeadLetterWriter.(*kafka.Writer); ok && w != nil && w.Topic != "" {
+		// Every dead letter names its topic, and a Writer with a Topic
 		// of its own rejects every message that names one: each write would
 		// fail.
-		bad("DeadLetterWriter is a *kafka.Writer with Topic %q set; leave its Topic empty (dead letters name DeadLetterTopic)", w.Topic)
+		bad("Failure.DeadLetterWriter is a *kafka.Writer with Topic %q set; leave its Topic empty (dead letters name Failure.DeadLetterTopic)", w.Topic)
 	}
-	if c.StartOffset != 0 && c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset {
-		bad("StartOffset must be kafka.FirstOffset or kafka.LastOffset, not %d", c.StartOffset)
+	if c.Kafka.StartOffset != 0 && c.Kafka.StartOffset != kafka.FirstOffset && c.Kafka.StartOffset != kafka.LastOffset {
+		bad("Kafka.StartOffset must be kafka.FirstOffset or kafka.LastOffset, not %d", c.Kafka.StartOffset)
 	}
-	if c.OffsetsTable != "" {
-		if err := storage.ValidateIdentifier("offsets table", c.OffsetsTable); err != nil {
-			errs = append(errs, err)
+	if c.Offsets.Table != "" {
+		if err := storage.ValidateIdentifier("offsets table", c.Offsets.Table); err != nil {
+			bad("Offsets.Table: %w", err)
 		}
 	}
-	for _, src := range c.SequencedSources {
+	for _, src := range c.Sequenced.Sources {
 		if err := storage.ValidSource(src); err != nil {
-			bad("SequencedSources: %w", err)
+			bad("Sequenced.Sources: %w", err)
 		}
 	}
-	if len(c.SequencedSources) > 0 {
+	if len(c.Sequenced.Sources) > 0 {
 		if c.NaturallyIdempotent {
-			bad("SequencedSources needs the inbox: a naturally idempotent consumer deduplicates nothing")
+			bad("Sequenced.Sources needs the inbox: a NaturallyIdempotent consumer deduplicates nothing")
 		} else if c.Inbox != nil {
 			if _, ok := c.Inbox.Store().(storage.WatermarkStore); !ok {
-				bad("SequencedSources needs an inbox store that implements storage.WatermarkStore (%T does not)", c.Inbox.Store())
+				bad("Sequenced.Sources needs an inbox store that implements storage.WatermarkStore (%T does not)", c.Inbox.Store())
 			}
 		}
 	}
-	if c.StoreOffsets && c.offsetStore() == nil {
+	if c.Offsets.Store && c.offsetStore() == nil {
 		switch {
 		case c.Inbox != nil:
-			bad("StoreOffsets needs an inbox store that implements storage.OffsetStore (%T does not)", c.Inbox.Store())
+			bad("Offsets.Store needs an inbox store that implements storage.OffsetStore (%T does not)", c.Inbox.Store())
 		case c.Classifier != nil:
-			bad("StoreOffsets needs an inbox store that implements storage.OffsetStore: without Inbox, the Classifier (the adapter's Store; %T does not)", c.Classifier)
+			bad("Offsets.Store needs an inbox store that implements storage.OffsetStore: without Inbox, the Classifier (the adapter's Store; %T does not)", c.Classifier)
 		}
 	}
 	if len(errs) > 0 {
@@ -501,11 +442,22 @@ func (c *Config) offsetStore() storage.OffsetStore {
 	return os
 }
 
+// inboxShared tells the logger and hooks an inbox was given.
+var inboxShared = batchopt.LookupShared[*inbox.Inbox]()
+
 func (c *Config) setDefaults() {
 	if c.Inbox != nil {
 		c.DB = cmp.Or(c.DB, c.Inbox.DB())
 		if c.Classifier == nil {
 			c.Classifier = c.Inbox.Store()
+		}
+		// Under a consumer the inbox reports no outcome and the consumer
+		// reports every event, so the hooks given once, to the inbox, see
+		// each event once.
+		shared := inboxShared(c.Inbox)
+		c.Logger = cmp.Or(c.Logger, shared.Logger)
+		if c.Hooks == nil {
+			c.Hooks = slices.Clone(shared.Hooks)
 		}
 	}
 	if c.Extract == nil {
@@ -513,19 +465,19 @@ func (c *Config) setDefaults() {
 	}
 	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
 	c.BatchWait = cmp.Or(c.BatchWait, defaultBatchWait)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
-	c.MinBackoff = cmp.Or(c.MinBackoff, defaultMinBackoff)
-	c.MaxBackoff = max(cmp.Or(c.MaxBackoff, defaultMaxBackoff), c.MinBackoff)
-	c.OffsetsTable = cmp.Or(c.OffsetsTable, DefaultOffsetsTable)
-	c.CommitInterval = cmp.Or(c.CommitInterval, defaultCommitInterval)
-	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
-	c.MaxWait = cmp.Or(c.MaxWait, defaultMaxWait)
+	c.Failure.MaxAttempts = cmp.Or(c.Failure.MaxAttempts, defaultMaxAttempts)
+	c.Failure.MinBackoff = cmp.Or(c.Failure.MinBackoff, defaultMinBackoff)
+	c.Failure.MaxBackoff = max(cmp.Or(c.Failure.MaxBackoff, defaultMaxBackoff), c.Failure.MinBackoff)
+	c.Offsets.Table = cmp.Or(c.Offsets.Table, DefaultOffsetsTable)
+	c.Kafka.CommitInterval = cmp.Or(c.Kafka.CommitInterval, defaultCommitInterval)
+	c.Kafka.StartOffset = cmp.Or(c.Kafka.StartOffset, kafka.FirstOffset)
+	c.Kafka.MaxWait = cmp.Or(c.Kafka.MaxWait, defaultMaxWait)
 	c.MaintenanceInterval = cmp.Or(c.MaintenanceInterval, defaultMaintenanceInterval)
-	c.DatabaseTimeout = cmp.Or(c.DatabaseTimeout, defaultDatabaseTimeout)
-	if c.MaxProcessingStall == 0 {
-		c.MaxProcessingStall = max(defaultMaxProcessingStall,
-			2*max(c.DatabaseTimeout, 0)+time.Duration(c.BatchSize)*c.HandlerTimeout)
+	c.Timeouts.Database = cmp.Or(c.Timeouts.Database, defaultDatabaseTimeout)
+	if c.Timeouts.ProcessingStall == 0 {
+		c.Timeouts.ProcessingStall = max(defaultMaxProcessingStall,
+			2*max(c.Timeouts.Database, 0)+time.Duration(c.BatchSize)*c.Timeouts.Handler)
 	}
-	c.Dialer = cmp.Or(c.Dialer, kafka.DefaultDialer)
+	c.Kafka.Dialer = cmp.Or(c.Kafka.Dialer, kafka.DefaultDialer)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 }

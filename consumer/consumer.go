@@ -27,7 +27,7 @@ var (
 	// is active, or after Close.
 	ErrRunning = errors.New("consumer: Run called twice or after Close")
 	// ErrHandlerTimeout is wrapped by the error of a handler call that did
-	// not finish within Config.HandlerTimeout.
+	// not finish within Config.Timeouts.Handler.
 	ErrHandlerTimeout = errors.New("consumer: handler timed out")
 	// ErrOffsetBeyondLogEnd is wrapped by the error of a partition stopped
 	// with ReasonOffsetBeyondLogEnd.
@@ -87,10 +87,10 @@ type topicPartition struct {
 type Consumer struct {
 	cfg     Config
 	log     *slog.Logger
-	offsets offsetTable     // with StoreOffsets
+	offsets offsetTable     // with Offsets.Store
 	knobs   testhooks.Knobs // the tests' (see internal/testhooks), set by Run
 	dlq     MessageWriter
-	// client is the Kafka client (Config.Transport, or kafka-go's): the
+	// client is the Kafka client (Config.Kafka.Transport, or kafka-go's): the
 	// group, the partition readers, the log offset lookups and the default
 	// dead-letter writer.
 	client transport.Client
@@ -110,7 +110,7 @@ type Consumer struct {
 
 	watchers sync.WaitGroup // the stall watchdogs (Consumer.watch)
 
-	// trusted holds Config.SequencedSources, watermarks the inbox store
+	// trusted holds Config.Sequenced.Sources, watermarks the inbox store
 	// that keeps their watermarks (nil without any).
 	trusted    map[string]bool
 	watermarks storage.WatermarkStore
@@ -127,10 +127,10 @@ type Consumer struct {
 // New checks cfg and returns a Consumer. It does not connect to anything.
 // Before Run, every table the configuration uses must exist: the inbox
 // table (inbox.Inbox.Migrate), and Consumer.Migrate's tables, the stored
-// offsets with StoreOffsets and the watermarks with SequencedSources (or
+// offsets with Offsets.Store and the watermarks with Sequenced.Sources (or
 // all of them by inboxctl migrate); Run refuses to start without them
 // (ErrNotMigrated). The topics must exist too (Run returns ErrUnknownTopic
-// otherwise), and so must DeadLetterTopic: the consumer never creates a
+// otherwise), and so must Failure.DeadLetterTopic: the consumer never creates a
 // topic.
 func New(cfg Config) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
@@ -157,8 +157,8 @@ func New(cfg Config) (*Consumer, error) {
 	c := &Consumer{
 		cfg:      cfg,
 		log:      short.Logger(cfg.Logger).With("component", "inbox-consumer", "group", cfg.GroupID),
-		offsets:  offsetTable{store: cfg.offsetStore(), table: cfg.OffsetsTable, group: cfg.GroupID},
-		dlq:      cfg.DeadLetterWriter,
+		offsets:  offsetTable{store: cfg.offsetStore(), table: cfg.Offsets.Table, group: cfg.GroupID},
+		dlq:      cfg.Failure.DeadLetterWriter,
 		stopped:  make(map[topicPartition]*PartitionStoppedError),
 		workers:  make(map[*worker]struct{}),
 		holders:  make(map[topicPartition]*worker),
@@ -167,26 +167,26 @@ func New(cfg Config) (*Consumer, error) {
 		contexts: contexts,
 		quietDB:  txn.Quiet(cfg.DB),
 	}
-	if len(cfg.SequencedSources) > 0 {
-		c.trusted = make(map[string]bool, len(cfg.SequencedSources))
-		for _, src := range cfg.SequencedSources {
+	if len(cfg.Sequenced.Sources) > 0 {
+		c.trusted = make(map[string]bool, len(cfg.Sequenced.Sources))
+		for _, src := range cfg.Sequenced.Sources {
 			c.trusted[src] = true
 		}
 		c.watermarks, _ = cfg.Inbox.Store().(storage.WatermarkStore)
 	}
-	c.client = cfg.Transport
+	c.client = cfg.Kafka.Transport
 	if c.client == nil {
-		c.client = newKafkaGo(c.cfg.Brokers, c.cfg.Dialer, c.log)
+		c.client = newKafkaGo(c.cfg.Brokers, c.cfg.Kafka.Dialer, c.log)
 	}
-	if cfg.OnFailure == DeadLetter && c.dlq == nil {
+	if cfg.Failure.Policy == DeadLetter && c.dlq == nil {
 		c.dlq = c.client.DeadLetterWriter()
 	}
 	return c, nil
 }
 
-// Migrate creates the offsets table when Config.StoreOffsets is set
+// Migrate creates the offsets table when Config.Offsets.Store is set
 // (storage.OffsetStore's MigrateOffsets), and the watermark table when
-// Config.SequencedSources is (storage.WatermarkStore's MigrateWatermarks),
+// Config.Sequenced.Sources is (storage.WatermarkStore's MigrateWatermarks),
 // and does nothing otherwise. It is idempotent, and safe when several
 // processes run it at the same time. On MySQL/MariaDB the offsets table is
 // created as InnoDB whatever the server's default engine, and Migrate fails
@@ -194,7 +194,7 @@ func New(cfg Config) (*Consumer, error) {
 // stored offset must roll back with its effect). (The inbox's own table is
 // created by inbox.Inbox.Migrate.)
 func (c *Consumer) Migrate(ctx context.Context) error {
-	if c.cfg.StoreOffsets {
+	if c.cfg.Offsets.Store {
 		if err := c.offsets.store.MigrateOffsets(ctx, c.db(), c.offsets.table); err != nil {
 			return fmt.Errorf("consumer: %w", err)
 		}
@@ -224,12 +224,12 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 // started for.
 //
 // Before joining, Run checks that every topic of Config.Topics exists, and
-// the DeadLetterTopic when the consumer's own writer publishes dead letters
+// the Failure.DeadLetterTopic when the consumer's own writer publishes dead letters
 // (the consumer never creates one: create them, with their partition
 // counts, before Run) and that each table the configuration needs takes the
 // consumer's statements: the inbox table (a claim, rolled back), the
-// offsets table with StoreOffsets, the watermark table with
-// SequencedSources. It waits while the brokers or the database do not
+// offsets table with Offsets.Store, the watermark table with
+// Sequenced.Sources. It waits while the brokers or the database do not
 // answer, and returns at once an error wrapping [ErrUnknownTopic], naming
 // the topics, or [ErrNotMigrated], naming the Migrate call to run. (The
 // server's durability settings are inboxctl check's to report.)
@@ -237,7 +237,7 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 // Run returns ctx's error when ctx ended (nil after Close), joined with a
 // *PartitionStoppedError for each partition still stopped; an error wrapping
 // ErrUnknownTopic or ErrNotMigrated (see above); an error wrapping
-// inbox.ErrInvalidConfig if the Kafka client (Config.Transport) or the
+// inbox.ErrInvalidConfig if the Kafka client (Config.Kafka.Transport) or the
 // group coordinator rejects the configuration (an invalid session timeout
 // or group id, failed authentication or authorization: retrying cannot
 // cure these); ErrRunning if called twice. A Consumer runs once.
@@ -274,7 +274,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("%w: consumer: %w", errInvalidConfig, err)
 	}
 	c.log.Info("consumer started", "topics", c.cfg.Topics, "batch_size", c.cfg.BatchSize,
-		"on_failure", c.cfg.OnFailure.String(), "store_offsets", c.cfg.StoreOffsets)
+		"on_failure", c.cfg.Failure.Policy.String(), "store_offsets", c.cfg.Offsets.Store)
 
 	if c.cfg.Inbox != nil && c.cfg.MaintenanceInterval > 0 {
 		maintained := make(chan struct{})
@@ -332,7 +332,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		}
 		if err != nil {
 			failures++
-			wait := backoff.Wait(c.cfg.MinBackoff, c.cfg.MaxBackoff, failures)
+			wait := backoff.Wait(c.cfg.Failure.MinBackoff, c.cfg.Failure.MaxBackoff, failures)
 			c.log.Warn("consumer group error; retrying", "error", err, "failures", failures, "retry_in", wait)
 			if backoff.Sleep(runCtx, wait) != nil {
 				break
@@ -393,7 +393,7 @@ func (c *Consumer) maintain(ctx context.Context) {
 
 // Close stops Run and waits for it to return. It is safe to call more than
 // once and before or without Run; called before Run, it closes the Kafka
-// client (Config.Transport), which Run would have closed.
+// client (Config.Kafka.Transport), which Run would have closed.
 func (c *Consumer) Close() error {
 	c.mu.Lock()
 	state := c.state
@@ -471,10 +471,10 @@ func (c *Consumer) emit(e hooks.Event) {
 }
 
 // join starts a membership of the group under runCtx, with the stall
-// watchdog (Config.MaxProcessingStall) that ends it.
+// watchdog (Config.Timeouts.ProcessingStall) that ends it.
 func (c *Consumer) join(runCtx context.Context) (context.Context, context.CancelCauseFunc) {
 	member, leave := context.WithCancelCause(runCtx)
-	if c.cfg.MaxProcessingStall > 0 {
+	if c.cfg.Timeouts.ProcessingStall > 0 {
 		c.watchers.Go(func() { c.watch(member, leave) })
 	}
 	return member, leave
@@ -485,12 +485,12 @@ func (c *Consumer) groupConfig() transport.GroupConfig {
 	return transport.GroupConfig{
 		GroupID:           c.cfg.GroupID,
 		Topics:            c.cfg.Topics,
-		SessionTimeout:    c.cfg.SessionTimeout,
-		HeartbeatInterval: c.cfg.HeartbeatInterval,
-		RebalanceTimeout:  c.cfg.RebalanceTimeout,
-		JoinBackoff:       c.cfg.MinBackoff,
-		StartOffset:       c.cfg.StartOffset,
-		MaxWait:           c.cfg.MaxWait,
+		SessionTimeout:    c.cfg.Kafka.SessionTimeout,
+		HeartbeatInterval: c.cfg.Kafka.HeartbeatInterval,
+		RebalanceTimeout:  c.cfg.Kafka.RebalanceTimeout,
+		JoinBackoff:       c.cfg.Failure.MinBackoff,
+		StartOffset:       c.cfg.Kafka.StartOffset,
+		MaxWait:           c.cfg.Kafka.MaxWait,
 		Logger:            c.log,
 	}
 }

@@ -21,21 +21,21 @@ const (
 
 // ReasonDeadLetterFailed is the Reason of a partition stopped under the
 // DeadLetter policy because the producer refused the message's dead letter
-// for good (see Config.OnFailure). It never appears in a dlq_reason header.
+// for good (see Config.Failure.Policy). It never appears in a dlq_reason header.
 const ReasonDeadLetterFailed = "dead-letter-failed"
 
 // ReasonOffsetBeyondLogEnd is the Reason of a partition stopped on
 // assignment because the offset it would start at (the stored one with
-// Config.StoreOffsets, or the group's committed one) is past the
+// Config.Offsets.Store, or the group's committed one) is past the
 // partition's log end; see ErrOffsetBeyondLogEnd. It never appears in a
 // dlq_reason header.
 const ReasonOffsetBeyondLogEnd = "offset-beyond-log-end"
 
 // ReasonTopicRecreated is the Reason of a partition stopped on assignment
-// because, with Config.StoreOffsets, the message before the stored offset
+// because, with Config.Offsets.Store, the message before the stored offset
 // is not the one the group processed there: the topic was deleted and
 // recreated and has already grown past the stored offset (see
-// Config.StoreOffsets). Tell it by this Reason of the
+// Config.Offsets.Store). Tell it by this Reason of the
 // *PartitionStoppedError (errors.As). It never appears in a dlq_reason
 // header.
 const ReasonTopicRecreated = "topic-recreated"

@@ -1,7 +1,7 @@
 // Package consumer runs a Kafka consumer group through an [inbox.Inbox], so
 // that each event's effect on the database commits exactly once, whatever
 // Kafka redelivers. It runs on any Kafka client that implements package
-// transport's contract ([Config.Transport]): github.com/segmentio/kafka-go
+// transport's contract (Config.Kafka.Transport): github.com/segmentio/kafka-go
 // by default, franz-go's with the module
 // github.com/inboxgo/inbox/transport/franzgo.
 //
@@ -31,7 +31,7 @@
 //   - A message is never skipped silently. One that cannot be processed
 //     (retries used up, a permanent handler error, no event id or time,
 //     invalid, older than the inbox's retention) goes to
-//     [Config.OnFailure]: [DeadLetter] publishes it with headers saying why
+//     Config.Failure.Policy: [DeadLetter] publishes it with headers saying why
 //     before its offset may pass, [StopPartition] halts the partition at it.
 //     A dead letter the producer refuses for good (too large, a missing or
 //     invalid topic, no authorization) halts the partition at the message
@@ -47,8 +47,8 @@
 //     runs is a database failure, retried until it is back; its retry lines
 //     carry missing_table (the table's name) and fix (the Migrate call).
 //   - A member whose database stops answering does not keep its partitions:
-//     the consumer's own steps give up after Config.DatabaseTimeout, and
-//     after Config.MaxProcessingStall the member leaves the group, so that
+//     the consumer's own steps give up after Config.Timeouts.Database, and
+//     after Config.Timeouts.ProcessingStall the member leaves the group, so that
 //     the others take over, until its database answers again (see
 //     "Database timeouts").
 //
@@ -70,10 +70,15 @@
 //
 // With Config.BatchSize > 1 up to that many messages of one partition (what
 // arrives within Config.BatchWait while the partition holds more; a batch
-// that reached the partition's end goes at once) are processed in one
-// transaction by
+// whose last message was the partition's last as the broker last said goes
+// at once, after a millisecond's grace) are processed in one transaction by
 // [inbox.Inbox.ProcessBatch]. A poison message is isolated: the rest of the
 // batch commits, and the poison is retried alone and then sent to the policy.
+// A Config.BatchHandler receives the new messages of such a batch
+// (duplicates left out, in offset order) in one call, through
+// [inbox.Inbox.ProcessBatchFunc]; when it fails, the batch is split until
+// the failing message is alone, whose attempts then count as with a
+// Handler. Config.Timeouts.Handler bounds one call.
 // The retried message is then applied after the later messages of its batch:
 // order within a partition holds for everything but a message that failed.
 //
@@ -92,7 +97,7 @@
 //
 // # Offsets in the database
 //
-// With Config.StoreOffsets the next offset of each partition is written to a
+// With Config.Offsets.Store the next offset of each partition is written to a
 // table (inbox_offsets: group_id, topic, partition, next_offset, and the
 // writer's group generation and a fingerprint of the message before the
 // offset; create it, or add the later columns to an older one, with
@@ -117,19 +122,19 @@
 // reset, which moves both, with the group stopped (inboxctl offsets show
 // lists them).
 //
-// In detail: Config.StoreOffsets writes each partition's next offset into
-// Config.OffsetsTable in the same transaction as the effect, and starts each
+// In detail: Config.Offsets.Store writes each partition's next offset into
+// Config.Offsets.Table in the same transaction as the effect, and starts each
 // assigned partition at that stored offset whenever the database has
 // one, whether it is ahead of the group's committed offset or behind
 // it; the group's is used only for a partition without a row, and the
 // offset it resolves to is then stored at once. The offset after a
 // dead-lettered message is stored too (retried while the database
 // fails). Where no transaction stores a finished message's offset (a
-// batch of duplicates that a watermark of SequencedSources covers runs
+// batch of duplicates that a watermark of Sequenced.Sources covers runs
 // none; the messages of a batch after one that failed commit without
 // it, and that one, retried alone, stores its own), it is stored in a
 // transaction of its own before it is committed to Kafka: once per
-// commit (CommitInterval), not per batch; if that write fails, only the
+// commit (Kafka.CommitInterval), not per batch; if that write fails, only the
 // stored offset is committed. The group's committed offset is thus
 // never ahead of the stored one unless the database lost commits. A
 // crash between the database commit and the Kafka commit then causes
@@ -146,14 +151,14 @@
 // the last offset this member stored (and an idle partition checks every
 // 5 s); if it does not, the transaction rolls back and the partition
 // resumes from the database's position (EventRepositioned, a Warn). The
-// watermarks of SequencedSources went back with it: they are read again
+// watermarks of Sequenced.Sources went back with it: they are read again
 // there, and a sequence gap met while the stored offset is behind what the
 // member stored resumes the partition the same way instead of stopping it.
-// Without StoreOffsets such a failover loses those effects.
+// Without Offsets.Store such a failover loses those effects.
 //
 // Each row also names the group generation of the member that wrote it,
 // and a write from an older generation than the row's is refused, in
-// the same UPDATE: a member paused past SessionTimeout (a GC pause, a
+// the same UPDATE: a member paused past Kafka.SessionTimeout (a GC pause, a
 // frozen VM, SIGSTOP) has lost its partitions when it resumes, but its
 // workers run on until its next heartbeat tells it; a write of such a
 // zombie would move the stored offset back under the new owner, which
@@ -181,14 +186,14 @@
 // (claiming the same inbox rows, the offsets row, or the rows the
 // handler changed) until the frozen member resumes and commits or rolls
 // back, or the database ends the transaction. The owner gives each of
-// its steps up after DatabaseTimeout and retries it as a database
+// its steps up after Timeouts.Database and retries it as a database
 // failure (no attempt counted; a lock timeout, 55P03 or 1205, is the
-// same), and after MaxProcessingStall of that it leaves the group and
+// same), and after Timeouts.ProcessingStall of that it leaves the group and
 // rejoins. Only the database can end the frozen transaction: set
 // PostgreSQL's idle_in_transaction_session_timeout or MariaDB's
 // idle_transaction_timeout (or idle_write_transaction_timeout;
-// wait_timeout closes any idle connection) below MaxProcessingStall and
-// above HandlerTimeout + DatabaseTimeout (a handler's own work keeps its
+// wait_timeout closes any idle connection) below Timeouts.ProcessingStall and
+// above Timeouts.Handler + Timeouts.Database (a handler's own work keeps its
 // transaction idle too). A frozen member whose session was ended finds
 // its connection gone when it resumes: that transaction fails once
 // (logged by the inbox at Error, as for any lost connection), and its
@@ -197,13 +202,13 @@
 //
 // The stored offsets win over the group's: resetting the group's offsets
 // in Kafka (to replay, to skip, or after the topic was recreated) has no
-// effect until the group's rows in OffsetsTable are reset or deleted too:
+// effect until the group's rows in Offsets.Table are reset or deleted too:
 // inboxctl offsets reset moves both, with the group stopped. A
 // replay under a new GroupID needs nothing: its rows do not exist yet.
-// Delete a group's rows as well when StoreOffsets is turned off: turned
+// Delete a group's rows as well when Offsets.Store is turned off: turned
 // on again, it would resume from where the rows were left.
 //
-// On assignment the start offset (with or without StoreOffsets) is
+// On assignment the start offset (with or without Offsets.Store) is
 // checked against the partition's log, and so is the next offset of a
 // partition idle for 30 s. Past the log end (the topic was deleted and
 // recreated) for three lookups a second apart, the partition stops with
@@ -235,8 +240,10 @@
 // A message published by this library's outbox relay carries its place in
 // the outbox (the sequence headers of package header: source, epoch,
 // shard, sequence number, and, from an aligned outbox, the partition
-// count). For the sources listed in [Config.SequencedSources] whose
-// shards are aligned with the topic's partitions (package outbox, "Aligned
+// count). For the sources listed in Config.Sequenced.Sources (their
+// header.SeqSource ids: inboxctl outbox source prints a table's, and in
+// code the producer's outbox store tells it, storage.Sequenced's Source)
+// whose shards are aligned with the topic's partitions (package outbox, "Aligned
 // shards": the relay says so in the partitions header) the consumer
 // deduplicates by that place instead of an inbox row: per stream
 // (consumer, source, epoch, topic, partition) it keeps the highest number
@@ -302,12 +309,12 @@
 //     watermarks are read again, and what the other member applied is a
 //     duplicate.
 //   - The consumer's own database failed over and lost commits: with
-//     StoreOffsets the partition resumes from the stored offset, which went
+//     Offsets.Store the partition resumes from the stored offset, which went
 //     back with the watermarks and the effects, and reads the watermarks
 //     again, so the messages in between are applied again, once (a gap the
-//     older watermark shows is then no gap). Without StoreOffsets such a
+//     older watermark shows is then no gap). Without Offsets.Store such a
 //     stream shows a gap and stops, as any stream whose watermark went back.
-//   - A stream switched from inbox rows: until [Config.SequencedRowsUntil]
+//   - A stream switched from inbox rows: until Config.Sequenced.RowsUntil
 //     a sequenced message also claims its row, so a copy of a message
 //     applied through a row before the switch is not applied again.
 //   - A trusted source's message with missing or malformed sequence
@@ -317,7 +324,7 @@
 // Each stream is contiguous, so a number past the next one expected means
 // a message was lost or reordered upstream: the partition stops at it
 // ([ReasonSequenceGap], naming the stream and the missing numbers), or,
-// with [Config.AcceptSequenceGaps], the gap is logged at ERROR and
+// with Config.Sequenced.AcceptGaps, the gap is logged at ERROR and
 // accepted. A new group, or a topic whose head retention deleted, starts
 // each stream at the first number it sees. A compacted topic cannot use
 // gap detection: compaction removes numbers.
@@ -338,7 +345,7 @@
 // A member paused longer than its session timeout (a GC pause, a frozen VM,
 // SIGSTOP) loses its partitions to other members, but when it resumes its
 // workers carry on until its next heartbeat tells it. Its Kafka commits are
-// refused; with StoreOffsets its writes of the stored offset are refused
+// refused; with Offsets.Store its writes of the stored offset are refused
 // too, because each row names the generation that wrote it and the new
 // owner claims its rows when it is assigned: the zombie's transaction rolls
 // back, it logs "partition taken over by a newer generation" at Warn and
@@ -347,11 +354,12 @@
 // franz-go's transport does, may stop the worker before it writes again.)
 // A row whose offset
 // went back with a generation that is not newer is a database failover
-// instead, and is repositioned (see Config.StoreOffsets, which also says
-// how a recreated group, whose generation ids start again, is told from a
-// zombie). A member frozen inside a transaction holds its locks until it
-// resumes or the database ends the transaction: the new owner waits for
-// them (Config.StoreOffsets names the server settings that bound the wait).
+// instead, and is repositioned (see "Offsets in the database", which also
+// says how a recreated group, whose generation ids start again, is told
+// from a zombie). A member frozen inside a transaction holds its locks
+// until it resumes or the database ends the transaction: the new owner
+// waits for them ("Offsets in the database" names the server settings
+// that bound the wait).
 //
 // # Start offsets
 //
@@ -361,14 +369,16 @@
 // stops the partition with [ReasonOffsetBeyondLogEnd] rather than waiting
 // there while the new messages below it go unprocessed; the error says how
 // to reset. A recreated topic that has already grown past the stored
-// offset is caught by the message before it: with StoreOffsets the row
+// offset is caught by the message before it: with Offsets.Store the row
 // holds its fingerprint, and a different message there stops the partition
 // with [ReasonTopicRecreated] (when that message is gone, to retention or
 // compaction, the check is skipped with an Info, never a stop). One below
 // the log start (retention deleted unprocessed messages) starts at the log
-// start with a Warn saying how many were skipped. A partition without any offset starts at the log start or end
-// (Config.StartOffset) and commits that offset at once, so a restart never
-// skips what was produced in between.
+// start with a Warn saying how many were skipped. A partition without any
+// offset starts at the log start or end (Config.Kafka.StartOffset) and
+// commits that offset at once, so a restart never skips what was produced
+// in between: with kafka.LastOffset, messages produced while the consumer
+// was down are then processed, not skipped.
 //
 // # Naturally idempotent handlers
 //
@@ -377,8 +387,12 @@
 // row. Set Config.NaturallyIdempotent and give Config.DB and
 // Config.Classifier (the adapter's Store, which tells a failing database from
 // a failing message) instead of an Inbox (see Example_naturallyIdempotent):
-// every delivery runs the handler, each in its own transaction. Never do this for increments such as
-// reserved = reserved + n.
+// every delivery runs the handler, each message in its own transaction on
+// DB, and a message without event id is processed all the same
+// (Message.EventID is then empty). Config.BatchSize applies to a
+// BatchHandler only: a batch runs in one transaction without inbox rows,
+// and if it fails for a message, its messages are run one by one. Never do
+// this for increments such as reserved = reserved + n.
 //
 // # What is retried, and how often
 //
@@ -386,9 +400,9 @@
 // (also its network errors, EOFs from a decoder and its own deadlines,
 // whether marked with inbox.Retryable or not), a panic (an
 // *inbox.PanicError, whose stack is logged and sent as the dlq_panic_stack
-// header), Config.HandlerTimeout, and a COMMIT the database refuses for the
+// header), Config.Timeouts.Handler, and a COMMIT the database refuses for the
 // message (a deferred constraint: an *inbox.CommitError; in a batch the
-// messages are then run one per transaction to pin it). After MaxAttempts
+// messages are then run one per transaction to pin it). After Failure.MaxAttempts
 // the failure policy applies; a handler error marked with inbox.Permanent
 // (a payload that will never decode), also when wrapped further, sends the
 // message to it at once, with [ReasonPermanent]. A failing database is
@@ -397,12 +411,23 @@
 // classifies as transient (a deadlock, a lock timeout, a lost connection);
 // see inbox.IsDatabaseFailure.
 // So is a step of the consumer's own that the database did not answer
-// within Config.DatabaseTimeout, and a HandlerTimeout that cut short a
+// within Config.Timeouts.Database, and a Timeouts.Handler that cut short a
 // statement while the database did not answer a ping either (see
 // "Database timeouts"). After five such retries in a row they are logged
 // at Error. A statement that fails this way also dooms its transaction:
 // the handler's later statements are refused (inbox.ErrTransactionAborted),
 // so a handler that ignores the error cannot commit half an effect.
+//
+// The consumer owns every retry of the messages it processes, with
+// Config.Failure: Failure.MaxAttempts counts a message's attempts, and
+// Failure.MinBackoff and Failure.MaxBackoff bound the jittered exponential
+// wait between them, between the retries of a failing database, and
+// between reconnection tries. The inbox it drives runs each of the
+// consumer's transactions once and hands every failure back, so the
+// inbox.Config's MaxAttempts, MinBackoff and MaxBackoff do not apply to
+// the consumer's messages; they still bound the inbox's own Migrate and
+// Maintain (which the consumer's maintenance runs call) and an inbox
+// called without a consumer.
 //
 // # Database timeouts
 //
@@ -412,26 +437,50 @@
 // later, and the member, still heartbeating to Kafka, keeps its partitions
 // all that time. Three settings bound it:
 //
-//   - Config.DatabaseTimeout (default 30 s) bounds each of the consumer's
-//     own steps: BEGIN, the inbox's claim, the stored offset's write and
-//     read, COMMIT and ROLLBACK. A step past it is a database failure,
-//     retried without limit and without counting an attempt. A COMMIT given
-//     up has an unknown outcome (it may commit once the database gets it):
-//     the retry then finds the message's inbox row and skips it as a
-//     duplicate, so the effect commits once. Drivers that ignore the context
+//   - Config.Timeouts.Database (default 30 s) bounds each of the consumer's
+//     own steps: BEGIN (with taking or opening a connection), the inbox's
+//     claim, the stored offset's write and read, COMMIT and ROLLBACK. A step
+//     past it is a database failure, rolled back and retried without limit
+//     and without counting an attempt, as a lost connection is. A COMMIT
+//     given up has an unknown outcome (it may commit once the database gets
+//     it): the retry then finds the message's inbox row and skips it as a
+//     duplicate, so the effect commits once (a naturally idempotent handler
+//     runs again, which its effect allows). Drivers that ignore the context
 //     in COMMIT or ROLLBACK (go-sql-driver/mysql) keep that connection until
 //     they return (their readTimeout, or the kernel); the pool opens another.
-//   - Config.HandlerTimeout, when a handler's statement was cut short by it,
-//     pings the database on another connection: no answer, and the timeout
-//     is the database's failure (retried, no attempt, a Warn), not the
-//     message's. No handler can make the ping fail: it runs no SQL of the
-//     handler's and waits on none of its locks.
-//   - Config.MaxProcessingStall (default 2 minutes, or what a batch of slow
-//     handlers may take) makes a member whose partition waited that long for
-//     the database leave the group, as Kafka's max.poll.interval.ms does: its
-//     partitions move to the other members within MaxProcessingStall plus
-//     SessionTimeout plus the rebalance, and it rejoins once its database
-//     answers a ping.
+//     Choose it above the longest the inbox's own statements may wait for a
+//     lock: during a rebalance a claim waits for the previous owner's
+//     transaction on the same message. The handler's own statements are
+//     bounded by Timeouts.Handler, not by this.
+//   - Config.Timeouts.Handler bounds one call of a handler: its context and
+//     transaction handle carry the deadline, so its statements are cancelled
+//     when it passes; a handler still running or returning after it fails
+//     with an error wrapping [ErrHandlerTimeout], its writes are rolled back,
+//     and the message counts an attempt. Go code that ignores its context
+//     cannot be interrupted: the partition waits for it to return. One case
+//     is the database's, not the message's: the deadline cut short a
+//     statement the handler sent through tx, and a ping of the database on
+//     another connection gets no answer either (within 5 s, or
+//     Timeouts.Database if shorter). The batch is then retried as a
+//     database failure (no attempt, a Warn). No handler can make the ping
+//     fail: it runs no SQL of the handler's, waits on none of its locks,
+//     and a slow query of the handler's has been cancelled by then.
+//   - Config.Timeouts.ProcessingStall (default the larger of 2 minutes and
+//     2 × Timeouts.Database + BatchSize × Timeouts.Handler) bounds how long
+//     a partition may wait for the database to answer its work: from the
+//     start of a batch (its handlers included) until the batch commits or
+//     fails for a reason of a message's own, with every retry of a database
+//     failure in between, and the same for reading and writing the stored
+//     offset. A member with a partition stalled longer leaves the group, as
+//     Kafka's max.poll.interval.ms makes a consumer that stops polling do:
+//     the work in flight is cancelled and rolled back (redelivered to the
+//     new owner, where the inbox absorbs what had committed), its
+//     partitions move to the other members within Timeouts.ProcessingStall
+//     plus Kafka.SessionTimeout plus the rebalance, and it rejoins once a
+//     ping of its database succeeds. It must exceed Timeouts.Database and
+//     Timeouts.Handler, and should exceed the longest a batch may take
+//     (BatchSize × Timeouts.Handler): a member leaves the group over a slow
+//     batch too.
 //
 // The driver's own settings bound what these do not (connecting, the idle
 // connections of the pool, the connection a given-up COMMIT keeps), and the
@@ -448,14 +497,14 @@
 //     docs/RELIABILITY.md) and open the pool with stdlib.OpenDB. The
 //     server's settings go in the DSN as they are (pgx sends unknown
 //     keywords to the server): idle_in_transaction_session_timeout
-//     (milliseconds, above HandlerTimeout plus DatabaseTimeout: a handler's
+//     (milliseconds, above Timeouts.Handler plus Timeouts.Database: a handler's
 //     own work keeps the transaction idle) ends a session gone silent
 //     inside a transaction; tcp_user_timeout, tcp_keepalives_idle,
 //     tcp_keepalives_interval and tcp_keepalives_count make the server
 //     notice a dead client.
 //   - MariaDB through go-sql-driver/mysql: timeout=5s (connecting),
 //     readTimeout and writeTimeout (each read and write of a packet; above
-//     the longest statement you run, HandlerTimeout included, or a long
+//     the longest statement you run, Timeouts.Handler included, or a long
 //     query is cut), and, as a session setting in the DSN,
 //     idle_transaction_timeout (seconds; MariaDB 10.3 and later; MySQL has
 //     none) to end a session gone silent inside a transaction.
@@ -465,15 +514,48 @@
 //
 // Logs go to Config.Logger (log/slog): retries and transient failures at
 // Warn, dead letters and stopped partitions at Error, one line per failed
-// attempt (the inbox the consumer drives logs none of them). Config.Hooks
-// receive every hooks.Event (processed, duplicate, retry, dead-lettered,
-// partition-stopped, committed, lag per partition, assigned, revoked,
-// maintenance, repositioned), and a [ContextHook] among them gives each
-// message the context its handler and its inbox work run under, for
-// tracing. The consumer reports each message's outcome once it is decided;
-// the inbox it drives reports none of them (see package hooks), so the same
-// hooks can go into both Configs. The module github.com/inboxgo/inbox/otel
-// is such a hook.
+// attempt (the inbox the consumer drives logs none of them). The values a
+// message brings (its event id, its key) are logged shortened to 64
+// bytes, as error texts show them. Config.Hooks receive every hooks.Event
+// (processed, duplicate, retry, dead-lettered, partition-stopped,
+// committed, lag per partition, assigned, revoked, maintenance,
+// repositioned), and a [ContextHook] among them gives each message the
+// context its handler and its inbox work run under, for tracing.
+//
+// Give the logger and the hooks once, to the inbox's Config: a consumer
+// whose Logger is nil logs to the inbox's (inbox.Config.Logger, else
+// slog.Default()), and one whose Hooks is nil takes the inbox's. The
+// inbox then traces each message's claim and handler (hooks.MessageTracer,
+// ClaimTracer, HandlerTracer) and the consumer reports the events: each
+// message's outcome once it is decided, which the inbox it drives does not
+// report (see package hooks), so every event reaches a hook once. Hooks of
+// the consumer's own (an empty, non-nil list for none) replace the inbox's
+// for what the consumer reports; giving the same list to both, as before,
+// is the same as giving it to the inbox alone. The module
+// github.com/inboxgo/inbox/otel is such a hook.
+//
+// # Maintenance
+//
+// Run runs the inbox's maintenance (inbox.Inbox.Maintain: prepare the
+// coming days' partitions, expire the days past the retention window) at
+// start and then every Config.MaintenanceInterval, logging a failure at
+// Error and reporting every run as a hooks.Maintenance event. The default
+// interval, an hour, makes a missed run cost nothing: partitions are
+// prepared days ahead. A negative interval turns it off; run Maintain
+// yourself then (inboxctl maintain, for example). Several consumers running
+// it on one inbox is safe (the Store serialises it), only redundant.
+//
+// # Dead letters
+//
+// Under [DeadLetter] each dead letter names Config.Failure.DeadLetterTopic,
+// so a *kafka.Writer given as Failure.DeadLetterWriter must leave its Topic
+// empty (New refuses one that does not), and should accept messages as
+// large as the source topics hold (its BatchBytes). The default writer is
+// the transport's: kafka-go's is a *kafka.Writer on Config.Brokers that
+// requires all in-sync replicas and accepts messages of up to 11 MiB (the
+// 10 MiB the partition readers accept plus room for the dead-letter
+// headers). Run closes the default writer and its connections when it
+// returns.
 //
 // # Transport
 //
@@ -483,9 +565,9 @@
 // generations, a Generation that starts a worker per partition with a
 // reader of that partition and commits its offsets, and a lookup of a
 // partition's log offsets (package transport states what each must
-// guarantee, eager and cooperative rebalancing alike). [Config.Transport]
+// guarantee, eager and cooperative rebalancing alike). Config.Kafka.Transport
 // takes the Client; nil means kafka-go over [Config.Brokers] and
-// [Config.Dialer], whose group, reader, client and default dead-letter
+// Config.Kafka.Dialer, whose group, reader, client and default dead-letter
 // writer with their settings are all in transport_kafkago.go. A worker
 // belongs to the generation that started it: it writes that generation's
 // id into its stored offset rows, and with a cooperative client it goes on

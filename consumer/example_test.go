@@ -15,7 +15,7 @@ import (
 // from the message headers. The default extractor takes event_id /
 // event_time, then the CloudEvents binary-mode headers ce_id / ce_time. A
 // message without them is never processed: the error wraps ErrNoEventID (or
-// ErrNoEventTime) and the message goes to Config.OnFailure.
+// ErrNoEventTime) and the message goes to Config.Failure.Policy.
 func ExampleHeaderExtractor() {
 	extract := consumer.HeaderExtractor(nil, nil)
 

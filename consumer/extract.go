@@ -15,7 +15,7 @@ import (
 var (
 	// ErrNoEventID is wrapped by an [Extractor]'s error when a message
 	// carries no usable event id. Such a message is never processed: it goes
-	// to Config.OnFailure.
+	// to Config.Failure.Policy.
 	ErrNoEventID = errors.New("consumer: message has no event id")
 	// ErrNoEventTime is wrapped by an [Extractor]'s error when a message
 	// carries no usable event time.

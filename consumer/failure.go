@@ -50,13 +50,13 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 			return w.applyPolicy(ctx, dbCtx, it, ReasonInvalid, err)
 		case w.infrastructure(err):
 			// The database, not the message: retry without using up attempts.
-			it.attempts = min(it.attempts, w.c.cfg.MaxAttempts-1)
+			it.attempts = min(it.attempts, w.c.cfg.Failure.MaxAttempts-1)
 		case inbox.IsPermanent(err):
 			return w.applyPolicy(ctx, dbCtx, it, ReasonPermanent, err)
-		case it.attempts >= w.c.cfg.MaxAttempts:
+		case it.attempts >= w.c.cfg.Failure.MaxAttempts:
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, it.attempts)
 		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "event_id", it.msg.EventID,
 			"attempt", it.attempts, "error", err, "retry_in", wait)
 		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
@@ -114,7 +114,7 @@ func (w *worker) infrastructure(err error) bool { return inbox.IsDatabaseFailure
 
 // applyPolicy dead-letters the message or stops the partition at it.
 func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string, cause error) resolution {
-	if w.c.cfg.OnFailure == StopPartition {
+	if w.c.cfg.Failure.Policy == StopPartition {
 		e := &PartitionStoppedError{Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset,
 			EventID: it.msg.EventID, Reason: reason, Attempts: it.attempts, Err: cause}
 		w.c.setStopped(e)
@@ -123,7 +123,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		w.c.emit(hooks.Event{Kind: hooks.PartitionStopped, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: e})
 		return stopped
 	}
-	dl := deadLetter(w.c.cfg.DeadLetterTopic, &it.msg, reason, it.attempts, cause, w.c.cfg.GroupID, w.c.cfg.Consumer, time.Now())
+	dl := deadLetter(w.c.cfg.Failure.DeadLetterTopic, &it.msg, reason, it.attempts, cause, w.c.cfg.GroupID, w.c.cfg.Consumer, time.Now())
 	unknownTopic := 0 // publish attempts in a row that found the topic unknown
 	for attempt := 1; ; attempt++ {
 		err := w.c.dlq.WriteMessages(ctx, dl)
@@ -143,7 +143,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		if permanent {
 			return w.deadLetterRefused(it, reason, cause, attempt, perr)
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: the producer, not the message, is failing
@@ -154,7 +154,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		}
 	}
 	w.log.Error("message dead-lettered", append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID,
-		"reason", reason, "attempts", it.attempts, "dead_letter_topic", w.c.cfg.DeadLetterTopic}, failureAttrs(cause)...)...)
+		"reason", reason, "attempts", it.attempts, "dead_letter_topic", w.c.cfg.Failure.DeadLetterTopic}, failureAttrs(cause)...)...)
 	if err := w.tracker.markDone(it.msg.Offset); err != nil {
 		w.log.Error("offset bookkeeping broken", "error", err)
 	}
@@ -162,7 +162,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 	if !w.advancePast(ctx, dbCtx, it) {
 		return abandoned
 	}
-	if w.c.cfg.StoreOffsets {
+	if w.c.cfg.Offsets.Store {
 		// The database's position is where the next start resumes, even
 		// behind the group's: a stored offset left before the dead letter
 		// would dead-letter the message again. Retried while the database

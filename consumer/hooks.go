@@ -8,7 +8,7 @@ import (
 )
 
 // The inbox's and the relay's New accept a hook that is only a ContextHook:
-// the same hooks go to the inbox and to its consumer.
+// hooks given to the inbox serve its consumer too.
 func init() {
 	hooklist.Register("consumer.ContextHook", func(h hooks.Hook) bool { _, ok := h.(ContextHook); return ok })
 }

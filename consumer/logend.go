@@ -57,7 +57,7 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 	beyond := 0
 	for attempt := 1; ; attempt++ {
 		first, end, err := w.c.logOffsets(ctx, w.topic, w.partition)
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
 		switch {
 		case err == nil && (start < 0 || start <= end):
 			w.logStart = first
@@ -146,13 +146,13 @@ func (w *worker) beyondLogEnd(start, end int64, from string) *PartitionStoppedEr
 }
 
 // resetAdvice says how to make the partition start over at the log start:
-// reset the group's offsets, and with StoreOffsets delete its rows first.
+// reset the group's offsets, and with Offsets.Store delete its rows first.
 func (w *worker) resetAdvice() string {
 	fix := fmt.Sprintf("reset the group's offsets of the partition (kafka-consumer-groups.sh --group %s --topic %s --reset-offsets --to-earliest --execute, or delete the group)",
 		w.c.cfg.GroupID, w.topic)
-	if w.c.cfg.StoreOffsets {
+	if w.c.cfg.Offsets.Store {
 		fix = fmt.Sprintf("with the group's consumers stopped, reset its stored and Kafka offsets (inboxctl offsets reset --group %s --topic %s --to-start), or delete the group's rows in the offsets table (DELETE FROM %s WHERE group_id = '%s' AND topic = '%s') and %s",
-			w.c.cfg.GroupID, w.topic, w.c.cfg.OffsetsTable, w.c.cfg.GroupID, w.topic, fix)
+			w.c.cfg.GroupID, w.topic, w.c.cfg.Offsets.Table, w.c.cfg.GroupID, w.topic, fix)
 	}
 	return fix
 }

@@ -43,10 +43,10 @@ func TestMemCooperativeRebalance(t *testing.T) {
 				}
 				return apply(tx, m)
 			})
-			cfg.StoreOffsets = stored
+			cfg.Offsets.Store = stored
 			// Offsets are committed only when a partition is let go: the
 			// revocation's commit is the worker's last.
-			cfg.CommitInterval = time.Hour
+			cfg.Kafka.CommitInterval = time.Hour
 			has := func(v string) func() bool { return func() bool { return slices.Contains(e.effects(), v) } }
 			e.b.produce("orders", 1, event("b", "2"), event("c", "3"))
 			r := e.start(cfg)
@@ -138,7 +138,7 @@ func TestMemCooperativeTakenOverRejoins(t *testing.T) {
 	e.b.produce("orders", 0, event("a", "1"))
 	e.b.produce("orders", 1, event("b", "2"))
 	cfg := e.config(applyAll)
-	cfg.StoreOffsets = true
+	cfg.Offsets.Store = true
 	r := e.start(cfg)
 	e.committedTo(0, 1)
 	e.committedTo(1, 1)

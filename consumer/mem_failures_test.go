@@ -20,13 +20,13 @@ import (
 func (e *memEnv) deadLetterConfig(h Handler) Config {
 	e.b.createTopic("orders.dlq", 1)
 	cfg := e.config(h)
-	cfg.OnFailure = DeadLetter
-	cfg.DeadLetterTopic = "orders.dlq"
-	cfg.MaxAttempts = 2
+	cfg.Failure.Policy = DeadLetter
+	cfg.Failure.DeadLetterTopic = "orders.dlq"
+	cfg.Failure.MaxAttempts = 2
 	return cfg
 }
 
-// A handler that overruns HandlerTimeout fails with ErrHandlerTimeout, and
+// A handler that overruns Timeouts.Handler fails with ErrHandlerTimeout, and
 // one that panics with an *inbox.PanicError: both are the message's
 // failures, which end in its dead letter.
 func TestMemHandlerTimeoutAndPanic(t *testing.T) {
@@ -42,7 +42,7 @@ func TestMemHandlerTimeoutAndPanic(t *testing.T) {
 		}
 		return apply(tx, m)
 	})
-	cfg.HandlerTimeout = 30 * time.Millisecond
+	cfg.Timeouts.Handler = 30 * time.Millisecond
 	e.start(cfg)
 	e.committedTo(0, 3)
 	dead := e.b.deadLetters()
@@ -118,7 +118,7 @@ func TestMemNaturallyIdempotent(t *testing.T) {
 			cfg.NaturallyIdempotent = true
 			cfg.DB = e.db
 			cfg.Classifier = e.store
-			cfg.StoreOffsets = true
+			cfg.Offsets.Store = true
 			h := failing(&calls, errBoom, "poison")
 			if batch {
 				cfg.BatchSize = 4
@@ -238,7 +238,7 @@ func TestMemMaintenance(t *testing.T) {
 	}
 }
 
-// A partition whose work has not finished within MaxProcessingStall makes
+// A partition whose work has not finished within Timeouts.ProcessingStall makes
 // the member leave the group (its partitions go to others) and rejoin when
 // the database answers; the message's work in flight is rolled back and
 // done again.
@@ -256,8 +256,8 @@ func TestMemStallLeavesTheGroup(t *testing.T) {
 				}
 				return apply(tx, m)
 			})
-			cfg.MaxProcessingStall = 150 * time.Millisecond
-			cfg.DatabaseTimeout = 100 * time.Millisecond
+			cfg.Timeouts.ProcessingStall = 150 * time.Millisecond
+			cfg.Timeouts.Database = 100 * time.Millisecond
 			e.start(cfg)
 			e.committedTo(0, 1)
 			if got := e.effects(); len(got) != 1 {

@@ -37,14 +37,14 @@ func (e *memEnv) setStored(p int, next int64, gen int32) {
 	}
 }
 
-// With StoreOffsets the position is stored with the effects, the group's
+// With Offsets.Store the position is stored with the effects, the group's
 // offset follows it, and on assignment the stored offset wins over the
 // group's, ahead or behind.
 func TestMemStoreOffsets(t *testing.T) {
 	e := newMemEnv(t, 1)
 	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("c", "3"))
 	cfg := e.config(applyAll)
-	cfg.StoreOffsets = true
+	cfg.Offsets.Store = true
 	r := e.start(cfg)
 	e.committedTo(0, 3)
 	if row := e.stored(0); row.Next != 3 || row.Generation != e.b.generation() || row.Last == 0 {
@@ -87,7 +87,7 @@ func TestMemStoredOffsetMovedBack(t *testing.T) {
 	e := newMemEnv(t, 1)
 	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("c", "3"))
 	cfg := e.config(applyAll)
-	cfg.StoreOffsets = true
+	cfg.Offsets.Store = true
 	ctx := testhooks.With(context.Background(), &testhooks.Knobs{PosCheckInterval: 10 * time.Millisecond})
 	r := e.startCtx(ctx, cfg)
 	defer r.close(t)
@@ -111,7 +111,7 @@ func TestMemStoredOffsetOfANewerGeneration(t *testing.T) {
 	e := newMemEnv(t, 1)
 	e.b.produce("orders", 0, event("a", "1"))
 	cfg := e.config(applyAll)
-	cfg.StoreOffsets = true
+	cfg.Offsets.Store = true
 	r := e.start(cfg)
 	e.committedTo(0, 1)
 	r.close(t)
@@ -150,7 +150,7 @@ func TestMemTopicRecreated(t *testing.T) {
 	e := newMemEnv(t, 1)
 	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("c", "3"), event("d", "4"))
 	cfg := e.config(applyAll)
-	cfg.StoreOffsets = true
+	cfg.Offsets.Store = true
 	r := e.start(cfg)
 	e.committedTo(0, 4)
 	r.close(t)
@@ -200,13 +200,13 @@ func TestMemLogEndFallsBehind(t *testing.T) {
 	}
 }
 
-// StartOffset LastOffset skips what the partition held before the group's
+// Kafka.StartOffset LastOffset skips what the partition held before the group's
 // first start, and commits that start at once.
 func TestMemStartAtLogEnd(t *testing.T) {
 	e := newMemEnv(t, 1)
 	e.b.produce("orders", 0, event("old1", "old"), event("old2", "old"))
 	cfg := e.config(applyAll)
-	cfg.StartOffset = kafka.LastOffset
+	cfg.Kafka.StartOffset = kafka.LastOffset
 	e.start(cfg)
 	e.committedTo(0, 2)
 	e.b.produce("orders", 0, event("new", "new"))

@@ -18,7 +18,7 @@ import (
 
 func (e *memEnv) sequencedConfig(h Handler) Config {
 	cfg := e.config(h)
-	cfg.SequencedSources = []string{"orders-outbox"}
+	cfg.Sequenced.Sources = []string{"orders-outbox"}
 	return cfg
 }
 
@@ -103,7 +103,7 @@ func TestMemSequencedBatches(t *testing.T) {
 }
 
 // A message of an aligned stream after a gap in its numbers stops the
-// partition before it; with AcceptSequenceGaps it is processed, and the
+// partition before it; with Sequenced.AcceptGaps it is processed, and the
 // gap logged.
 func TestMemSequenceGap(t *testing.T) {
 	for _, accept := range []bool{false, true} {
@@ -115,7 +115,7 @@ func TestMemSequenceGap(t *testing.T) {
 				sequenced("g4", "orders-outbox", 0, 4, 1),
 			)
 			cfg := e.sequencedConfig(applyAll)
-			cfg.AcceptSequenceGaps = accept
+			cfg.Sequenced.AcceptGaps = accept
 			r := e.start(cfg)
 			if accept {
 				e.committedTo(0, 3)
@@ -157,7 +157,7 @@ func TestMemSequencedHeldBack(t *testing.T) {
 	})
 	cfg.BatchSize = 5
 	cfg.BatchWait = 50 * time.Millisecond
-	cfg.MaxAttempts = 3
+	cfg.Failure.MaxAttempts = 3
 	e.start(cfg)
 	e.committedTo(0, 5)
 	got := e.effects()
@@ -209,8 +209,8 @@ func TestMemBadSequenceIsDeadLettered(t *testing.T) {
 	}
 	e.b.produce("orders", 0, bad, sequenced("ok", "orders-outbox", 0, 1, 1))
 	cfg := e.sequencedConfig(applyAll)
-	cfg.OnFailure = DeadLetter
-	cfg.DeadLetterTopic = "orders.dlq"
+	cfg.Failure.Policy = DeadLetter
+	cfg.Failure.DeadLetterTopic = "orders.dlq"
 	e.start(cfg)
 	e.committedTo(0, 2)
 	dead := e.b.deadLetters()
@@ -223,7 +223,7 @@ func TestMemBadSequenceIsDeadLettered(t *testing.T) {
 }
 
 // A sequenced message dead-lettered moves its stream's watermark past it
-// (and, with StoreOffsets, the stored offset): delivered again, it is a
+// (and, with Offsets.Store, the stored offset): delivered again, it is a
 // duplicate, not a second dead letter.
 func TestMemSequencedDeadLetterMovesTheWatermark(t *testing.T) {
 	e := newMemEnv(t, 1)
@@ -239,10 +239,10 @@ func TestMemSequencedDeadLetterMovesTheWatermark(t *testing.T) {
 		}
 		return apply(tx, m)
 	})
-	cfg.OnFailure = DeadLetter
-	cfg.DeadLetterTopic = "orders.dlq"
-	cfg.MaxAttempts = 2
-	cfg.StoreOffsets = true
+	cfg.Failure.Policy = DeadLetter
+	cfg.Failure.DeadLetterTopic = "orders.dlq"
+	cfg.Failure.MaxAttempts = 2
+	cfg.Offsets.Store = true
 	r := e.start(cfg)
 	e.committedTo(0, 3)
 	r.close(t)

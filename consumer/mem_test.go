@@ -146,7 +146,7 @@ func TestMemRetriesUntilSuccess(t *testing.T) {
 		}
 		return apply(tx, m)
 	})
-	cfg.MaxAttempts = 5
+	cfg.Failure.MaxAttempts = 5
 	e.start(cfg)
 	e.committedTo(0, 2)
 	if got := e.effects(); !slices.Equal(got, []string{"1", "2"}) {
@@ -170,9 +170,9 @@ func TestMemDeadLetter(t *testing.T) {
 	e.b.produce("orders", 0, event("a", "1"), event("bad", "2"), event("c", "3"))
 	var calls sync.Map
 	cfg := e.config(failing(&calls, errBoom, "bad"))
-	cfg.MaxAttempts = 3
-	cfg.OnFailure = DeadLetter
-	cfg.DeadLetterTopic = "orders.dlq"
+	cfg.Failure.MaxAttempts = 3
+	cfg.Failure.Policy = DeadLetter
+	cfg.Failure.DeadLetterTopic = "orders.dlq"
 	e.start(cfg)
 	e.committedTo(0, 3)
 	dead := e.b.deadLetters()
@@ -201,9 +201,9 @@ func TestMemPermanentErrorIsNotRetried(t *testing.T) {
 	e.b.produce("orders", 0, event("bad", "1"), event("b", "2"))
 	var calls sync.Map
 	cfg := e.config(failing(&calls, inbox.Permanent(errBoom), "bad"))
-	cfg.MaxAttempts = 5
-	cfg.OnFailure = DeadLetter
-	cfg.DeadLetterTopic = "orders.dlq"
+	cfg.Failure.MaxAttempts = 5
+	cfg.Failure.Policy = DeadLetter
+	cfg.Failure.DeadLetterTopic = "orders.dlq"
 	e.start(cfg)
 	e.committedTo(0, 2)
 	if n, _ := calls.Load("bad"); *n.(*int) != 1 {
@@ -222,8 +222,8 @@ func TestMemNoEventIDIsDeadLettered(t *testing.T) {
 	e.b.createTopic("orders.dlq", 1)
 	e.b.produce("orders", 0, kafka.Message{Value: []byte("no headers")}, event("b", "2"))
 	cfg := e.config(func(ctx context.Context, tx *gorm.DB, m Message) error { return apply(tx, m) })
-	cfg.OnFailure = DeadLetter
-	cfg.DeadLetterTopic = "orders.dlq"
+	cfg.Failure.Policy = DeadLetter
+	cfg.Failure.DeadLetterTopic = "orders.dlq"
 	e.start(cfg)
 	e.committedTo(0, 2)
 	dead := e.b.deadLetters()
@@ -243,7 +243,7 @@ func TestMemStopPartition(t *testing.T) {
 	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("bad", "3"), event("d", "4"), event("e", "5"))
 	var calls sync.Map
 	cfg := e.config(failing(&calls, errBoom, "bad"))
-	cfg.MaxAttempts = 2
+	cfg.Failure.MaxAttempts = 2
 	cfg.BatchSize = 5
 	cfg.BatchWait = 50 * time.Millisecond
 	r := e.start(cfg)
@@ -330,7 +330,7 @@ func TestMemStartChecks(t *testing.T) {
 	}
 
 	cfg = e.config(func(ctx context.Context, tx *gorm.DB, m Message) error { return nil })
-	cfg.StoreOffsets = true
+	cfg.Offsets.Store = true
 	c, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -89,18 +89,22 @@ func apply(tx *gorm.DB, m Message) error {
 // the test's short backoffs and commit interval.
 func (e *memEnv) config(h Handler) Config {
 	return Config{
-		Brokers:        []string{"membroker:9092"},
-		Transport:      e.b.client(),
-		GroupID:        "inventory",
-		Topics:         []string{"orders"},
-		Inbox:          e.ib,
-		Consumer:       "reserve-stock",
-		Handler:        h,
-		MinBackoff:     time.Millisecond,
-		MaxBackoff:     5 * time.Millisecond,
-		CommitInterval: 20 * time.Millisecond,
-		Logger:         e.logger(),
-		Hooks:          []hooks.Hook{hooks.EventFunc(e.record)},
+		Brokers: []string{"membroker:9092"},
+		Kafka: KafkaConfig{
+			Transport:      e.b.client(),
+			CommitInterval: 20 * time.Millisecond,
+		},
+		GroupID:  "inventory",
+		Topics:   []string{"orders"},
+		Inbox:    e.ib,
+		Consumer: "reserve-stock",
+		Handler:  h,
+		Failure: FailureConfig{
+			MinBackoff: time.Millisecond,
+			MaxBackoff: 5 * time.Millisecond,
+		},
+		Logger: e.logger(),
+		Hooks:  []hooks.Hook{hooks.EventFunc(e.record)},
 	}
 }
 

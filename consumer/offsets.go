@@ -15,13 +15,13 @@ import (
 )
 
 // DefaultOffsetsTable is the table of stored offsets when
-// Config.OffsetsTable is empty.
+// Config.Offsets.Table is empty.
 const DefaultOffsetsTable = "inbox_offsets"
 
 // offsetTable is the group's rows in the table of stored offsets
-// (Config.StoreOffsets), kept by the inbox's storage.OffsetStore.
+// (Config.Offsets.Store), kept by the inbox's storage.OffsetStore.
 type offsetTable struct {
-	store        storage.OffsetStore // nil without StoreOffsets
+	store        storage.OffsetStore // nil without Offsets.Store
 	table, group string
 }
 
@@ -59,7 +59,7 @@ func (t offsetTable) Adopt(ctx context.Context, db *gorm.DB, topic string, parti
 	return t.store.AdoptOffset(ctx, db, t.table, t.key(topic, partition), from, gen)
 }
 
-// defaultPosCheckInterval is how often an idle partition with StoreOffsets
+// defaultPosCheckInterval is how often an idle partition with Offsets.Store
 // checks that the database still holds the offset it stored: a failover
 // that lost the last commits of a partition that then receives no message
 // would otherwise leave their effects unapplied until the next rebalance.
@@ -188,7 +188,7 @@ func (w *worker) reposition(ctx, dbCtx context.Context, reader transport.Partiti
 // one that failed commit in one that cannot move it past that message,
 // whose retry alone stores only its own offset) have it written here, in
 // a transaction of the write alone, once per Kafka commit (at most once
-// per CommitInterval) rather than once per batch. One attempt: after a
+// per Kafka.CommitInterval) rather than once per batch. One attempt: after a
 // failure the next commit tries again, and a next owner gets the messages
 // past the stored offset again and finds them applied.
 func (w *worker) storeCommittable(dbCtx context.Context, next int64) (int64, bool) {
@@ -219,7 +219,7 @@ func (w *worker) storeCommittable(dbCtx context.Context, next int64) (int64, boo
 // stored offset behind it, for storeCommittable.
 func (w *worker) noteTail() {
 	w.tail.next = -1
-	if !w.c.cfg.StoreOffsets {
+	if !w.c.cfg.Offsets.Store {
 		return
 	}
 	if next, ok := w.tracker.committable(); ok && next > w.floor {

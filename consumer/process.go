@@ -165,7 +165,7 @@ var runBatch = batchopt.Lookup[*inbox.Inbox, inbox.Message, inbox.Handler, inbox
 // without id are Failed. ok is false when the worker is stopping and the
 // batch did not commit.
 //
-// With StoreOffsets the partition's next offset is written in the batch's
+// With Offsets.Store the partition's next offset is written in the batch's
 // transaction, after the longest run of items from the start of the batch
 // that this transaction finishes, as ProcessBatch decided them (one
 // admission per message and attempt): the stored offset never passes a
@@ -204,7 +204,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	var opts batchopt.Options[inbox.Outcome]
 	callCtx := dbCtx
 	var written *int64 // the highest stored offset this call wrote
-	if w.c.cfg.StoreOffsets {
+	if w.c.cfg.Offsets.Store {
 		// The call runs under a context of its own, which a write of the
 		// stored offset refused because a newer generation took the
 		// partition over cancels: the batch then rolls back as on a
@@ -251,7 +251,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	// the fault model in docs/RELIABILITY.md).
 	opts.CallerRetries = true
 	// BEGIN, the claim, the stored offset's write, COMMIT and ROLLBACK each
-	// within DatabaseTimeout.
+	// within Timeouts.Database.
 	opts.Bound = w.c.bound()
 	// The stall clock runs until the batch commits or fails for a reason of
 	// a message's own; database failures retried below do not stop it.
@@ -262,7 +262,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			if !w.ensureLoaded(ctx, dbCtx) {
 				return nil, false
 			}
-			opts.Seq = w.seq.marks(seqOf, time.Now().Before(w.c.cfg.SequencedRowsUntil))
+			opts.Seq = w.seq.marks(seqOf, time.Now().Before(w.c.cfg.Sequenced.RowsUntil))
 			opts.Watermarks = nil
 			if opts.Seq != nil {
 				opts.Watermarks = w.seq.writer(seqOf)
@@ -310,7 +310,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			w.lost = err // rolled back; run resumes from the database's position
 			return nil, false
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
 		if w.seq != nil {
 			// Transactions of the call may have committed before the
 			// failure: the watermarks are read again before the next run.
@@ -407,7 +407,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 			if err := w.callAny(w.messageContext(dbCtx, it), tx, it.msg); err != nil {
 				return err
 			}
-			if w.c.cfg.StoreOffsets {
+			if w.c.cfg.Offsets.Store {
 				return w.storeInTx(dbCtx, func(ctx context.Context) error {
 					return w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(it.msg.Offset+1, fingerprint(&it.msg.Message)))
 				})
@@ -422,7 +422,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 			return abandoned
 		}
 		if err == nil {
-			if w.c.cfg.StoreOffsets {
+			if w.c.cfg.Offsets.Store {
 				w.floor = max(w.floor, it.msg.Offset+1)
 			}
 			if w.afterCommit(ctx, 1) {
@@ -435,13 +435,13 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 			return abandoned
 		}
 		if w.infrastructure(err) {
-			it.attempts = min(it.attempts, w.c.cfg.MaxAttempts-1)
+			it.attempts = min(it.attempts, w.c.cfg.Failure.MaxAttempts-1)
 		} else if inbox.IsPermanent(err) {
 			return w.applyPolicy(ctx, dbCtx, it, ReasonPermanent, err)
-		} else if it.attempts >= w.c.cfg.MaxAttempts {
+		} else if it.attempts >= w.c.cfg.Failure.MaxAttempts {
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, it.attempts)
 		attrs := []any{"offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait}
 		if w.infrastructure(err) {
 			attrs = append(attrs, w.c.missingTables(dbCtx, err)...)
@@ -474,7 +474,7 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			}); err != nil {
 				return err
 			}
-			if w.c.cfg.StoreOffsets {
+			if w.c.cfg.Offsets.Store {
 				return w.storeInTx(dbCtx, func(ctx context.Context) error {
 					return w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(next, fingerprint(lastMsg)))
 				})
@@ -486,7 +486,7 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			return abandoned
 		}
 		if err == nil {
-			if w.c.cfg.StoreOffsets {
+			if w.c.cfg.Offsets.Store {
 				w.floor = max(w.floor, next)
 			}
 			if w.afterCommit(ctx, len(items)) {
@@ -504,7 +504,7 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			w.log.Warn("a batch failed; trying its messages one by one", "messages", len(items), "error", err)
 			return stopped
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
 		w.log.Warn("the batch could not commit; retrying it", append([]any{"messages", len(items), "attempt", attempt, "error", err, "retry_in", wait},
 			w.c.missingTables(dbCtx, err)...)...)
 		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Consumer: w.c.cfg.Consumer, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
@@ -534,7 +534,7 @@ func (w *worker) transact(ctx context.Context, fn func(tx *gorm.DB) error) error
 }
 
 // storeInTx runs write, the stored offset's write in a transaction of
-// worker.transact, within DatabaseTimeout: past it, it is a database
+// worker.transact, within Timeouts.Database: past it, it is a database
 // failure. Its other errors are returned as they are: after a handler that
 // ignored a failed statement (on PostgreSQL the transaction is then
 // aborted) the write fails for the handler's doing.
@@ -569,7 +569,7 @@ func (w *worker) callAny(ctx context.Context, tx *gorm.DB, msg Message) error {
 	return w.callHandler(ctx, tx, msg)
 }
 
-// callHandler runs the user's handler, enforcing Config.HandlerTimeout. A
+// callHandler runs the user's handler, enforcing Config.Timeouts.Handler. A
 // panic is left to the inbox (or worker.transact), which recovers it as an
 // *inbox.PanicError with its stack.
 func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) error {
@@ -578,13 +578,13 @@ func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) erro
 	})
 }
 
-// withTimeout runs fn under Config.HandlerTimeout: its context and
+// withTimeout runs fn under Config.Timeouts.Handler: its context and
 // transaction handle carry the deadline, and an overrun is the handler's
 // failure (ErrHandlerTimeout), whatever fn returned, unless the handler
 // timed out on a database that does not answer (see
 // worker.handlerTimedOutOnDatabase): then it is a database failure.
 func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx context.Context, tx *gorm.DB) error) (err error) {
-	timeout := w.c.cfg.HandlerTimeout
+	timeout := w.c.cfg.Timeouts.Handler
 	if timeout <= 0 {
 		return fn(ctx, txn.ForApplication(tx))
 	}

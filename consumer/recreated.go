@@ -38,7 +38,7 @@ const lastCheckTimeout = 5 * time.Second
 // ended first.
 func (w *worker) checkLast(ctx context.Context, reader transport.PartitionReader, start int64) (stop *PartitionStoppedError, ok bool) {
 	want := w.stored.Last
-	if !w.c.cfg.StoreOffsets || want == 0 || start != w.stored.Next || start <= 0 {
+	if !w.c.cfg.Offsets.Store || want == 0 || start != w.stored.Next || start <= 0 {
 		return nil, true
 	}
 	if start-1 < w.logStart {
@@ -75,6 +75,6 @@ func (w *worker) topicRecreated(start int64) *PartitionStoppedError {
 	return &PartitionStoppedError{
 		Topic: w.topic, Partition: w.partition, Offset: start, Reason: ReasonTopicRecreated,
 		Err: fmt.Errorf("%w: the message at offset %d is not the one group %q processed there before it stored offset %d in table %s (its key, timestamp, headers or value differ): the topic was deleted and recreated, or its messages replaced, and starting at %d would skip the messages below it for good. To start over, %s, then restart",
-			errTopicRecreated, start-1, w.c.cfg.GroupID, start, w.c.cfg.OffsetsTable, start, w.resetAdvice()),
+			errTopicRecreated, start-1, w.c.cfg.GroupID, start, w.c.cfg.Offsets.Table, start, w.resetAdvice()),
 	}
 }

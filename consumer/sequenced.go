@@ -60,7 +60,7 @@ type shardKey struct {
 
 // sequenceOf reads m's sequence headers (see readSequence). It returns nil
 // for a message that takes its inbox row: one without sequence headers,
-// one of a source not in Config.SequencedSources (said once per source at
+// one of a source not in Config.Sequenced.Sources (said once per source at
 // Info, so that a mistyped id is found), or one of a trusted source whose
 // shards are not aligned with the topic's partitions (said once per
 // source at Warn). An unaligned source's shard spans partitions, so
@@ -77,7 +77,7 @@ func (w *worker) sequenceOf(m *kafka.Message, into *seqPos, known string) (*seqP
 		return nil, err
 	case untrusted != "":
 		if w.c.firstNoteOf(untrusted) {
-			w.log.Info("sequence headers of a source not in SequencedSources: its messages are deduplicated by inbox rows (list it, or check the listed ids for a typo, for sequenced dedup)",
+			w.log.Info("sequence headers of a source not in Sequenced.Sources: its messages are deduplicated by inbox rows (list it, or check the listed ids for a typo, for sequenced dedup)",
 				"source", untrusted)
 		}
 		return nil, nil
@@ -318,7 +318,7 @@ func (w *worker) ensureLoaded(ctx, dbCtx context.Context) (ok bool) {
 				"PARTITION STOPPED: the partition's stored watermarks cannot be read; nothing is consumed until they are repaired")
 			return false
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: a missing table (Migrate not run) or a failing database
@@ -642,7 +642,7 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 			return true
 		}
 		w.seq.loaded = false
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
 		level := slog.LevelWarn
 		switch {
 		case attempt >= 5:
@@ -662,7 +662,7 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 // items before the first gap of an aligned stream, with the gap (the
 // partition then stops at the message after it), or all of items and nil.
 // stop is true when the partition stopped without a message to process
-// (the watermarks cannot be read) or ctx ended. With StoreOffsets, a gap
+// (the watermarks cannot be read) or ctx ended. With Offsets.Store, a gap
 // found while the stored offset went back behind what this worker
 // committed is the database's doing: it returns no items, with w.lost set.
 func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item, _ *gapError, stop bool) {
@@ -676,7 +676,7 @@ func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item,
 	if gap == nil {
 		return items, nil, false
 	}
-	if w.c.cfg.StoreOffsets && w.floor >= 0 {
+	if w.c.cfg.Offsets.Store && w.floor >= 0 {
 		// The watermark may have gone back with the stored offset (a
 		// failover that lost commits): then the partition resumes from the
 		// database's position (w.lost, see reposition) and the messages in
@@ -695,16 +695,16 @@ func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item,
 }
 
 // stopAtGap stops the partition at it, the first message after a gap in
-// its aligned stream, or, with AcceptSequenceGaps, logs the gap and goes
+// its aligned stream, or, with Sequenced.AcceptGaps, logs the gap and goes
 // on. It reports whether the partition stopped.
 func (w *worker) stopAtGap(it *item, gap *gapError) bool {
-	if w.c.cfg.AcceptSequenceGaps {
-		w.log.Error("a sequenced stream has a gap; accepting it (AcceptSequenceGaps): a missing message that arrives later is taken for a duplicate and skipped",
+	if w.c.cfg.Sequenced.AcceptGaps {
+		w.log.Error("a sequenced stream has a gap; accepting it (Sequenced.AcceptGaps): a missing message that arrives later is taken for a duplicate and skipped",
 			"offset", it.msg.Offset, "event_id", it.msg.EventID, "gap", gap.Error())
 		return false
 	}
 	w.stopPartition(&PartitionStoppedError{Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, EventID: it.msg.EventID, Reason: ReasonSequenceGap, Err: gap},
-		"PARTITION STOPPED: a message of a sequenced stream is missing before this one (lost or reordered upstream); nothing at or after it is committed until the missing message is republished, or the consumer restarted with AcceptSequenceGaps",
+		"PARTITION STOPPED: a message of a sequenced stream is missing before this one (lost or reordered upstream); nothing at or after it is committed until the missing message is republished, or the consumer restarted with Sequenced.AcceptGaps",
 		"event_id", it.msg.EventID)
 	return true
 }

@@ -1,10 +1,10 @@
 package consumer
 
 // A database that does not answer: the bound of the consumer's own steps
-// (Config.DatabaseTimeout), the ping that tells a handler timed out on such
-// a database from one that timed out on its own (Config.HandlerTimeout),
+// (Config.Timeouts.Database), the ping that tells a handler timed out on such
+// a database from one that timed out on its own (Config.Timeouts.Handler),
 // and the watchdog that makes a member whose partitions make no progress
-// leave the group (Config.MaxProcessingStall).
+// leave the group (Config.Timeouts.ProcessingStall).
 
 import (
 	"context"
@@ -18,14 +18,14 @@ import (
 	"github.com/inboxgo/inbox/internal/txn"
 )
 
-// bound is Config.DatabaseTimeout as the bound of a step: 0 for none.
-func (c *Consumer) bound() time.Duration { return max(c.cfg.DatabaseTimeout, 0) }
+// bound is Config.Timeouts.Database as the bound of a step: 0 for none.
+func (c *Consumer) bound() time.Duration { return max(c.cfg.Timeouts.Database, 0) }
 
 // maxPingTimeout bounds a ping of the database (see Consumer.ping).
 const maxPingTimeout = 5 * time.Second
 
 // ping asks the database for an answer on a connection of the pool other
-// than any a transaction holds, within maxPingTimeout (or DatabaseTimeout,
+// than any a transaction holds, within maxPingTimeout (or Timeouts.Database,
 // if shorter). It returns nil if the database answered, and also if the
 // consumer's DB gives no *sql.DB to ping: then nothing can be told.
 func (c *Consumer) ping(ctx context.Context) error {
@@ -139,13 +139,13 @@ func (c *Consumer) stalled(limit time.Duration) (*worker, time.Duration) {
 }
 
 // errStalled ends a membership of the group (see Consumer.watch).
-var errStalled = errors.New("consumer: a partition made no progress for longer than MaxProcessingStall")
+var errStalled = errors.New("consumer: a partition made no progress for longer than Timeouts.ProcessingStall")
 
 // watch ends member, with errStalled, once a worker has waited for the
-// database longer than Config.MaxProcessingStall; Run then leaves the
+// database longer than Config.Timeouts.ProcessingStall; Run then leaves the
 // group. It returns when member ends.
 func (c *Consumer) watch(member context.Context, leave context.CancelCauseFunc) {
-	limit := c.cfg.MaxProcessingStall
+	limit := c.cfg.Timeouts.ProcessingStall
 	t := time.NewTicker(min(time.Second, max(limit/8, 10*time.Millisecond)))
 	defer t.Stop()
 	for {
@@ -158,7 +158,7 @@ func (c *Consumer) watch(member context.Context, leave context.CancelCauseFunc) 
 		if w == nil {
 			continue
 		}
-		w.log.Error("PARTITION STALLED: the database has not answered this partition's work (or a handler ran) for longer than MaxProcessingStall; leaving the group so that the other members take over this member's partitions, and rejoining once the database answers a ping",
+		w.log.Error("PARTITION STALLED: the database has not answered this partition's work (or a handler ran) for longer than Timeouts.ProcessingStall; leaving the group so that the other members take over this member's partitions, and rejoining once the database answers a ping",
 			"stalled_for", d.Round(time.Millisecond), "max_processing_stall", limit)
 		leave(fmt.Errorf("%w: %s/%d waited %v", errStalled, w.topic, w.partition, d.Round(time.Millisecond)))
 		return
@@ -177,7 +177,7 @@ func (c *Consumer) awaitDatabase(ctx context.Context) bool {
 			c.log.Info("the database answers again; rejoining the group")
 			return true
 		}
-		wait := backoff.Wait(c.cfg.MinBackoff, c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(c.cfg.Failure.MinBackoff, c.cfg.Failure.MaxBackoff, attempt)
 		c.log.Warn("out of the group: the database does not answer; rejoining once it does", "error", err, "attempt", attempt, "retry_in", wait)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false

@@ -23,15 +23,15 @@ import (
 
 var (
 	// ErrUnknownTopic is wrapped by Run's error when a topic of
-	// Config.Topics, or the DeadLetterTopic of the DeadLetter policy
-	// (unless a DeadLetterWriter of your own publishes dead letters, maybe
+	// Config.Topics, or the Failure.DeadLetterTopic of the DeadLetter policy
+	// (unless a Failure.DeadLetterWriter of your own publishes dead letters, maybe
 	// to another cluster), does not exist on the cluster when Run starts
 	// (or this client may not describe it). The consumer never creates
 	// topics.
 	ErrUnknownTopic = errors.New("consumer: unknown topic")
 	// ErrNotMigrated is wrapped by Run's error when a table the
 	// configuration needs (the inbox table; the offsets table with
-	// StoreOffsets; the watermark table with SequencedSources) is missing
+	// Offsets.Store; the watermark table with Sequenced.Sources) is missing
 	// or does not take the consumer's statements when Run starts. The error
 	// names the Migrate call to run.
 	ErrNotMigrated = errors.New("consumer: a table the configuration needs is not migrated")
@@ -49,9 +49,9 @@ const topicGrace = 3 * time.Second
 // for every broker outage; nil if ctx ends first.
 func (c *Consumer) checkTopics(ctx context.Context) error {
 	topics := c.cfg.Topics
-	dlq := c.cfg.OnFailure == DeadLetter && c.cfg.DeadLetterWriter == nil
+	dlq := c.cfg.Failure.Policy == DeadLetter && c.cfg.Failure.DeadLetterWriter == nil
 	if dlq {
-		topics = append(slices.Clip(topics), c.cfg.DeadLetterTopic)
+		topics = append(slices.Clip(topics), c.cfg.Failure.DeadLetterTopic)
 	}
 	var missingSince time.Time
 	for attempt := 1; ; attempt++ {
@@ -63,7 +63,7 @@ func (c *Consumer) checkTopics(ctx context.Context) error {
 		switch {
 		case err != nil:
 			missingSince = time.Time{}
-			wait = backoff.Wait(c.cfg.MinBackoff, c.cfg.MaxBackoff, attempt)
+			wait = backoff.Wait(c.cfg.Failure.MinBackoff, c.cfg.Failure.MaxBackoff, attempt)
 			c.log.Warn("cannot read the cluster's topics; retrying", "error", err, "attempt", attempt, "retry_in", wait)
 		case len(missing) == 0:
 			return nil
@@ -73,8 +73,8 @@ func (c *Consumer) checkTopics(ctx context.Context) error {
 			names, which := quoteAll(missing), "each topic of Config.Topics"
 			if dlq {
 				which += " and the dead-letter topic"
-				names = strings.Replace(names, fmt.Sprintf("%q", c.cfg.DeadLetterTopic),
-					fmt.Sprintf("%q (Config.DeadLetterTopic)", c.cfg.DeadLetterTopic), 1)
+				names = strings.Replace(names, fmt.Sprintf("%q", c.cfg.Failure.DeadLetterTopic),
+					fmt.Sprintf("%q (Config.Failure.DeadLetterTopic)", c.cfg.Failure.DeadLetterTopic), 1)
 			}
 			return fmt.Errorf("%w: %s not on the cluster (or not visible to this client): create %s before Run, "+
 				"with the partitions you need (the consumer never creates topics), or correct the name",
@@ -97,8 +97,8 @@ func quoteAll(names []string) string {
 // checkTables returns an error wrapping ErrNotMigrated, naming the Migrate
 // call to run, if a table the configuration needs does not take the
 // consumer's statements: a claim of the inbox table (in a transaction
-// rolled back at once), a read of the offsets table (StoreOffsets) and of
-// the watermark table (SequencedSources). Only an answering database
+// rolled back at once), a read of the offsets table (Offsets.Store) and of
+// the watermark table (Sequenced.Sources). Only an answering database
 // decides: while a probe fails with a transient error, or the database
 // does not answer a ping, it retries, as Run does for every database
 // outage; nil if ctx ends first.
@@ -114,7 +114,7 @@ func (c *Consumer) checkTables(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait := backoff.Wait(c.cfg.MinBackoff, c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(c.cfg.Failure.MinBackoff, c.cfg.Failure.MaxBackoff, attempt)
 		c.log.Warn("cannot check the consumer's tables, the database failed; retrying", "error", err, "attempt", attempt, "retry_in", wait)
 		if backoff.Sleep(ctx, wait) != nil {
 			return nil
@@ -142,16 +142,16 @@ func (c *Consumer) tables() []table {
 			name: cmp.Or(inboxTableName(store), fmt.Sprintf("the inbox table of %T", store)), fix: "run Inbox.Migrate (or inboxctl migrate)",
 			probe: func(ctx context.Context, db *gorm.DB) error { return c.probeClaim(ctx, db, store) }})
 	}
-	if c.cfg.StoreOffsets {
-		ts = append(ts, table{what: fmt.Sprintf("the offsets table %q (Config.StoreOffsets) cannot be read", c.cfg.OffsetsTable),
-			name: c.cfg.OffsetsTable, fix: "run Consumer.Migrate",
+	if c.cfg.Offsets.Store {
+		ts = append(ts, table{what: fmt.Sprintf("the offsets table %q (Config.Offsets.Store) cannot be read", c.cfg.Offsets.Table),
+			name: c.cfg.Offsets.Table, fix: "run Consumer.Migrate",
 			probe: func(ctx context.Context, db *gorm.DB) error {
 				_, _, err := c.offsets.Read(ctx, db, c.cfg.Topics[0], 0)
 				return err
 			}})
 	}
 	if c.watermarks != nil {
-		ts = append(ts, table{what: "the watermark table (Config.SequencedSources) cannot be read",
+		ts = append(ts, table{what: "the watermark table (Config.Sequenced.Sources) cannot be read",
 			name: cmp.Or(watermarkTableName(c.watermarks), fmt.Sprintf("the watermark table of %T", c.watermarks)), fix: "run Consumer.Migrate (or inboxctl migrate)",
 			probe: func(ctx context.Context, db *gorm.DB) error {
 				_, err := c.watermarks.Watermarks(ctx, db, c.cfg.Consumer, c.cfg.Topics[0], 0)
@@ -242,7 +242,7 @@ func (c *Consumer) missingTables(ctx context.Context, err error) []any {
 	return []any{"missing_table", strings.Join(names, ", "), "fix", strings.Join(fixes, "; ") + ": " + state}
 }
 
-// probe runs fn within DatabaseTimeout.
+// probe runs fn within Timeouts.Database.
 func (c *Consumer) probe(ctx context.Context, db *gorm.DB, fn func(ctx context.Context, db *gorm.DB) error) error {
 	pctx, cancel := ctx, context.CancelFunc(func() {})
 	if b := c.bound(); b > 0 {

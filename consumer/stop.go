@@ -25,8 +25,8 @@ func (w *worker) deadLetterRefused(it *item, reason string, cause error, attempt
 		Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, EventID: it.msg.EventID,
 		Reason: ReasonDeadLetterFailed, Attempts: it.attempts,
 		Err: fmt.Errorf("the dead letter to %s was refused for good: %w; the message had failed (%s): %w",
-			w.c.cfg.DeadLetterTopic, publishErr, reason, cause),
+			w.c.cfg.Failure.DeadLetterTopic, publishErr, reason, cause),
 	}, "PARTITION STOPPED: the producer refused a dead letter for good (too large, topic missing or invalid, not authorized, misconfigured); nothing at or after the message is committed until the cause is fixed and the partition reassigned",
-		"event_id", it.msg.EventID, "dead_letter_topic", w.c.cfg.DeadLetterTopic, "publish_attempts", attempts)
+		"event_id", it.msg.EventID, "dead_letter_topic", w.c.cfg.Failure.DeadLetterTopic, "publish_attempts", attempts)
 	return stopped
 }

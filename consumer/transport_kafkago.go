@@ -1,7 +1,7 @@
 package consumer
 
 // The transport.Client over github.com/segmentio/kafka-go, the default when
-// Config.Transport is nil: its ConsumerGroup and Generation (eager
+// Config.Kafka.Transport is nil: its ConsumerGroup and Generation (eager
 // rebalancing), a partition-pinned Reader per started partition, a Client
 // for the log offsets and the topics, and a Writer for the default dead
 // letters.
@@ -27,7 +27,7 @@ import (
 const transportMetadataTTL = time.Second
 
 // kafkaGo is the transport.Client over kafka-go, on Config.Brokers and
-// Config.Dialer.
+// Config.Kafka.Dialer.
 type kafkaGo struct {
 	brokers []string
 	dialer  *kafka.Dialer

@@ -230,10 +230,10 @@ func TestConfigValidation(t *testing.T) {
 	}
 	// Brokers are the default client's: a Transport needs none.
 	withTransport := ok
-	withTransport.Brokers, withTransport.Transport = nil, newMemBroker().client()
+	withTransport.Brokers, withTransport.Kafka.Transport = nil, newMemBroker().client()
 	if c, err := New(withTransport); err != nil {
 		t.Fatalf("a config with a Transport and no Brokers rejected: %v", err)
-	} else if c.client != withTransport.Transport {
+	} else if c.client != withTransport.Kafka.Transport {
 		t.Errorf("the consumer's client is %T, not the Transport given", c.client)
 	}
 	cases := map[string]func(*Config){
@@ -243,11 +243,11 @@ func TestConfigValidation(t *testing.T) {
 		"no handler":            func(c *Config) { c.Handler = nil },
 		"no inbox":              func(c *Config) { c.Inbox = nil },
 		"no consumer name":      func(c *Config) { c.Consumer = "" },
-		"dead letter, no topic": func(c *Config) { c.OnFailure = DeadLetter },
-		"dlq is a source topic": func(c *Config) { c.OnFailure = DeadLetter; c.DeadLetterTopic = "t" },
-		"unknown policy":        func(c *Config) { c.OnFailure = 7 },
-		"bad start offset":      func(c *Config) { c.StartOffset = 42 },
-		"bad offsets table":     func(c *Config) { c.OffsetsTable = "x; DROP TABLE y" },
+		"dead letter, no topic": func(c *Config) { c.Failure.Policy = DeadLetter },
+		"dlq is a source topic": func(c *Config) { c.Failure.Policy = DeadLetter; c.Failure.DeadLetterTopic = "t" },
+		"unknown policy":        func(c *Config) { c.Failure.Policy = 7 },
+		"bad start offset":      func(c *Config) { c.Kafka.StartOffset = 42 },
+		"bad offsets table":     func(c *Config) { c.Offsets.Table = "x; DROP TABLE y" },
 		"negative batch":        func(c *Config) { c.BatchSize = -1 },
 		"idempotent, no db":     func(c *Config) { c.Inbox = nil; c.NaturallyIdempotent = true },
 		"idempotent, no classifier": func(c *Config) {
@@ -255,15 +255,15 @@ func TestConfigValidation(t *testing.T) {
 		},
 		"topic listed twice": func(c *Config) { c.Topics = []string{"t", "u", "t"} },
 		"stall bound below the database timeout": func(c *Config) {
-			c.DatabaseTimeout, c.MaxProcessingStall = time.Minute, 30*time.Second
+			c.Timeouts.Database, c.Timeouts.ProcessingStall = time.Minute, 30*time.Second
 		},
-		"stall bound below the default database timeout": func(c *Config) { c.MaxProcessingStall = 10 * time.Second },
+		"stall bound below the default database timeout": func(c *Config) { c.Timeouts.ProcessingStall = 10 * time.Second },
 		"stall bound below the handler timeout": func(c *Config) {
-			c.HandlerTimeout, c.MaxProcessingStall = 5*time.Minute, 4*time.Minute
+			c.Timeouts.Handler, c.Timeouts.ProcessingStall = 5*time.Minute, 4*time.Minute
 		},
 		"dlq writer has a topic": func(c *Config) {
-			c.OnFailure, c.DeadLetterTopic = DeadLetter, "t.dlq"
-			c.DeadLetterWriter = &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9092"), Topic: "t.dlq"}
+			c.Failure.Policy, c.Failure.DeadLetterTopic = DeadLetter, "t.dlq"
+			c.Failure.DeadLetterWriter = &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9092"), Topic: "t.dlq"}
 		},
 	}
 	for name, mutate := range cases {
@@ -307,7 +307,7 @@ func TestConfigEmptyTopic(t *testing.T) {
 	}
 }
 
-// The database's bounds: DatabaseTimeout defaults to 30 s; the stall bound
+// The database's bounds: Timeouts.Database defaults to 30 s; the stall bound
 // defaults to 2 minutes, or to what a batch of slow handlers may take; a
 // negative value turns either off.
 func TestDatabaseBoundsDefaults(t *testing.T) {
@@ -321,9 +321,9 @@ func TestDatabaseBoundsDefaults(t *testing.T) {
 		bound            bool
 	}{
 		{"defaults", func(*Config) {}, defaultDatabaseTimeout, defaultMaxProcessingStall, true},
-		{"slow batches", func(c *Config) { c.BatchSize, c.HandlerTimeout = 10, 30*time.Second }, defaultDatabaseTimeout, 6 * time.Minute, true},
-		{"explicit", func(c *Config) { c.DatabaseTimeout, c.MaxProcessingStall = 2*time.Second, 8*time.Second }, 2 * time.Second, 8 * time.Second, true},
-		{"off", func(c *Config) { c.DatabaseTimeout, c.MaxProcessingStall = -1, -1 }, -1, -1, false},
+		{"slow batches", func(c *Config) { c.BatchSize, c.Timeouts.Handler = 10, 30*time.Second }, defaultDatabaseTimeout, 6 * time.Minute, true},
+		{"explicit", func(c *Config) { c.Timeouts.Database, c.Timeouts.ProcessingStall = 2*time.Second, 8*time.Second }, 2 * time.Second, 8 * time.Second, true},
+		{"off", func(c *Config) { c.Timeouts.Database, c.Timeouts.ProcessingStall = -1, -1 }, -1, -1, false},
 	} {
 		cfg := base
 		tc.mutate(&cfg)
@@ -331,8 +331,8 @@ func TestDatabaseBoundsDefaults(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if c.cfg.DatabaseTimeout != tc.dbTimeout || c.cfg.MaxProcessingStall != tc.stall {
-			t.Errorf("%s: DatabaseTimeout %v, MaxProcessingStall %v; want %v, %v", tc.name, c.cfg.DatabaseTimeout, c.cfg.MaxProcessingStall, tc.dbTimeout, tc.stall)
+		if c.cfg.Timeouts.Database != tc.dbTimeout || c.cfg.Timeouts.ProcessingStall != tc.stall {
+			t.Errorf("%s: DatabaseTimeout %v, MaxProcessingStall %v; want %v, %v", tc.name, c.cfg.Timeouts.Database, c.cfg.Timeouts.ProcessingStall, tc.dbTimeout, tc.stall)
 		}
 		if got := c.bound() > 0; got != tc.bound {
 			t.Errorf("%s: bounded %v, want %v", tc.name, got, tc.bound)

@@ -38,7 +38,7 @@ type worker struct {
 	lastCommitted int64
 	lastCommitAt  time.Time
 
-	// With StoreOffsets: floor is the highest stored offset this worker
+	// With Offsets.Store: floor is the highest stored offset this worker
 	// knows to be committed (-1: none), and every later write of the stored
 	// offset checks that the database is still at or past it, and that no
 	// newer generation of the group wrote the row. lost is set when one of
@@ -64,7 +64,7 @@ type worker struct {
 	// before a stored offset (lastOf).
 	batch []*item
 	// seq holds the partition's sequenced streams (nil without
-	// Config.SequencedSources); seqMoved says the last processInbox gave
+	// Config.Sequenced.Sources); seqMoved says the last processInbox gave
 	// up because a watermark moved, gapStopped that runAlone stopped the
 	// partition at its message.
 	seq        *watermarks
@@ -113,7 +113,7 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 	stopAfter := context.AfterFunc(genCtx, func() { cancel(context.Cause(genCtx)) })
 	defer stopAfter()
 	// Database work in flight finishes when the partition is revoked (a
-	// rebalance), each step of the consumer's own within DatabaseTimeout,
+	// rebalance), each step of the consumer's own within Timeouts.Database,
 	// and is rolled back when Run ends, or when this member leaves the
 	// group over a stalled partition (runCtx is the membership's).
 	dbCtx := runCtx
@@ -147,7 +147,7 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 			return
 		}
 		w.floor = -1
-		if w.c.cfg.StoreOffsets && beyondEnd == nil {
+		if w.c.cfg.Offsets.Store && beyondEnd == nil {
 			if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start, 0) {
 				if w.lost != nil && ctx.Err() == nil {
 					// A newer generation wrote the row since position read it.
@@ -206,7 +206,7 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 			if w.c.crashed(ctx) {
 				return
 			}
-		} else if w.c.cfg.StoreOffsets && time.Since(w.lastPosCheck) >= w.posCheckInterval() {
+		} else if w.c.cfg.Offsets.Store && time.Since(w.lastPosCheck) >= w.posCheckInterval() {
 			pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
 			w.checkPosition(ctx, pctx)
 			cancel()
@@ -253,8 +253,8 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 // over (w.takenBy; see claim). checkLog then checks it against the
 // partition's log.
 //
-// Without StoreOffsets it is the group's committed offset (or
-// transport.FirstOffset / LastOffset). With StoreOffsets it is the stored offset whenever the
+// Without Offsets.Store it is the group's committed offset (or
+// transport.FirstOffset / LastOffset). With Offsets.Store it is the stored offset whenever the
 // database has one, also when it is behind the group's: the database's
 // position belongs to the state the effects are in. After a failover to an
 // asynchronous replica, the effects, inbox rows and stored offset of the
@@ -267,7 +267,7 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 	start = w.assigned
 	from = fmt.Sprintf("the offset committed by group %q", w.c.cfg.GroupID)
 	w.stored = storage.OffsetRow{Next: -1}
-	if !w.c.cfg.StoreOffsets {
+	if !w.c.cfg.Offsets.Store {
 		return start, from, false, true
 	}
 	row, found, ok := w.claim(ctx, dbCtx)
@@ -283,13 +283,13 @@ func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string,
 	case w.assigned >= 0 && stored < w.assigned:
 		// A member commits to Kafka only offsets it stored (see
 		// storeCommittable): the database lost commits, or the offsets
-		// were reset in Kafka alone, or StoreOffsets was off for a while.
+		// were reset in Kafka alone, or Offsets.Store was off for a while.
 		w.log.Warn("starting at the stored offset, behind the group's committed one: the database's position wins (after a database failover its last commits may be gone); the messages in between are delivered again",
 			"stored", stored, "group_committed", w.assigned, "redelivered", w.assigned-stored)
 	case stored != w.assigned:
 		w.log.Info("starting at the stored offset", "stored", stored, "group_committed", w.assigned)
 	}
-	return stored, fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable), true, true
+	return stored, fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.Offsets.Table), true, true
 }
 
 // claim reads the partition's stored row, claiming it for this worker's
@@ -348,7 +348,7 @@ func (w *worker) claim(ctx, dbCtx context.Context) (row storage.OffsetRow, found
 			}
 			err = aerr
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
 		w.log.Warn("cannot read the stored offset; retrying", append([]any{"error", err, "retry_in", wait}, w.c.missingTables(ctx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return storage.OffsetRow{}, false, false
@@ -377,7 +377,7 @@ func (w *worker) generationCurrent(ctx context.Context, stored int64) (current, 
 		case w.gen.Over(err):
 			return false, true
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
 		w.log.Warn("cannot ask the group coordinator whether this member's generation is current; retrying", "error", err, "retry_in", wait)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false, false
@@ -408,7 +408,7 @@ func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next, last int64) 
 		if errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver) {
 			return false
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
 		w.log.Warn("cannot store the partition's offset; retrying", append([]any{"offset", next, "error", err, "retry_in", wait},
 			w.c.missingTables(dbCtx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
@@ -445,10 +445,10 @@ func (w *worker) write(next, last int64) storage.OffsetWrite {
 // fetch returns the next batch: up to BatchSize messages, waiting at most
 // BatchWait after the first, and no longer once the reader reached the
 // partition's end (CaughtUp). It returns nothing when ctx ends, when an idle
-// period of CommitInterval passed (so the caller can commit), or after a
+// period of Kafka.CommitInterval passed (so the caller can commit), or after a
 // fetch error (logged, then retried after a backoff).
 func (w *worker) fetch(ctx context.Context, r transport.PartitionReader) []kafka.Message {
-	idle := w.c.cfg.CommitInterval
+	idle := w.c.cfg.Kafka.CommitInterval
 	if idle <= 0 {
 		idle = time.Second
 	}
@@ -458,7 +458,7 @@ func (w *worker) fetch(ctx context.Context, r transport.PartitionReader) []kafka
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 			w.log.Warn("fetch failed; retrying", "error", err)
-			_ = backoff.Sleep(ctx, w.c.cfg.MinBackoff)
+			_ = backoff.Sleep(ctx, w.c.cfg.Failure.MinBackoff)
 		}
 		return nil
 	}
@@ -509,17 +509,17 @@ func (w *worker) afterCommit(ctx context.Context, processed int) bool {
 }
 
 // commit commits the committable offset to Kafka if it moved, at most once
-// per CommitInterval unless force. With StoreOffsets it commits no offset
+// per Kafka.CommitInterval unless force. With Offsets.Store it commits no offset
 // the database does not hold (see storeCommittable).
 func (w *worker) commit(dbCtx context.Context, force bool) {
 	next, ok := w.tracker.committable()
 	if !ok || next <= w.lastCommitted {
 		return
 	}
-	if !force && w.c.cfg.CommitInterval > 0 && time.Since(w.lastCommitAt) < w.c.cfg.CommitInterval {
+	if !force && w.c.cfg.Kafka.CommitInterval > 0 && time.Since(w.lastCommitAt) < w.c.cfg.Kafka.CommitInterval {
 		return
 	}
-	if w.c.cfg.StoreOffsets && next > w.floor {
+	if w.c.cfg.Offsets.Store && next > w.floor {
 		if next, ok = w.storeCommittable(dbCtx, next); !ok || next <= w.lastCommitted {
 			return
 		}

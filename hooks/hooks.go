@@ -16,7 +16,9 @@
 // its own reports every message's outcome; an inbox driven by a
 // consumer.Consumer reports none (the consumer decides a message's fate,
 // after its retries, dead letters and stored offsets) and the consumer
-// reports them instead. Tracers are called by the inbox in both cases.
+// reports them instead. Tracers are called by the inbox in both cases. A
+// consumer.Config whose Hooks is nil takes its inbox's, so hooks given
+// once, to the inbox, see each event once.
 package hooks
 
 import (
@@ -153,7 +155,7 @@ const (
 	// Maintenance: the inbox's maintenance ran (consumer.Config
 	// MaintenanceInterval); Err is set if it failed.
 	Maintenance
-	// Repositioned (consumer.Config.StoreOffsets): the partition's stored
+	// Repositioned (consumer.Config.Offsets.Store): the partition's stored
 	// offset was found behind the one this member had committed (a database
 	// failover that lost the last commits); the member resumed from it, at
 	// Offset, and applies the messages in between again. Err says what was
@@ -186,7 +188,7 @@ const (
 	// database failure (inbox.Config.MaxAttempts bounds it).
 	RetryTransaction RetryScope = iota + 1
 	// RetryMessage: the consumer tries a failed message again
-	// (consumer.Config.MaxAttempts bounds it).
+	// (consumer.Config.Failure.MaxAttempts bounds it).
 	RetryMessage
 	// RetryBatch: the consumer runs a batch again that could not commit
 	// because the database failed; not bounded, and counts no attempt.

@@ -76,6 +76,9 @@ func init() {
 		}
 		return ib.processBatch(ctx, &batchRun{ib: ib, msgs: msgs, h: h, bh: bh, opts: opts})
 	})
+	batchopt.RegisterShared(func(ib *Inbox) batchopt.Shared {
+		return batchopt.Shared{Logger: ib.cfg.Logger, Hooks: ib.hooks.All()}
+	})
 }
 
 // ProcessBatchFunc is ProcessBatch with a batch handler: h is called once

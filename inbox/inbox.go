@@ -99,12 +99,13 @@ type Config struct {
 	// Expired is the policy for events older than RetentionDays.
 	Expired ExpiredPolicy
 	// MaxAttempts bounds how often one transaction is run in all, when it
-	// fails with a transient error. Default 10. A consumer.Consumer driving
-	// the inbox owns the retries of its calls: each of their transactions
-	// runs once, and the consumer runs it again.
+	// fails with a transient error. Default 10. Under a consumer.Consumer
+	// it does not apply to the consumer's messages, whose retries its
+	// consumer.Config.Failure owns; it still bounds Migrate and Maintain.
 	MaxAttempts int
 	// MinBackoff and MaxBackoff bound the jittered exponential wait between
-	// attempts. Defaults 5ms and 1s.
+	// attempts. Defaults 5ms and 1s. Like MaxAttempts, they do not apply to
+	// the messages of a consumer.Consumer (see its Config.Failure).
 	MinBackoff, MaxBackoff time.Duration
 	// TxOptions are passed to BeginTx (isolation level, read-only is not
 	// allowed). Nil uses the database default.
@@ -115,14 +116,17 @@ type Config struct {
 	// at Error) and the inbox logs none of its calls' failures or
 	// duplicates. Default slog.Default(). The values a message brings (its
 	// event id, its consumer) are logged shortened to 64 bytes, as error
-	// texts show them.
+	// texts show them. A consumer.Consumer without a Logger of its own logs
+	// here too.
 	Logger *slog.Logger
 	// Hooks receive every outcome and retry (hooks.EventHook) and are
 	// called around each message's processing, its claim and its handler
 	// call (hooks.MessageTracer, ClaimTracer, HandlerTracer), so that a
 	// metrics or tracing system (the module github.com/inboxgo/inbox/otel)
 	// can count and open nested spans. Hooks stack: each is called, in
-	// order. None costs nothing.
+	// order. None costs nothing. A consumer.Consumer without Hooks of its
+	// own reports its events to these: under it the inbox reports no
+	// outcome, the consumer does, so each event reaches a hook once.
 	Hooks []hooks.Hook
 	// Now is the clock used for the retention window and maintenance.
 	// Default time.Now. Tests set it to move days.

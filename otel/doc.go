@@ -11,12 +11,13 @@
 // # Wiring
 //
 // [New] returns one [Hook]; put it into the Hooks of every Config it should
-// see. Hooks stack, so it goes beside any other hook, and nothing is
-// rewritten:
+// see: the inbox's (a consumer whose own Hooks is nil takes the inbox's), a
+// naturally idempotent consumer's without an inbox, the relay's. Hooks
+// stack, so it goes beside any other hook, and nothing is rewritten:
 //
 //	h, err := inboxotel.New(inboxotel.Options{ConsumerGroup: "billing"})
 //	ib, err := inbox.New(db, store, inbox.Config{Hooks: []hooks.Hook{h}})
-//	c, err := consumer.New(consumer.Config{Inbox: ib, Hooks: []hooks.Hook{h}, ...})
+//	c, err := consumer.New(consumer.Config{Inbox: ib, ...}) // the inbox's Hooks
 //
 // # Spans
 //
@@ -31,7 +32,7 @@
 // processed or duplicate message inbox.dedup (how it was deduplicated:
 // "row", by its inbox row, or "watermark", by its sequenced stream's
 // watermark, for an aligned source in a consumer's
-// Config.SequencedSources; a copy the
+// Config.Sequenced.Sources; a copy the
 // watermark covers has its span too, though no transaction runs for it),
 // and the error. Its children are "inbox claim" (one per transaction
 // attempt: inbox.claim.rows, inbox.claim.new) and "inbox handler"
@@ -67,6 +68,7 @@
 //     after the partition is revoked.
 //
 // Each outcome is reported once by whoever decides it (an inbox driven by a
-// consumer leaves them to the consumer; see package hooks), so the same
-// Hook in both Configs counts each message once.
+// consumer leaves them to the consumer; see package hooks), so the Hook
+// given to the inbox, which its consumer takes, counts each message once,
+// as it does when given to both Configs.
 package inboxotel

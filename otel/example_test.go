@@ -21,8 +21,9 @@ import (
 // puts the hook into the inbox's Hooks. Options{} takes the global
 // providers, the ones the service's OpenTelemetry SDK set up; here no-op
 // providers stand in for them. The message spans start from the context
-// passed to Process: put the producer's trace context there. (A service on
-// consumer.Consumer puts the same hook into the consumer's Hooks too.)
+// passed to Process: put the producer's trace context there. (A
+// consumer.Consumer on this inbox takes its hooks when its own Hooks is
+// nil.)
 func ExampleNew() {
 	icfg := inbox.Config{RetentionDays: 14}
 	opts := inboxotel.Options{

@@ -32,9 +32,9 @@ type Options struct {
 	ConsumerGroup string
 }
 
-// Hook is the OpenTelemetry instrumentation: put the same *Hook into the
-// Hooks of the inbox's Config and, with a consumer, of the consumer's
-// Config (and of an outbox RelayConfig, whose cycles it ignores). It opens
+// Hook is the OpenTelemetry instrumentation: put the *Hook into the Hooks
+// of the inbox's Config, which a consumer without Hooks of its own takes
+// (and of an outbox RelayConfig, whose cycles it ignores). It opens
 // the spans (a hooks.MessageTracer, ClaimTracer and HandlerTracer),
 // continues the producer's trace from the message headers (a
 // consumer.ContextHook), and counts from the events (a hooks.EventHook).

@@ -124,7 +124,7 @@
 // They are on whenever the store implements [storage.Sequenced] (this
 // library's adapters do); Config.NoSequenceHeaders turns them off. While
 // they are on, Enqueue refuses messages that carry headers of their names.
-// A consumer that lists the source in consumer.Config.SequencedSources
+// A consumer that lists the source in consumer.Config.Sequenced.Sources
 // deduplicates an aligned outbox's messages (below) by them, with a
 // watermark per stream instead of an inbox row per event; the messages of
 // an outbox that is not aligned it deduplicates by event id, as any other.

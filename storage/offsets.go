@@ -9,12 +9,12 @@ import (
 )
 
 // OffsetStore is an optional InboxStore capability: the table of stored
-// offsets of consumer.Config.StoreOffsets. A consumer that stores offsets
+// offsets of consumer.Config.Offsets.Store. A consumer that stores offsets
 // writes each partition's next offset to read into it, in the transaction
 // of the effect that made it so, and starts each assigned partition there.
 // The consumer takes it from its inbox's Store (or, for a naturally
 // idempotent consumer without an inbox, its Classifier), and refuses
-// StoreOffsets without one.
+// Offsets.Store without one.
 //
 // A row is one partition of one consumer group (OffsetKey): its next
 // offset, the group generation of the member that wrote it (a newer
@@ -22,7 +22,7 @@ import (
 // zombie member), and what identifies the message before the next offset
 // (its fingerprint, checked on assignment). Table names the table, a
 // plain identifier (ValidateIdentifier) that the caller chose
-// (consumer.Config.OffsetsTable); a store keeps a table's name, columns
+// (consumer.Config.Offsets.Table); a store keeps a table's name, columns
 // and data stable across versions, so that rows written by an older
 // version stay readable.
 //

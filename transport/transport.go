@@ -2,7 +2,7 @@
 // client, as package storage is between the inbox and a database. The
 // consumer (per-partition order, the offset tracker, the failure policy,
 // stored offsets, dead letters) and its group loop use only these
-// interfaces; a Client is what consumer.Config.Transport takes.
+// interfaces; a Client is what consumer.Config.Kafka.Transport takes.
 //
 // Two clients implement it: github.com/segmentio/kafka-go (package
 // consumer's default, eager rebalancing) and github.com/twmb/franz-go (the
@@ -67,7 +67,7 @@ type Client interface {
 	// auto.create.topics.enable. An error means the cluster did not answer.
 	MissingTopics(ctx context.Context, topics []string) ([]string, error)
 	// DeadLetterWriter returns the producer of dead letters the consumer
-	// uses when consumer.Config.DeadLetterWriter is nil. It must accept a
+	// uses when consumer.Config.Failure.DeadLetterWriter is nil. It must accept a
 	// message of up to MaxDeadLetterBytes that names its topic, keep the
 	// key's partitioning (a hash of the key), wait for all in-sync
 	// replicas, and report the errors retrying cannot cure as kafka.Error

@@ -89,7 +89,7 @@
 // storage.ErrWatermarkMoved.
 //
 // The Store implements storage.OffsetStore, the consumer's stored offsets
-// (consumer.Config.StoreOffsets): [Store.MigrateOffsets] makes the InnoDB
+// (consumer.Config.Offsets.Store): [Store.MigrateOffsets] makes the InnoDB
 // table the consumer names (inbox_offsets by default) in the connection's
 // database, group ids and topics compared byte for byte, under a named lock
 // (GET_LOCK) so that replicas starting together take turns.

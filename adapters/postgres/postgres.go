@@ -83,7 +83,7 @@
 // heap-only: no index entry is written per transaction.
 //
 // The Store implements storage.OffsetStore, the consumer's stored offsets
-// (consumer.Config.StoreOffsets): [Store.MigrateOffsets] makes the table the
+// (consumer.Config.Offsets.Store): [Store.MigrateOffsets] makes the table the
 // consumer names (inbox_offsets by default) in the connection's search path,
 // under an advisory lock so that replicas starting together take turns; a
 // write that must know the committed row reads it FOR UPDATE.

@@ -42,7 +42,7 @@
 // transactions that write watermarks, as every writer.
 //
 // The Store implements storage.OffsetStore, the consumer's stored offsets
-// (consumer.Config.StoreOffsets): [Store.MigrateOffsets] makes the table the
+// (consumer.Config.Offsets.Store): [Store.MigrateOffsets] makes the table the
 // consumer names (inbox_offsets by default) in one transaction, which
 // SQLite's write lock orders among replicas starting together.
 //

@@ -21,7 +21,7 @@ import (
 var deadLettersSpec = cmdSpec{
 	name: "deadletters",
 	synopsis: `List, inspect or redrive the dead letters on a dead-letter topic (the
-consumer's Config.DeadLetterTopic). The first argument is the action:
+consumer's Config.Failure.DeadLetterTopic). The first argument is the action:
 
   list     one line per dead letter: its partition and offset, the original
            topic/partition/offset, event id, dlq_reason, attempts, when it
@@ -421,7 +421,7 @@ func runDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := flag.NewFlagSet("inboxctl "+cmd, flag.ContinueOnError)
 	fs.Usage = func() { printHelp(fs.Output(), fs, deadLettersSpec) }
 	brokers := fs.String("brokers", "", "the Kafka `brokers`, comma-separated (default $"+brokersEnv+")")
-	topic := fs.String("topic", "", "the dead-letter `topic` to read (the consumer's Config.DeadLetterTopic); required")
+	topic := fs.String("topic", "", "the dead-letter `topic` to read (the consumer's Config.Failure.DeadLetterTopic); required")
 	var partition partitionFlag
 	fs.Var(&partition, "partition", "only this `partition` of the dead-letter topic")
 	offset := fs.Int64("offset", -1, "only the dead letter at this `offset` (with --partition, unless the topic has one)")

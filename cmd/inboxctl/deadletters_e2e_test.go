@@ -51,10 +51,15 @@ func TestRedriveThroughTheConsumer(t *testing.T) {
 			}
 			return tx.Exec(`INSERT INTO applied VALUES (?)`, m.EventID).Error
 		},
-		OnFailure: consumer.DeadLetter, DeadLetterTopic: dlq,
-		MaxAttempts: 2, MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
-		StartOffset: kafka.FirstOffset,
-		Logger:      slog.New(slog.DiscardHandler),
+		Failure: consumer.FailureConfig{
+			Policy:          consumer.DeadLetter,
+			DeadLetterTopic: dlq,
+			MaxAttempts:     2,
+			MinBackoff:      10 * time.Millisecond,
+			MaxBackoff:      20 * time.Millisecond,
+		},
+		Kafka:  consumer.KafkaConfig{StartOffset: kafka.FirstOffset},
+		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@
 //	watermarks   a consumer's watermarks of sequenced dedup: per stream, the sequence numbers applied
 //	check        run the conformance checks against the live database
 //	deadletters  list|inspect|redrive the dead letters of a dead-letter topic (Kafka only)
-//	offsets      show|reset a group's stored offsets (consumer StoreOffsets), beside the log's
+//	offsets      show|reset a group's stored offsets (consumer Offsets.Store), beside the log's
 //	outbox       migrate|maintain|stats|source|bump-epoch for the outbox table (package outbox)
 //
 // Every command but deadletters takes the connection flags:
@@ -43,7 +43,7 @@
 // nothing, so give it the DSN that inboxmysql.StrictDSN returns for theirs.)
 //
 // watermarks --consumer NAME [--topic T] [--partition N] lists the streams
-// of a consumer with sequenced dedup (consumer Config.SequencedSources), as
+// of a consumer with sequenced dedup (consumer Config.Sequenced.Sources), as
 // committed in the watermark table <table>_watermarks: topic, partition,
 // outbox source and epoch, and the highest sequence number applied in each
 // shard of the source, as "shards 64, min 120, max 409" (-v and --json
@@ -54,7 +54,7 @@
 //	inboxctl watermarks --dsn "$DSN" --consumer billing --topic orders -v
 //
 // deadletters list|inspect|redrive --brokers B --topic DLQ reads a
-// dead-letter topic (consumer Config.DeadLetterTopic) up to its end offsets
+// dead-letter topic (consumer Config.Failure.DeadLetterTopic) up to its end offsets
 // as they were at the start, filtered by --reason, --original-topic,
 // --from/--to (the dead-lettering time) and --partition/--offset. list
 // prints a line per dead letter, inspect each in full, and redrive copies
@@ -66,7 +66,7 @@
 //	inboxctl deadletters redrive --brokers kafka:9092 --topic orders.dlq --reason handler-error --dry-run
 //
 // offsets show|reset --group G [--topic T] reads or moves the consumer's
-// stored offsets (Config.StoreOffsets, the table --table, default
+// stored offsets (Config.Offsets.Store, the table --table, default
 // inbox_offsets), beside each partition's log start and end when --brokers
 // is given. reset (--to-offset N, --to-time T, --to-start or --to-end;
 // --dry-run) refuses while the group has members: stop its consumers
@@ -134,7 +134,7 @@ func commands() []command {
 		{"watermarks", "a consumer's watermarks of sequenced dedup: per stream, the sequence numbers applied (--consumer NAME)", runWatermarks},
 		{"check", "run the conformance checks against the live database", runCheck},
 		{"deadletters", "list, inspect or redrive the dead letters of a dead-letter topic (inboxctl deadletters list|inspect|redrive --topic T)", runDeadLetters},
-		{"offsets", "show or reset a group's stored offsets (consumer StoreOffsets), beside the log's (inboxctl offsets show|reset --group G)", runOffsets},
+		{"offsets", "show or reset a group's stored offsets (consumer Offsets.Store), beside the log's (inboxctl offsets show|reset --group G)", runOffsets},
 		{"outbox", "migrate, maintain or report the outbox table, show or bump its epoch (inboxctl outbox migrate|maintain|stats|source|bump-epoch)", runOutbox},
 	}
 }

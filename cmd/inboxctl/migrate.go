@@ -22,7 +22,7 @@ only command that creates the database file.
 
 It also creates (or checks) the watermark table of sequenced dedup,
 <table>_watermarks in the same schema (see inboxctl watermarks), which a
-consumer with Config.SequencedSources needs. An inbox table whose name is
+consumer with Config.Sequenced.Sources needs. An inbox table whose name is
 too long to add the suffix has none: migrate warns and succeeds, since only
 such consumers need it. --print-sql prints the watermark table's DDL after
 the inbox table's (and, for such a name, says that it has none).`,
@@ -85,7 +85,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			// here would fail every migrate of a table that served its
 			// consumers well before watermarks existed.
 			res.WatermarkError = err.Error()
-			fmt.Fprintf(stderr, "inboxctl migrate: warning: %v; consumers on this inbox table cannot use sequenced dedup (Config.SequencedSources)\n", err)
+			fmt.Fprintf(stderr, "inboxctl migrate: warning: %v; consumers on this inbox table cannot use sequenced dedup (Config.Sequenced.Sources)\n", err)
 		default:
 			return fail(stderr, "migrate", err)
 		}

@@ -25,7 +25,7 @@ const defaultOffsetsTable = "inbox_offsets"
 var offsetsSpec = cmdSpec{
 	name: "offsets",
 	synopsis: `Show or reset a consumer group's stored offsets: the table of
-consumer Config.StoreOffsets (--table, the consumer's Config.OffsetsTable,
+consumer Config.Offsets.Store (--table, the consumer's Config.Offsets.Table,
 default inbox_offsets), where each partition's next offset is written with
 the effect that made it so. A stored offset wins over the group's committed
 offset in Kafka, so resetting the group in Kafka alone changes nothing: reset
@@ -51,7 +51,7 @@ target but --to-offset) it refuses while the group has members, naming them;
 without, it cannot tell and warns. It also commits the same offsets to the
 group in Kafka, so that the two agree (the consumer warns on assignment when
 the group's offset is ahead of the stored one, a sign of lost database
-commits, and without StoreOffsets the group's is used). The message before
+commits, and without Offsets.Store the group's is used). The message before
 the new offset is unknown, so the recreated-topic check on assignment is
 skipped for the reset rows. A --to-offset past the log end is refused (the
 consumer would stop the partition); one below the log start is taken as the
@@ -105,7 +105,7 @@ func runOffsets(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		action, args = args[0], args[1:]
 	}
 	fs, o := newFlagSet(offsetsSpec)
-	fs.Lookup("table").Usage = "the offsets `table` (the consumer's Config.OffsetsTable; default " + defaultOffsetsTable + ")"
+	fs.Lookup("table").Usage = "the offsets `table` (the consumer's Config.Offsets.Table; default " + defaultOffsetsTable + ")"
 	fs.Lookup("schema").Usage = "not taken: the offsets table is where the consumer's connection finds it"
 	group := fs.String("group", "", "the consumer `group` (the consumer's Config.GroupID); required")
 	topic := fs.String("topic", "", "only this `topic`; required for reset")
@@ -179,7 +179,7 @@ func runOffsets(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	defer closeDB(db)
 	if !db.Migrator().HasTable(o.table) {
-		return fail(stderr, cmd, fmt.Errorf("no offsets table %s in this database: is --table the consumer's Config.OffsetsTable, and did it call Consumer.Migrate with StoreOffsets?", o.table))
+		return fail(stderr, cmd, fmt.Errorf("no offsets table %s in this database: is --table the consumer's Config.Offsets.Table, and did it call Consumer.Migrate with Offsets.Store?", o.table))
 	}
 	is, err := b.newStore(b.defaultTable, "")
 	if err != nil {
@@ -292,7 +292,7 @@ func runOffsets(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			if *topic != "" {
 				where = " of topic " + *topic
 			}
-			return fail(stderr, cmd, fmt.Errorf("group %s has no stored offset%s in %s (is --group the consumer's GroupID, and does it run with StoreOffsets?)", *group, where, o.table))
+			return fail(stderr, cmd, fmt.Errorf("group %s has no stored offset%s in %s (is --group the consumer's GroupID, and does it run with Offsets.Store?)", *group, where, o.table))
 		}
 		if o.json {
 			return writeJSON(stdout, stderr, cmd, res)

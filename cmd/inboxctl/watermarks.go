@@ -20,7 +20,7 @@ import (
 var watermarksSpec = cmdSpec{
 	name: "watermarks",
 	synopsis: `List a consumer's watermarks of sequenced dedup (the consumer's
-Config.SequencedSources): for each stream (topic, partition, outbox source
+Config.Sequenced.Sources): for each stream (topic, partition, outbox source
 and epoch) the highest sequence number applied in each shard of the source,
 as committed in the watermark table <table>_watermarks next to the inbox
 table. The consumer takes a message whose number is at or below its shard's

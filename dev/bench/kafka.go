@@ -34,7 +34,7 @@ const (
 	KafkaPlainBatched = "no-inbox-batched"   // a BatchHandler with one set-based UPDATE per batch, no dedup
 	KafkaBatchHandler = "inbox-batchhandler" // through Inbox.ProcessBatchFunc: the same BatchHandler with the inbox
 	// KafkaSequencedBatchHandler is KafkaBatchHandler with the events'
-	// source trusted (consumer.Config.SequencedSources): deduplicated by a
+	// source trusted (consumer.Config.Sequenced.Sources): deduplicated by a
 	// watermark per partition, no inbox row.
 	KafkaSequencedBatchHandler = "sequenced-batchhandler"
 	// KafkaSequenced is KafkaInbox with sequenced dedup: one message per
@@ -328,7 +328,7 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 	case KafkaHandlerDefault:
 		cfg.Inbox, cfg.Consumer, cfg.BatchSize = f.Inbox, ConsumerName, 0
 	case KafkaSequenced:
-		cfg.Inbox, cfg.Consumer, cfg.SequencedSources = f.Inbox, ConsumerName, []string{BenchSource}
+		cfg.Inbox, cfg.Consumer, cfg.Sequenced.Sources = f.Inbox, ConsumerName, []string{BenchSource}
 	case KafkaBatch:
 		cfg.Inbox, cfg.Consumer, cfg.BatchSize = f.Inbox, ConsumerName, o.BatchSize
 	case KafkaPlainBatched, KafkaBatchHandler, KafkaSequencedBatchHandler:
@@ -347,20 +347,20 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 		case KafkaPlainBatched:
 			cfg.NaturallyIdempotent, cfg.DB, cfg.Classifier = true, b.DB, f.Store
 		case KafkaSequencedBatchHandler:
-			cfg.Inbox, cfg.Consumer, cfg.SequencedSources = f.Inbox, ConsumerName, []string{BenchSource}
+			cfg.Inbox, cfg.Consumer, cfg.Sequenced.Sources = f.Inbox, ConsumerName, []string{BenchSource}
 		default:
 			cfg.Inbox, cfg.Consumer = f.Inbox, ConsumerName
 		}
 	}
 	if newClient != nil {
-		if cfg.Transport, err = newClient(brokers); err != nil {
+		if cfg.Kafka.Transport, err = newClient(brokers); err != nil {
 			return res, err
 		}
 	}
 	c, err := consumer.New(cfg)
 	if err != nil {
-		if cfg.Transport != nil {
-			cfg.Transport.Close()
+		if cfg.Kafka.Transport != nil {
+			cfg.Kafka.Transport.Close()
 		}
 		return res, err
 	}
@@ -391,7 +391,7 @@ func consumeAll(ctx context.Context, b *Backend, brokers []string, topic, mode s
 	if err := checkReserved(ctx, f, mode, n); err != nil {
 		return res, err
 	}
-	if len(cfg.SequencedSources) > 0 {
+	if len(cfg.Sequenced.Sources) > 0 {
 		// The point of the mode: no inbox row at all.
 		rows, err := f.InboxRows(ctx)
 		if err != nil {

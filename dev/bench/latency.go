@@ -375,10 +375,10 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 			Logger:    discardLogger,
 		}
 		if path.trust {
-			ccfg.SequencedSources = []string{source}
+			ccfg.Sequenced.Sources = []string{source}
 		}
 		if newTransport != nil {
-			if ccfg.Transport, err = newTransport(brokers); err != nil {
+			if ccfg.Kafka.Transport, err = newTransport(brokers); err != nil {
 				return res, err
 			}
 		}

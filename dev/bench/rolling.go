@@ -32,7 +32,7 @@ type RollingConfig struct {
 	// Settle is how long the group runs before the first restart and
 	// after each new member has every partition it will get.
 	Settle time.Duration
-	// Transport makes each member's Kafka client (consumer.Config.Transport);
+	// Transport makes each member's Kafka client (consumer.Config.Kafka.Transport);
 	// nil is the consumer's default, kafka-go. Name names it in the result.
 	Transport func(brokers []string) (transport.Client, error)
 	Name      string
@@ -100,10 +100,12 @@ func RollingRestart(ctx context.Context, b *Backend, brokers []string, cfg Rolli
 			// A rolling deploy's members leave and join at once: a short
 			// session lets a member that died be noticed, as in production
 			// settings tuned for deploys.
-			SessionTimeout:    6 * time.Second,
-			HeartbeatInterval: time.Second,
-			RebalanceTimeout:  10 * time.Second,
-			Logger:            discardLogger,
+			Kafka: consumer.KafkaConfig{
+				SessionTimeout:    6 * time.Second,
+				HeartbeatInterval: time.Second,
+				RebalanceTimeout:  10 * time.Second,
+			},
+			Logger: discardLogger,
 			Hooks: []hooks.Hook{hooks.EventFunc(func(e hooks.Event) {
 				if e.Kind != hooks.Processed {
 					return
@@ -119,7 +121,7 @@ func RollingRestart(ctx context.Context, b *Backend, brokers []string, cfg Rolli
 			if err != nil {
 				return nil, err
 			}
-			c.Transport = tr
+			c.Kafka.Transport = tr
 		}
 		return consumer.New(c)
 	}

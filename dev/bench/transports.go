@@ -10,12 +10,12 @@ import (
 
 // The Kafka clients the benchmarks run the consumer on, by name.
 const (
-	TransportKafkaGo = "kafka-go" // consumer.Config.Transport nil: the consumer's default
+	TransportKafkaGo = "kafka-go" // consumer.Config.Kafka.Transport nil: the consumer's default
 	TransportFranzGo = "franz-go" // transport/franzgo
 )
 
 // Transports make each benchmark consumer's Kafka client
-// (consumer.Config.Transport) by name; kafka-go's is nil, the consumer's
+// (consumer.Config.Kafka.Transport) by name; kafka-go's is nil, the consumer's
 // default.
 var Transports = map[string]func(brokers []string) (transport.Client, error){
 	TransportKafkaGo: nil,

@@ -43,7 +43,7 @@ type ChainConfig struct {
 	// paused at a time, so its other processes stay healthy. Every other
 	// pause of a role is made to land inside a transaction the process
 	// holds open on the server (pause.go). The consumers then log at Warn
-	// and keep a trace, and with Config.StoreOffsets the stored offsets are
+	// and keep a trace, and with Config.Offsets.Store the stored offsets are
 	// read all along: none may ever go back.
 	Pauses   int
 	PauseFor time.Duration // default twice the larger of Config.Session and Lease
@@ -84,7 +84,7 @@ type ChainReport struct {
 	CatchUp    time.Duration
 	Wall       time.Duration
 
-	StoreOffsets bool // the consumers stored their offsets (Config.StoreOffsets)
+	StoreOffsets bool // the consumers stored their offsets (Config.Offsets.Store)
 	// The pauses (ChainConfig.Pauses), and what the processes said and
 	// charged meanwhile.
 	Pauses        []Pause

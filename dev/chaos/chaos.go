@@ -76,7 +76,7 @@ type Config struct {
 	StormLength    time.Duration // default 4 s
 	CatchUp        time.Duration // longest quiet period for the group to catch up
 
-	// StoreOffsets runs the consumers with consumer.Config.StoreOffsets.
+	// StoreOffsets runs the consumers with consumer.Config.Offsets.Store.
 	StoreOffsets bool
 
 	// Failovers kills the PostgreSQL primary (DBDir) with SIGKILL this many

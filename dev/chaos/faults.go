@@ -233,8 +233,8 @@ func FaultTable(reps []*FaultReport) string {
 
 // RunFaults runs the fault phase on cfg's database: for each batch size a
 // round of handler faults (poison payloads, network errors, a handler's own
-// deadline, deferred-constraint failures at COMMIT) with OnFailure
-// DeadLetter, then the recreated-topic round with StoreOffsets. Each round
+// deadline, deferred-constraint failures at COMMIT) with Failure.Policy
+// DeadLetter, then the recreated-topic round with Offsets.Store. Each round
 // is bounded by its budget: a stuck message is reported, never waited for
 // past it. An error means the phase could not be carried out; failed checks
 // are in the report.
@@ -660,10 +660,20 @@ func (rr *faultRound) consumerConfig(onEvent func(hooks.Event)) consumer.Config 
 		Brokers: rr.cfg.Brokers, GroupID: rr.group, Topics: []string{rr.topic},
 		Inbox: rr.ib, Consumer: "inventory", Handler: rr.handler(),
 		BatchSize: rr.batch, BatchWait: 20 * time.Millisecond,
-		MaxAttempts: rr.fc.MaxAttempts, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
-		OnFailure: consumer.DeadLetter, DeadLetterTopic: rr.dlq,
-		CommitInterval: 200 * time.Millisecond, MaxWait: 200 * time.Millisecond,
-		SessionTimeout: session, HeartbeatInterval: session / 4, RebalanceTimeout: 2 * session,
+		Failure: consumer.FailureConfig{
+			MaxAttempts:     rr.fc.MaxAttempts,
+			MinBackoff:      10 * time.Millisecond,
+			MaxBackoff:      100 * time.Millisecond,
+			Policy:          consumer.DeadLetter,
+			DeadLetterTopic: rr.dlq,
+		},
+		Kafka: consumer.KafkaConfig{
+			CommitInterval:    200 * time.Millisecond,
+			MaxWait:           200 * time.Millisecond,
+			SessionTimeout:    session,
+			HeartbeatInterval: session / 4,
+			RebalanceTimeout:  2 * session,
+		},
 		Logger: rr.log, Hooks: []hooks.Hook{hooks.EventFunc(onEvent)},
 	}
 }

@@ -29,7 +29,7 @@ import (
 // and is healed or cut after a while. The frozen member keeps
 // heartbeating, since Kafka is fine, so only its own bounds can give its
 // partitions up: each of its steps on the database gives up after
-// DatabaseTimeout, and after MaxProcessingStall of that it leaves the
+// Timeouts.Database, and after Timeouts.ProcessingStall of that it leaves the
 // group. The phase measures how long the healthy members take to commit
 // on the frozen member's partitions, and checks that the freeze charged
 // no message anything.
@@ -41,7 +41,7 @@ import (
 type PartitionConfig struct {
 	Freezes   int           // links frozen, one after the other; default 4, healed and cut in turn
 	FreezeFor time.Duration // how long each stays frozen; default 25 s, and at least Bound + 5 s
-	// The consumers' consumer.Config.DatabaseTimeout and
+	// The consumers' consumer.Config.Timeouts.Database and
 	// MaxProcessingStall; default 2 s and 8 s.
 	DatabaseTimeout, MaxProcessingStall time.Duration
 	// IdleTxTimeout is the server's idle-in-transaction timeout, set on
@@ -67,7 +67,7 @@ type PartitionReport struct {
 	Consumers    int
 
 	Session, DatabaseTimeout, MaxProcessingStall, IdleTxTimeout time.Duration
-	// Bound is the documented bound of a move: MaxProcessingStall +
+	// Bound is the documented bound of a move: Timeouts.ProcessingStall +
 	// SessionTimeout + the rebalance (at most the consumers'
 	// RebalanceTimeout, 2 × SessionTimeout).
 	Bound time.Duration

@@ -16,7 +16,7 @@ import (
 type phaseDB struct {
 	dialect      string
 	dsn          func(testing.TB) string
-	storeOffsets bool   // Config.StoreOffsets
+	storeOffsets bool   // Config.Offsets.Store
 	end          string // the partition phase's end of a frozen link
 }
 

@@ -36,7 +36,7 @@ func (rr *faultRound) recreate(ctx context.Context) error {
 	row.Messages, row.Sent = len(before)+len(after), len(before)+len(after)
 
 	cfg := rr.consumerConfig(rr.onEvent)
-	cfg.StoreOffsets, cfg.OffsetsTable = true, rr.backend.OffsetsTable()
+	cfg.Offsets.Store, cfg.Offsets.Table = true, rr.backend.OffsetsTable()
 	rr.say("topic %s: %d messages per partition, then recreated with %d per partition", rr.topic, rr.fc.Before, rr.fc.After)
 
 	if err := rr.writeEven(ctx, before); err != nil {

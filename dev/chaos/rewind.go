@@ -199,7 +199,7 @@ func (c *chainRun) rewindOne(ctx context.Context, driver inventory.Chain, n int,
 // primary is killed (SIGKILL) and the standby promoted, the writers held
 // out again; the killed primary then rejoins as the new standby. The whole
 // database goes back, services B's and the ledger's tables too: their
-// consumers must store their offsets (Config.StoreOffsets) to apply again
+// consumers must store their offsets (Config.Offsets.Store) to apply again
 // what the promoted database lost.
 func (c *chainRun) failoverOne(ctx context.Context, driver inventory.Chain, n int, restart bool) error {
 	rw := Rewind{RelaysRestarted: restart, Failover: true}

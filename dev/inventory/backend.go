@@ -131,7 +131,7 @@ func (b Backend) Reservations(ctx context.Context, db *gorm.DB) (int64, error) {
 }
 
 // StoredOffsets returns the next offsets that group stored for topic's
-// partitions in OffsetsTable (consumer.Config.StoreOffsets), by partition.
+// partitions in OffsetsTable (consumer.Config.Offsets.Store), by partition.
 func (b Backend) StoredOffsets(ctx context.Context, db *gorm.DB, group, topic string) (map[int]int64, error) {
 	return StoredOffsets(ctx, db, b.OffsetsTable(), group, topic)
 }

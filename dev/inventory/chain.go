@@ -35,7 +35,7 @@ import (
 //
 // The two consuming stages deduplicate in the two ways the consumer offers,
 // so that every run exercises both:
-//   - B trusts outbox A's source (consumer.Config.SequencedSources): it
+//   - B trusts outbox A's source (consumer.Config.Sequenced.Sources): it
 //     keeps one watermark row per stream instead of an inbox row per event.
 //     Outbox A is aligned to the orders topic (outbox.Config.AlignedTopic:
 //     its shards are the topic's partitions), so each stream is contiguous
@@ -585,7 +585,7 @@ func (c Chain) CheckRewound(ctx context.Context, db *gorm.DB, orders []ChainEven
 
 // checkDedup reads what each consuming stage kept to deduplicate, and
 // records in l.rowsOff where it is not what its path keeps: a Sequenced
-// stage keeps watermark rows and never an inbox row (SequencedRowsUntil is
+// stage keeps watermark rows and never an inbox row (Sequenced.RowsUntil is
 // not set), the other stage an inbox row per distinct event it applied
 // (the row commits with the effect).
 func (c Chain) checkDedup(db *gorm.DB, l *ChainLedger, distinctReserved, distinctBooked int) error {

@@ -61,7 +61,7 @@ type ChainProcessConfig struct {
 	Group    string        `json:"group"`
 	Session  time.Duration `json:"session"`
 	EventLog string        `json:"event_log"`
-	// StoreOffsets runs a consumer with consumer.Config.StoreOffsets, in
+	// StoreOffsets runs a consumer with consumer.Config.Offsets.Store, in
 	// its stage's Chain.OffsetsTable.
 	StoreOffsets bool `json:"store_offsets"`
 	// Warnings and Trace are ProcessConfig's.
@@ -174,9 +174,16 @@ func RunChainProcess(ctx context.Context, cfg ChainProcessConfig, stderr io.Writ
 		defer closeTrace()
 		ccfg := consumer.Config{
 			Brokers: cfg.Brokers, GroupID: cfg.Group, Topics: []string{topic}, Inbox: ib, Consumer: cfg.Stage, Handler: h,
-			BatchWait: 20 * time.Millisecond, SessionTimeout: cfg.Session, HeartbeatInterval: cfg.Session / 4, RebalanceTimeout: 2 * cfg.Session,
-			Logger: log, Hooks: hks, StoreOffsets: cfg.StoreOffsets, OffsetsTable: c.OffsetsTable(cfg.Stage),
-			SequencedSources: trusted,
+			BatchWait: 20 * time.Millisecond, Kafka: consumer.KafkaConfig{
+				SessionTimeout:    cfg.Session,
+				HeartbeatInterval: cfg.Session / 4,
+				RebalanceTimeout:  2 * cfg.Session,
+			},
+			Logger: log, Hooks: hks, Offsets: consumer.OffsetsConfig{
+				Store: cfg.StoreOffsets,
+				Table: c.OffsetsTable(cfg.Stage),
+			},
+			Sequenced: consumer.SequencedConfig{Sources: trusted},
 		}
 		if err := testtransport.Apply(&ccfg); err != nil {
 			return err

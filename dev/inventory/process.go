@@ -41,7 +41,7 @@ type ProcessConfig struct {
 	EventLog  string        `json:"event_log"` // one line per outcome is appended here
 	Session   time.Duration `json:"session"`   // group session timeout
 	BatchSize int           `json:"batch_size"`
-	// StoreOffsets runs the consumer with consumer.Config.StoreOffsets,
+	// StoreOffsets runs the consumer with consumer.Config.Offsets.Store,
 	// in the backend's OffsetsTable.
 	StoreOffsets bool `json:"store_offsets"`
 	// DeadLetterTopic, if set, makes the consumer dead-letter a message
@@ -140,25 +140,33 @@ func Consume(ctx context.Context, cfg ProcessConfig, stderr io.Writer) error {
 		onFailure = consumer.DeadLetter
 	}
 	ccfg := consumer.Config{
-		Brokers:            cfg.Brokers,
-		GroupID:            cfg.Group,
-		Topics:             []string{cfg.Topic},
-		Inbox:              ib,
-		Consumer:           "inventory",
-		Handler:            Handler(cfg.Backend),
-		BatchSize:          batch,
-		BatchWait:          20 * time.Millisecond,
-		SessionTimeout:     cfg.Session,
-		HeartbeatInterval:  cfg.Session / 4,
-		RebalanceTimeout:   2 * cfg.Session,
-		Logger:             log,
-		Hooks:              hks,
-		StoreOffsets:       cfg.StoreOffsets,
-		OffsetsTable:       cfg.Backend.OffsetsTable(),
-		OnFailure:          onFailure,
-		DeadLetterTopic:    cfg.DeadLetterTopic,
-		DatabaseTimeout:    cfg.DatabaseTimeout,
-		MaxProcessingStall: cfg.MaxProcessingStall,
+		Brokers:   cfg.Brokers,
+		GroupID:   cfg.Group,
+		Topics:    []string{cfg.Topic},
+		Inbox:     ib,
+		Consumer:  "inventory",
+		Handler:   Handler(cfg.Backend),
+		BatchSize: batch,
+		BatchWait: 20 * time.Millisecond,
+		Kafka: consumer.KafkaConfig{
+			SessionTimeout:    cfg.Session,
+			HeartbeatInterval: cfg.Session / 4,
+			RebalanceTimeout:  2 * cfg.Session,
+		},
+		Logger: log,
+		Hooks:  hks,
+		Offsets: consumer.OffsetsConfig{
+			Store: cfg.StoreOffsets,
+			Table: cfg.Backend.OffsetsTable(),
+		},
+		Failure: consumer.FailureConfig{
+			Policy:          onFailure,
+			DeadLetterTopic: cfg.DeadLetterTopic,
+		},
+		Timeouts: consumer.TimeoutsConfig{
+			Database:        cfg.DatabaseTimeout,
+			ProcessingStall: cfg.MaxProcessingStall,
+		},
 	}
 	if err := testtransport.Apply(&ccfg); err != nil {
 		return err

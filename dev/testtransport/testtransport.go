@@ -1,5 +1,5 @@
 // Package testtransport picks the Kafka client the project's real-broker
-// tests run the consumer on: kafka-go (consumer.Config.Transport nil, the
+// tests run the consumer on: kafka-go (consumer.Config.Kafka.Transport nil, the
 // library's default) or franz-go (transport/franzgo), as the environment
 // variable Var says. make test runs the consumer suite, the chaos phases
 // and the sequenced end-to-end test once on each.
@@ -44,17 +44,17 @@ func Apply(cfg *consumer.Config) error {
 	if err != nil {
 		return err
 	}
-	if name == KafkaGo || cfg.Transport != nil {
+	if name == KafkaGo || cfg.Kafka.Transport != nil {
 		return nil
 	}
 	opts := franzgo.Options{Brokers: cfg.Brokers, Logger: cfg.Logger}
-	if cfg.Dialer != nil {
-		opts.ClientID, opts.DialTimeout = cfg.Dialer.ClientID, cfg.Dialer.Timeout
+	if cfg.Kafka.Dialer != nil {
+		opts.ClientID, opts.DialTimeout = cfg.Kafka.Dialer.ClientID, cfg.Kafka.Dialer.Timeout
 	}
 	cl, err := franzgo.New(opts)
 	if err != nil {
 		return fmt.Errorf("%s=%s: %w", Var, name, err)
 	}
-	cfg.Transport = cl
+	cfg.Kafka.Transport = cl
 	return nil
 }

@@ -2,25 +2,29 @@
 // inbox's batch engine with options of its own: the offsets it stores with
 // a batch, its messages' contexts, its sequenced dedup marks and watermark
 // writes, its retries and its step bound. inbox.ProcessBatch and
-// inbox.ProcessBatchFunc run the same engine with the zero Options.
+// inbox.ProcessBatchFunc run the same engine with the zero Options. It is
+// also how the consumer reads the logger and hooks an inbox was given
+// ([Shared]), which it takes when its own Config leaves them unset.
 //
-// Package inbox registers the engine when it is initialised ([Register]);
-// package consumer, which imports package inbox and so is initialised
-// after it, looks it up once ([Lookup]) and calls it with a plain Options
-// value. The engine is generic in package inbox's types only because this
-// package cannot import package inbox, which imports it: O is
-// inbox.Outcome, and the types of [Engine] are inbox's Inbox, Message,
-// Handler, BatchHandler and Result.
+// Package inbox registers the engine when it is initialised ([Register],
+// and [RegisterShared]); package consumer, which imports package inbox and
+// so is initialised after it, looks it up once ([Lookup], [LookupShared])
+// and calls it with a plain Options value. The engine is generic in
+// package inbox's types only because this package cannot import package
+// inbox, which imports it: O is inbox.Outcome, and the types of [Engine]
+// are inbox's Inbox, Message, Handler, BatchHandler and Result.
 package batchopt
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"gorm.io/gorm"
 
+	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/storage"
 )
 
@@ -57,7 +61,7 @@ type Options[O any] struct {
 	CallerRetries bool
 	// Bound, if positive, bounds each of the call's own steps on the
 	// database: BEGIN, the claim (with BEGIN when the store pipelines
-	// them), BeforeCommit, COMMIT and ROLLBACK (consumer.Config.DatabaseTimeout).
+	// them), BeforeCommit, COMMIT and ROLLBACK (consumer.Config.Timeouts.Database).
 	// A step past it fails as a database failure wrapping a
 	// txn.TimeoutError; the handlers are not bounded by it.
 	Bound time.Duration
@@ -123,4 +127,29 @@ func Lookup[I, M, H, B, R, O any]() Engine[I, M, H, B, R, O] {
 		panic(fmt.Sprintf("batchopt: the registered engine is %T, not %T", registered, e))
 	}
 	return e
+}
+
+// Shared is what an inbox was configured with that a consumer driving it
+// takes for its own when its Config leaves it unset: the inbox.Config's
+// Logger (nil if it was not set) and Hooks (without the nil ones).
+type Shared struct {
+	Logger *slog.Logger
+	Hooks  []hooks.Hook
+}
+
+// sharedOf is the function package inbox registered with RegisterShared.
+var sharedOf any
+
+// RegisterShared records how package inbox tells an inbox's Shared
+// settings; I is *inbox.Inbox. Package inbox calls it once, from its init.
+func RegisterShared[I any](f func(I) Shared) { sharedOf = f }
+
+// LookupShared returns the function RegisterShared recorded. It panics if
+// the type asked for is not the one registered, as Lookup does.
+func LookupShared[I any]() func(I) Shared {
+	f, ok := sharedOf.(func(I) Shared)
+	if !ok {
+		panic(fmt.Sprintf("batchopt: the registered settings are %T, not %T", sharedOf, f))
+	}
+	return f
 }

@@ -35,7 +35,7 @@ import (
 //
 //   - a step of the transaction's own (BEGIN, the claim, COMMIT, ROLLBACK;
 //     the consumer's stored-offset write) did not end within the bound
-//     its caller set (consumer.Config.DatabaseTimeout): a *TimeoutError.
+//     its caller set (consumer.Config.Timeouts.Database): a *TimeoutError.
 //     A COMMIT given up this way has an unknown outcome: it may still
 //     commit once the database gets it. That is the case of a COMMIT that
 //     failed transiently: the transaction is run again, and its inbox row,

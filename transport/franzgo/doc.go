@@ -1,5 +1,5 @@
 // Package franzgo is a transport.Client over github.com/twmb/franz-go, for
-// consumer.Config.Transport: the consumer's group membership, fetching,
+// consumer.Config.Kafka.Transport: the consumer's group membership, fetching,
 // offset commits, log-offset and topic lookups and default dead-letter
 // writer run on franz-go instead of kafka-go. Its Publisher is an outbox
 // relay's publisher on franz-go's idempotent producer (NewPublisher).

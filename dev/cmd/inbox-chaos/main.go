@@ -8,9 +8,9 @@
 //
 // Then, per database, the fault phase (dev/chaos.RunFaults): handler
 // faults on known messages (poison payloads, network errors, a handler's own
-// deadline, deferred constraints that fail at COMMIT) under OnFailure
-// DeadLetter with a small MaxAttempts, and a topic recreated under
-// StoreOffsets. Healthy messages must be applied exactly once, poison ones
+// deadline, deferred constraints that fail at COMMIT) under Failure.Policy
+// DeadLetter with a small Failure.MaxAttempts, and a topic recreated under
+// Offsets.Store. Healthy messages must be applied exactly once, poison ones
 // dead-lettered within MaxAttempts, nothing lost; every round has a budget,
 // so a stuck message fails the run instead of hanging it.
 //
@@ -38,7 +38,7 @@
 // PostgreSQL and MariaDB, StoreOffsets off and on): each inventory consumer
 // reaches the database through a link of its own, and one link at a time
 // freezes (no RST) and is healed or cut: the frozen member's partitions must
-// be committed on by a healthy member within MaxProcessingStall +
+// be committed on by a healthy member within Timeouts.ProcessingStall +
 // SessionTimeout + the rebalance, with no message charged anything. Then
 // the rewind phase (dev/chaos.RunRewind): the chain's database goes back
 // under load, restored from a backup taken seconds earlier, or, with

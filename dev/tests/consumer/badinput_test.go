@@ -115,7 +115,7 @@ func TestBadInput(t *testing.T) {
 			produce(t, brokers, "orders", msgs...)
 			ev := newEvents()
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-			cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts, cfg.HandlerTimeout = consumer.DeadLetter, "orders.dlq", 2, tc.timeout
+			cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts, cfg.Timeouts.Handler = consumer.DeadLetter, "orders.dlq", 2, tc.timeout
 			if tc.handler != nil {
 				cfg.Handler = tc.handler(s)
 			}

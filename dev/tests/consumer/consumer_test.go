@@ -21,19 +21,23 @@ import (
 // baseConfig is a consumer of topic on brokers for s, with fast backoffs.
 func baseConfig(t *testing.T, brokers []string, topic, group string, s *shop, ev *events) consumer.Config {
 	return consumer.Config{
-		Brokers:        brokers,
-		GroupID:        group,
-		Topics:         []string{topic},
-		Inbox:          s.ib,
-		Consumer:       "reserve-stock",
-		Handler:        s.reserve,
-		MinBackoff:     10 * time.Millisecond,
-		MaxBackoff:     50 * time.Millisecond,
-		CommitInterval: -1,
-		MaxWait:        100 * time.Millisecond,
-		SessionTimeout: 6 * time.Second,
-		Logger:         testLogger(t),
-		Hooks:          []hooks.Hook{hooks.EventFunc(ev.on)},
+		Brokers:  brokers,
+		GroupID:  group,
+		Topics:   []string{topic},
+		Inbox:    s.ib,
+		Consumer: "reserve-stock",
+		Handler:  s.reserve,
+		Failure: consumer.FailureConfig{
+			MinBackoff: 10 * time.Millisecond,
+			MaxBackoff: 50 * time.Millisecond,
+		},
+		Kafka: consumer.KafkaConfig{
+			CommitInterval: -1,
+			MaxWait:        100 * time.Millisecond,
+			SessionTimeout: 6 * time.Second,
+		},
+		Logger: testLogger(t),
+		Hooks:  []hooks.Hook{hooks.EventFunc(ev.on)},
 	}
 }
 
@@ -124,7 +128,7 @@ func TestDeadLetterAfterRetries(t *testing.T) {
 	sendOrders(t, brokers, "orders", 1, 6, nil)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 3
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 3
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-2" {
 			return errors.New("sku-2 is not sold here")
@@ -185,7 +189,7 @@ func TestBatchIsolatesPoison(t *testing.T) {
 	produce(t, brokers, "orders", msgs...)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 2
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 2
 	cfg.BatchSize, cfg.BatchWait = 31, 2*time.Second
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "all messages finished", func() bool {
@@ -224,7 +228,7 @@ func TestBatchIsolatesPoison(t *testing.T) {
 
 // A consumer killed between its database commit and its offset commit: the
 // next instance is handed the message again. The inbox absorbs it; with
-// StoreOffsets it is not even redelivered.
+// Offsets.Store it is not even redelivered.
 func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 	t.Parallel()
 	for _, storeOffsets := range []bool{false, true} {
@@ -236,7 +240,7 @@ func TestCrashBetweenDBCommitAndOffsetCommit(t *testing.T) {
 
 			ev1 := newEvents()
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev1)
-			cfg.StoreOffsets = storeOffsets
+			cfg.Offsets.Store = storeOffsets
 			var commits atomic.Int32
 			knobs := &testhooks.Knobs{AfterDB: func(topic string, partition int, next int64, _ int) error {
 				if commits.Add(1) == 7 {
@@ -298,10 +302,10 @@ func TestDeadLetterPublishFailureHoldsTheOffset(t *testing.T) {
 	sendOrders(t, brokers, "orders", 1, 4, nil)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
 	dlq := &kafka.Writer{Addr: kafka.TCP(brokers...), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, MaxAttempts: 3, BatchTimeout: 5 * time.Millisecond}
 	t.Cleanup(func() { _ = dlq.Close() })
-	cfg.DeadLetterWriter = dlq
+	cfg.Failure.DeadLetterWriter = dlq
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-1" {
 			return errors.New("poison")
@@ -367,7 +371,7 @@ func TestBatchStopStoresNoOffsetPastThePoison(t *testing.T) {
 			produce(t, brokers, "orders", msgs...)
 			ev := newEvents()
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-			cfg.BatchSize, cfg.BatchWait, cfg.MaxAttempts, cfg.StoreOffsets = 10, time.Second, 2, true
+			cfg.BatchSize, cfg.BatchWait, cfg.Failure.MaxAttempts, cfg.Offsets.Store = 10, time.Second, 2, true
 			r := start(t, cfg)
 			waitUntil(t, 20*time.Second, "the partition to stop", func() bool { return ev.count(hooks.PartitionStopped) == 1 })
 			if err := r.stop(t); !errors.Is(err, consumer.ErrPartitionStopped) {
@@ -427,7 +431,7 @@ func TestBatchRetriedMessageStoresTheBatchsOffset(t *testing.T) {
 	sendOrders(t, brokers, "orders", 1, 6, nil)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.BatchSize, cfg.BatchWait, cfg.StoreOffsets = 6, time.Second, true
+	cfg.BatchSize, cfg.BatchWait, cfg.Offsets.Store = 6, time.Second, true
 	cfg.Handler = s.failingOnce("order-1")
 	r := start(t, cfg)
 	// Stopping before the worker's commit would leave the tail unstored

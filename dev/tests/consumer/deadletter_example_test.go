@@ -83,10 +83,12 @@ func Example_deadLetter() {
 			}
 			return tx.Exec(`INSERT INTO charges VALUES (?, ?)`, charge.OrderID, charge.Cents).Error
 		},
-		OnFailure:       consumer.DeadLetter,
-		DeadLetterTopic: "payments.dlq",
-		MaxAttempts:     3,
-		MinBackoff:      10 * time.Millisecond,
+		Failure: consumer.FailureConfig{
+			Policy:          consumer.DeadLetter,
+			DeadLetterTopic: "payments.dlq",
+			MaxAttempts:     3,
+			MinBackoff:      10 * time.Millisecond,
+		},
 		Hooks: []hooks.Hook{hooks.EventFunc(func(ev hooks.Event) {
 			if ev.Kind == hooks.DeadLettered {
 				deadLettered.Add(1)

@@ -62,7 +62,7 @@ func TestDeadLetterOfALargeMessage(t *testing.T) {
 	produceLarge(t, brokers, "orders", orderMessage(0, 0), big, orderMessage(2, 0))
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-1" {
 			return errors.New("attachment rejected")
@@ -113,9 +113,9 @@ func (f *fakeWriter) count() int {
 // writer).
 func deadLetterConfig(t *testing.T, brokers []string, topic, group string, s *shop, ev *events, w consumer.MessageWriter) consumer.Config {
 	cfg := baseConfig(t, brokers, topic, group, s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, topic+".dlq", 1
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, topic+".dlq", 1
 	if w != nil {
-		cfg.DeadLetterWriter = w
+		cfg.Failure.DeadLetterWriter = w
 	}
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-1" {

@@ -10,7 +10,7 @@ import (
 )
 
 // A table dropped under a running consumer (the inbox table; the offsets
-// table under StoreOffsets; the watermark table under SequencedSources)
+// table under Offsets.Store; the watermark table under Sequenced.Sources)
 // stays a database failure, retried until the table is back, but the retry
 // line says which table is missing and the Migrate call that makes it.
 func TestDroppedTableIsNamedInTheRetryLog(t *testing.T) {
@@ -22,15 +22,15 @@ func TestDroppedTableIsNamedInTheRetryLog(t *testing.T) {
 				logs := newCaptured()
 				cfg := baseConfig(t, brokers, "orders", "inventory", s, newEvents())
 				cfg.Logger = slog.New(logs)
-				cfg.OffsetsTable = "inbox_offsets" + s.suffix
+				cfg.Offsets.Table = "inbox_offsets" + s.suffix
 				inboxTable := cmp.Or(s.inboxTable, "inbox_messages")
 				table, fix := inboxTable, "Inbox.Migrate"
 				switch which {
 				case "offsets":
-					cfg.StoreOffsets = true
-					table, fix = cfg.OffsetsTable, "Consumer.Migrate"
+					cfg.Offsets.Store = true
+					table, fix = cfg.Offsets.Table, "Consumer.Migrate"
 				case "watermarks":
-					cfg.SequencedSources = []string{testSource}
+					cfg.Sequenced.Sources = []string{testSource}
 					table, fix = inboxTable+"_watermarks", "Consumer.Migrate"
 				}
 				name := table

@@ -199,25 +199,31 @@ func runEndToEnd(t *testing.T, brokers []string, s *shop, batch int, storeOffset
 
 	cfg := func(ev *events) consumer.Config {
 		return consumer.Config{
-			Brokers:           brokers,
-			GroupID:           group,
-			Topics:            []string{topic},
-			Inbox:             s.ib,
-			Consumer:          "reserve-stock",
-			Handler:           s.reserve,
-			BatchSize:         batch,
-			BatchWait:         20 * time.Millisecond,
-			StoreOffsets:      storeOffsets,
-			OffsetsTable:      "inbox_offsets" + s.suffix,
-			MinBackoff:        20 * time.Millisecond,
-			MaxBackoff:        500 * time.Millisecond,
-			CommitInterval:    100 * time.Millisecond,
-			MaxWait:           500 * time.Millisecond,
-			SessionTimeout:    6 * time.Second,
-			HeartbeatInterval: 200 * time.Millisecond,
-			RebalanceTimeout:  10 * time.Second,
-			Logger:            testLogger(t),
-			Hooks:             []hooks.Hook{hooks.EventFunc(ev.on)},
+			Brokers:   brokers,
+			GroupID:   group,
+			Topics:    []string{topic},
+			Inbox:     s.ib,
+			Consumer:  "reserve-stock",
+			Handler:   s.reserve,
+			BatchSize: batch,
+			BatchWait: 20 * time.Millisecond,
+			Offsets: consumer.OffsetsConfig{
+				Store: storeOffsets,
+				Table: "inbox_offsets" + s.suffix,
+			},
+			Failure: consumer.FailureConfig{
+				MinBackoff: 20 * time.Millisecond,
+				MaxBackoff: 500 * time.Millisecond,
+			},
+			Kafka: consumer.KafkaConfig{
+				CommitInterval:    100 * time.Millisecond,
+				MaxWait:           500 * time.Millisecond,
+				SessionTimeout:    6 * time.Second,
+				HeartbeatInterval: 200 * time.Millisecond,
+				RebalanceTimeout:  10 * time.Second,
+			},
+			Logger: testLogger(t),
+			Hooks:  []hooks.Hook{hooks.EventFunc(ev.on)},
 		}
 	}
 	applied := func() int { return len(s.counts(t)) }
@@ -290,7 +296,7 @@ func runEndToEnd(t *testing.T, brokers []string, s *shop, batch int, storeOffset
 	evD := newEvents()
 	cfgD := cfg(evD)
 	cfgD.GroupID = group + "-replay"
-	cfgD.StartOffset = kafka.FirstOffset
+	cfgD.Kafka.StartOffset = kafka.FirstOffset
 	d := start(t, cfgD)
 	waitUntil(t, 40*time.Second, "the replay", func() bool {
 		return evD.count(hooks.Processed)+evD.count(hooks.Duplicate) == total

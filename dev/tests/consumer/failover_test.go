@@ -63,7 +63,7 @@ func storedOffset(t *testing.T, s *shop, group, topic string, partition int) int
 // An asynchronous failover: the primary acknowledged commits that the
 // standby never received. The effects, inbox rows and stored offset of
 // those commits vanish together, but the group's offset in Kafka is already
-// past them. With StoreOffsets the consumer resumes from the database's
+// past them. With Offsets.Store the consumer resumes from the database's
 // position, behind the group's, and applies each of them again: exactly
 // once in the promoted database. (Before, it took the larger of the two
 // offsets and skipped them for good.)
@@ -74,7 +74,7 @@ func TestStoredOffsetBehindTheGroupAfterAFailover(t *testing.T) {
 	sendOrders(t, brokers, "orders", 1, 6, nil)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", primary, ev)
-	cfg.StoreOffsets = true
+	cfg.Offsets.Store = true
 	a := start(t, cfg)
 	waitUntil(t, 30*time.Second, "orders 0-5", func() bool { return ev.count(hooks.Processed) == 6 })
 	if err := a.stop(t); err != nil {
@@ -137,8 +137,8 @@ func TestDeadLetteredOffsetIsStored(t *testing.T) {
 	sendOrders(t, brokers, "orders", 1, 5, nil)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.StoreOffsets = true
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
+	cfg.Offsets.Store = true
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-4" {
 			return errors.New("poison")
@@ -229,7 +229,7 @@ func TestRunningConsumerResumesFromTheDatabaseAfterAFailover(t *testing.T) {
 			sendOrders(t, brokers, "orders", 1, 10, nil)
 			ev := newEvents()
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-			cfg.StoreOffsets = true
+			cfg.Offsets.Store = true
 			knobs := &testhooks.Knobs{PosCheckInterval: time.Hour}
 			if idle {
 				knobs.PosCheckInterval = 200 * time.Millisecond
@@ -283,7 +283,7 @@ func TestSequencedRunningConsumerResumesAfterAFailover(t *testing.T) {
 			}
 			ev := newEvents()
 			cfg := sequencedConfig(t, brokers, s, ev)
-			cfg.StoreOffsets = true
+			cfg.Offsets.Store = true
 			knobs := &testhooks.Knobs{PosCheckInterval: time.Hour}
 			if idle {
 				knobs.PosCheckInterval = 200 * time.Millisecond

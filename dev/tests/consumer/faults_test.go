@@ -55,7 +55,7 @@ func newFaultShop(t *testing.T, transient func(error) bool, cfg inbox.Config) *s
 		t.Fatal(err)
 	}
 	// The adapter's stored offsets passed on, as a wrapper must for
-	// StoreOffsets.
+	// Offsets.Store.
 	s := setupShop(t, db, classifyingOffsetStore{faulttest.ClassifyingStore{InboxStore: base, Transient: transient}, base}, "")
 	cfg.Logger = testLogger(t)
 	cfg.RetentionDays = max(cfg.RetentionDays, 30)
@@ -118,7 +118,7 @@ func TestHandlerFaultsReachTheFailurePolicy(t *testing.T) {
 	sendOrders(t, brokers, "orders", 1, 10, nil)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 3
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 3
 	cfg.BatchSize, cfg.BatchWait = 4, 200*time.Millisecond
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if err := s.reserve(ctx, tx, msg); err != nil {
@@ -175,8 +175,8 @@ func TestNaturallyIdempotentRetriesAFailingDatabase(t *testing.T) {
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "order-view", s, ev)
 	cfg.Inbox, cfg.Consumer, cfg.DB, cfg.Classifier = nil, "", s.db, s.ib.Store()
-	cfg.NaturallyIdempotent, cfg.MaxAttempts = true, 2
-	cfg.OnFailure, cfg.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
+	cfg.NaturallyIdempotent, cfg.Failure.MaxAttempts = true, 2
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
 	var mu sync.Mutex
 	calls := 0
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
@@ -231,7 +231,7 @@ func TestStoredOffsetNeverPassesAMessageExpiredMidBatch(t *testing.T) {
 	produce(t, brokers, "orders", msgs...)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.BatchSize, cfg.BatchWait, cfg.MaxAttempts, cfg.StoreOffsets = 3, time.Second, 2, true
+	cfg.BatchSize, cfg.BatchWait, cfg.Failure.MaxAttempts, cfg.Offsets.Store = 3, time.Second, 2, true
 	cfg.MaintenanceInterval = -1 // maintenance reads the clock too
 	r := start(t, cfg)
 	waitUntil(t, 20*time.Second, "the batch decided", func() bool {
@@ -298,8 +298,8 @@ func TestBatchHandler(t *testing.T) {
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
 	cfg.Handler, cfg.BatchHandler = nil, s.reserveBatch
-	cfg.BatchSize, cfg.BatchWait, cfg.MaxAttempts = 10, 100*time.Millisecond, 2
-	cfg.OnFailure, cfg.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
+	cfg.BatchSize, cfg.BatchWait, cfg.Failure.MaxAttempts = 10, 100*time.Millisecond, 2
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
 	r := start(t, cfg)
 	waitUntil(t, 60*time.Second, "39 processed, 3 duplicates, 1 dead letter", func() bool {
 		return ev.count(hooks.Processed) == 39 && ev.count(hooks.Duplicate) == 3 && ev.count(hooks.DeadLettered) == 1
@@ -337,8 +337,8 @@ func TestNaturallyIdempotentBatchHandler(t *testing.T) {
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "order-view", s, ev)
 	cfg.Inbox, cfg.Consumer, cfg.DB, cfg.Classifier = nil, "", s.db, s.ib.Store()
-	cfg.NaturallyIdempotent, cfg.MaxAttempts, cfg.StoreOffsets = true, 2, true
-	cfg.OnFailure, cfg.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
+	cfg.NaturallyIdempotent, cfg.Failure.MaxAttempts, cfg.Offsets.Store = true, 2, true
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
 	cfg.BatchSize, cfg.BatchWait = 10, 200*time.Millisecond
 	var mu sync.Mutex
 	sizes := map[int]int{}

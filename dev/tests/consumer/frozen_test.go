@@ -158,11 +158,11 @@ func closeDB(db *gorm.DB) {
 // steps bounded at 2 s.
 func frozenConfig(t *testing.T, brokers []string, s *shop, ev *events) consumer.Config {
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.SessionTimeout = 6 * time.Second
-	cfg.HandlerTimeout = 5 * time.Second
-	cfg.DatabaseTimeout = 2 * time.Second
-	cfg.MaxProcessingStall = 5 * time.Minute // the member keeps its partitions unless a test says otherwise
-	cfg.MaxBackoff = 200 * time.Millisecond
+	cfg.Kafka.SessionTimeout = 6 * time.Second
+	cfg.Timeouts.Handler = 5 * time.Second
+	cfg.Timeouts.Database = 2 * time.Second
+	cfg.Timeouts.ProcessingStall = 5 * time.Minute // the member keeps its partitions unless a test says otherwise
+	cfg.Failure.MaxBackoff = 200 * time.Millisecond
 	return cfg
 }
 
@@ -206,8 +206,8 @@ func TestFrozenDatabaseChargesNoAttempt(t *testing.T) {
 			rec := newRecorder(t)
 			dlq := &fakeWriter{}
 			cfg := frozenConfig(t, brokers, sa, ev)
-			cfg.HandlerTimeout = 2 * time.Second
-			cfg.OnFailure, cfg.DeadLetterTopic, cfg.DeadLetterWriter, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", dlq, 1
+			cfg.Timeouts.Handler = 2 * time.Second
+			cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.DeadLetterWriter, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", dlq, 1
 			cfg.Logger = slog.New(rec)
 			inHandler, proceed := make(chan struct{}), make(chan struct{})
 			var calls atomic.Int32
@@ -266,7 +266,7 @@ func TestFrozenDatabaseChargesNoAttempt(t *testing.T) {
 	}
 }
 
-// (c) The inbox's own steps on the database are bounded by DatabaseTimeout:
+// (c) The inbox's own steps on the database are bounded by Timeouts.Database:
 // a BEGIN (with the pipelined claim on PostgreSQL) sent into a frozen link,
 // and a COMMIT sent into it after the handler's work, each give up within
 // the bound and are retried as a database failure (the batch loop, without
@@ -282,7 +282,7 @@ func TestFrozenDatabaseWorkTimesOut(t *testing.T) {
 				brokers := newKfake(t, 1, "orders")
 				ev := newEvents()
 				cfg := frozenConfig(t, brokers, sa, ev)
-				bound := cfg.DatabaseTimeout
+				bound := cfg.Timeouts.Database
 				handlerDone, proceed := make(chan struct{}), make(chan struct{})
 				var calls atomic.Int32
 				cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
@@ -401,8 +401,8 @@ func (o *owner) count() int {
 // one link freezes for 40 s. The frozen member cannot make progress and
 // keeps heartbeating (Kafka is fine), so the group would leave its
 // partitions with it for as long as the link is frozen. After
-// MaxProcessingStall it leaves the group: its partitions move to the
-// healthy member within MaxProcessingStall + SessionTimeout (and the
+// Timeouts.ProcessingStall it leaves the group: its partitions move to the
+// healthy member within Timeouts.ProcessingStall + SessionTimeout (and the
 // rebalance), and everything produced meanwhile is processed there. Once
 // its database answers again (the link heals, or is cut and reconnects) it
 // rejoins. Every order is applied once, none is charged an attempt.
@@ -432,7 +432,7 @@ func TestFrozenMemberGivesUpItsPartitions(t *testing.T) {
 			evA, evB := newEvents(), newEvents()
 			ownA, ownB := follow(evA), follow(evB)
 			cfgA := frozenConfig(t, brokers, sa, evA)
-			cfgA.MaxProcessingStall = 8 * time.Second
+			cfgA.Timeouts.ProcessingStall = 8 * time.Second
 			var hold atomic.Bool
 			inTx, proceed := make(chan struct{}), make(chan struct{})
 			cfgA.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
@@ -444,7 +444,7 @@ func TestFrozenMemberGivesUpItsPartitions(t *testing.T) {
 				return err
 			}
 			cfgB := frozenConfig(t, brokers, s, evB)
-			cfgB.MaxProcessingStall = 8 * time.Second
+			cfgB.Timeouts.ProcessingStall = 8 * time.Second
 			a := start(t, cfgA)
 			b := start(t, cfgB)
 			send := func(from, to int) {
@@ -480,12 +480,12 @@ func TestFrozenMemberGivesUpItsPartitions(t *testing.T) {
 				frozenAt = time.Now()
 				send(8, 16)
 			}
-			bound := cfgA.MaxProcessingStall + cfgA.SessionTimeout
+			bound := cfgA.Timeouts.ProcessingStall + cfgA.Kafka.SessionTimeout
 			limit := bound + 10*time.Second // the rebalance, the fetch, a shared machine
 			waitUntil(t, limit, "orders 8-15 applied while the link is frozen", applied(16))
 			took := time.Since(frozenAt)
 			t.Logf("the healthy member held %d partitions and had applied every order %v after the freeze (MaxProcessingStall %v + SessionTimeout %v)",
-				ownB.count(), took.Round(100*time.Millisecond), cfgA.MaxProcessingStall, cfgA.SessionTimeout)
+				ownB.count(), took.Round(100*time.Millisecond), cfgA.Timeouts.ProcessingStall, cfgA.Kafka.SessionTimeout)
 			if n := ownB.count(); n != partitions {
 				t.Errorf("the healthy member holds %d partitions, want all %d", n, partitions)
 			}

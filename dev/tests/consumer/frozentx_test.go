@@ -115,9 +115,9 @@ func testMemberFrozenInsideItsTransaction(t *testing.T, name string, s *shop) {
 	zev, zrec := newEvents(), newRecorder(t)
 	zs := memberPool(t, name, s, slog.New(zrec), true)
 	zcfg := baseConfig(t, brokers, "orders", "inventory", zs, zev)
-	zcfg.StoreOffsets, zcfg.OffsetsTable = true, table
-	zcfg.SessionTimeout, zcfg.HeartbeatInterval = 2*time.Second, 200*time.Millisecond
-	zcfg.Dialer = &kafka.Dialer{ClientID: "zombie", Timeout: 10 * time.Second, DualStack: true}
+	zcfg.Offsets.Store, zcfg.Offsets.Table = true, table
+	zcfg.Kafka.SessionTimeout, zcfg.Kafka.HeartbeatInterval = 2*time.Second, 200*time.Millisecond
+	zcfg.Kafka.Dialer = &kafka.Dialer{ClientID: "zombie", Timeout: 10 * time.Second, DualStack: true}
 	zcfg.Logger = slog.New(zrec)
 	frozen, thaw := make(chan struct{}), make(chan struct{})
 	var frozenOnce atomic.Bool
@@ -146,7 +146,7 @@ func testMemberFrozenInsideItsTransaction(t *testing.T, name string, s *shop) {
 
 	oev, orec := newEvents(), newRecorder(t)
 	ocfg := baseConfig(t, brokers, "orders", "inventory", memberPool(t, name, s, slog.New(orec), false), oev)
-	ocfg.StoreOffsets, ocfg.OffsetsTable = true, table
+	ocfg.Offsets.Store, ocfg.Offsets.Table = true, table
 	ocfg.Logger = slog.New(orec)
 	o := start(t, ocfg)
 	tookOver := time.Now()

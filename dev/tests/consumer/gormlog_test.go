@@ -75,7 +75,7 @@ func TestOwnStatementsBypassTheApplicationsGORMLogger(t *testing.T) {
 			produce(t, brokers, "orders", orderMessage(0, 0), orderMessage(1, 0))
 			cfg := consumer.Config{
 				Brokers: brokers, GroupID: "inventory", Topics: []string{"orders"},
-				Inbox: s.ib, Consumer: "reserve", StoreOffsets: true,
+				Inbox: s.ib, Consumer: "reserve", Offsets: consumer.OffsetsConfig{Store: true},
 				Handler: s.reserve, Logger: testLogger(t),
 			}
 			if idempotent {

@@ -336,7 +336,7 @@ type running struct {
 
 // offsets is the table of stored offsets r uses.
 func (r *running) offsets() groupOffsets {
-	return groupOffsets{Table: cmp.Or(r.cfg.OffsetsTable, consumer.DefaultOffsetsTable), Group: r.cfg.GroupID}
+	return groupOffsets{Table: cmp.Or(r.cfg.Offsets.Table, consumer.DefaultOffsetsTable), Group: r.cfg.GroupID}
 }
 
 // newConsumer is consumer.New on the Kafka client testtransport.Var names

@@ -23,8 +23,8 @@ func TestIgnoredStatementFailureIsTheMessages(t *testing.T) {
 	sendOrders(t, brokers, "orders", 1, 4, nil)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.StoreOffsets, cfg.OffsetsTable = true, "inbox_offsets"+s.suffix
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 3
+	cfg.Offsets.Store, cfg.Offsets.Table = true, "inbox_offsets"+s.suffix
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 3
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-2" {
 			_ = tx.Exec(`INSERT INTO no_such_table_` + s.suffix + ` VALUES (1)`).Error // ignored

@@ -63,7 +63,7 @@ func TestRunLeavesNoKafkaGoroutines(t *testing.T) {
 	before := kafkaGoroutines(pkg) // the test helpers' own (kafka.DefaultTransport)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 1
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-1" {
 			return errors.New("poison")

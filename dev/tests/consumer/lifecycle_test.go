@@ -98,7 +98,7 @@ func TestNaturallyIdempotentHandler(t *testing.T) {
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
 	cfg.Inbox, cfg.Consumer, cfg.DB, cfg.Classifier = nil, "", s.db, s.ib.Store()
-	cfg.NaturallyIdempotent, cfg.StoreOffsets = true, true
+	cfg.NaturallyIdempotent, cfg.Offsets.Store = true, true
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		var o order
 		if err := json.Unmarshal(msg.Value, &o); err != nil {
@@ -179,10 +179,10 @@ func TestRunStopsOnARejectedConfiguration(t *testing.T) {
 	brokers := newKfake(t, 1, "orders")
 	s := newSQLiteShop(t)
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, newEvents())
-	cfg.SessionTimeout = 100 * time.Millisecond // kfake's minimum here is 1s
+	cfg.Kafka.SessionTimeout = 100 * time.Millisecond // kfake's minimum here is 1s
 	// Below the session timeout, so that the broker refuses it (franz-go
 	// would refuse its default 3 s interval before asking).
-	cfg.HeartbeatInterval = 30 * time.Millisecond
+	cfg.Kafka.HeartbeatInterval = 30 * time.Millisecond
 	c, err := newConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)

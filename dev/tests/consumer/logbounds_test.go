@@ -47,7 +47,7 @@ func TestLongEventIDIsLoggedShortened(t *testing.T) {
 	ev := newEvents()
 	var logs lockedBuffer
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "the long id dead-lettered", func() bool { return ev.count(hooks.DeadLettered) == 1 })

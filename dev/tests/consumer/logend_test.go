@@ -151,7 +151,7 @@ func TestLastOffsetStartSurvivesARestart(t *testing.T) {
 		sendOrders(t, k.brokers, k.topic, 1, 2, nil) // before the group existed: not for it
 		ev := newEvents()
 		cfg := baseConfig(t, k.brokers, k.topic, k.group, s, ev)
-		cfg.StartOffset = kafka.LastOffset
+		cfg.Kafka.StartOffset = kafka.LastOffset
 		a := start(t, cfg)
 		waitUntil(t, 30*time.Second, "the partition to be assigned", func() bool { return ev.count(hooks.Assigned) == 1 })
 		if err := a.stop(t); err != nil {
@@ -186,7 +186,7 @@ func TestRecreatedTopicWithStoredOffsetsStopsThePartition(t *testing.T) {
 		sendOrders(t, k.brokers, k.topic, 1, 5, nil)
 		ev := newEvents()
 		cfg := baseConfig(t, k.brokers, k.topic, k.group, s, ev)
-		cfg.StoreOffsets = true
+		cfg.Offsets.Store = true
 		a := start(t, cfg)
 		waitUntil(t, 30*time.Second, "5 processed", func() bool { return ev.count(hooks.Processed) == 5 })
 		if err := a.stop(t); err != nil {
@@ -248,7 +248,7 @@ func TestRecreatedTopicGrownPastTheStoredOffsetStopsThePartition(t *testing.T) {
 		sendOrders(t, k.brokers, k.topic, 1, 8, nil)
 		ev := newEvents()
 		cfg := baseConfig(t, k.brokers, k.topic, k.group, s, ev)
-		cfg.StoreOffsets = true
+		cfg.Offsets.Store = true
 		a := start(t, cfg)
 		waitUntil(t, 30*time.Second, "8 processed", func() bool { return ev.count(hooks.Processed) == 8 })
 		if err := a.stop(t); err != nil {
@@ -357,7 +357,7 @@ func TestStoredOffsetCheckGivesWayToRetentionAndCompaction(t *testing.T) {
 			s := newSQLiteShop(t)
 			ev := newEvents()
 			cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-			cfg.StoreOffsets = true
+			cfg.Offsets.Store = true
 			a := start(t, cfg)
 			waitUntil(t, 30*time.Second, "orders 0-2", func() bool { return ev.count(hooks.Processed) == 3 })
 			if err := a.stop(t); err != nil {
@@ -404,7 +404,7 @@ func TestStoredOffsetCheckGivesWayToRetentionAndCompaction(t *testing.T) {
 	}
 }
 
-// Without StoreOffsets, a group's committed offset past the log end stops
+// Without Offsets.Store, a group's committed offset past the log end stops
 // the partition just as loudly (kafka-go's reader would wait there).
 func TestCommittedOffsetBeyondLogEndStopsThePartition(t *testing.T) {
 	t.Parallel()
@@ -494,7 +494,7 @@ func TestTopicRecreatedWhileRunningStopsThePartition(t *testing.T) {
 		sendOrders(t, k.brokers, k.topic, 1, 5, nil)
 		ev := newEvents()
 		cfg := baseConfig(t, k.brokers, k.topic, k.group, s, ev)
-		cfg.StoreOffsets = true
+		cfg.Offsets.Store = true
 		r := startWith(t, cfg, &testhooks.Knobs{LogCheckInterval: 200 * time.Millisecond})
 		waitUntil(t, 30*time.Second, "5 processed", func() bool { return ev.count(hooks.Processed) == 5 })
 		recreateTopic(t, k.brokers, k.topic)

@@ -86,7 +86,7 @@ func TestOneLinePerFailedAttempt(t *testing.T) {
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
 	cfg.Inbox, cfg.Logger = ib, log
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 2
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 2
 	once := s.failingOnce("order-1")
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-2" {

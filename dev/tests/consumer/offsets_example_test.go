@@ -18,7 +18,7 @@ import (
 	"github.com/inboxgo/inbox/inbox"
 )
 
-// With StoreOffsets the next offset of each partition is written into the
+// With Offsets.Store the next offset of each partition is written into the
 // database (the table inbox_offsets, made by Consumer.Migrate) in the same
 // transaction as the effect and its inbox row, and an assigned partition
 // starts there. A crash between the database commit and the Kafka commit
@@ -48,12 +48,12 @@ func Example_storeOffsets() {
 		log.Fatal(err)
 	}
 	c, err := consumer.New(consumer.Config{
-		Brokers:      brokers,
-		GroupID:      "inventory",
-		Topics:       []string{"orders"},
-		Inbox:        ib,
-		Consumer:     "reserve-stock",
-		StoreOffsets: true,
+		Brokers:  brokers,
+		GroupID:  "inventory",
+		Topics:   []string{"orders"},
+		Inbox:    ib,
+		Consumer: "reserve-stock",
+		Offsets:  consumer.OffsetsConfig{Store: true},
 		Handler: func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 			return tx.Exec(`UPDATE stock SET reserved = reserved + 1 WHERE sku = 'sku-7'`).Error
 		},

@@ -19,7 +19,7 @@ import (
 	"github.com/inboxgo/inbox/conformance/testservers"
 )
 
-// A deployment of several replicas of a consumer with StoreOffsets starts
+// A deployment of several replicas of a consumer with Offsets.Store starts
 // at once, and each replica runs Consumer.Migrate, which creates the
 // offsets table: every call, each on a connection pool of its own and all
 // started at the same instant, must succeed on a database without the

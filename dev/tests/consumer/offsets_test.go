@@ -340,7 +340,7 @@ func TestOffsetsTableIsTransactionalOnMySQL(t *testing.T) {
 // methods of storage.InboxStore alone: it keeps no offsets.
 type hiddenStore struct{ storage.InboxStore }
 
-// StoreOffsets needs a store that keeps offsets (storage.OffsetStore): the
+// Offsets.Store needs a store that keeps offsets (storage.OffsetStore): the
 // inbox's, or without an inbox the Classifier. New refuses a store without
 // one, naming its type, rather than failing at the first write; the
 // adapter's store itself is taken.
@@ -361,7 +361,7 @@ func TestStoreOffsetsNeedsAnOffsetStore(t *testing.T) {
 	handler := func(context.Context, *gorm.DB, consumer.Message) error { return nil }
 	config := func(s storage.InboxStore, naturally bool) consumer.Config {
 		cfg := consumer.Config{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topics: []string{"t"}, Consumer: "c",
-			Handler: handler, StoreOffsets: true}
+			Handler: handler, Offsets: consumer.OffsetsConfig{Store: true}}
 		if naturally {
 			cfg.NaturallyIdempotent, cfg.DB, cfg.Classifier = true, db, s
 			return cfg
@@ -375,7 +375,7 @@ func TestStoreOffsetsNeedsAnOffsetStore(t *testing.T) {
 	}
 	for _, naturally := range []bool{false, true} {
 		_, err := consumer.New(config(hiddenStore{store}, naturally))
-		if !errors.Is(err, inbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "StoreOffsets needs an inbox store that implements storage.OffsetStore") ||
+		if !errors.Is(err, inbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "Offsets.Store needs an inbox store that implements storage.OffsetStore") ||
 			!strings.Contains(err.Error(), "consumer_test.hiddenStore") {
 			t.Errorf("naturally idempotent %v: New = %v, want ErrInvalidConfig naming storage.OffsetStore and the store's type", naturally, err)
 		}

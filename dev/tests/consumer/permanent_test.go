@@ -77,7 +77,7 @@ func TestPermanentErrorGoesToThePolicyAtOnce(t *testing.T) {
 			}
 			ev := newEvents()
 			cfg := baseConfig(t, brokers, topic, "inventory-"+conformance.RandomSuffix(), s, ev)
-			cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, topic+".dlq", 3
+			cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, topic+".dlq", 3
 			cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 				if err := fail(string(msg.Key)); err != nil {
 					mu.Lock()

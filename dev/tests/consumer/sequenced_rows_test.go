@@ -42,8 +42,8 @@ func TestSequencedRedriveByPlainCopyIsAppliedOnce(t *testing.T) {
 			produce(t, brokers, topic, msgs...)
 			ev := newEvents()
 			cfg := baseConfig(t, brokers, topic, "redrive-"+topic, s, ev)
-			cfg.SequencedSources = []string{testSource}
-			cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, dlq, 2
+			cfg.Sequenced.Sources = []string{testSource}
+			cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, dlq, 2
 			var fixed atomic.Bool
 			cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 				if string(msg.Key) == "order-2" && !fixed.Load() {
@@ -174,7 +174,7 @@ func TestSequencedUnalignedSourceTakesInboxRows(t *testing.T) {
 }
 
 // Sequence headers of a well-formed source id that is not in
-// SequencedSources (a typo in the list, or a source not listed yet) take
+// Sequenced.Sources (a typo in the list, or a source not listed yet) take
 // the inbox row, and the consumer says so once per source, at Info.
 func TestSequencedUntrustedSourceIsLoggedOnce(t *testing.T) {
 	t.Parallel()
@@ -208,7 +208,7 @@ func TestSequencedUntrustedSourceIsLoggedOnce(t *testing.T) {
 	if n := s.inboxRows(t); n != 8 {
 		t.Errorf("%d inbox rows, want 8", n)
 	}
-	const msg = "not in SequencedSources"
+	const msg = "not in Sequenced.Sources"
 	if n := rec.count(slog.LevelInfo, msg); n != 1 {
 		t.Errorf("%d Info records about an untrusted source, want 1 (once per source)", n)
 	}

@@ -56,7 +56,7 @@ func seqMessageIn(n, partition int, epoch int64, shard int32, seq int64, aligned
 
 func sequencedConfig(t *testing.T, brokers []string, s *shop, ev *events) consumer.Config {
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.SequencedSources = []string{testSource}
+	cfg.Sequenced.Sources = []string{testSource}
 	return cfg
 }
 
@@ -264,10 +264,10 @@ func TestSequencedGapStopsThePartition(t *testing.T) {
 		t.Errorf("committed %v, want 2 (held at the gap)", got)
 	}
 
-	// AcceptSequenceGaps goes on past it.
+	// Sequenced.AcceptGaps goes on past it.
 	ev = newEvents()
 	cfg = sequencedConfig(t, brokers, s, ev)
-	cfg.AcceptSequenceGaps = true
+	cfg.Sequenced.AcceptGaps = true
 	r = start(t, cfg)
 	waitUntil(t, 30*time.Second, "the rest", func() bool { return ev.count(hooks.Processed) == 2 })
 	if err := r.stop(t); err != nil {
@@ -276,7 +276,7 @@ func TestSequencedGapStopsThePartition(t *testing.T) {
 	s.checkExactlyOnce(t, 4, nil)
 }
 
-// With StoreOffsets a gap is checked against the stored offset first (a
+// With Offsets.Store a gap is checked against the stored offset first (a
 // failover that took the watermark back resumes the partition instead):
 // one the database did not make, its stored offset where this member left
 // it, still stops the partition.
@@ -287,7 +287,7 @@ func TestSequencedGapStopsThePartitionWithStoredOffsets(t *testing.T) {
 	produce(t, brokers, "orders", seqMessage(0, 0, 0, 1, 1), seqMessage(1, 0, 0, 2, 1))
 	ev := newEvents()
 	cfg := sequencedConfig(t, brokers, s, ev)
-	cfg.StoreOffsets = true
+	cfg.Offsets.Store = true
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "2 processed", func() bool { return ev.count(hooks.Processed) == 2 })
 	produce(t, brokers, "orders", seqMessage(2, 0, 0, 5, 1), seqMessage(3, 0, 0, 6, 1)) // 3 and 4 lost
@@ -316,7 +316,7 @@ func TestSequencedDeadLetterIsNotAGap(t *testing.T) {
 	produce(t, brokers, "orders", msgs...)
 	ev := newEvents()
 	cfg := sequencedConfig(t, brokers, s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic, cfg.MaxAttempts = consumer.DeadLetter, "orders.dlq", 2
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic, cfg.Failure.MaxAttempts = consumer.DeadLetter, "orders.dlq", 2
 	cfg.Handler = func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 		if string(msg.Key) == "order-2" {
 			return errors.New("sku-2 is not sold here")
@@ -373,7 +373,7 @@ func TestSequencedWatermarkMovedByAnotherMember(t *testing.T) {
 }
 
 // A stream switched from inbox rows to sequenced dedup: within
-// SequencedRowsUntil a sequenced message also consults its row, so a copy
+// Sequenced.RowsUntil a sequenced message also consults its row, so a copy
 // of a message applied through its row before the switch is a duplicate.
 func TestSequencedSwitchFromRowsConsultsThem(t *testing.T) {
 	t.Parallel()
@@ -396,7 +396,7 @@ func TestSequencedSwitchFromRowsConsultsThem(t *testing.T) {
 	produce(t, brokers, "orders", msgs...)
 	ev = newEvents()
 	cfg := sequencedConfig(t, brokers, s, ev)
-	cfg.SequencedRowsUntil = time.Now().Add(30 * 24 * time.Hour)
+	cfg.Sequenced.RowsUntil = time.Now().Add(30 * 24 * time.Hour)
 	r = start(t, cfg)
 	waitUntil(t, 30*time.Second, "6 more", func() bool {
 		return ev.count(hooks.Processed)+ev.count(hooks.Duplicate) == 6
@@ -448,7 +448,7 @@ func TestSequencedBadHeadersAreInvalid(t *testing.T) {
 	produce(t, brokers, "orders", noSeq, badSeq, misplaced)
 	ev := newEvents()
 	cfg := sequencedConfig(t, brokers, s, ev)
-	cfg.OnFailure, cfg.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic = consumer.DeadLetter, "orders.dlq"
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "3 dead letters", func() bool { return ev.count(hooks.DeadLettered) == 3 })
 	if err := r.stop(t); err != nil {
@@ -484,8 +484,8 @@ func TestSequencedEndToEnd(t *testing.T) {
 			produce(t, brokers, topic, msgs...)
 			ev := newEvents()
 			cfg := baseConfig(t, brokers, topic, "seq-"+topic, s, ev)
-			cfg.SequencedSources = []string{testSource}
-			cfg.StoreOffsets, cfg.OffsetsTable = true, "inbox_offsets"+s.suffix
+			cfg.Sequenced.Sources = []string{testSource}
+			cfg.Offsets.Store, cfg.Offsets.Table = true, "inbox_offsets"+s.suffix
 			cfg.BatchSize, cfg.BatchWait = 20, 300*time.Millisecond
 			var mu sync.Mutex
 			failures := 0
@@ -563,7 +563,7 @@ func TestDuplicatesMoveTheStoredOffset(t *testing.T) {
 			produce(t, brokers, "orders", msgs...)
 			ev := newEvents()
 			cfg := sequencedConfig(t, brokers, s, ev)
-			cfg.StoreOffsets = true
+			cfg.Offsets.Store = true
 			cfg.BatchSize, cfg.BatchWait = 2, 200*time.Millisecond
 			r := start(t, cfg)
 			waitUntil(t, 30*time.Second, "4 processed", func() bool { return ev.count(hooks.Processed) == 4 })
@@ -709,7 +709,7 @@ func TestDuplicatesCommitOnlyWhatIsStored(t *testing.T) {
 	produce(t, brokers, "orders", msgs...)
 	ev, rec := newEvents(), newRecorder(t)
 	cfg := sequencedConfig(t, brokers, s, ev)
-	cfg.StoreOffsets, cfg.Logger = true, slog.New(rec)
+	cfg.Offsets.Store, cfg.Logger = true, slog.New(rec)
 	r := start(t, cfg)
 	waitUntil(t, 30*time.Second, "4 processed", func() bool { return ev.count(hooks.Processed) == 4 })
 	waitUntil(t, 30*time.Second, "the group's commit of 4", func() bool { return committed(t, brokers, "inventory", "orders", 1)[0] == 4 })

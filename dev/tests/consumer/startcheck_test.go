@@ -81,13 +81,13 @@ func TestRunRefusesAMissingDeadLetterTopic(t *testing.T) {
 	brokers := newKfake(t, 1, "orders")
 	s := newSQLiteShop(t)
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, newEvents())
-	cfg.OnFailure, cfg.DeadLetterTopic = consumer.DeadLetter, "orders.dql"
+	cfg.Failure.Policy, cfg.Failure.DeadLetterTopic = consumer.DeadLetter, "orders.dql"
 	err := runBriefly(t, cfg, 15*time.Second)
 	t.Logf("Run: %v", err)
 	if !errors.Is(err, consumer.ErrUnknownTopic) {
 		t.Fatalf("Run: %v, want an error wrapping ErrUnknownTopic", err)
 	}
-	if !strings.Contains(err.Error(), `"orders.dql" (Config.DeadLetterTopic)`) || strings.Contains(err.Error(), `"orders"`) {
+	if !strings.Contains(err.Error(), `"orders.dql" (Config.Failure.DeadLetterTopic)`) || strings.Contains(err.Error(), `"orders"`) {
 		t.Errorf("the error should name the dead-letter topic, and only it: %v", err)
 	}
 }
@@ -171,8 +171,8 @@ var startCheckDBs = []startCheckDB{
 
 // A consumer whose tables were never migrated does not retry a "database
 // failure" for ever: Run returns at once an error naming the Migrate call
-// to run, for the inbox table, the offsets table (StoreOffsets) and the
-// watermark table (SequencedSources), each missing while the others exist.
+// to run, for the inbox table, the offsets table (Offsets.Store) and the
+// watermark table (Sequenced.Sources), each missing while the others exist.
 func TestRunRefusesTablesNeverMigrated(t *testing.T) {
 	brokers := newKfake(t, 1, "orders")
 	for _, d := range startCheckDBs {
@@ -186,13 +186,13 @@ func TestRunRefusesTablesNeverMigrated(t *testing.T) {
 				if err := ib.Migrate(context.Background()); err != nil {
 					t.Fatal(err)
 				}
-				cfg.StoreOffsets = true
+				cfg.Offsets.Store = true
 			}, []string{"offsets table", "Consumer.Migrate"}},
 			{"watermarks", func(t *testing.T, ib *inbox.Inbox, cfg *consumer.Config) {
 				if err := ib.Migrate(context.Background()); err != nil {
 					t.Fatal(err)
 				}
-				cfg.SequencedSources = []string{testSource}
+				cfg.Sequenced.Sources = []string{testSource}
 			}, []string{"watermark table", "Consumer.Migrate"}},
 		} {
 			t.Run(d.name+"/"+tc.name, func(t *testing.T) {
@@ -205,8 +205,8 @@ func TestRunRefusesTablesNeverMigrated(t *testing.T) {
 				cfg := consumer.Config{
 					Brokers: brokers, GroupID: "inventory-" + conformance.RandomSuffix(), Topics: []string{"orders"},
 					Inbox: ib, Consumer: "reserve-stock", Handler: (&shop{}).reserve,
-					OffsetsTable: "inbox_offsets" + suffix,
-					Logger:       testLogger(t),
+					Offsets: consumer.OffsetsConfig{Table: "inbox_offsets" + suffix},
+					Logger:  testLogger(t),
 				}
 				tc.setup(t, ib, &cfg)
 				err = runBriefly(t, cfg, 10*time.Second)
@@ -232,7 +232,7 @@ func TestRunStartsWithEveryTableMigrated(t *testing.T) {
 	produce(t, brokers, "orders", orderMessage(0, 0))
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.StoreOffsets, cfg.SequencedSources = true, []string{testSource}
+	cfg.Offsets.Store, cfg.Sequenced.Sources = true, []string{testSource}
 	r := start(t, cfg) // start runs Consumer.Migrate
 	waitUntil(t, 20*time.Second, "the order to be applied", func() bool { return len(s.counts(t)) == 1 })
 	if err := r.stop(t); err != nil {

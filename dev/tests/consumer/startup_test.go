@@ -31,7 +31,7 @@ import (
 
 // A deployment of a consumer group starts all its replicas at once, on a
 // database that has none of the consumer's tables yet: each replica calls
-// Inbox.Migrate and Consumer.Migrate (StoreOffsets) at the same instant,
+// Inbox.Migrate and Consumer.Migrate (Offsets.Store) at the same instant,
 // each on a connection pool and in a process of its own, then Run. Every
 // Migrate must succeed, every round, and the group must apply every order
 // once and store every partition's offset at its end.
@@ -236,9 +236,19 @@ func TestStartupReplica(t *testing.T) {
 		})},
 		Brokers: strings.Split(os.Getenv(startupBrokersVar), ","), GroupID: "startup-" + suffix, Topics: []string{"orders"},
 		Inbox: ib, Consumer: "reserve-stock", Handler: s.reserve,
-		StoreOffsets: true, OffsetsTable: "inbox_offsets_startup_" + suffix,
-		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, MaxWait: 100 * time.Millisecond,
-		SessionTimeout: 2 * time.Second, HeartbeatInterval: 200 * time.Millisecond, RebalanceTimeout: 2 * time.Second,
+		Offsets: consumer.OffsetsConfig{
+			Store: true,
+			Table: "inbox_offsets_startup_" + suffix,
+		},
+		Failure: consumer.FailureConfig{
+			MinBackoff: 10 * time.Millisecond,
+			MaxBackoff: 100 * time.Millisecond,
+		}, Kafka: consumer.KafkaConfig{
+			MaxWait:           100 * time.Millisecond,
+			SessionTimeout:    2 * time.Second,
+			HeartbeatInterval: 200 * time.Millisecond,
+			RebalanceTimeout:  2 * time.Second,
+		},
 		Logger: testLogger(t),
 	})
 	if err != nil {

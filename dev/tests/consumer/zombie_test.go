@@ -179,9 +179,9 @@ func testZombieMember(t *testing.T, name string, s *shop) {
 	// recorder of its own.
 	zev, zrec := newEvents(), newRecorder(t)
 	zcfg := baseConfig(t, brokers, "orders", "inventory", memberPool(t, name, s, slog.New(zrec), false), zev)
-	zcfg.StoreOffsets, zcfg.OffsetsTable = true, table
-	zcfg.SessionTimeout, zcfg.HeartbeatInterval = 2*time.Second, 200*time.Millisecond
-	zcfg.Dialer = &kafka.Dialer{ClientID: "zombie", Timeout: 10 * time.Second, DualStack: true}
+	zcfg.Offsets.Store, zcfg.Offsets.Table = true, table
+	zcfg.Kafka.SessionTimeout, zcfg.Kafka.HeartbeatInterval = 2*time.Second, 200*time.Millisecond
+	zcfg.Kafka.Dialer = &kafka.Dialer{ClientID: "zombie", Timeout: 10 * time.Second, DualStack: true}
 	zcfg.Logger = slog.New(zrec)
 	paused, resume := make(chan struct{}), make(chan struct{})
 	var pausedOnce atomic.Bool
@@ -207,7 +207,7 @@ func testZombieMember(t *testing.T, name string, s *shop) {
 	// Another member takes the partition over and processes orders 6-9.
 	oev, orec := newEvents(), newRecorder(t)
 	ocfg := baseConfig(t, brokers, "orders", "inventory", memberPool(t, name, s, slog.New(orec), false), oev)
-	ocfg.StoreOffsets, ocfg.OffsetsTable = true, table
+	ocfg.Offsets.Store, ocfg.Offsets.Table = true, table
 	ocfg.Logger = slog.New(orec)
 	o := startWith(t, ocfg, &testhooks.Knobs{PosCheckInterval: 100 * time.Millisecond})
 	waitUntil(t, 30*time.Second, "the new owner to process orders 6-9", func() bool {
@@ -273,7 +273,7 @@ func TestRecreatedGroupTakesItsStoredOffsetsOver(t *testing.T) {
 	sendOrders(t, brokers, "orders", 1, 5, nil)
 	ev := newEvents()
 	cfg := baseConfig(t, brokers, "orders", "inventory", s, ev)
-	cfg.StoreOffsets = true
+	cfg.Offsets.Store = true
 	a := start(t, cfg)
 	waitUntil(t, 30*time.Second, "orders 0-4", func() bool { return ev.count(hooks.Processed) == 5 })
 	if err := a.stop(t); err != nil {

@@ -27,7 +27,9 @@ import (
 // producer's trace: every attempt at a message is a span whose parent is
 // the producer's span, with the claim and the handler as children and the
 // handler's context in the handler span; the metrics count each message
-// once, whatever became of it.
+// once, whatever became of it. The same holds with the hooks given to the
+// inbox alone, which the consumer then takes (kfake only: the wiring, not
+// the broker, is what differs).
 func TestConsumerTracesAndCountsEachMessageOnce(t *testing.T) {
 	t.Parallel()
 	// The real broker carries the headers as Kafka stores them; kfake is the
@@ -40,13 +42,21 @@ func TestConsumerTracesAndCountsEachMessageOnce(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
-				testConsumer(t, batch, broker)
+				testConsumer(t, batch, broker, false)
 			})
+			if broker == "kfake" {
+				t.Run(name+"/hooks-in-the-inbox", func(t *testing.T) {
+					t.Parallel()
+					testConsumer(t, batch, broker, true)
+				})
+			}
 		}
 	}
 }
 
-func testConsumer(t *testing.T, batch bool, broker string) {
+// testConsumer runs the consumer with the hooks in both Configs, or, with
+// inboxOnly, in the inbox's alone.
+func testConsumer(t *testing.T, batch bool, broker string, inboxOnly bool) {
 	tel := newTelemetry(t)
 	brokers, topics := newBroker(t, broker, "orders", "orders-dlq")
 	topic, dlq := topics[0], topics[1]
@@ -69,19 +79,23 @@ func testConsumer(t *testing.T, batch bool, broker string) {
 	ev := &eventCounts{}
 	icfg := inbox.Config{Logger: slog.New(slog.DiscardHandler)}
 	ccfg := consumer.Config{
-		Brokers:         brokers,
-		GroupID:         "inventory",
-		Topics:          []string{topic},
-		Consumer:        "reserve-stock",
-		MaxAttempts:     2,
-		OnFailure:       consumer.DeadLetter,
-		DeadLetterTopic: dlq,
-		MinBackoff:      time.Millisecond,
-		MaxBackoff:      5 * time.Millisecond,
-		MaxWait:         100 * time.Millisecond,
-		SessionTimeout:  6 * time.Second,
-		Logger:          slog.New(slog.DiscardHandler),
-		Hooks:           []hooks.Hook{hooks.EventFunc(ev.on)}, // the user's own hook, still called
+		Brokers:  brokers,
+		GroupID:  "inventory",
+		Topics:   []string{topic},
+		Consumer: "reserve-stock",
+		Failure: consumer.FailureConfig{
+			MaxAttempts:     2,
+			Policy:          consumer.DeadLetter,
+			DeadLetterTopic: dlq,
+			MinBackoff:      time.Millisecond,
+			MaxBackoff:      5 * time.Millisecond,
+		},
+		Kafka: consumer.KafkaConfig{
+			MaxWait:        100 * time.Millisecond,
+			SessionTimeout: 6 * time.Second,
+		},
+		Logger: slog.New(slog.DiscardHandler),
+		Hooks:  []hooks.Hook{hooks.EventFunc(ev.on)}, // the user's own hook, still called
 	}
 	if batch {
 		ccfg.BatchSize, ccfg.BatchWait = 10, 200*time.Millisecond
@@ -104,6 +118,9 @@ func testConsumer(t *testing.T, batch bool, broker string) {
 	}
 	icfg.Hooks = append(icfg.Hooks, otelHook)
 	ccfg.Hooks = append(ccfg.Hooks, otelHook)
+	if inboxOnly {
+		icfg.Hooks, ccfg.Hooks = ccfg.Hooks, nil
+	}
 	ib, err := inbox.New(db, store, icfg)
 	if err != nil {
 		t.Fatal(err)
@@ -272,10 +289,12 @@ func TestNaturallyIdempotentConsumer(t *testing.T) {
 			mu.Unlock()
 			return nil
 		},
-		MaxWait:        100 * time.Millisecond,
-		SessionTimeout: 6 * time.Second,
-		Logger:         slog.New(slog.DiscardHandler),
-		Hooks:          []hooks.Hook{hooks.EventFunc(ev.on)},
+		Kafka: consumer.KafkaConfig{
+			MaxWait:        100 * time.Millisecond,
+			SessionTimeout: 6 * time.Second,
+		},
+		Logger: slog.New(slog.DiscardHandler),
+		Hooks:  []hooks.Hook{hooks.EventFunc(ev.on)},
 	}
 	otelOpts := tel.opts
 	otelOpts.ConsumerGroup = ccfg.GroupID

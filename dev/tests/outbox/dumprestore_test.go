@@ -42,7 +42,7 @@ const producerProcVar = "INBOX_PRODUCER_PROC"
 // pg_dump by pg_restore, MariaDB from mariadb-dump by the mariadb client,
 // SQLite from a copy of its file taken while no producer process ran. The
 // producer process (enqueuer and relay) publishes 90 events, applied by a
-// consumer listing the outbox's source in SequencedSources, and is killed
+// consumer listing the outbox's source in Sequenced.Sources, and is killed
 // (SIGKILL); another enqueues 10 more and stops; the backup is taken; a
 // third publishes 100 more and is killed; the backup is restored; a fourth
 // starts its relay and enqueues 150 new events on the restored database.

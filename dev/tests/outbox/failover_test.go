@@ -357,7 +357,7 @@ func (a appliedLog) missing(want []string) []string {
 }
 
 // startAppliedConsumer runs, until ctx ends, a consumer of topic on c that
-// lists source in SequencedSources and records each event it applies. It
+// lists source in Sequenced.Sources and records each event it applies. It
 // logs to h, if not nil.
 func startAppliedConsumer(ctx context.Context, t *testing.T, wg *sync.WaitGroup, c chainDB, brokers []string, topic, source string, h slog.Handler) appliedLog {
 	t.Helper()
@@ -384,7 +384,7 @@ func startAppliedConsumer(ctx context.Context, t *testing.T, wg *sync.WaitGroup,
 		t.Fatal(err)
 	}
 	cons, err := consumer.New(consumer.Config{Brokers: brokers, GroupID: "applied-" + sfx, Topics: []string{topic}, Inbox: ib, Consumer: "apply",
-		SequencedSources: []string{source}, Logger: clog, MaxWait: 100 * time.Millisecond,
+		Sequenced: consumer.SequencedConfig{Sources: []string{source}}, Logger: clog, Kafka: consumer.KafkaConfig{MaxWait: 100 * time.Millisecond},
 		Handler: func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 			return tx.Exec(`INSERT INTO `+log.table+` (event_id) VALUES (?)`, msg.EventID).Error
 		}})

@@ -94,7 +94,7 @@ func runProducerRestore(t *testing.T, c chainDB, bump, survives, clone bool) {
 		t.Fatal(err)
 	}
 	cons, err := consumer.New(consumer.Config{Brokers: brokers, GroupID: "restore-" + sfx, Topics: []string{topic}, Inbox: ib, Consumer: "apply",
-		SequencedSources: []string{source}, Logger: quiet, MaxWait: 100 * time.Millisecond,
+		Sequenced: consumer.SequencedConfig{Sources: []string{source}}, Logger: quiet, Kafka: consumer.KafkaConfig{MaxWait: 100 * time.Millisecond},
 		Handler: func(ctx context.Context, tx *gorm.DB, msg consumer.Message) error {
 			return tx.Exec(`INSERT INTO `+applied+` (event_id) VALUES (?)`, msg.EventID).Error
 		}})
