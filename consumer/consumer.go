@@ -508,16 +508,7 @@ func (c *Consumer) startGeneration(member context.Context, gen transport.Generat
 	n := 0
 	for _, topic := range c.cfg.Topics {
 		for _, a := range gen.Assigned(topic) {
-			w := &worker{
-				c:         c,
-				gen:       gen,
-				topic:     topic,
-				partition: a.Partition,
-				assigned:  a.Offset,
-				done:      make(chan struct{}),
-				log:       c.log.With("topic", topic, "partition", a.Partition, "generation", gen.ID()),
-			}
-			w.seq = w.newWatermarks()
+			w := newWorker(c, gen, topic, a)
 			prev := c.addWorker(w)
 			if prev != nil {
 				w.log.Warn("partition started again while its previous worker still runs (the Kafka client did not revoke it first); the new worker waits for it to return",

@@ -56,10 +56,10 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 		case it.attempts >= w.c.cfg.MaxAttempts:
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
+		wait := w.retryWait(it.attempts)
 		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "event_id", it.msg.EventID,
 			"attempt", it.attempts, "error", err, "retry_in", wait)
-		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
+		w.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, EventID: it.msg.EventID, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
@@ -120,7 +120,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		w.c.setStopped(e)
 		w.log.Error("PARTITION STOPPED: a message cannot be processed; nothing at or after it is committed until it is fixed and the partition reassigned",
 			append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID, "reason", reason, "attempts", it.attempts}, failureAttrs(cause)...)...)
-		w.c.emit(hooks.Event{Kind: hooks.PartitionStopped, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: e})
+		w.emit(hooks.Event{Kind: hooks.PartitionStopped, Offset: it.msg.Offset, Err: e})
 		return stopped
 	}
 	dl := deadLetter(w.c.cfg.DeadLetterTopic, &it.msg, reason, it.attempts, cause, w.c.cfg.GroupID, w.c.cfg.Consumer, time.Now())
@@ -143,7 +143,7 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		if permanent {
 			return w.deadLetterRefused(it, reason, cause, attempt, perr)
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := w.retryWait(attempt)
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: the producer, not the message, is failing
@@ -155,10 +155,10 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 	}
 	w.log.Error("message dead-lettered", append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID,
 		"reason", reason, "attempts", it.attempts, "dead_letter_topic", w.c.cfg.DeadLetterTopic}, failureAttrs(cause)...)...)
-	if err := w.tracker.markDone(it.msg.Offset); err != nil {
+	if err := w.com.tracker.markDone(it.msg.Offset); err != nil {
 		w.log.Error("offset bookkeeping broken", "error", err)
 	}
-	w.c.emit(hooks.Event{Kind: hooks.DeadLettered, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: cause})
+	w.emit(hooks.Event{Kind: hooks.DeadLettered, EventID: it.msg.EventID, Offset: it.msg.Offset, Err: cause})
 	if !w.advancePast(ctx, dbCtx, it) {
 		return abandoned
 	}
@@ -169,8 +169,8 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 		// fails, like every database failure; if the worker stops first,
 		// the message is dead-lettered again by the next owner (dead
 		// letters are at least once).
-		next, _ := w.tracker.committable()
-		if !w.storeNext(ctx, dbCtx, w.floor, next, w.lastOf(next)) {
+		next, _ := w.com.tracker.committable()
+		if !w.com.storeNext(ctx, dbCtx, w.com.floor, next, w.lastOf(next)) {
 			return abandoned
 		}
 	}

@@ -57,7 +57,7 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 	beyond := 0
 	for attempt := 1; ; attempt++ {
 		first, end, err := w.c.logOffsets(ctx, w.topic, w.partition)
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := w.retryWait(attempt)
 		switch {
 		case err == nil && (start < 0 || start <= end):
 			w.logStart = first
@@ -89,8 +89,8 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 // apply, or nil. A failed lookup is only logged at Debug: the next idle
 // period tries again.
 func (w *worker) pastLogEnd(ctx context.Context) *PartitionStoppedError {
-	next, ok := w.tracker.committable()
-	if !ok || w.tracker.inFlight() > 0 {
+	next, ok := w.com.tracker.committable()
+	if !ok || w.com.tracker.inFlight() > 0 {
 		return nil
 	}
 	var end int64

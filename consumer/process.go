@@ -39,7 +39,7 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 	var source string // the last stream's source id, which its next messages share
 	for i := range batch {
 		m := &batch[i]
-		if err := w.tracker.fetched(m.Offset); err != nil {
+		if err := w.com.tracker.fetched(m.Offset); err != nil {
 			w.log.Error("offset bookkeeping broken", "error", err)
 		}
 		id, at, err := extract(w.c.cfg.Extract, m)
@@ -56,12 +56,12 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 	}
 	w.batch = items
 	defer func() { w.batch = nil }()
-	defer w.noteTail()
+	defer w.com.noteTail(w.lastOf)
 	defer func() {
 		last := batch[len(batch)-1]
 		if last.HighWaterMark > 0 {
-			next, _ := w.tracker.committable()
-			w.c.emit(hooks.Event{Kind: hooks.Lag, Topic: w.topic, Partition: w.partition, Offset: next, Lag: max(last.HighWaterMark-next, 0)})
+			next, _ := w.com.tracker.committable()
+			w.emit(hooks.Event{Kind: hooks.Lag, Offset: next, Lag: max(last.HighWaterMark-next, 0)})
 		}
 	}()
 	if w.c.cfg.NaturallyIdempotent {
@@ -109,7 +109,7 @@ func (w *worker) processSegment(ctx, dbCtx context.Context, items []*item) (halt
 		if items, gap, stop = w.cutAtGap(ctx, dbCtx, items); stop {
 			return true, false
 		}
-		if w.lost != nil {
+		if w.com.lost != nil {
 			return false, false // the database went back: run resumes from its position
 		}
 		var ok bool
@@ -229,7 +229,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			}
 			m := &items[last].msg.Message
 			next := m.Offset + 1
-			if err := w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(next, fingerprint(m))); err != nil {
+			if err := w.com.advanceIn(ctx, tx, next, fingerprint(m)); err != nil {
 				if errors.Is(err, storage.ErrOffsetTakenOver) {
 					cancelCall(err)
 				}
@@ -252,7 +252,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	opts.CallerRetries = true
 	// BEGIN, the claim, the stored offset's write, COMMIT and ROLLBACK each
 	// within DatabaseTimeout.
-	opts.Bound = w.c.bound()
+	opts.Bound = w.bound
 	// The stall clock runs until the batch commits or fails for a reason of
 	// a message's own; database failures retried below do not stop it.
 	w.beginDB()
@@ -281,7 +281,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			// floor is too high, and the next write finds the position
 			// "moved" and resumes from the database's: redeliveries only.
 			if written != nil {
-				w.floor = max(w.floor, *written)
+				w.com.raiseFloor(*written)
 			}
 			if w.seq != nil {
 				twice := w.seq.committed(seqOf, func(j int) inbox.Outcome { return rs[j].Outcome })
@@ -300,17 +300,17 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			return results, true
 		}
 		if taken := context.Cause(callCtx); errors.Is(taken, storage.ErrOffsetTakenOver) {
-			w.lost = taken // rolled back; run finds out whether this member lost the partition
+			w.com.lost = taken // rolled back; run finds out whether this member lost the partition
 			return nil, false
 		}
 		if dbCtx.Err() != nil || ctx.Err() != nil {
 			return nil, false // stopping: the batch was rolled back and will be redelivered
 		}
 		if errors.Is(err, storage.ErrOffsetMoved) {
-			w.lost = err // rolled back; run resumes from the database's position
+			w.com.lost = err // rolled back; run resumes from the database's position
 			return nil, false
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := w.retryWait(attempt)
 		if w.seq != nil {
 			// Transactions of the call may have committed before the
 			// failure: the watermarks are read again before the next run.
@@ -338,8 +338,8 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			level = slog.LevelError // still retried: the database, not the messages, is failing
 		}
 		w.log.Log(ctx, level, "the batch could not commit; retrying it", append([]any{"messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait},
-			w.c.missingTables(dbCtx, err)...)...)
-		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Consumer: w.c.cfg.Consumer, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
+			w.host.missingTables(dbCtx, err)...)...)
+		w.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Offset: -1, Attempt: attempt, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return nil, false
 		}
@@ -409,7 +409,7 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 			}
 			if w.c.cfg.StoreOffsets {
 				return w.storeInTx(dbCtx, func(ctx context.Context) error {
-					return w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(it.msg.Offset+1, fingerprint(&it.msg.Message)))
+					return w.com.advanceIn(ctx, tx, it.msg.Offset+1, fingerprint(&it.msg.Message))
 				})
 			}
 			return nil
@@ -418,12 +418,12 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 			w.endDB() // the database answered; the message failed
 		}
 		if errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver) {
-			w.lost = err
+			w.com.lost = err
 			return abandoned
 		}
 		if err == nil {
 			if w.c.cfg.StoreOffsets {
-				w.floor = max(w.floor, it.msg.Offset+1)
+				w.com.raiseFloor(it.msg.Offset + 1)
 			}
 			if w.afterCommit(ctx, 1) {
 				return abandoned
@@ -441,13 +441,13 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 		} else if it.attempts >= w.c.cfg.MaxAttempts {
 			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, it.attempts)
+		wait := w.retryWait(it.attempts)
 		attrs := []any{"offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait}
 		if w.infrastructure(err) {
-			attrs = append(attrs, w.c.missingTables(dbCtx, err)...)
+			attrs = append(attrs, w.host.missingTables(dbCtx, err)...)
 		}
 		w.log.Warn("message failed; retrying", attrs...)
-		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
+		w.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, EventID: it.msg.EventID, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
@@ -476,18 +476,18 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			}
 			if w.c.cfg.StoreOffsets {
 				return w.storeInTx(dbCtx, func(ctx context.Context) error {
-					return w.c.offsets.Advance(ctx, tx, w.topic, w.partition, w.floor, w.write(next, fingerprint(lastMsg)))
+					return w.com.advanceIn(ctx, tx, next, fingerprint(lastMsg))
 				})
 			}
 			return nil
 		})
 		if errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver) {
-			w.lost = err
+			w.com.lost = err
 			return abandoned
 		}
 		if err == nil {
 			if w.c.cfg.StoreOffsets {
-				w.floor = max(w.floor, next)
+				w.com.raiseFloor(next)
 			}
 			if w.afterCommit(ctx, len(items)) {
 				return abandoned
@@ -504,10 +504,10 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 			w.log.Warn("a batch failed; trying its messages one by one", "messages", len(items), "error", err)
 			return stopped
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := w.retryWait(attempt)
 		w.log.Warn("the batch could not commit; retrying it", append([]any{"messages", len(items), "attempt", attempt, "error", err, "retry_in", wait},
-			w.c.missingTables(dbCtx, err)...)...)
-		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Consumer: w.c.cfg.Consumer, Topic: w.topic, Partition: w.partition, Offset: -1, Attempt: attempt, Err: err})
+			w.host.missingTables(dbCtx, err)...)...)
+		w.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Offset: -1, Attempt: attempt, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
@@ -519,7 +519,7 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 // returned as an *inbox.PanicError, a COMMIT the database refused as an
 // *inbox.CommitError.
 func (w *worker) transact(ctx context.Context, fn func(tx *gorm.DB) error) error {
-	err := txn.Transact(ctx, w.c.db(), w.c.classifier(), nil, w.c.bound(), func(tx *gorm.DB) (err error) {
+	err := txn.Transact(ctx, w.db, w.classifier, nil, w.bound, func(tx *gorm.DB) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				err = &inbox.PanicError{Value: r, Stack: debug.Stack()}
@@ -539,7 +539,7 @@ func (w *worker) transact(ctx context.Context, fn func(tx *gorm.DB) error) error
 // ignored a failed statement (on PostgreSQL the transaction is then
 // aborted) the write fails for the handler's doing.
 func (w *worker) storeInTx(ctx context.Context, write func(ctx context.Context) error) error {
-	sctx, bounded, cancel := txn.WithBound(ctx, "the stored offset's write", w.c.bound())
+	sctx, bounded, cancel := txn.WithBound(ctx, "the stored offset's write", w.bound)
 	err := bounded(write(sctx))
 	cancel()
 	if te := (*txn.TimeoutError)(nil); errors.As(err, &te) {
@@ -609,7 +609,7 @@ func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx conte
 
 // finish marks a message done.
 func (w *worker) finish(it *item, o inbox.Outcome) {
-	if err := w.tracker.markDone(it.msg.Offset); err != nil {
+	if err := w.com.tracker.markDone(it.msg.Offset); err != nil {
 		w.log.Error("offset bookkeeping broken", "error", err)
 	}
 	kind := hooks.Processed
@@ -620,8 +620,8 @@ func (w *worker) finish(it *item, o inbox.Outcome) {
 			w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
 		}
 	}
-	w.c.emit(hooks.Event{Kind: kind, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Sequenced: it.watermarked(), NoDedup: w.c.cfg.NaturallyIdempotent})
-	next, _ := w.tracker.committable()
+	w.emit(hooks.Event{Kind: kind, EventID: it.msg.EventID, Offset: it.msg.Offset, Sequenced: it.watermarked(), NoDedup: w.c.cfg.NaturallyIdempotent})
+	next, _ := w.com.tracker.committable()
 	w.c.clearStopped(w.topic, w.partition, next)
 }
 

@@ -303,8 +303,8 @@ func (w *worker) ensureLoaded(ctx, dbCtx context.Context) (ok bool) {
 		return true
 	}
 	for attempt := 1; ; attempt++ {
-		lctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' read", w.c.bound())
-		err := w.seq.load(lctx, w.c.db())
+		lctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' read", w.bound)
+		err := w.seq.load(lctx, w.db)
 		err = bounded(err)
 		cancel()
 		if err == nil {
@@ -318,13 +318,13 @@ func (w *worker) ensureLoaded(ctx, dbCtx context.Context) (ok bool) {
 				"PARTITION STOPPED: the partition's stored watermarks cannot be read; nothing is consumed until they are repaired")
 			return false
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := w.retryWait(attempt)
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: a missing table (Migrate not run) or a failing database
 		}
 		w.log.Log(ctx, level, "reading the watermarks failed; retrying", append([]any{"attempt", attempt, "error", err, "retry_in", wait},
-			w.c.missingTables(dbCtx, err)...)...)
+			w.host.missingTables(dbCtx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}
@@ -620,7 +620,7 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 		}
 		writes := w.seq.writer(seqOf)([]int{0}, []inbox.Outcome{0})
 		err := w.transact(dbCtx, func(tx *gorm.DB) error {
-			sctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' write", w.c.bound())
+			sctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' write", w.bound)
 			defer cancel()
 			return bounded(w.seq.store.SaveWatermarks(sctx, tx, writes))
 		})
@@ -642,7 +642,7 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 			return true
 		}
 		w.seq.loaded = false
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
+		wait := w.retryWait(attempt)
 		level := slog.LevelWarn
 		switch {
 		case attempt >= 5:
@@ -651,7 +651,7 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 			level = slog.LevelInfo
 		}
 		w.log.Log(ctx, level, "moving the watermark past a dead-lettered message failed; retrying",
-			append([]any{"offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait}, w.c.missingTables(dbCtx, err)...)...)
+			append([]any{"offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait}, w.host.missingTables(dbCtx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}
@@ -664,7 +664,7 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 // stop is true when the partition stopped without a message to process
 // (the watermarks cannot be read) or ctx ended. With StoreOffsets, a gap
 // found while the stored offset went back behind what this worker
-// committed is the database's doing: it returns no items, with w.lost set.
+// committed is the database's doing: it returns no items, with w.com.lost set.
 func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item, _ *gapError, stop bool) {
 	if w.seq == nil {
 		return items, nil, false
@@ -676,13 +676,13 @@ func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item,
 	if gap == nil {
 		return items, nil, false
 	}
-	if w.c.cfg.StoreOffsets && w.floor >= 0 {
+	if w.c.cfg.StoreOffsets && w.com.floor >= 0 {
 		// The watermark may have gone back with the stored offset (a
 		// failover that lost commits): then the partition resumes from the
-		// database's position (w.lost, see reposition) and the messages in
+		// database's position (w.com.lost, see reposition) and the messages in
 		// between are no gap.
-		pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
-		lost := w.readPosition(pctx)
+		pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.bound)
+		lost := w.com.readPosition(pctx)
 		cancel()
 		if lost {
 			return nil, nil, false

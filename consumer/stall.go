@@ -75,25 +75,6 @@ func (w *worker) handlerTimedOutOnDatabase(ctx context.Context, tx *gorm.DB, han
 	return &txn.Failure{Op: "handler timeout, ping", Err: perr, HandlerErr: handlerErr}
 }
 
-// beginDB starts the worker's stall clock, unless it runs already: the
-// worker now waits for the database to answer its work.
-func (w *worker) beginDB() {
-	w.waitingSince.CompareAndSwap(0, time.Now().UnixNano())
-}
-
-// endDB stops the stall clock: the database answered (a commit, or a
-// failure of a message's own), or the worker stopped waiting.
-func (w *worker) endDB() { w.waitingSince.Store(0) }
-
-// stalledFor is how long the worker has been waiting for the database, or 0.
-func (w *worker) stalledFor(now time.Time) time.Duration {
-	since := w.waitingSince.Load()
-	if since == 0 {
-		return 0
-	}
-	return now.Sub(time.Unix(0, since))
-}
-
 // addWorker registers a worker about to start, as its partition's holder,
 // and returns the partition's previous holder if that one has not
 // returned yet.

@@ -2,20 +2,7 @@ package consumer
 
 import (
 	"fmt"
-
-	"github.com/inboxgo/inbox/hooks"
 )
-
-// stopPartition records e as the partition's stop, logs msg at Error with
-// attrs (slog key-value pairs) and reports EventPartitionStopped. The caller
-// then holds the partition: nothing at or after e.Offset may be committed or
-// stored until the stop clears (see Consumer.clearStopped).
-func (w *worker) stopPartition(e *PartitionStoppedError, msg string, attrs ...any) {
-	w.c.setStopped(e)
-	attrs = append(attrs, "offset", e.Offset, "reason", e.Reason, "error", e.Err)
-	w.log.Error(msg, attrs...)
-	w.c.emit(hooks.Event{Kind: hooks.PartitionStopped, Topic: w.topic, Partition: w.partition, Offset: e.Offset, Err: e})
-}
 
 // deadLetterRefused stops the partition at a message whose dead letter the
 // producer refused for good (publishErr, after attempts tries): dropping the

@@ -5,15 +5,13 @@ package consumer
 // policy in failure.go.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
@@ -26,36 +24,15 @@ import (
 // worker consumes one partition from the generation that started it until
 // the partition is revoked from this member (see Consumer.startGeneration).
 type worker struct {
-	c         *Consumer
-	gen       transport.Generation // the generation that started it
-	topic     string
-	partition int
-	assigned  int64 // the group's committed offset, or transport.FirstOffset / LastOffset
-	log       *slog.Logger
-	done      chan struct{} // closed once the worker returned (Consumer.removeWorker)
+	*part
+	c   *Consumer
+	com *committer
+	fetchSettings
+	assigned int64         // the group's committed offset, or transport.FirstOffset / LastOffset
+	done     chan struct{} // closed once the worker returned (Consumer.removeWorker)
 
-	tracker       *offsetTracker
-	lastCommitted int64
-	lastCommitAt  time.Time
-
-	// With StoreOffsets: floor is the highest stored offset this worker
-	// knows to be committed (-1: none), and every later write of the stored
-	// offset checks that the database is still at or past it, and that no
-	// newer generation of the group wrote the row. lost is set when one of
-	// the two does not hold: the database went back in time (a failover
-	// that lost commits; storage.ErrOffsetMoved), or a newer generation
-	// took the partition over (a *storage.OffsetTakenOverError); the worker
-	// then reads the database's position again (reposition), which tells
-	// it to resume from there or, taken over, to stop (takenBy: the
-	// generation that has the partition now).
-	floor        int64
-	lost         error
-	takenBy      int32
-	lastPosCheck time.Time
-	// tail is the committable offset when the last batch was done, with
-	// the fingerprint of the message before it, kept when the batch left
-	// the stored offset behind it (see storeCommittable).
-	tail struct{ next, last int64 }
+	// takenBy is the generation that took the partition over (see claim).
+	takenBy int32
 	// stored is the row the position was read from (Next -1: none), and
 	// logStart the log start offset checkLog found.
 	stored   storage.OffsetRow
@@ -70,16 +47,42 @@ type worker struct {
 	seq        *watermarks
 	seqMoved   bool
 	gapStopped bool
-
-	// waitingSince (UnixNano; 0: not waiting) is when the worker began
-	// waiting for the database to answer its work: the watchdog's view of
-	// it (see Consumer.watch).
-	waitingSince atomic.Int64
 }
 
-// genID is the group generation that started this worker, which it writes
-// into the stored offset's row (see offsetTable.Advance).
-func (w *worker) genID() int32 { return w.gen.ID() }
+// newWorker makes the worker of the partition a, of topic, started by
+// gen. It and newWorker's helpers are the only code of a worker that
+// reads c.cfg: the pieces get copies of the settings they use.
+func newWorker(c *Consumer, gen transport.Generation, topic string, a transport.Assignment) *worker {
+	cfg := &c.cfg
+	p := &part{
+		topic:      topic,
+		partition:  a.Partition,
+		gen:        gen,
+		log:        c.log.With("topic", topic, "partition", a.Partition, "generation", gen.ID()),
+		host:       c,
+		db:         c.db(),
+		classifier: cfg.Classifier,
+		bound:      max(cfg.DatabaseTimeout, 0),
+		minBackoff: cfg.MinBackoff,
+		maxBackoff: cfg.MaxBackoff,
+	}
+	com := &committer{
+		part: p,
+		commitSettings: commitSettings{
+			store:            cfg.StoreOffsets,
+			interval:         cfg.CommitInterval,
+			posCheckInterval: cmp.Or(max(c.knobs.PosCheckInterval, 0), defaultPosCheckInterval),
+		},
+		offsets: c.offsets,
+	}
+	fs := fetchSettings{batchSize: cfg.BatchSize, batchWait: cfg.BatchWait, idle: cfg.CommitInterval}
+	if fs.idle <= 0 {
+		fs.idle = time.Second
+	}
+	w := &worker{part: p, c: c, com: com, fetchSettings: fs, assigned: a.Offset, done: make(chan struct{})}
+	w.seq = w.newWatermarks()
+	return w
+}
 
 // item is one fetched message on its way through the worker.
 type item struct {
@@ -118,9 +121,9 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 	// group over a stalled partition (runCtx is the membership's).
 	dbCtx := runCtx
 
-	w.lastCommitted = -1
+	w.com.lastCommitted = -1
 	if w.assigned >= 0 {
-		w.lastCommitted = w.assigned
+		w.com.lastCommitted = w.assigned
 	}
 	closeReader := func() {
 		if reader == nil {
@@ -146,27 +149,27 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 		if !ok {
 			return
 		}
-		w.floor = -1
+		w.com.floor = -1
 		if w.c.cfg.StoreOffsets && beyondEnd == nil {
-			if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start, 0) {
-				if w.lost != nil && ctx.Err() == nil {
+			if (!hasStored || commitStart) && !w.com.storeNext(ctx, dbCtx, -1, start, 0) {
+				if w.com.lost != nil && ctx.Err() == nil {
 					// A newer generation wrote the row since position read it.
-					w.lost = nil
+					w.com.lost = nil
 					continue
 				}
 				return
 			}
-			w.floor = start
+			w.com.floor = start
 		}
 		break
 	}
-	w.tracker = newOffsetTracker(start)
-	w.c.emit(hooks.Event{Kind: hooks.Assigned, Topic: w.topic, Partition: w.partition, Offset: start})
+	w.com.tracker = newOffsetTracker(start)
+	w.emit(hooks.Event{Kind: hooks.Assigned, Offset: start})
 	w.log.Info("partition assigned", "start_offset", start, "group_committed", w.assigned)
 	if commitStart {
 		// Now, not with the first processed message: a restart before it
 		// must begin here too.
-		w.commit(dbCtx, true)
+		w.com.commit(dbCtx, true)
 	}
 	if beyondEnd != nil {
 		w.stopPartition(beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
@@ -174,7 +177,7 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 		// Held like a partition stopped at a message (see below).
 		closeReader()
 		<-ctx.Done()
-		w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
+		w.emit(hooks.Event{Kind: hooks.Revoked})
 		w.log.Info("partition released", "cause", context.Cause(ctx))
 		return
 	}
@@ -185,7 +188,7 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 		w.stopPartition(stop, "PARTITION STOPPED: the message before its stored offset is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
 		closeReader()
 		<-ctx.Done()
-		w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
+		w.emit(hooks.Event{Kind: hooks.Revoked})
 		w.log.Info("partition released", "cause", context.Cause(ctx))
 		return
 	}
@@ -198,7 +201,7 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 
 	halted := false
 	lastLogCheck := time.Now()
-	w.lastPosCheck = time.Now()
+	w.com.lastPosCheck = time.Now()
 	for ctx.Err() == nil && !halted {
 		batch := w.fetch(ctx, reader)
 		if len(batch) > 0 {
@@ -206,19 +209,19 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 			if w.c.crashed(ctx) {
 				return
 			}
-		} else if w.c.cfg.StoreOffsets && time.Since(w.lastPosCheck) >= w.posCheckInterval() {
-			pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
-			w.checkPosition(ctx, pctx)
+		} else if w.com.positionDue() {
+			pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.bound)
+			w.com.checkPosition(pctx)
 			cancel()
 		}
-		if w.lost != nil && !halted && ctx.Err() == nil {
+		if w.com.lost != nil && !halted && ctx.Err() == nil {
 			halted = w.reposition(ctx, dbCtx, reader)
 			if w.takenBy != 0 {
 				// This member lost its hold: nothing it holds may be
 				// committed or stored (Kafka would refuse the commit anyway).
 				// Returning tells the client, which makes the member rejoin.
 				closeReader()
-				w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
+				w.emit(hooks.Event{Kind: hooks.Revoked})
 				w.log.Info("partition released", "cause", "taken over", "owner_generation", w.takenBy)
 				return
 			}
@@ -231,20 +234,20 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 			}
 			lastLogCheck = time.Now()
 		}
-		w.commit(dbCtx, false)
+		w.com.commit(dbCtx, false)
 	}
 	if w.c.crashed(ctx) {
 		return
 	}
 	closeReader()
-	w.commit(dbCtx, true)
+	w.com.commit(dbCtx, true)
 	if halted {
 		// Keep the partition until it is revoked or Run ends: returning
 		// would make the member rejoin at once, and the message would come
 		// straight back.
 		<-ctx.Done()
 	}
-	w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
+	w.emit(hooks.Event{Kind: hooks.Revoked})
 	w.log.Info("partition released", "cause", context.Cause(ctx))
 }
 
@@ -313,8 +316,8 @@ func (w *worker) claim(ctx, dbCtx context.Context) (row storage.OffsetRow, found
 	w.beginDB()
 	defer w.endDB()
 	for attempt := 1; ; attempt++ {
-		cctx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
-		row, found, err := w.c.offsets.Claim(cctx, w.c.db(), w.topic, w.partition, w.genID())
+		cctx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.bound)
+		row, found, err := w.c.offsets.Claim(cctx, w.db, w.topic, w.partition, w.genID())
 		cancel()
 		err = bounded(err)
 		if err == nil && (!found || row.Generation <= w.genID()) {
@@ -322,7 +325,7 @@ func (w *worker) claim(ctx, dbCtx context.Context) (row storage.OffsetRow, found
 		}
 		if err == nil {
 			w.endDB() // the group coordinator is asked, not the database
-			current, ok := w.generationCurrent(ctx, row.Next)
+			current, ok := w.com.generationCurrent(ctx, row.Next)
 			w.beginDB()
 			if !ok {
 				return row, found, false
@@ -333,8 +336,8 @@ func (w *worker) claim(ctx, dbCtx context.Context) (row storage.OffsetRow, found
 					"member_generation", w.genID(), "owner_generation", row.Generation, "stored", row.Next)
 				return row, found, false
 			}
-			actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
-			adopted, aerr := w.c.offsets.Adopt(actx, w.c.db(), w.topic, w.partition, row.Generation, w.genID())
+			actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.bound)
+			adopted, aerr := w.c.offsets.Adopt(actx, w.db, w.topic, w.partition, row.Generation, w.genID())
 			cancel()
 			aerr = bounded(aerr)
 			if aerr == nil && adopted {
@@ -348,98 +351,12 @@ func (w *worker) claim(ctx, dbCtx context.Context) (row storage.OffsetRow, found
 			}
 			err = aerr
 		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("cannot read the stored offset; retrying", append([]any{"error", err, "retry_in", wait}, w.c.missingTables(ctx, err)...)...)
+		wait := w.retryWait(attempt)
+		w.log.Warn("cannot read the stored offset; retrying", append([]any{"error", err, "retry_in", wait}, w.host.missingTables(ctx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return storage.OffsetRow{}, false, false
 		}
 	}
-}
-
-// generationCurrent asks the group coordinator whether this member still
-// holds the partition in the group's current generation, by committing the
-// group offset this worker last committed (or was assigned; stored if there
-// is none), which changes nothing: the coordinator accepts a commit only
-// from a current member. It retries while the answer says neither (see
-// transport.Generation.Over); ok is false if ctx ended first (the partition
-// was revoked meanwhile).
-func (w *worker) generationCurrent(ctx context.Context, stored int64) (current, ok bool) {
-	next := w.lastCommitted
-	if next < 0 {
-		next = stored
-	}
-	for attempt := 1; ; attempt++ {
-		err := w.gen.Commit(w.topic, w.partition, next)
-		switch {
-		case err == nil:
-			w.lastCommitted = next
-			return true, true
-		case w.gen.Over(err):
-			return false, true
-		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("cannot ask the group coordinator whether this member's generation is current; retrying", "error", err, "retry_in", wait)
-		if backoff.Sleep(ctx, wait) != nil {
-			return false, false
-		}
-	}
-}
-
-// storeNext writes next as the partition's stored offset in a transaction
-// of its own (checked against floor and this worker's generation, see
-// offsetTable.Advance), with last, the fingerprint of the message at
-// next - 1 (0 if unknown), retrying while the database fails; false if ctx
-// ended first, or if the stored offset moved back or a newer generation
-// wrote it (w.lost is then set).
-//
-// It stores the resolved start offset when the database had no position
-// for the partition (or one the log no longer holds): from then on the
-// database has one, so a later failover that loses commits finds a
-// position at or below them instead of falling back to the group's, which
-// may be past them. And it stores the offset after a dead letter.
-func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next, last int64) bool {
-	w.beginDB()
-	defer w.endDB()
-	for attempt := 1; ; attempt++ {
-		err := w.storeOnce(dbCtx, floor, next, last)
-		if err == nil {
-			return true
-		}
-		if errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver) {
-			return false
-		}
-		wait := backoff.Wait(w.c.cfg.MinBackoff, w.c.cfg.MaxBackoff, attempt)
-		w.log.Warn("cannot store the partition's offset; retrying", append([]any{"offset", next, "error", err, "retry_in", wait},
-			w.c.missingTables(dbCtx, err)...)...)
-		if backoff.Sleep(ctx, wait) != nil {
-			return false
-		}
-	}
-}
-
-// storeOnce is one attempt of storeNext: the write in a transaction of its
-// own. It sets w.lost if the stored offset moved back or a newer
-// generation wrote it.
-func (w *worker) storeOnce(dbCtx context.Context, floor, next, last int64) error {
-	err := txn.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, w.c.bound(), func(tx *gorm.DB) error {
-		actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
-		defer cancel()
-		return bounded(w.c.offsets.Advance(actx, tx, w.topic, w.partition, floor, w.write(next, last)))
-	})
-	switch {
-	case err == nil:
-		w.floor = max(w.floor, next)
-	case errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver):
-		w.lost = err
-	}
-	return err
-}
-
-// write is what a write of next as the stored offset stores: with this
-// worker's generation and last, the fingerprint of the message at next - 1
-// (0 if unknown).
-func (w *worker) write(next, last int64) storage.OffsetWrite {
-	return storage.OffsetWrite{Next: next, Generation: w.genID(), Last: last}
 }
 
 // fetch returns the next batch: up to BatchSize messages, waiting at most
@@ -448,25 +365,21 @@ func (w *worker) write(next, last int64) storage.OffsetWrite {
 // period of CommitInterval passed (so the caller can commit), or after a
 // fetch error (logged, then retried after a backoff).
 func (w *worker) fetch(ctx context.Context, r transport.PartitionReader) []kafka.Message {
-	idle := w.c.cfg.CommitInterval
-	if idle <= 0 {
-		idle = time.Second
-	}
-	fctx, cancel := context.WithTimeout(ctx, idle)
+	fctx, cancel := context.WithTimeout(ctx, w.idle)
 	m, err := r.Fetch(fctx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 			w.log.Warn("fetch failed; retrying", "error", err)
-			_ = backoff.Sleep(ctx, w.c.cfg.MinBackoff)
+			_ = backoff.Sleep(ctx, w.minBackoff)
 		}
 		return nil
 	}
 	batch := []kafka.Message{m}
-	if w.c.cfg.BatchSize > 1 {
-		bctx, cancel := context.WithTimeout(ctx, w.c.cfg.BatchWait)
+	if w.batchSize > 1 {
+		bctx, cancel := context.WithTimeout(ctx, w.batchWait)
 		defer cancel()
-		for len(batch) < w.c.cfg.BatchSize {
+		for len(batch) < w.batchSize {
 			var m kafka.Message
 			var err error
 			if r.CaughtUp() {
@@ -489,6 +402,13 @@ func (w *worker) fetch(ctx context.Context, r transport.PartitionReader) []kafka
 	return batch
 }
 
+// fetchSettings are the Config's settings of the fetch loop.
+type fetchSettings struct {
+	batchSize int           // Config.BatchSize
+	batchWait time.Duration // Config.BatchWait
+	idle      time.Duration // Config.CommitInterval, or a second: how long a fetch waits for a message
+}
+
 // batchGrace is how long a batch waits for one more message once its
 // reader reached the partition's end.
 const batchGrace = time.Millisecond
@@ -499,37 +419,11 @@ func (w *worker) afterCommit(ctx context.Context, processed int) bool {
 	if w.c.knobs.AfterDB == nil {
 		return false
 	}
-	next, _ := w.tracker.committable()
+	next, _ := w.com.tracker.committable()
 	if errors.Is(w.c.knobs.AfterDB(w.topic, w.partition, next, processed), testhooks.ErrCrash) {
 		w.c.crash()
 		<-ctx.Done()
 		return true
 	}
 	return false
-}
-
-// commit commits the committable offset to Kafka if it moved, at most once
-// per CommitInterval unless force. With StoreOffsets it commits no offset
-// the database does not hold (see storeCommittable).
-func (w *worker) commit(dbCtx context.Context, force bool) {
-	next, ok := w.tracker.committable()
-	if !ok || next <= w.lastCommitted {
-		return
-	}
-	if !force && w.c.cfg.CommitInterval > 0 && time.Since(w.lastCommitAt) < w.c.cfg.CommitInterval {
-		return
-	}
-	if w.c.cfg.StoreOffsets && next > w.floor {
-		if next, ok = w.storeCommittable(dbCtx, next); !ok || next <= w.lastCommitted {
-			return
-		}
-	}
-	err := w.gen.Commit(w.topic, w.partition, next)
-	if err != nil {
-		w.log.Warn("offset commit failed; the messages will be redelivered if it never succeeds (the inbox absorbs them)",
-			"next_offset", next, "error", err)
-		return
-	}
-	w.lastCommitted, w.lastCommitAt = next, time.Now()
-	w.c.emit(hooks.Event{Kind: hooks.Committed, Topic: w.topic, Partition: w.partition, Offset: next})
 }
