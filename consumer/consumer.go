@@ -456,7 +456,9 @@ func (c *Consumer) crash() {
 	}
 }
 
-func (c *Consumer) crashed(ctx context.Context) bool {
+// crashed reports whether ctx ended with a simulated process death (see
+// Consumer.crash).
+func crashed(ctx context.Context) bool {
 	return errors.Is(context.Cause(ctx), testhooks.ErrCrash)
 }
 

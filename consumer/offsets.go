@@ -2,14 +2,11 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"gorm.io/gorm"
 
-	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/storage"
-	"github.com/inboxgo/inbox/transport"
 )
 
 // DefaultOffsetsTable is the table of stored offsets when
@@ -62,73 +59,3 @@ func (t offsetTable) Adopt(ctx context.Context, db *gorm.DB, topic string, parti
 // that lost the last commits of a partition that then receives no message
 // would otherwise leave their effects unapplied until the next rebalance.
 const defaultPosCheckInterval = 5 * time.Second
-
-// reposition reads the database's position again after w.com.lost, and either
-// stops the worker or resumes the partition from there. It returns halt, as
-// process does.
-//
-// A newer generation wrote the row (a *storage.OffsetTakenOverError):
-// position finds out whether this member's generation is over, and then sets
-// w.takenBy and returns (the caller stops the worker), or whether the group
-// was recreated, and then takes the row over, and the partition resumes
-// from it.
-//
-// The stored offset went back behind what this worker committed
-// (storage.ErrOffsetMoved), with a generation that is not newer: the
-// effects of the messages in between are gone from the database (a
-// failover to a replica that lacked the last commits), and they must be
-// applied again. It reads the position as on assignment, checks it against
-// the log, discards what the worker holds and moves the reader there. The
-// group's offset is not moved back: the database's position wins on the
-// next assignment anyway.
-func (w *worker) reposition(ctx, dbCtx context.Context, reader transport.PartitionReader) (halt bool) {
-	cause := w.com.lost
-	w.com.lost = nil
-	if w.seq != nil {
-		// The watermarks went back with the stored offset: the messages
-		// read again are judged by the database's, not by those in memory,
-		// which would take them for duplicates.
-		w.seq.loaded = false
-	}
-	prev, _ := w.com.tracker.committable()
-	start, from, hasStored, ok := w.position(ctx, dbCtx)
-	if !ok {
-		return false
-	}
-	start, commitStart, beyondEnd, ok := w.checkLog(ctx, start, from)
-	if !ok {
-		return false
-	}
-	if beyondEnd != nil {
-		w.stopPartition(beyondEnd, "PARTITION STOPPED: the database's position is past the log end; nothing is consumed until the offsets are reset")
-		return true
-	}
-	if (!hasStored || commitStart) && !w.com.storeNext(ctx, dbCtx, -1, start, 0) {
-		return false
-	}
-	stop, ok := w.checkLast(ctx, reader, start)
-	if !ok {
-		return false
-	}
-	if stop != nil {
-		w.com.tracker = newOffsetTracker(start)
-		w.stopPartition(stop, "PARTITION STOPPED: the message before the database's position is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
-		return true
-	}
-	w.com.floor = start
-	if errors.Is(cause, storage.ErrOffsetTakenOver) && start >= prev {
-		// The group was recreated and the row taken over (position): no
-		// commit was lost.
-		w.log.Info("resuming from the stored offset, now this generation's", "stored", start, "worker_next", prev)
-	} else {
-		w.log.Warn("the database's stored offset went back behind what this worker committed (a failover to a replica that lacked the last commits?); resuming from it: the messages in between are applied again",
-			"stored", start, "worker_next", prev, "redelivered", max(prev-start, 0), "cause", cause)
-		w.emit(hooks.Event{Kind: hooks.Repositioned, Offset: start, Err: cause})
-	}
-	w.com.tracker = newOffsetTracker(start)
-	if err := reader.SetOffset(start); err != nil {
-		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
-		return true
-	}
-	return false
-}

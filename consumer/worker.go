@@ -1,14 +1,13 @@
 package consumer
 
-// The partition worker: the fetch loop, its starting position and stored
-// offsets, and the offset commits. Processing is in process.go, the failure
-// policy in failure.go.
+// The partition worker: the loop that wires a partition's pieces (the
+// positioner, the batch runner and the committer): fetch, run, commit.
 
 import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -26,17 +25,11 @@ import (
 type worker struct {
 	*part
 	c   *Consumer
+	pos *positioner
 	com *committer
 	fetchSettings
-	assigned int64         // the group's committed offset, or transport.FirstOffset / LastOffset
-	done     chan struct{} // closed once the worker returned (Consumer.removeWorker)
+	done chan struct{} // closed once the worker returned (Consumer.removeWorker)
 
-	// takenBy is the generation that took the partition over (see claim).
-	takenBy int32
-	// stored is the row the position was read from (Next -1: none), and
-	// logStart the log start offset checkLog found.
-	stored   storage.OffsetRow
-	logStart int64
 	// batch is the batch in process, for the fingerprint of the message
 	// before a stored offset (lastOf).
 	batch []*item
@@ -50,8 +43,8 @@ type worker struct {
 }
 
 // newWorker makes the worker of the partition a, of topic, started by
-// gen. It and newWorker's helpers are the only code of a worker that
-// reads c.cfg: the pieces get copies of the settings they use.
+// gen. It is the only code of a worker that reads the Config: the pieces
+// get copies of the settings they use.
 func newWorker(c *Consumer, gen transport.Generation, topic string, a transport.Assignment) *worker {
 	cfg := &c.cfg
 	p := &part{
@@ -73,13 +66,30 @@ func newWorker(c *Consumer, gen transport.Generation, topic string, a transport.
 			interval:         cfg.CommitInterval,
 			posCheckInterval: cmp.Or(max(c.knobs.PosCheckInterval, 0), defaultPosCheckInterval),
 		},
-		offsets: c.offsets,
+		offsets:       c.offsets,
+		lastCommitted: -1,
+		floor:         -1,
+	}
+	if a.Offset >= 0 {
+		com.lastCommitted = a.Offset
+	}
+	pos := &positioner{
+		part: p,
+		positionSettings: positionSettings{
+			store:            cfg.StoreOffsets,
+			group:            cfg.GroupID,
+			table:            cfg.OffsetsTable,
+			logCheckInterval: cmp.Or(max(c.knobs.LogCheckInterval, 0), defaultLogCheckInterval),
+		},
+		com:      com,
+		offsets:  c.offsets,
+		assigned: a.Offset,
 	}
 	fs := fetchSettings{batchSize: cfg.BatchSize, batchWait: cfg.BatchWait, idle: cfg.CommitInterval}
 	if fs.idle <= 0 {
 		fs.idle = time.Second
 	}
-	w := &worker{part: p, c: c, com: com, fetchSettings: fs, assigned: a.Offset, done: make(chan struct{})}
+	w := &worker{part: p, c: c, pos: pos, com: com, fetchSettings: fs, done: make(chan struct{})}
 	w.seq = w.newWatermarks()
 	return w
 }
@@ -109,7 +119,8 @@ const (
 // returns only when runCtx or genCtx (the partition's hold, see
 // transport.Generation.Start) ends, or when it finds that a newer
 // generation of the group took its partition over (this member lost its
-// hold; see claim): the client then makes the member rejoin the group.
+// hold; see positioner.claim): the client then makes the member rejoin the
+// group.
 func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionReader) {
 	ctx, cancel := context.WithCancelCause(runCtx)
 	defer cancel(nil)
@@ -120,126 +131,17 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 	// and is rolled back when Run ends, or when this member leaves the
 	// group over a stalled partition (runCtx is the membership's).
 	dbCtx := runCtx
+	r := &heldReader{PartitionReader: reader, log: w.log}
+	defer r.close()
 
-	w.com.lastCommitted = -1
-	if w.assigned >= 0 {
-		w.com.lastCommitted = w.assigned
-	}
-	closeReader := func() {
-		if reader == nil {
-			return
-		}
-		if err := reader.Close(); err != nil {
-			w.log.Debug("closing the partition reader failed", "error", err)
-		}
-		reader = nil
-	}
-	defer closeReader()
-	var start int64
-	var commitStart bool
-	var beyondEnd *PartitionStoppedError
-	for {
-		var from string
-		var hasStored, ok bool
-		start, from, hasStored, ok = w.position(ctx, dbCtx)
-		if !ok {
-			return // ctx ended, or the partition was taken over (logged)
-		}
-		start, commitStart, beyondEnd, ok = w.checkLog(ctx, start, from)
-		if !ok {
-			return
-		}
-		w.com.floor = -1
-		if w.c.cfg.StoreOffsets && beyondEnd == nil {
-			if (!hasStored || commitStart) && !w.com.storeNext(ctx, dbCtx, -1, start, 0) {
-				if w.com.lost != nil && ctx.Err() == nil {
-					// A newer generation wrote the row since position read it.
-					w.com.lost = nil
-					continue
-				}
-				return
-			}
-			w.com.floor = start
-		}
-		break
-	}
-	w.com.tracker = newOffsetTracker(start)
-	w.emit(hooks.Event{Kind: hooks.Assigned, Offset: start})
-	w.log.Info("partition assigned", "start_offset", start, "group_committed", w.assigned)
-	if commitStart {
-		// Now, not with the first processed message: a restart before it
-		// must begin here too.
-		w.com.commit(dbCtx, true)
-	}
-	if beyondEnd != nil {
-		w.stopPartition(beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
-			"group_committed", w.assigned)
-		// Held like a partition stopped at a message (see below).
-		closeReader()
-		<-ctx.Done()
-		w.emit(hooks.Event{Kind: hooks.Revoked})
-		w.log.Info("partition released", "cause", context.Cause(ctx))
+	if !w.assign(ctx, dbCtx, r) {
 		return
 	}
-
-	if stop, ok := w.checkLast(ctx, reader, start); !ok {
-		return
-	} else if stop != nil {
-		w.stopPartition(stop, "PARTITION STOPPED: the message before its stored offset is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
-		closeReader()
-		<-ctx.Done()
-		w.emit(hooks.Event{Kind: hooks.Revoked})
-		w.log.Info("partition released", "cause", context.Cause(ctx))
+	halted, ok := w.consume(ctx, dbCtx, r)
+	if !ok {
 		return
 	}
-	if err := reader.SetOffset(start); err != nil {
-		// Only fails on a closed reader; nothing to fetch from.
-		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
-		<-ctx.Done()
-		return
-	}
-
-	halted := false
-	lastLogCheck := time.Now()
-	w.com.lastPosCheck = time.Now()
-	for ctx.Err() == nil && !halted {
-		batch := w.fetch(ctx, reader)
-		if len(batch) > 0 {
-			halted = w.process(ctx, dbCtx, batch)
-			if w.c.crashed(ctx) {
-				return
-			}
-		} else if w.com.positionDue() {
-			pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.bound)
-			w.com.checkPosition(pctx)
-			cancel()
-		}
-		if w.com.lost != nil && !halted && ctx.Err() == nil {
-			halted = w.reposition(ctx, dbCtx, reader)
-			if w.takenBy != 0 {
-				// This member lost its hold: nothing it holds may be
-				// committed or stored (Kafka would refuse the commit anyway).
-				// Returning tells the client, which makes the member rejoin.
-				closeReader()
-				w.emit(hooks.Event{Kind: hooks.Revoked})
-				w.log.Info("partition released", "cause", "taken over", "owner_generation", w.takenBy)
-				return
-			}
-			continue
-		}
-		if len(batch) == 0 && time.Since(lastLogCheck) >= w.logCheckInterval() {
-			if e := w.pastLogEnd(ctx); e != nil {
-				w.stopPartition(e, "PARTITION STOPPED: its next offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset")
-				halted = true
-			}
-			lastLogCheck = time.Now()
-		}
-		w.com.commit(dbCtx, false)
-	}
-	if w.c.crashed(ctx) {
-		return
-	}
-	closeReader()
+	r.close()
 	w.com.commit(dbCtx, true)
 	if halted {
 		// Keep the partition until it is revoked or Run ends: returning
@@ -247,116 +149,216 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 		// straight back.
 		<-ctx.Done()
 	}
+	w.released(ctx)
+}
+
+// heldReader is the partition's reader until the worker closes it.
+type heldReader struct {
+	transport.PartitionReader // nil once closed
+	log                       *slog.Logger
+}
+
+// close closes the reader, once.
+func (r *heldReader) close() {
+	if r.PartitionReader == nil {
+		return
+	}
+	if err := r.PartitionReader.Close(); err != nil {
+		r.log.Debug("closing the partition reader failed", "error", err)
+	}
+	r.PartitionReader = nil
+}
+
+// released reports that the worker gives its partition up as ctx ended.
+func (w *worker) released(ctx context.Context) {
 	w.emit(hooks.Event{Kind: hooks.Revoked})
 	w.log.Info("partition released", "cause", context.Cause(ctx))
 }
 
-// position returns the offset to start at, and from, where it came from,
-// for messages. ok is false if ctx ended first or the partition was taken
-// over (w.takenBy; see claim). checkLog then checks it against the
-// partition's log.
-//
-// Without StoreOffsets it is the group's committed offset (or
-// transport.FirstOffset / LastOffset). With StoreOffsets it is the stored offset whenever the
-// database has one, also when it is behind the group's: the database's
-// position belongs to the state the effects are in. After a failover to an
-// asynchronous replica, the effects, inbox rows and stored offset of the
-// last commits vanish together while the group's offset in Kafka may
-// already be past them; starting at the larger of the two would skip
-// exactly those messages. Starting lower only redelivers messages whose
-// inbox rows are there, which the inbox absorbs. hasStored reports whether
-// the database had a row for the partition; w.stored is that row.
-func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, hasStored, ok bool) {
-	start = w.assigned
-	from = fmt.Sprintf("the offset committed by group %q", w.c.cfg.GroupID)
-	w.stored = storage.OffsetRow{Next: -1}
-	if !w.c.cfg.StoreOffsets {
-		return start, from, false, true
-	}
-	row, found, ok := w.claim(ctx, dbCtx)
-	if !ok {
-		return 0, "", false, false
-	}
-	if !found {
-		return start, from, false, true
-	}
-	w.stored = row
-	stored := row.Next
-	switch {
-	case w.assigned >= 0 && stored < w.assigned:
-		// A member commits to Kafka only offsets it stored (see
-		// storeCommittable): the database lost commits, or the offsets
-		// were reset in Kafka alone, or StoreOffsets was off for a while.
-		w.log.Warn("starting at the stored offset, behind the group's committed one: the database's position wins (after a database failover its last commits may be gone); the messages in between are delivered again",
-			"stored", stored, "group_committed", w.assigned, "redelivered", w.assigned-stored)
-	case stored != w.assigned:
-		w.log.Info("starting at the stored offset", "stored", stored, "group_committed", w.assigned)
-	}
-	return stored, fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.OffsetsTable), true, true
+// hold keeps a partition stopped on assignment until it is revoked or Run
+// ends, as a partition stopped at a message (see run), reading nothing.
+func (w *worker) hold(ctx context.Context, r *heldReader) {
+	r.close()
+	<-ctx.Done()
+	w.released(ctx)
 }
 
-// claim reads the partition's stored row, claiming it for this worker's
-// generation first (storage.OffsetStore's ClaimOffset: from then on the
-// writes of older generations are refused), and retries while the database
-// fails. found
-// is false if there is no row. ok is false if ctx ended first, or if the
-// partition was taken over (w.takenBy is then set and the takeover logged).
-//
-// A row written by a newer generation than this worker's means one of two
-// things, and the group coordinator tells which (generationCurrent): this
-// member's generation is over (it was paused past its session timeout and
-// another member owns the partition now: the zombie stops, writing
-// nothing), or this generation is current and the row comes from before
-// the group was deleted and recreated, when its generation ids started
-// again (the row is taken over: storage.OffsetStore's AdoptOffset). A row
-// of an older generation is simply claimed: a failover may have brought back an older
-// row, offset and generation alike; the offset checks (Advance) deal with
-// that.
-func (w *worker) claim(ctx, dbCtx context.Context) (row storage.OffsetRow, found, ok bool) {
-	w.beginDB()
-	defer w.endDB()
-	for attempt := 1; ; attempt++ {
-		cctx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.bound)
-		row, found, err := w.c.offsets.Claim(cctx, w.db, w.topic, w.partition, w.genID())
-		cancel()
-		err = bounded(err)
-		if err == nil && (!found || row.Generation <= w.genID()) {
-			return row, found, true
-		}
-		if err == nil {
-			w.endDB() // the group coordinator is asked, not the database
-			current, ok := w.com.generationCurrent(ctx, row.Next)
-			w.beginDB()
-			if !ok {
-				return row, found, false
-			}
-			if !current {
-				w.takenBy = row.Generation
-				w.log.Warn("partition taken over by a newer generation of the group: this member's generation is over (it was paused or cut off longer than its session timeout: a GC pause, a frozen VM, SIGSTOP); its worker stops without writing or committing anything, and the owner goes on",
-					"member_generation", w.genID(), "owner_generation", row.Generation, "stored", row.Next)
-				return row, found, false
-			}
-			actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.bound)
-			adopted, aerr := w.c.offsets.Adopt(actx, w.db, w.topic, w.partition, row.Generation, w.genID())
-			cancel()
-			aerr = bounded(aerr)
-			if aerr == nil && adopted {
-				w.log.Info("the stored offset names a newer generation than this member's, which the group coordinator confirms as current: the group was recreated (its generation ids started again); the row is taken over",
-					"member_generation", w.genID(), "row_generation", row.Generation, "stored", row.Next)
-				row.Generation = w.genID()
-				return row, true, true
-			}
-			if aerr == nil {
-				continue // another writer came first: read the row again
-			}
-			err = aerr
-		}
-		wait := w.retryWait(attempt)
-		w.log.Warn("cannot read the stored offset; retrying", append([]any{"error", err, "retry_in", wait}, w.host.missingTables(ctx, err)...)...)
-		if backoff.Sleep(ctx, wait) != nil {
-			return storage.OffsetRow{}, false, false
-		}
+// assign starts the partition: it finds and stores its start (startAt),
+// commits it when it must be at once, checks that the topic was not
+// recreated (positioner.checkLast) and moves r there. It returns false when
+// the worker is done: ctx ended, the partition was taken over, or it was
+// stopped and held until ctx ended.
+func (w *worker) assign(ctx, dbCtx context.Context, r *heldReader) bool {
+	s, ok := w.startAt(ctx, dbCtx)
+	if !ok {
+		return false // ctx ended, or the partition was taken over (logged)
 	}
+	w.com.restart(s.offset)
+	w.emit(hooks.Event{Kind: hooks.Assigned, Offset: s.offset})
+	w.log.Info("partition assigned", "start_offset", s.offset, "group_committed", w.pos.assigned)
+	if s.commit {
+		// Now, not with the first processed message: a restart before it
+		// must begin here too.
+		w.com.commit(dbCtx, true)
+	}
+	if s.beyondEnd != nil {
+		w.stopPartition(s.beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
+			"group_committed", w.pos.assigned)
+		w.hold(ctx, r)
+		return false
+	}
+	if stop, ok := w.pos.checkLast(ctx, r, s.offset); !ok {
+		return false
+	} else if stop != nil {
+		w.stopPartition(stop, "PARTITION STOPPED: the message before its stored offset is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
+		w.hold(ctx, r)
+		return false
+	}
+	if err := r.SetOffset(s.offset); err != nil {
+		// Only fails on a closed reader; nothing to fetch from.
+		w.log.Error("cannot position the partition reader", "offset", s.offset, "error", err)
+		<-ctx.Done()
+		return false
+	}
+	return true
+}
+
+// startAt is where the partition starts (positioner.locate). With
+// StoreOffsets it stores that offset first when the database has none, or
+// when it is to be committed at once, and makes it the committer's floor.
+// ok is false if ctx ended first or the partition was taken over.
+func (w *worker) startAt(ctx, dbCtx context.Context) (s start, ok bool) {
+	for {
+		s, ok = w.pos.locate(ctx, dbCtx)
+		if !ok {
+			return s, false
+		}
+		w.com.floor = -1
+		if w.com.store && s.beyondEnd == nil {
+			if (!s.hasStored || s.commit) && !w.com.storeNext(ctx, dbCtx, -1, s.offset, 0) {
+				if w.com.lost != nil && ctx.Err() == nil {
+					// A newer generation wrote the row since position read it.
+					w.com.lost = nil
+					continue
+				}
+				return s, false
+			}
+			w.com.floor = s.offset
+		}
+		return s, true
+	}
+}
+
+// consume is the fetch loop: fetch a batch, run it, commit, until ctx ends
+// or the partition halts (halted). Idle, it checks the stored offset
+// (committer.checkPosition) and the log end (positioner.pastLogEnd). ok is
+// false when the worker is to return at once, committing nothing: a
+// simulated crash, or the partition was taken over.
+func (w *worker) consume(ctx, dbCtx context.Context, r *heldReader) (halted, ok bool) {
+	lastLogCheck := time.Now()
+	w.com.lastPosCheck = time.Now()
+	for ctx.Err() == nil && !halted {
+		batch := w.fetch(ctx, r)
+		if len(batch) > 0 {
+			halted = w.process(ctx, dbCtx, batch)
+			if crashed(ctx) {
+				return halted, false
+			}
+		} else if w.com.positionDue() {
+			pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.bound)
+			w.com.checkPosition(pctx)
+			cancel()
+		}
+		if w.com.lost != nil && !halted && ctx.Err() == nil {
+			halted = w.reposition(ctx, dbCtx, r)
+			if w.pos.takenBy != 0 {
+				// This member lost its hold: nothing it holds may be
+				// committed or stored (Kafka would refuse the commit anyway).
+				// Returning tells the client, which makes the member rejoin.
+				r.close()
+				w.emit(hooks.Event{Kind: hooks.Revoked})
+				w.log.Info("partition released", "cause", "taken over", "owner_generation", w.pos.takenBy)
+				return halted, false
+			}
+			continue
+		}
+		if len(batch) == 0 && time.Since(lastLogCheck) >= w.pos.logCheckInterval {
+			if e := w.pos.pastLogEnd(ctx); e != nil {
+				w.stopPartition(e, "PARTITION STOPPED: its next offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset")
+				halted = true
+			}
+			lastLogCheck = time.Now()
+		}
+		w.com.commit(dbCtx, false)
+	}
+	return halted, !crashed(ctx)
+}
+
+// reposition reads the database's position again after w.com.lost, and either
+// stops the worker or resumes the partition from there. It returns halt, as
+// process does.
+//
+// A newer generation wrote the row (a *storage.OffsetTakenOverError):
+// positioner.position finds out whether this member's generation is over, and then sets
+// w.pos.takenBy and returns (the caller stops the worker), or whether the group
+// was recreated, and then takes the row over, and the partition resumes
+// from it.
+//
+// The stored offset went back behind what this worker committed
+// (storage.ErrOffsetMoved), with a generation that is not newer: the
+// effects of the messages in between are gone from the database (a
+// failover to a replica that lacked the last commits), and they must be
+// applied again. It reads the position as on assignment, checks it against
+// the log, discards what the worker holds and moves the reader there. The
+// group's offset is not moved back: the database's position wins on the
+// next assignment anyway.
+func (w *worker) reposition(ctx, dbCtx context.Context, reader transport.PartitionReader) (halt bool) {
+	cause := w.com.lost
+	w.com.lost = nil
+	if w.seq != nil {
+		// The watermarks went back with the stored offset: the messages
+		// read again are judged by the database's, not by those in memory,
+		// which would take them for duplicates.
+		w.seq.loaded = false
+	}
+	prev, _ := w.com.committable()
+	s, ok := w.pos.locate(ctx, dbCtx)
+	if !ok {
+		return false
+	}
+	start := s.offset
+	if s.beyondEnd != nil {
+		w.stopPartition(s.beyondEnd, "PARTITION STOPPED: the database's position is past the log end; nothing is consumed until the offsets are reset")
+		return true
+	}
+	if (!s.hasStored || s.commit) && !w.com.storeNext(ctx, dbCtx, -1, start, 0) {
+		return false
+	}
+	stop, ok := w.pos.checkLast(ctx, reader, start)
+	if !ok {
+		return false
+	}
+	if stop != nil {
+		w.com.restart(start)
+		w.stopPartition(stop, "PARTITION STOPPED: the message before the database's position is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
+		return true
+	}
+	w.com.floor = start
+	if errors.Is(cause, storage.ErrOffsetTakenOver) && start >= prev {
+		// The group was recreated and the row taken over (positioner.claim): no
+		// commit was lost.
+		w.log.Info("resuming from the stored offset, now this generation's", "stored", start, "worker_next", prev)
+	} else {
+		w.log.Warn("the database's stored offset went back behind what this worker committed (a failover to a replica that lacked the last commits?); resuming from it: the messages in between are applied again",
+			"stored", start, "worker_next", prev, "redelivered", max(prev-start, 0), "cause", cause)
+		w.emit(hooks.Event{Kind: hooks.Repositioned, Offset: start, Err: cause})
+	}
+	w.com.restart(start)
+	if err := reader.SetOffset(start); err != nil {
+		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
+		return true
+	}
+	return false
 }
 
 // fetch returns the next batch: up to BatchSize messages, waiting at most
