@@ -1,7 +1,8 @@
 package consumer
 
-// Processing: a fetched batch through the inbox (or, for a naturally
-// idempotent consumer, without it), the user's handlers and their timeout.
+// The batch runner: a fetched batch through the inbox (or, for a naturally
+// idempotent consumer, without it), the user's handlers and their timeout;
+// its failure policy is in failure.go, its sequenced dedup in sequenced.go.
 
 import (
 	"cmp"
@@ -20,53 +21,99 @@ import (
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/backoff"
 	"github.com/inboxgo/inbox/internal/batchopt"
+	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 )
 
+// runSettings are the Config's settings the batch runner uses.
+type runSettings struct {
+	extract        Extractor    // Config.Extract
+	idempotent     bool         // Config.NaturallyIdempotent
+	handler        Handler      // Config.Handler
+	batchHandler   BatchHandler // Config.BatchHandler
+	inboxOf        *inbox.Inbox // Config.Inbox
+	consumer       string       // Config.Consumer
+	maxAttempts    int          // Config.MaxAttempts
+	handlerTimeout time.Duration
+	// The failure policy: Config.OnFailure, DeadLetterTopic and GroupID
+	// (named in a dead letter's headers).
+	onFailure       Policy
+	deadLetterTopic string
+	group           string
+	// Sequenced dedup: Config.SequencedRowsUntil and AcceptSequenceGaps.
+	seqRowsUntil time.Time
+	acceptGaps   bool
+}
+
+// batchRunner runs a partition's fetched batches: through the inbox or,
+// naturally idempotent, without it, with the user's handler under its
+// timeout, and applies the failure policy (retries, dead letters, stops) to
+// the messages that fail. What finishes is marked done in the committer.
+type batchRunner struct {
+	*part
+	runSettings
+	com      *committer // the partition's offsets, and with StoreOffsets the stored offset's writes
+	contexts []ContextHook
+	dlq      MessageWriter
+	afterDB  func(topic string, partition int, next int64, processed int) error // the tests' knob (internal/testhooks)
+	trusted  map[string]bool                                                    // Config.SequencedSources
+
+	// batch is the batch in process, for the fingerprint of the message
+	// before a stored offset (lastOf).
+	batch []*item
+	// seq holds the partition's sequenced streams (nil without
+	// Config.SequencedSources); seqMoved says the last processInbox gave
+	// up because a watermark moved, gapStopped that runAlone stopped the
+	// partition at its message.
+	seq        *watermarks
+	seqMoved   bool
+	gapStopped bool
+}
+
 // process handles a batch in order and reports whether the partition must
 // stop. Messages left unfinished (the worker is stopping) are not marked
 // done, so their offsets are not committed.
-func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (halt bool) {
+func (b *batchRunner) process(ctx, dbCtx context.Context, batch []kafka.Message) (halt bool) {
 	// The batch's items, and their places in sequenced streams, are
 	// allocated together, not one by one.
 	slab := make([]item, len(batch))
 	items := make([]*item, len(batch))
 	var positions []seqPos
-	if w.seq != nil {
+	if b.seq != nil {
 		positions = make([]seqPos, len(batch))
 	}
 	var source string // the last stream's source id, which its next messages share
 	for i := range batch {
 		m := &batch[i]
-		if err := w.com.tracker.fetched(m.Offset); err != nil {
-			w.log.Error("offset bookkeeping broken", "error", err)
+		if err := b.com.tracker.fetched(m.Offset); err != nil {
+			b.log.Error("offset bookkeeping broken", "error", err)
 		}
-		id, at, err := extract(w.c.cfg.Extract, m)
+		id, at, err := extract(b.extract, m)
 		it := &slab[i]
 		*it = item{msg: Message{Message: *m, EventID: id, EventTime: at}, extractErr: err}
 		items[i] = it
-		if err == nil && w.seq != nil {
-			it.seq, it.seqErr = w.sequenceOf(m, &positions[i], source)
+		if err == nil && b.seq != nil {
+			it.seq, it.seqErr = b.sequenceOf(m, &positions[i], source)
 			if p := it.seq; p != nil {
 				p.eventID = id
 				source = p.stream.source
 			}
 		}
 	}
-	w.batch = items
-	defer func() { w.batch = nil }()
-	defer w.com.noteTail(w.lastOf)
+	b.batch = items
+	defer func() { b.batch = nil }()
+	defer b.com.noteTail(b.lastOf)
 	defer func() {
 		last := batch[len(batch)-1]
 		if last.HighWaterMark > 0 {
-			next, _ := w.com.tracker.committable()
-			w.emit(hooks.Event{Kind: hooks.Lag, Offset: next, Lag: max(last.HighWaterMark-next, 0)})
+			next, _ := b.com.committable()
+			b.emit(hooks.Event{Kind: hooks.Lag, Offset: next, Lag: max(last.HighWaterMark-next, 0)})
 		}
 	}()
-	if w.c.cfg.NaturallyIdempotent {
-		if w.c.cfg.BatchHandler != nil && len(items) > 1 {
-			switch w.processIdempotentBatch(ctx, dbCtx, items) {
+	if b.idempotent {
+		if b.batchHandler != nil && len(items) > 1 {
+			switch b.processIdempotentBatch(ctx, dbCtx, items) {
 			case resolved:
 				return false
 			case abandoned:
@@ -75,7 +122,7 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 			// A message of the batch failed: each is tried alone below.
 		}
 		for _, it := range items {
-			switch w.processIdempotent(ctx, dbCtx, it) {
+			switch b.processIdempotent(ctx, dbCtx, it) {
 			case stopped:
 				return true
 			case abandoned:
@@ -89,7 +136,7 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 	// it committed: the watermark then decides it (see repeatsAt).
 	for len(items) > 0 {
 		n := repeatsAt(items)
-		if halt, goOn := w.processSegment(ctx, dbCtx, items[:n]); !goOn {
+		if halt, goOn := b.processSegment(ctx, dbCtx, items[:n]); !goOn {
 			return halt
 		}
 		items = items[n:]
@@ -101,34 +148,34 @@ func (w *worker) process(ctx, dbCtx context.Context, batch []kafka.Message) (hal
 // number its stream took again, through the inbox. halt says the partition
 // must stop; goOn that the rest of the batch may follow (false also when
 // the worker is stopping, with items left unfinished).
-func (w *worker) processSegment(ctx, dbCtx context.Context, items []*item) (halt, goOn bool) {
+func (b *batchRunner) processSegment(ctx, dbCtx context.Context, items []*item) (halt, goOn bool) {
 	var gap *gapError
 	var results []inbox.Result
 	for {
 		var stop bool
-		if items, gap, stop = w.cutAtGap(ctx, dbCtx, items); stop {
+		if items, gap, stop = b.cutAtGap(ctx, dbCtx, items); stop {
 			return true, false
 		}
-		if w.com.lost != nil {
+		if b.com.lost != nil {
 			return false, false // the database went back: run resumes from its position
 		}
 		var ok bool
-		if results, ok = w.processInbox(ctx, dbCtx, items); ok {
+		if results, ok = b.processInbox(ctx, dbCtx, items); ok {
 			break
 		}
-		if !w.seqMoved {
+		if !b.seqMoved {
 			return false, false
 		}
 		// A watermark moved under the batch (another member, or a
 		// failover that lost commits): the gaps are checked again against
 		// what the database holds now.
-		w.seqMoved = false
+		b.seqMoved = false
 	}
 	// Every message whose effect committed is finished, also those after a
 	// failure: the tracker still holds the commit back at the failure.
 	for i, it := range items {
 		if o := results[i].Outcome; o == inbox.Processed || o == inbox.Duplicate {
-			w.finish(it, o)
+			b.finish(it, o)
 		}
 	}
 	for i, it := range items {
@@ -139,11 +186,11 @@ func (w *worker) processSegment(ctx, dbCtx context.Context, items []*item) (halt
 		var res resolution
 		switch {
 		case it.extractErr != nil:
-			res = w.applyPolicy(ctx, dbCtx, it, ReasonNoEventID, it.extractErr)
+			res = b.applyPolicy(ctx, dbCtx, it, ReasonNoEventID, it.extractErr)
 		case it.seqErr != nil:
-			res = w.applyPolicy(ctx, dbCtx, it, ReasonInvalid, it.seqErr)
+			res = b.applyPolicy(ctx, dbCtx, it, ReasonInvalid, it.seqErr)
 		default:
-			res = w.retryInbox(ctx, dbCtx, it, r.Err)
+			res = b.retryInbox(ctx, dbCtx, it, r.Err)
 		}
 		switch res {
 		case stopped:
@@ -175,13 +222,13 @@ var runBatch = batchopt.Lookup[*inbox.Inbox, inbox.Message, inbox.Handler, inbox
 // of its messages duplicates a watermark covers; messages that committed
 // before a failed one this call retries alone) is stored before its Kafka
 // commit (storeCommittable).
-func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (results []inbox.Result, ok bool) {
+func (b *batchRunner) processInbox(ctx, dbCtx context.Context, items []*item) (results []inbox.Result, ok bool) {
 	results = make([]inbox.Result, len(items))
 	msgs := make([]inbox.Message, 0, len(items))
 	msgIndex := make([]int, len(items)) // items[i] is msgs[msgIndex[i]], or -1
 	idx := make([]int, 0, len(items))
 	var seqOf []*seqPos // seqOf[j]: msgs[j]'s place in its sequenced stream, or nil
-	if w.seq != nil {
+	if b.seq != nil {
 		seqOf = make([]*seqPos, 0, len(items))
 	}
 	for i, it := range items {
@@ -192,9 +239,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		}
 		it.attempts++
 		msgIndex[i] = len(msgs)
-		msgs = append(msgs, w.inboxMessage(it))
+		msgs = append(msgs, b.inboxMessage(it))
 		idx = append(idx, i)
-		if w.seq != nil {
+		if b.seq != nil {
 			seqOf = append(seqOf, it.seq)
 		}
 	}
@@ -204,7 +251,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	var opts batchopt.Options[inbox.Outcome]
 	callCtx := dbCtx
 	var written *int64 // the highest stored offset this call wrote
-	if w.c.cfg.StoreOffsets {
+	if b.com.store {
 		// The call runs under a context of its own, which a write of the
 		// stored offset refused because a newer generation took the
 		// partition over cancels: the batch then rolls back as on a
@@ -229,7 +276,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			}
 			m := &items[last].msg.Message
 			next := m.Offset + 1
-			if err := w.com.advanceIn(ctx, tx, next, fingerprint(m)); err != nil {
+			if err := b.com.advanceIn(ctx, tx, next, fingerprint(m)); err != nil {
 				if errors.Is(err, storage.ErrOffsetTakenOver) {
 					cancelCall(err)
 				}
@@ -239,10 +286,10 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			return nil
 		}
 	}
-	if len(w.c.contexts) > 0 {
+	if len(b.contexts) > 0 {
 		opts.Contexts = make([]context.Context, len(msgs))
 		for j, i := range idx {
-			opts.Contexts[j] = w.messageContext(callCtx, items[i])
+			opts.Contexts[j] = b.messageContext(callCtx, items[i])
 		}
 	}
 	// The consumer reports each message's outcome once it is decided.
@@ -252,28 +299,28 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 	opts.CallerRetries = true
 	// BEGIN, the claim, the stored offset's write, COMMIT and ROLLBACK each
 	// within DatabaseTimeout.
-	opts.Bound = w.bound
+	opts.Bound = b.bound
 	// The stall clock runs until the batch commits or fails for a reason of
 	// a message's own; database failures retried below do not stop it.
-	w.beginDB()
-	defer w.endDB()
+	b.beginDB()
+	defer b.endDB()
 	for attempt := 1; ; attempt++ {
-		if w.seq != nil {
-			if !w.ensureLoaded(ctx, dbCtx) {
+		if b.seq != nil {
+			if !b.ensureLoaded(ctx, dbCtx) {
 				return nil, false
 			}
-			opts.Seq = w.seq.marks(seqOf, time.Now().Before(w.c.cfg.SequencedRowsUntil))
+			opts.Seq = b.seq.marks(seqOf, time.Now().Before(b.seqRowsUntil))
 			opts.Watermarks = nil
 			if opts.Seq != nil {
-				opts.Watermarks = w.seq.writer(seqOf)
+				opts.Watermarks = b.seq.writer(seqOf)
 			}
 		}
 		var rs []inbox.Result
 		var err error
-		if w.c.cfg.BatchHandler != nil {
-			rs, err = runBatch(callCtx, w.c.cfg.Inbox, msgs, nil, w.wrapBatch(items), opts)
+		if b.batchHandler != nil {
+			rs, err = runBatch(callCtx, b.inboxOf, msgs, nil, b.wrapBatch(items), opts)
 		} else {
-			rs, err = runBatch(callCtx, w.c.cfg.Inbox, msgs, w.wrap(items), nil, opts)
+			rs, err = runBatch(callCtx, b.inboxOf, msgs, b.wrap(items), nil, opts)
 		}
 		if err == nil {
 			// Every transaction of a call that succeeded committed, but for
@@ -281,11 +328,11 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 			// floor is too high, and the next write finds the position
 			// "moved" and resumes from the database's: redeliveries only.
 			if written != nil {
-				w.com.raiseFloor(*written)
+				b.com.raiseFloor(*written)
 			}
-			if w.seq != nil {
-				twice := w.seq.committed(seqOf, func(j int) inbox.Outcome { return rs[j].Outcome })
-				w.reportTakenTwice(twice, func(j int) int64 { return items[idx[j]].msg.Offset })
+			if b.seq != nil {
+				twice := b.seq.committed(seqOf, func(j int) inbox.Outcome { return rs[j].Outcome })
+				b.reportTakenTwice(twice, func(j int) int64 { return items[idx[j]].msg.Offset })
 			}
 			processed := 0
 			for j, i := range idx {
@@ -294,33 +341,33 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 					processed++
 				}
 			}
-			if w.afterCommit(ctx, processed) {
+			if b.afterCommit(ctx, processed) {
 				return results, false
 			}
 			return results, true
 		}
 		if taken := context.Cause(callCtx); errors.Is(taken, storage.ErrOffsetTakenOver) {
-			w.com.lost = taken // rolled back; run finds out whether this member lost the partition
+			b.com.lost = taken // rolled back; run finds out whether this member lost the partition
 			return nil, false
 		}
 		if dbCtx.Err() != nil || ctx.Err() != nil {
 			return nil, false // stopping: the batch was rolled back and will be redelivered
 		}
 		if errors.Is(err, storage.ErrOffsetMoved) {
-			w.com.lost = err // rolled back; run resumes from the database's position
+			b.com.lost = err // rolled back; run resumes from the database's position
 			return nil, false
 		}
-		wait := w.retryWait(attempt)
-		if w.seq != nil {
+		wait := b.retryWait(attempt)
+		if b.seq != nil {
 			// Transactions of the call may have committed before the
 			// failure: the watermarks are read again before the next run.
-			w.seq.loaded = false
+			b.seq.loaded = false
 			if errors.Is(err, storage.ErrWatermarkMoved) {
 				level := slog.LevelInfo
 				if attempt >= 5 {
 					level = slog.LevelError // still retried: members keep writing the stream
 				}
-				w.log.Log(ctx, level, "a watermark moved since it was read (another member wrote it, or the database lost commits in a failover); reading it again",
+				b.log.Log(ctx, level, "a watermark moved since it was read (another member wrote it, or the database lost commits in a failover); reading it again",
 					"messages", len(msgs), "error", err, "retry_in", wait)
 				if backoff.Sleep(ctx, wait) != nil {
 					return nil, false
@@ -329,7 +376,7 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 				for _, i := range idx {
 					items[i].attempts--
 				}
-				w.seqMoved = true
+				b.seqMoved = true
 				return nil, false
 			}
 		}
@@ -337,9 +384,9 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: the database, not the messages, is failing
 		}
-		w.log.Log(ctx, level, "the batch could not commit; retrying it", append([]any{"messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait},
-			w.host.missingTables(dbCtx, err)...)...)
-		w.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Offset: -1, Attempt: attempt, Err: err})
+		b.log.Log(ctx, level, "the batch could not commit; retrying it", append([]any{"messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait},
+			b.host.missingTables(dbCtx, err)...)...)
+		b.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Offset: -1, Attempt: attempt, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return nil, false
 		}
@@ -347,19 +394,19 @@ func (w *worker) processInbox(ctx, dbCtx context.Context, items []*item) (result
 }
 
 // wrap adapts the user's Handler to the inbox.
-func (w *worker) wrap(items []*item) inbox.Handler {
+func (b *batchRunner) wrap(items []*item) inbox.Handler {
 	next := 0
 	return func(ctx context.Context, tx *gorm.DB, m inbox.Message) error {
 		it := itemAt(items, m.Offset, &next)
 		if it == nil {
 			return fmt.Errorf("consumer: inbox handed back unknown offset %d", m.Offset)
 		}
-		return w.callHandler(ctx, tx, it.msg)
+		return b.callHandler(ctx, tx, it.msg)
 	}
 }
 
 // wrapBatch adapts the user's BatchHandler to the inbox.
-func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
+func (b *batchRunner) wrapBatch(items []*item) inbox.BatchHandler {
 	return func(ctx context.Context, tx *gorm.DB, ms []inbox.Message) error {
 		batch := make([]Message, len(ms))
 		next := 0
@@ -370,8 +417,8 @@ func (w *worker) wrapBatch(items []*item) inbox.BatchHandler {
 			}
 			batch[i] = it.msg
 		}
-		return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
-			return w.c.cfg.BatchHandler(ctx, tx, batch)
+		return b.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+			return b.batchHandler(ctx, tx, batch)
 		})
 	}
 }
@@ -398,56 +445,56 @@ func itemAt(items []*item, offset int64, next *int) *item {
 
 // processIdempotent runs the handler for one message in its own
 // transaction, without an inbox row, with the consumer's retries.
-func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolution {
-	defer w.endDB()
+func (b *batchRunner) processIdempotent(ctx, dbCtx context.Context, it *item) resolution {
+	defer b.endDB()
 	for {
 		it.attempts++
-		w.beginDB()
-		err := w.transact(dbCtx, func(tx *gorm.DB) error {
-			if err := w.callAny(w.messageContext(dbCtx, it), tx, it.msg); err != nil {
+		b.beginDB()
+		err := b.transact(dbCtx, func(tx *gorm.DB) error {
+			if err := b.callAny(b.messageContext(dbCtx, it), tx, it.msg); err != nil {
 				return err
 			}
-			if w.c.cfg.StoreOffsets {
-				return w.storeInTx(dbCtx, func(ctx context.Context) error {
-					return w.com.advanceIn(ctx, tx, it.msg.Offset+1, fingerprint(&it.msg.Message))
+			if b.com.store {
+				return b.storeInTx(dbCtx, func(ctx context.Context) error {
+					return b.com.advanceIn(ctx, tx, it.msg.Offset+1, fingerprint(&it.msg.Message))
 				})
 			}
 			return nil
 		})
-		if err != nil && !w.infrastructure(err) {
-			w.endDB() // the database answered; the message failed
+		if err != nil && !b.infrastructure(err) {
+			b.endDB() // the database answered; the message failed
 		}
 		if errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver) {
-			w.com.lost = err
+			b.com.lost = err
 			return abandoned
 		}
 		if err == nil {
-			if w.c.cfg.StoreOffsets {
-				w.com.raiseFloor(it.msg.Offset + 1)
+			if b.com.store {
+				b.com.raiseFloor(it.msg.Offset + 1)
 			}
-			if w.afterCommit(ctx, 1) {
+			if b.afterCommit(ctx, 1) {
 				return abandoned
 			}
-			w.finish(it, inbox.Processed)
+			b.finish(it, inbox.Processed)
 			return resolved
 		}
 		if ctx.Err() != nil {
 			return abandoned
 		}
-		if w.infrastructure(err) {
-			it.attempts = min(it.attempts, w.c.cfg.MaxAttempts-1)
+		if b.infrastructure(err) {
+			it.attempts = min(it.attempts, b.maxAttempts-1)
 		} else if inbox.IsPermanent(err) {
-			return w.applyPolicy(ctx, dbCtx, it, ReasonPermanent, err)
-		} else if it.attempts >= w.c.cfg.MaxAttempts {
-			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
+			return b.applyPolicy(ctx, dbCtx, it, ReasonPermanent, err)
+		} else if it.attempts >= b.maxAttempts {
+			return b.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
-		wait := w.retryWait(it.attempts)
+		wait := b.retryWait(it.attempts)
 		attrs := []any{"offset", it.msg.Offset, "attempt", it.attempts, "error", err, "retry_in", wait}
-		if w.infrastructure(err) {
-			attrs = append(attrs, w.host.missingTables(dbCtx, err)...)
+		if b.infrastructure(err) {
+			attrs = append(attrs, b.host.missingTables(dbCtx, err)...)
 		}
-		w.log.Warn("message failed; retrying", attrs...)
-		w.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, EventID: it.msg.EventID, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
+		b.log.Warn("message failed; retrying", attrs...)
+		b.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, EventID: it.msg.EventID, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
@@ -458,56 +505,56 @@ func (w *worker) processIdempotent(ctx, dbCtx context.Context, it *item) resolut
 // transaction without inbox rows, retrying it while the database fails.
 // stopped means a message of the batch failed and nothing of it committed:
 // the caller then runs the messages one by one, with their attempts.
-func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*item) resolution {
+func (b *batchRunner) processIdempotentBatch(ctx, dbCtx context.Context, items []*item) resolution {
 	batch := make([]Message, len(items))
 	for i, it := range items {
 		batch[i] = it.msg
 	}
 	lastMsg := &items[len(items)-1].msg.Message
 	next := lastMsg.Offset + 1
-	w.beginDB()
-	defer w.endDB()
+	b.beginDB()
+	defer b.endDB()
 	for attempt := 1; ; attempt++ {
-		err := w.transact(dbCtx, func(tx *gorm.DB) error {
-			if err := w.withTimeout(w.messageContext(dbCtx, items[0]), tx, func(ctx context.Context, tx *gorm.DB) error {
-				return w.c.cfg.BatchHandler(ctx, tx, batch)
+		err := b.transact(dbCtx, func(tx *gorm.DB) error {
+			if err := b.withTimeout(b.messageContext(dbCtx, items[0]), tx, func(ctx context.Context, tx *gorm.DB) error {
+				return b.batchHandler(ctx, tx, batch)
 			}); err != nil {
 				return err
 			}
-			if w.c.cfg.StoreOffsets {
-				return w.storeInTx(dbCtx, func(ctx context.Context) error {
-					return w.com.advanceIn(ctx, tx, next, fingerprint(lastMsg))
+			if b.com.store {
+				return b.storeInTx(dbCtx, func(ctx context.Context) error {
+					return b.com.advanceIn(ctx, tx, next, fingerprint(lastMsg))
 				})
 			}
 			return nil
 		})
 		if errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver) {
-			w.com.lost = err
+			b.com.lost = err
 			return abandoned
 		}
 		if err == nil {
-			if w.c.cfg.StoreOffsets {
-				w.com.raiseFloor(next)
+			if b.com.store {
+				b.com.raiseFloor(next)
 			}
-			if w.afterCommit(ctx, len(items)) {
+			if b.afterCommit(ctx, len(items)) {
 				return abandoned
 			}
 			for _, it := range items {
-				w.finish(it, inbox.Processed)
+				b.finish(it, inbox.Processed)
 			}
 			return resolved
 		}
 		if ctx.Err() != nil {
 			return abandoned
 		}
-		if !w.infrastructure(err) {
-			w.log.Warn("a batch failed; trying its messages one by one", "messages", len(items), "error", err)
+		if !b.infrastructure(err) {
+			b.log.Warn("a batch failed; trying its messages one by one", "messages", len(items), "error", err)
 			return stopped
 		}
-		wait := w.retryWait(attempt)
-		w.log.Warn("the batch could not commit; retrying it", append([]any{"messages", len(items), "attempt", attempt, "error", err, "retry_in", wait},
-			w.host.missingTables(dbCtx, err)...)...)
-		w.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Offset: -1, Attempt: attempt, Err: err})
+		wait := b.retryWait(attempt)
+		b.log.Warn("the batch could not commit; retrying it", append([]any{"messages", len(items), "attempt", attempt, "error", err, "retry_in", wait},
+			b.host.missingTables(dbCtx, err)...)...)
+		b.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Offset: -1, Attempt: attempt, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
@@ -518,8 +565,8 @@ func (w *worker) processIdempotentBatch(ctx, dbCtx context.Context, items []*ite
 // inbox's fault model (see inbox.IsDatabaseFailure): a panic in fn is
 // returned as an *inbox.PanicError, a COMMIT the database refused as an
 // *inbox.CommitError.
-func (w *worker) transact(ctx context.Context, fn func(tx *gorm.DB) error) error {
-	err := txn.Transact(ctx, w.db, w.classifier, nil, w.bound, func(tx *gorm.DB) (err error) {
+func (b *batchRunner) transact(ctx context.Context, fn func(tx *gorm.DB) error) error {
+	err := txn.Transact(ctx, b.db, b.classifier, nil, b.bound, func(tx *gorm.DB) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				err = &inbox.PanicError{Value: r, Stack: debug.Stack()}
@@ -538,8 +585,8 @@ func (w *worker) transact(ctx context.Context, fn func(tx *gorm.DB) error) error
 // failure. Its other errors are returned as they are: after a handler that
 // ignored a failed statement (on PostgreSQL the transaction is then
 // aborted) the write fails for the handler's doing.
-func (w *worker) storeInTx(ctx context.Context, write func(ctx context.Context) error) error {
-	sctx, bounded, cancel := txn.WithBound(ctx, "the stored offset's write", w.bound)
+func (b *batchRunner) storeInTx(ctx context.Context, write func(ctx context.Context) error) error {
+	sctx, bounded, cancel := txn.WithBound(ctx, "the stored offset's write", b.bound)
 	err := bounded(write(sctx))
 	cancel()
 	if te := (*txn.TimeoutError)(nil); errors.As(err, &te) {
@@ -550,8 +597,8 @@ func (w *worker) storeInTx(ctx context.Context, write func(ctx context.Context) 
 
 // messageContext is the context the processing of it runs under: ctx, as
 // the ContextHooks made it.
-func (w *worker) messageContext(ctx context.Context, it *item) context.Context {
-	for _, h := range w.c.contexts {
+func (b *batchRunner) messageContext(ctx context.Context, it *item) context.Context {
+	for _, h := range b.contexts {
 		if mctx := h.MessageContext(ctx, &it.msg); mctx != nil {
 			ctx = mctx
 		}
@@ -560,21 +607,21 @@ func (w *worker) messageContext(ctx context.Context, it *item) context.Context {
 }
 
 // callAny runs Handler, or BatchHandler with msg alone.
-func (w *worker) callAny(ctx context.Context, tx *gorm.DB, msg Message) error {
-	if w.c.cfg.Handler == nil {
-		return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
-			return w.c.cfg.BatchHandler(ctx, tx, []Message{msg})
+func (b *batchRunner) callAny(ctx context.Context, tx *gorm.DB, msg Message) error {
+	if b.handler == nil {
+		return b.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+			return b.batchHandler(ctx, tx, []Message{msg})
 		})
 	}
-	return w.callHandler(ctx, tx, msg)
+	return b.callHandler(ctx, tx, msg)
 }
 
 // callHandler runs the user's handler, enforcing Config.HandlerTimeout. A
 // panic is left to the inbox (or worker.transact), which recovers it as an
 // *inbox.PanicError with its stack.
-func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) error {
-	return w.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
-		return w.c.cfg.Handler(ctx, tx, msg)
+func (b *batchRunner) callHandler(ctx context.Context, tx *gorm.DB, msg Message) error {
+	return b.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
+		return b.handler(ctx, tx, msg)
 	})
 }
 
@@ -583,8 +630,8 @@ func (w *worker) callHandler(ctx context.Context, tx *gorm.DB, msg Message) erro
 // failure (ErrHandlerTimeout), whatever fn returned, unless the handler
 // timed out on a database that does not answer (see
 // worker.handlerTimedOutOnDatabase): then it is a database failure.
-func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx context.Context, tx *gorm.DB) error) (err error) {
-	timeout := w.c.cfg.HandlerTimeout
+func (b *batchRunner) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx context.Context, tx *gorm.DB) error) (err error) {
+	timeout := b.handlerTimeout
 	if timeout <= 0 {
 		return fn(ctx, txn.ForApplication(tx))
 	}
@@ -599,7 +646,7 @@ func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx conte
 				err = fmt.Errorf("%w: handler did not finish within %v: %w", ErrHandlerTimeout, timeout, err)
 			}
 			// Timed out on a database that does not answer: its failure.
-			if derr := w.handlerTimedOutOnDatabase(outer, tx, err); derr != nil {
+			if derr := b.handlerTimedOutOnDatabase(outer, tx, err); derr != nil {
 				err = derr
 			}
 		}
@@ -608,31 +655,46 @@ func (w *worker) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx conte
 }
 
 // finish marks a message done.
-func (w *worker) finish(it *item, o inbox.Outcome) {
-	if err := w.com.tracker.markDone(it.msg.Offset); err != nil {
-		w.log.Error("offset bookkeeping broken", "error", err)
+func (b *batchRunner) finish(it *item, o inbox.Outcome) {
+	if err := b.com.tracker.markDone(it.msg.Offset); err != nil {
+		b.log.Error("offset bookkeeping broken", "error", err)
 	}
 	kind := hooks.Processed
 	if o == inbox.Duplicate {
 		kind = hooks.Duplicate
-		if w.log.Enabled(context.Background(), slog.LevelDebug) {
+		if b.log.Enabled(context.Background(), slog.LevelDebug) {
 			// Checked first: the attributes allocate even when not logged.
-			w.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
+			b.log.Debug("duplicate skipped", "offset", it.msg.Offset, "event_id", it.msg.EventID)
 		}
 	}
-	w.emit(hooks.Event{Kind: kind, EventID: it.msg.EventID, Offset: it.msg.Offset, Sequenced: it.watermarked(), NoDedup: w.c.cfg.NaturallyIdempotent})
-	next, _ := w.com.tracker.committable()
-	w.c.clearStopped(w.topic, w.partition, next)
+	b.emit(hooks.Event{Kind: kind, EventID: it.msg.EventID, Offset: it.msg.Offset, Sequenced: it.watermarked(), NoDedup: b.idempotent})
+	next, _ := b.com.committable()
+	b.host.clearStopped(b.topic, b.partition, next)
 }
 
 // inboxMessage is the inbox's view of an item.
-func (w *worker) inboxMessage(it *item) inbox.Message {
+func (b *batchRunner) inboxMessage(it *item) inbox.Message {
 	return inbox.Message{
-		Consumer:  w.c.cfg.Consumer,
+		Consumer:  b.consumer,
 		ID:        it.msg.EventID,
 		Time:      it.msg.EventTime,
-		Topic:     w.topic,
-		Partition: int32(w.partition),
+		Topic:     b.topic,
+		Partition: int32(b.partition),
 		Offset:    it.msg.Offset,
 	}
+}
+
+// afterCommit runs the tests' AfterDB knob (internal/testhooks) after a
+// database commit and reports whether it simulated a crash.
+func (b *batchRunner) afterCommit(ctx context.Context, processed int) bool {
+	if b.afterDB == nil {
+		return false
+	}
+	next, _ := b.com.committable()
+	if errors.Is(b.afterDB(b.topic, b.partition, next, processed), testhooks.ErrCrash) {
+		b.host.crash()
+		<-ctx.Done()
+		return true
+	}
+	return false
 }

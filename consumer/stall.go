@@ -62,15 +62,15 @@ func (c *Consumer) ping(ctx context.Context) error {
 // the pool has no connection to give within the timeout; in either state
 // no transaction of the consumer can begin, so the message is not what
 // fails.
-func (w *worker) handlerTimedOutOnDatabase(ctx context.Context, tx *gorm.DB, handlerErr error) error {
+func (b *batchRunner) handlerTimedOutOnDatabase(ctx context.Context, tx *gorm.DB, handlerErr error) error {
 	if !txn.StatementsOf(tx).EndedByContext() {
 		return nil
 	}
-	perr := w.c.ping(ctx)
+	perr := b.host.ping(ctx)
 	if perr == nil || ctx.Err() != nil {
 		return nil
 	}
-	w.log.Warn("the handler timed out on a database that does not answer a ping either; retrying as a database failure, without counting an attempt",
+	b.log.Warn("the handler timed out on a database that does not answer a ping either; retrying as a database failure, without counting an attempt",
 		"error", handlerErr, "ping_error", perr)
 	return &txn.Failure{Op: "handler timeout, ping", Err: perr, HandlerErr: handlerErr}
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
-	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 	"github.com/inboxgo/inbox/transport"
@@ -24,22 +23,11 @@ import (
 // the partition is revoked from this member (see Consumer.startGeneration).
 type worker struct {
 	*part
-	c   *Consumer
-	pos *positioner
-	com *committer
+	pos    *positioner
+	runner *batchRunner
+	com    *committer
 	fetchSettings
 	done chan struct{} // closed once the worker returned (Consumer.removeWorker)
-
-	// batch is the batch in process, for the fingerprint of the message
-	// before a stored offset (lastOf).
-	batch []*item
-	// seq holds the partition's sequenced streams (nil without
-	// Config.SequencedSources); seqMoved says the last processInbox gave
-	// up because a watermark moved, gapStopped that runAlone stopped the
-	// partition at its message.
-	seq        *watermarks
-	seqMoved   bool
-	gapStopped bool
 }
 
 // newWorker makes the worker of the partition a, of topic, started by
@@ -89,9 +77,33 @@ func newWorker(c *Consumer, gen transport.Generation, topic string, a transport.
 	if fs.idle <= 0 {
 		fs.idle = time.Second
 	}
-	w := &worker{part: p, c: c, pos: pos, com: com, fetchSettings: fs, done: make(chan struct{})}
-	w.seq = w.newWatermarks()
-	return w
+	runner := &batchRunner{
+		part: p,
+		runSettings: runSettings{
+			extract:         cfg.Extract,
+			idempotent:      cfg.NaturallyIdempotent,
+			handler:         cfg.Handler,
+			batchHandler:    cfg.BatchHandler,
+			inboxOf:         cfg.Inbox,
+			consumer:        cfg.Consumer,
+			maxAttempts:     cfg.MaxAttempts,
+			handlerTimeout:  cfg.HandlerTimeout,
+			onFailure:       cfg.OnFailure,
+			deadLetterTopic: cfg.DeadLetterTopic,
+			group:           cfg.GroupID,
+			seqRowsUntil:    cfg.SequencedRowsUntil,
+			acceptGaps:      cfg.AcceptSequenceGaps,
+		},
+		com:      com,
+		contexts: c.contexts,
+		dlq:      c.dlq,
+		afterDB:  c.knobs.AfterDB,
+		trusted:  c.trusted,
+	}
+	if len(c.trusted) > 0 {
+		runner.seq = &watermarks{store: c.watermarks, scope: cfg.Consumer, topic: topic, partition: int32(a.Partition)}
+	}
+	return &worker{part: p, pos: pos, runner: runner, com: com, fetchSettings: fs, done: make(chan struct{})}
 }
 
 // item is one fetched message on its way through the worker.
@@ -260,7 +272,7 @@ func (w *worker) consume(ctx, dbCtx context.Context, r *heldReader) (halted, ok 
 	for ctx.Err() == nil && !halted {
 		batch := w.fetch(ctx, r)
 		if len(batch) > 0 {
-			halted = w.process(ctx, dbCtx, batch)
+			halted = w.runner.process(ctx, dbCtx, batch)
 			if crashed(ctx) {
 				return halted, false
 			}
@@ -315,11 +327,11 @@ func (w *worker) consume(ctx, dbCtx context.Context, r *heldReader) (halted, ok 
 func (w *worker) reposition(ctx, dbCtx context.Context, reader transport.PartitionReader) (halt bool) {
 	cause := w.com.lost
 	w.com.lost = nil
-	if w.seq != nil {
+	if seq := w.runner.seq; seq != nil {
 		// The watermarks went back with the stored offset: the messages
 		// read again are judged by the database's, not by those in memory,
 		// which would take them for duplicates.
-		w.seq.loaded = false
+		seq.loaded = false
 	}
 	prev, _ := w.com.committable()
 	s, ok := w.pos.locate(ctx, dbCtx)
@@ -414,18 +426,3 @@ type fetchSettings struct {
 // batchGrace is how long a batch waits for one more message once its
 // reader reached the partition's end.
 const batchGrace = time.Millisecond
-
-// afterCommit runs the tests' AfterDB knob (internal/testhooks) after a
-// database commit and reports whether it simulated a crash.
-func (w *worker) afterCommit(ctx context.Context, processed int) bool {
-	if w.c.knobs.AfterDB == nil {
-		return false
-	}
-	next, _ := w.com.tracker.committable()
-	if errors.Is(w.c.knobs.AfterDB(w.topic, w.partition, next, processed), testhooks.ErrCrash) {
-		w.c.crash()
-		<-ctx.Done()
-		return true
-	}
-	return false
-}
