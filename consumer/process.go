@@ -75,32 +75,7 @@ type batchRunner struct {
 // stop. Messages left unfinished (the worker is stopping) are not marked
 // done, so their offsets are not committed.
 func (b *batchRunner) process(ctx, dbCtx context.Context, batch []kafka.Message) (halt bool) {
-	// The batch's items, and their places in sequenced streams, are
-	// allocated together, not one by one.
-	slab := make([]item, len(batch))
-	items := make([]*item, len(batch))
-	var positions []seqPos
-	if b.seq != nil {
-		positions = make([]seqPos, len(batch))
-	}
-	var source string // the last stream's source id, which its next messages share
-	for i := range batch {
-		m := &batch[i]
-		if err := b.com.tracker.fetched(m.Offset); err != nil {
-			b.log.Error("offset bookkeeping broken", "error", err)
-		}
-		id, at, err := extract(b.extract, m)
-		it := &slab[i]
-		*it = item{msg: Message{Message: *m, EventID: id, EventTime: at}, extractErr: err}
-		items[i] = it
-		if err == nil && b.seq != nil {
-			it.seq, it.seqErr = b.sequenceOf(m, &positions[i], source)
-			if p := it.seq; p != nil {
-				p.eventID = id
-				source = p.stream.source
-			}
-		}
-	}
+	items := b.items(batch)
 	b.batch = items
 	defer func() { b.batch = nil }()
 	defer b.com.noteTail(b.lastOf)
@@ -142,6 +117,39 @@ func (b *batchRunner) process(ctx, dbCtx context.Context, batch []kafka.Message)
 		items = items[n:]
 	}
 	return false
+}
+
+// items are the batch's messages on their way through the runner, each
+// recorded as fetched in the tracker, with its event id and time and, for a
+// trusted sequenced source, its place in its stream.
+func (b *batchRunner) items(batch []kafka.Message) []*item {
+	// The batch's items, and their places in sequenced streams, are
+	// allocated together, not one by one.
+	slab := make([]item, len(batch))
+	items := make([]*item, len(batch))
+	var positions []seqPos
+	if b.seq != nil {
+		positions = make([]seqPos, len(batch))
+	}
+	var source string // the last stream's source id, which its next messages share
+	for i := range batch {
+		m := &batch[i]
+		if err := b.com.tracker.fetched(m.Offset); err != nil {
+			b.log.Error("offset bookkeeping broken", "error", err)
+		}
+		id, at, err := extract(b.extract, m)
+		it := &slab[i]
+		*it = item{msg: Message{Message: *m, EventID: id, EventTime: at}, extractErr: err}
+		items[i] = it
+		if err == nil && b.seq != nil {
+			it.seq, it.seqErr = b.sequenceOf(m, &positions[i], source)
+			if p := it.seq; p != nil {
+				p.eventID = id
+				source = p.stream.source
+			}
+		}
+	}
+	return items
 }
 
 // processSegment processes items, a batch or the part of one before a
@@ -221,36 +229,13 @@ var runBatch = batchopt.Lookup[*inbox.Inbox, inbox.Message, inbox.Handler, inbox
 // What finishes without such a write (a call that runs no transaction, all
 // of its messages duplicates a watermark covers; messages that committed
 // before a failed one this call retries alone) is stored before its Kafka
-// commit (storeCommittable).
+// commit (committer.storeCommittable).
 func (b *batchRunner) processInbox(ctx, dbCtx context.Context, items []*item) (results []inbox.Result, ok bool) {
-	results = make([]inbox.Result, len(items))
-	msgs := make([]inbox.Message, 0, len(items))
-	msgIndex := make([]int, len(items)) // items[i] is msgs[msgIndex[i]], or -1
-	idx := make([]int, 0, len(items))
-	var seqOf []*seqPos // seqOf[j]: msgs[j]'s place in its sequenced stream, or nil
-	if b.seq != nil {
-		seqOf = make([]*seqPos, 0, len(items))
+	call := b.newInboxCall(items)
+	if len(call.msgs) == 0 {
+		return call.results, true
 	}
-	for i, it := range items {
-		msgIndex[i] = -1
-		if it.extractErr != nil || it.seqErr != nil {
-			results[i] = inbox.Result{Outcome: inbox.Failed, Err: cmp.Or(it.extractErr, it.seqErr)}
-			continue
-		}
-		it.attempts++
-		msgIndex[i] = len(msgs)
-		msgs = append(msgs, b.inboxMessage(it))
-		idx = append(idx, i)
-		if b.seq != nil {
-			seqOf = append(seqOf, it.seq)
-		}
-	}
-	if len(msgs) == 0 {
-		return results, true
-	}
-	var opts batchopt.Options[inbox.Outcome]
 	callCtx := dbCtx
-	var written *int64 // the highest stored offset this call wrote
 	if b.com.store {
 		// The call runs under a context of its own, which a write of the
 		// stored offset refused because a newer generation took the
@@ -260,137 +245,218 @@ func (b *batchRunner) processInbox(ctx, dbCtx context.Context, items []*item) (r
 		var cancelCall context.CancelCauseFunc
 		callCtx, cancelCall = context.WithCancelCause(dbCtx)
 		defer cancelCall(nil)
-		written = new(int64)
-		*written = -1
-		opts.BeforeCommit = func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
-			last := -1
-			for i := range items {
-				j := msgIndex[i]
-				if j < 0 || (outcomes[j] != inbox.Processed && outcomes[j] != inbox.Duplicate) {
-					break
-				}
-				last = i
-			}
-			if last < 0 {
-				return nil
-			}
-			m := &items[last].msg.Message
-			next := m.Offset + 1
-			if err := b.com.advanceIn(ctx, tx, next, fingerprint(m)); err != nil {
-				if errors.Is(err, storage.ErrOffsetTakenOver) {
-					cancelCall(err)
-				}
-				return err
-			}
-			*written = max(*written, next)
-			return nil
-		}
+		call.storeOffset(b.com, cancelCall)
 	}
 	if len(b.contexts) > 0 {
-		opts.Contexts = make([]context.Context, len(msgs))
-		for j, i := range idx {
-			opts.Contexts[j] = b.messageContext(callCtx, items[i])
+		call.opts.Contexts = make([]context.Context, len(call.msgs))
+		for j, i := range call.idx {
+			call.opts.Contexts[j] = b.messageContext(callCtx, items[i])
 		}
 	}
 	// The consumer reports each message's outcome once it is decided.
-	opts.CallerReportsOutcomes = true
+	call.opts.CallerReportsOutcomes = true
 	// The consumer owns the retries of what it runs through the inbox (see
 	// the fault model in docs/RELIABILITY.md).
-	opts.CallerRetries = true
+	call.opts.CallerRetries = true
 	// BEGIN, the claim, the stored offset's write, COMMIT and ROLLBACK each
 	// within DatabaseTimeout.
-	opts.Bound = b.bound
+	call.opts.Bound = b.bound
 	// The stall clock runs until the batch commits or fails for a reason of
 	// a message's own; database failures retried below do not stop it.
 	b.beginDB()
 	defer b.endDB()
 	for attempt := 1; ; attempt++ {
-		if b.seq != nil {
-			if !b.ensureLoaded(ctx, dbCtx) {
-				return nil, false
-			}
-			opts.Seq = b.seq.marks(seqOf, time.Now().Before(b.seqRowsUntil))
-			opts.Watermarks = nil
-			if opts.Seq != nil {
-				opts.Watermarks = b.seq.writer(seqOf)
-			}
+		if !b.markCall(ctx, dbCtx, call) {
+			return nil, false
 		}
-		var rs []inbox.Result
-		var err error
-		if b.batchHandler != nil {
-			rs, err = runBatch(callCtx, b.inboxOf, msgs, nil, b.wrapBatch(items), opts)
-		} else {
-			rs, err = runBatch(callCtx, b.inboxOf, msgs, b.wrap(items), nil, opts)
-		}
+		rs, err := b.runInbox(callCtx, call)
 		if err == nil {
-			// Every transaction of a call that succeeded committed, but for
-			// one whose COMMIT a split refused after its write: then the
-			// floor is too high, and the next write finds the position
-			// "moved" and resumes from the database's: redeliveries only.
-			if written != nil {
-				b.com.raiseFloor(*written)
-			}
-			if b.seq != nil {
-				twice := b.seq.committed(seqOf, func(j int) inbox.Outcome { return rs[j].Outcome })
-				b.reportTakenTwice(twice, func(j int) int64 { return items[idx[j]].msg.Offset })
-			}
-			processed := 0
-			for j, i := range idx {
-				results[i] = rs[j]
-				if rs[j].Outcome == inbox.Processed {
-					processed++
-				}
-			}
-			if b.afterCommit(ctx, processed) {
-				return results, false
-			}
-			return results, true
+			return b.inboxCommitted(ctx, call, rs)
 		}
-		if taken := context.Cause(callCtx); errors.Is(taken, storage.ErrOffsetTakenOver) {
-			b.com.lost = taken // rolled back; run finds out whether this member lost the partition
-			return nil, false
-		}
-		if dbCtx.Err() != nil || ctx.Err() != nil {
-			return nil, false // stopping: the batch was rolled back and will be redelivered
-		}
-		if errors.Is(err, storage.ErrOffsetMoved) {
-			b.com.lost = err // rolled back; run resumes from the database's position
-			return nil, false
-		}
-		wait := b.retryWait(attempt)
-		if b.seq != nil {
-			// Transactions of the call may have committed before the
-			// failure: the watermarks are read again before the next run.
-			b.seq.loaded = false
-			if errors.Is(err, storage.ErrWatermarkMoved) {
-				level := slog.LevelInfo
-				if attempt >= 5 {
-					level = slog.LevelError // still retried: members keep writing the stream
-				}
-				b.log.Log(ctx, level, "a watermark moved since it was read (another member wrote it, or the database lost commits in a failover); reading it again",
-					"messages", len(msgs), "error", err, "retry_in", wait)
-				if backoff.Sleep(ctx, wait) != nil {
-					return nil, false
-				}
-				// Not the messages' doing: their run does not count.
-				for _, i := range idx {
-					items[i].attempts--
-				}
-				b.seqMoved = true
-				return nil, false
-			}
-		}
-		level := slog.LevelWarn
-		if attempt >= 5 {
-			level = slog.LevelError // still retried: the database, not the messages, is failing
-		}
-		b.log.Log(ctx, level, "the batch could not commit; retrying it", append([]any{"messages", len(msgs), "attempt", attempt, "error", err, "retry_in", wait},
-			b.host.missingTables(dbCtx, err)...)...)
-		b.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Offset: -1, Attempt: attempt, Err: err})
-		if backoff.Sleep(ctx, wait) != nil {
+		if !b.inboxFailed(ctx, dbCtx, callCtx, call, attempt, err) {
 			return nil, false
 		}
 	}
+}
+
+// inboxCall is one call of processInbox: its items, the inbox's messages
+// made of those with an id, and the options of the inbox's batch engine.
+type inboxCall struct {
+	items    []*item
+	results  []inbox.Result // results[i] belongs to items[i]
+	msgs     []inbox.Message
+	msgIndex []int     // items[i] is msgs[msgIndex[i]], or -1
+	idx      []int     // msgs[j] is items[idx[j]]
+	seqOf    []*seqPos // seqOf[j]: msgs[j]'s place in its sequenced stream, or nil
+	opts     batchopt.Options[inbox.Outcome]
+	// written is the highest stored offset the call wrote (nil without
+	// StoreOffsets; -1: none).
+	written *int64
+}
+
+// newInboxCall makes the call of items: an item without id, or with bad
+// sequence headers, is Failed at once; the others take an attempt.
+func (b *batchRunner) newInboxCall(items []*item) *inboxCall {
+	call := &inboxCall{
+		items:    items,
+		results:  make([]inbox.Result, len(items)),
+		msgs:     make([]inbox.Message, 0, len(items)),
+		msgIndex: make([]int, len(items)),
+		idx:      make([]int, 0, len(items)),
+	}
+	if b.seq != nil {
+		call.seqOf = make([]*seqPos, 0, len(items))
+	}
+	for i, it := range items {
+		call.msgIndex[i] = -1
+		if it.extractErr != nil || it.seqErr != nil {
+			call.results[i] = inbox.Result{Outcome: inbox.Failed, Err: cmp.Or(it.extractErr, it.seqErr)}
+			continue
+		}
+		it.attempts++
+		call.msgIndex[i] = len(call.msgs)
+		call.msgs = append(call.msgs, b.inboxMessage(it))
+		call.idx = append(call.idx, i)
+		if b.seq != nil {
+			call.seqOf = append(call.seqOf, it.seq)
+		}
+	}
+	return call
+}
+
+// storeOffset makes each transaction of the call write the stored offset
+// after the longest run of items from the start of the call that it
+// finishes (see processInbox), through com. A write refused because a newer
+// generation took the partition over cancels the call (cancelCall).
+func (call *inboxCall) storeOffset(com *committer, cancelCall context.CancelCauseFunc) {
+	call.written = new(int64)
+	*call.written = -1
+	call.opts.BeforeCommit = func(ctx context.Context, tx *gorm.DB, outcomes []inbox.Outcome) error {
+		last := -1
+		for i := range call.items {
+			j := call.msgIndex[i]
+			if j < 0 || (outcomes[j] != inbox.Processed && outcomes[j] != inbox.Duplicate) {
+				break
+			}
+			last = i
+		}
+		if last < 0 {
+			return nil
+		}
+		m := &call.items[last].msg.Message
+		next := m.Offset + 1
+		if err := com.advanceIn(ctx, tx, next, fingerprint(m)); err != nil {
+			if errors.Is(err, storage.ErrOffsetTakenOver) {
+				cancelCall(err)
+			}
+			return err
+		}
+		*call.written = max(*call.written, next)
+		return nil
+	}
+}
+
+// markCall gives the call, before each run, the watermarks of its
+// sequenced streams (read first if needed) and their writer. ok is false if
+// ctx ended first or the watermarks cannot be read.
+func (b *batchRunner) markCall(ctx, dbCtx context.Context, call *inboxCall) (ok bool) {
+	if b.seq == nil {
+		return true
+	}
+	if !b.ensureLoaded(ctx, dbCtx) {
+		return false
+	}
+	call.opts.Seq = b.seq.marks(call.seqOf, time.Now().Before(b.seqRowsUntil))
+	call.opts.Watermarks = nil
+	if call.opts.Seq != nil {
+		call.opts.Watermarks = b.seq.writer(call.seqOf)
+	}
+	return true
+}
+
+// runInbox is one run of the call through the inbox's batch engine, under
+// callCtx.
+func (b *batchRunner) runInbox(callCtx context.Context, call *inboxCall) ([]inbox.Result, error) {
+	if b.batchHandler != nil {
+		return runBatch(callCtx, b.inboxOf, call.msgs, nil, b.wrapBatch(call.items), call.opts)
+	}
+	return runBatch(callCtx, b.inboxOf, call.msgs, b.wrap(call.items), nil, call.opts)
+}
+
+// inboxCommitted takes the results of a run of the call that succeeded,
+// rs, one per message, and returns them one per item, as processInbox.
+func (b *batchRunner) inboxCommitted(ctx context.Context, call *inboxCall, rs []inbox.Result) (results []inbox.Result, ok bool) {
+	// Every transaction of a call that succeeded committed, but for
+	// one whose COMMIT a split refused after its write: then the
+	// floor is too high, and the next write finds the position
+	// "moved" and resumes from the database's: redeliveries only.
+	if call.written != nil {
+		b.com.raiseFloor(*call.written)
+	}
+	if b.seq != nil {
+		twice := b.seq.committed(call.seqOf, func(j int) inbox.Outcome { return rs[j].Outcome })
+		b.reportTakenTwice(twice, func(j int) int64 { return call.items[call.idx[j]].msg.Offset })
+	}
+	processed := 0
+	for j, i := range call.idx {
+		call.results[i] = rs[j]
+		if rs[j].Outcome == inbox.Processed {
+			processed++
+		}
+	}
+	if b.afterCommit(ctx, processed) {
+		return call.results, false
+	}
+	return call.results, true
+}
+
+// inboxFailed handles err, the failure of a run of the call as a whole
+// (its attempt-th), and reports whether to run it again, after a backoff.
+// It does not when the worker is stopping, the stored offset was lost
+// (b.com.lost) or a watermark moved under the call (b.seqMoved).
+func (b *batchRunner) inboxFailed(ctx, dbCtx, callCtx context.Context, call *inboxCall, attempt int, err error) (again bool) {
+	if taken := context.Cause(callCtx); errors.Is(taken, storage.ErrOffsetTakenOver) {
+		b.com.lost = taken // rolled back; run finds out whether this member lost the partition
+		return false
+	}
+	if dbCtx.Err() != nil || ctx.Err() != nil {
+		return false // stopping: the batch was rolled back and will be redelivered
+	}
+	if errors.Is(err, storage.ErrOffsetMoved) {
+		b.com.lost = err // rolled back; run resumes from the database's position
+		return false
+	}
+	wait := b.retryWait(attempt)
+	if b.seq != nil {
+		// Transactions of the call may have committed before the
+		// failure: the watermarks are read again before the next run.
+		b.seq.loaded = false
+		if errors.Is(err, storage.ErrWatermarkMoved) {
+			level := slog.LevelInfo
+			if attempt >= 5 {
+				level = slog.LevelError // still retried: members keep writing the stream
+			}
+			b.log.Log(ctx, level, "a watermark moved since it was read (another member wrote it, or the database lost commits in a failover); reading it again",
+				"messages", len(call.msgs), "error", err, "retry_in", wait)
+			if backoff.Sleep(ctx, wait) != nil {
+				return false
+			}
+			// Not the messages' doing: their run does not count.
+			for _, i := range call.idx {
+				call.items[i].attempts--
+			}
+			b.seqMoved = true
+			return false
+		}
+	}
+	level := slog.LevelWarn
+	if attempt >= 5 {
+		level = slog.LevelError // still retried: the database, not the messages, is failing
+	}
+	b.log.Log(ctx, level, "the batch could not commit; retrying it", append([]any{"messages", len(call.msgs), "attempt", attempt, "error", err, "retry_in", wait},
+		b.host.missingTables(dbCtx, err)...)...)
+	b.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryBatch, Offset: -1, Attempt: attempt, Err: err})
+	return backoff.Sleep(ctx, wait) == nil
 }
 
 // wrap adapts the user's Handler to the inbox.
@@ -581,7 +647,7 @@ func (b *batchRunner) transact(ctx context.Context, fn func(tx *gorm.DB) error) 
 }
 
 // storeInTx runs write, the stored offset's write in a transaction of
-// worker.transact, within DatabaseTimeout: past it, it is a database
+// batchRunner.transact, within DatabaseTimeout: past it, it is a database
 // failure. Its other errors are returned as they are: after a handler that
 // ignored a failed statement (on PostgreSQL the transaction is then
 // aborted) the write fails for the handler's doing.
@@ -617,7 +683,7 @@ func (b *batchRunner) callAny(ctx context.Context, tx *gorm.DB, msg Message) err
 }
 
 // callHandler runs the user's handler, enforcing Config.HandlerTimeout. A
-// panic is left to the inbox (or worker.transact), which recovers it as an
+// panic is left to the inbox (or batchRunner.transact), which recovers it as an
 // *inbox.PanicError with its stack.
 func (b *batchRunner) callHandler(ctx context.Context, tx *gorm.DB, msg Message) error {
 	return b.withTimeout(ctx, tx, func(ctx context.Context, tx *gorm.DB) error {
@@ -629,7 +695,7 @@ func (b *batchRunner) callHandler(ctx context.Context, tx *gorm.DB, msg Message)
 // transaction handle carry the deadline, and an overrun is the handler's
 // failure (ErrHandlerTimeout), whatever fn returned, unless the handler
 // timed out on a database that does not answer (see
-// worker.handlerTimedOutOnDatabase): then it is a database failure.
+// batchRunner.handlerTimedOutOnDatabase): then it is a database failure.
 func (b *batchRunner) withTimeout(ctx context.Context, tx *gorm.DB, fn func(ctx context.Context, tx *gorm.DB) error) (err error) {
 	timeout := b.handlerTimeout
 	if timeout <= 0 {

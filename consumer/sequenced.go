@@ -37,7 +37,7 @@ type seqPos struct {
 	rows bool
 	// partitions is the partition count the source's shards are aligned
 	// with (header.SeqPartitions), 0 if they are not. Only an aligned
-	// stream is deduplicated by its watermark (see worker.sequenceOf), and
+	// stream is deduplicated by its watermark (see batchRunner.sequenceOf), and
 	// only there is a gap a loss.
 	partitions int
 	// cloudEvents says the headers are in the CloudEvents style.
@@ -672,7 +672,7 @@ func (b *batchRunner) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*
 	if b.com.store && b.com.floor >= 0 {
 		// The watermark may have gone back with the stored offset (a
 		// failover that lost commits): then the partition resumes from the
-		// database's position (b.com.lost, see reposition) and the messages in
+		// database's position (committer.lost, see worker.reposition) and the messages in
 		// between are no gap.
 		pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", b.bound)
 		lost := b.com.readPosition(pctx)

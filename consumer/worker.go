@@ -306,15 +306,15 @@ func (w *worker) consume(ctx, dbCtx context.Context, r *heldReader) (halted, ok 
 	return halted, !crashed(ctx)
 }
 
-// reposition reads the database's position again after w.com.lost, and either
-// stops the worker or resumes the partition from there. It returns halt, as
-// process does.
+// reposition reads the database's position again after the committer lost
+// it (committer.lost), and either stops the worker or resumes the partition
+// from there. It returns halt, as batchRunner.process does.
 //
 // A newer generation wrote the row (a *storage.OffsetTakenOverError):
-// positioner.position finds out whether this member's generation is over, and then sets
-// w.pos.takenBy and returns (the caller stops the worker), or whether the group
-// was recreated, and then takes the row over, and the partition resumes
-// from it.
+// positioner.claim finds out whether this member's generation is over, and
+// then sets positioner.takenBy and returns (the caller stops the worker), or
+// whether the group was recreated, and then takes the row over, and the
+// partition resumes from it.
 //
 // The stored offset went back behind what this worker committed
 // (storage.ErrOffsetMoved), with a generation that is not newer: the
