@@ -123,35 +123,8 @@ func (b *batchRunner) applyPolicy(ctx, dbCtx context.Context, it *item, reason s
 		b.emit(hooks.Event{Kind: hooks.PartitionStopped, Offset: it.msg.Offset, Err: e})
 		return stopped
 	}
-	dl := deadLetter(b.deadLetterTopic, &it.msg, reason, it.attempts, cause, b.group, b.consumer, time.Now())
-	unknownTopic := 0 // publish attempts in a row that found the topic unknown
-	for attempt := 1; ; attempt++ {
-		err := b.dlq.WriteMessages(ctx, dl)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return abandoned
-		}
-		permanent, unknown, perr := kafkaerr.Classify(err)
-		if unknown {
-			unknownTopic++
-			permanent = unknownTopic >= kafkaerr.UnknownTopicAttempts
-		} else {
-			unknownTopic = 0
-		}
-		if permanent {
-			return b.deadLetterRefused(it, reason, cause, attempt, perr)
-		}
-		wait := b.retryWait(attempt)
-		level := slog.LevelWarn
-		if attempt >= 5 {
-			level = slog.LevelError // still retried: the producer, not the message, is failing
-		}
-		b.log.Log(ctx, level, "publishing a dead letter failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
-		if backoff.Sleep(ctx, wait) != nil {
-			return abandoned
-		}
+	if res, ok := b.publishDeadLetter(ctx, it, reason, cause); !ok {
+		return res
 	}
 	b.log.Error("message dead-lettered", append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID,
 		"reason", reason, "attempts", it.attempts, "dead_letter_topic", b.deadLetterTopic}, failureAttrs(cause)...)...)
@@ -175,4 +148,42 @@ func (b *batchRunner) applyPolicy(ctx, dbCtx context.Context, it *item, reason s
 		}
 	}
 	return resolved
+}
+
+// publishDeadLetter publishes the dead letter of it, which failed for
+// reason (cause), retrying while the producer fails. ok is false when it
+// was not published: the worker is stopping (abandoned), or the producer
+// refused it for good and the partition stopped at it (stopped; see
+// deadLetterRefused).
+func (b *batchRunner) publishDeadLetter(ctx context.Context, it *item, reason string, cause error) (res resolution, ok bool) {
+	dl := deadLetter(b.deadLetterTopic, &it.msg, reason, it.attempts, cause, b.group, b.consumer, time.Now())
+	unknownTopic := 0 // publish attempts in a row that found the topic unknown
+	for attempt := 1; ; attempt++ {
+		err := b.dlq.WriteMessages(ctx, dl)
+		if err == nil {
+			return resolved, true
+		}
+		if ctx.Err() != nil {
+			return abandoned, false
+		}
+		permanent, unknown, perr := kafkaerr.Classify(err)
+		if unknown {
+			unknownTopic++
+			permanent = unknownTopic >= kafkaerr.UnknownTopicAttempts
+		} else {
+			unknownTopic = 0
+		}
+		if permanent {
+			return b.deadLetterRefused(it, reason, cause, attempt, perr), false
+		}
+		wait := b.retryWait(attempt)
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // still retried: the producer, not the message, is failing
+		}
+		b.log.Log(ctx, level, "publishing a dead letter failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
+		if backoff.Sleep(ctx, wait) != nil {
+			return abandoned, false
+		}
+	}
 }

@@ -31,8 +31,8 @@ type worker struct {
 }
 
 // newWorker makes the worker of the partition a, of topic, started by
-// gen. It is the only code of a worker that reads the Config: the pieces
-// get copies of the settings they use.
+// gen. It and the constructors it calls are the only code of a worker that
+// reads the Config: the pieces get copies of the settings they use.
 func newWorker(c *Consumer, gen transport.Generation, topic string, a transport.Assignment) *worker {
 	cfg := &c.cfg
 	p := &part{
@@ -47,37 +47,62 @@ func newWorker(c *Consumer, gen transport.Generation, topic string, a transport.
 		minBackoff: cfg.MinBackoff,
 		maxBackoff: cfg.MaxBackoff,
 	}
+	com := newCommitter(c, p, a.Offset)
+	fs := fetchSettings{batchSize: cfg.BatchSize, batchWait: cfg.BatchWait, idle: cfg.CommitInterval}
+	if fs.idle <= 0 {
+		fs.idle = time.Second
+	}
+	return &worker{
+		part:          p,
+		pos:           newPositioner(c, p, com, a.Offset),
+		runner:        newBatchRunner(c, p, com),
+		com:           com,
+		fetchSettings: fs,
+		done:          make(chan struct{}),
+	}
+}
+
+// newCommitter makes the committer of p, whose group's committed offset is
+// assigned (or a sentinel).
+func newCommitter(c *Consumer, p *part, assigned int64) *committer {
 	com := &committer{
 		part: p,
 		commitSettings: commitSettings{
-			store:            cfg.StoreOffsets,
-			interval:         cfg.CommitInterval,
+			store:            c.cfg.StoreOffsets,
+			interval:         c.cfg.CommitInterval,
 			posCheckInterval: cmp.Or(max(c.knobs.PosCheckInterval, 0), defaultPosCheckInterval),
 		},
 		offsets:       c.offsets,
 		lastCommitted: -1,
 		floor:         -1,
 	}
-	if a.Offset >= 0 {
-		com.lastCommitted = a.Offset
+	if assigned >= 0 {
+		com.lastCommitted = assigned
 	}
-	pos := &positioner{
+	return com
+}
+
+// newPositioner makes the positioner of p, whose group's committed offset
+// is assigned (or a sentinel).
+func newPositioner(c *Consumer, p *part, com *committer, assigned int64) *positioner {
+	return &positioner{
 		part: p,
 		positionSettings: positionSettings{
-			store:            cfg.StoreOffsets,
-			group:            cfg.GroupID,
-			table:            cfg.OffsetsTable,
+			store:            c.cfg.StoreOffsets,
+			group:            c.cfg.GroupID,
+			table:            c.cfg.OffsetsTable,
 			logCheckInterval: cmp.Or(max(c.knobs.LogCheckInterval, 0), defaultLogCheckInterval),
 		},
 		com:      com,
 		offsets:  c.offsets,
-		assigned: a.Offset,
+		assigned: assigned,
 	}
-	fs := fetchSettings{batchSize: cfg.BatchSize, batchWait: cfg.BatchWait, idle: cfg.CommitInterval}
-	if fs.idle <= 0 {
-		fs.idle = time.Second
-	}
-	runner := &batchRunner{
+}
+
+// newBatchRunner makes the batch runner of p.
+func newBatchRunner(c *Consumer, p *part, com *committer) *batchRunner {
+	cfg := &c.cfg
+	b := &batchRunner{
 		part: p,
 		runSettings: runSettings{
 			extract:         cfg.Extract,
@@ -101,9 +126,9 @@ func newWorker(c *Consumer, gen transport.Generation, topic string, a transport.
 		trusted:  c.trusted,
 	}
 	if len(c.trusted) > 0 {
-		runner.seq = &watermarks{store: c.watermarks, scope: cfg.Consumer, topic: topic, partition: int32(a.Partition)}
+		b.seq = &watermarks{store: c.watermarks, scope: cfg.Consumer, topic: p.topic, partition: int32(p.partition)}
 	}
-	return &worker{part: p, pos: pos, runner: runner, com: com, fetchSettings: fs, done: make(chan struct{})}
+	return b
 }
 
 // item is one fetched message on its way through the worker.
