@@ -540,5 +540,3 @@ func (c *Consumer) startGeneration(member context.Context, gen transport.Generat
 }
 
 func (c *Consumer) db() *gorm.DB { return c.quietDB }
-
-func (c *Consumer) classifier() txn.ErrorClassifier { return c.cfg.Classifier }

@@ -43,7 +43,7 @@ func newWorker(c *Consumer, gen transport.Generation, topic string, a transport.
 		host:       c,
 		db:         c.db(),
 		classifier: cfg.Classifier,
-		bound:      max(cfg.DatabaseTimeout, 0),
+		bound:      c.bound(),
 		minBackoff: cfg.MinBackoff,
 		maxBackoff: cfg.MaxBackoff,
 	}
