@@ -456,7 +456,9 @@ func (c *Consumer) crash() {
 	}
 }
 
-func (c *Consumer) crashed(ctx context.Context) bool {
+// crashed reports whether ctx ended with a simulated process death (see
+// Consumer.crash).
+func crashed(ctx context.Context) bool {
 	return errors.Is(context.Cause(ctx), testhooks.ErrCrash)
 }
 
@@ -508,16 +510,7 @@ func (c *Consumer) startGeneration(member context.Context, gen transport.Generat
 	n := 0
 	for _, topic := range c.cfg.Topics {
 		for _, a := range gen.Assigned(topic) {
-			w := &worker{
-				c:         c,
-				gen:       gen,
-				topic:     topic,
-				partition: a.Partition,
-				assigned:  a.Offset,
-				done:      make(chan struct{}),
-				log:       c.log.With("topic", topic, "partition", a.Partition, "generation", gen.ID()),
-			}
-			w.seq = w.newWatermarks()
+			w := newWorker(c, gen, topic, a)
 			prev := c.addWorker(w)
 			if prev != nil {
 				w.log.Warn("partition started again while its previous worker still runs (the Kafka client did not revoke it first); the new worker waits for it to return",
@@ -547,5 +540,3 @@ func (c *Consumer) startGeneration(member context.Context, gen transport.Generat
 }
 
 func (c *Consumer) db() *gorm.DB { return c.quietDB }
-
-func (c *Consumer) classifier() txn.ErrorClassifier { return c.cfg.Classifier }

@@ -26,18 +26,18 @@ const ReasonPermanent = "permanent"
 // attempts are used up (then the policy applies) or the worker stops.
 // Invalid and expired messages, and handler errors marked inbox.Permanent,
 // go to the policy at once.
-func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) resolution {
+func (b *batchRunner) retryInbox(ctx, dbCtx context.Context, it *item, err error) resolution {
 	for {
 		if errors.Is(err, batchopt.ErrHeldBack) {
 			// It waited for an earlier message of its stream, now
 			// resolved: its own first run, not a retry.
 			it.attempts = max(it.attempts-1, 0)
-			rs, ok := w.runAlone(ctx, dbCtx, it)
+			rs, ok := b.runAlone(ctx, dbCtx, it)
 			if !ok {
-				return w.unfinished(ctx)
+				return b.unfinished(ctx)
 			}
 			if o := rs[0].Outcome; o == inbox.Processed || o == inbox.Duplicate {
-				w.finish(it, o)
+				b.finish(it, o)
 				return resolved
 			}
 			err = rs[0].Err
@@ -45,30 +45,30 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 		}
 		switch {
 		case errors.Is(err, inbox.ErrExpired):
-			return w.applyPolicy(ctx, dbCtx, it, ReasonExpired, err)
+			return b.applyPolicy(ctx, dbCtx, it, ReasonExpired, err)
 		case errors.Is(err, inbox.ErrInvalidMessage):
-			return w.applyPolicy(ctx, dbCtx, it, ReasonInvalid, err)
-		case w.infrastructure(err):
+			return b.applyPolicy(ctx, dbCtx, it, ReasonInvalid, err)
+		case b.infrastructure(err):
 			// The database, not the message: retry without using up attempts.
-			it.attempts = min(it.attempts, w.c.cfg.Failure.MaxAttempts-1)
+			it.attempts = min(it.attempts, b.maxAttempts-1)
 		case inbox.IsPermanent(err):
-			return w.applyPolicy(ctx, dbCtx, it, ReasonPermanent, err)
-		case it.attempts >= w.c.cfg.Failure.MaxAttempts:
-			return w.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
+			return b.applyPolicy(ctx, dbCtx, it, ReasonPermanent, err)
+		case it.attempts >= b.maxAttempts:
+			return b.applyPolicy(ctx, dbCtx, it, ReasonHandlerError, err)
 		}
-		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, it.attempts)
-		w.log.Warn("message failed; retrying", "offset", it.msg.Offset, "event_id", it.msg.EventID,
+		wait := b.retryWait(it.attempts)
+		b.log.Warn("message failed; retrying", "offset", it.msg.Offset, "event_id", it.msg.EventID,
 			"attempt", it.attempts, "error", err, "retry_in", wait)
-		w.c.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
+		b.emit(hooks.Event{Kind: hooks.Retry, Scope: hooks.RetryMessage, EventID: it.msg.EventID, Offset: it.msg.Offset, Attempt: it.attempts, Err: err})
 		if backoff.Sleep(ctx, wait) != nil {
 			return abandoned
 		}
-		rs, ok := w.runAlone(ctx, dbCtx, it)
+		rs, ok := b.runAlone(ctx, dbCtx, it)
 		if !ok {
-			return w.unfinished(ctx)
+			return b.unfinished(ctx)
 		}
 		if o := rs[0].Outcome; o == inbox.Processed || o == inbox.Duplicate {
-			w.finish(it, o)
+			b.finish(it, o)
 			return resolved
 		}
 		err = rs[0].Err
@@ -77,17 +77,17 @@ func (w *worker) retryInbox(ctx, dbCtx context.Context, it *item, err error) res
 
 // runAlone runs it through the inbox on its own. When a watermark moved
 // under it, the gap check runs again against what the database holds now:
-// ok is false, with w.gapStopped set, when the partition stopped at it.
-func (w *worker) runAlone(ctx, dbCtx context.Context, it *item) (rs []inbox.Result, ok bool) {
+// ok is false, with b.gapStopped set, when the partition stopped at it.
+func (b *batchRunner) runAlone(ctx, dbCtx context.Context, it *item) (rs []inbox.Result, ok bool) {
 	for {
-		rs, ok = w.processInbox(ctx, dbCtx, []*item{it})
-		if ok || !w.seqMoved {
+		rs, ok = b.processInbox(ctx, dbCtx, []*item{it})
+		if ok || !b.seqMoved {
 			return rs, ok
 		}
-		w.seqMoved = false
-		left, _, stop := w.cutAtGap(ctx, dbCtx, []*item{it})
+		b.seqMoved = false
+		left, _, stop := b.cutAtGap(ctx, dbCtx, []*item{it})
 		if stop || len(left) == 0 {
-			w.gapStopped = ctx.Err() == nil
+			b.gapStopped = ctx.Err() == nil
 			return nil, false
 		}
 	}
@@ -95,9 +95,9 @@ func (w *worker) runAlone(ctx, dbCtx context.Context, it *item) (rs []inbox.Resu
 
 // unfinished is the resolution of a message runAlone left unfinished: the
 // partition stopped at it, or the worker is stopping.
-func (w *worker) unfinished(ctx context.Context) resolution {
-	if w.gapStopped && ctx.Err() == nil {
-		w.gapStopped = false
+func (b *batchRunner) unfinished(ctx context.Context) resolution {
+	if b.gapStopped && ctx.Err() == nil {
+		b.gapStopped = false
 		return stopped
 	}
 	return abandoned
@@ -110,28 +110,61 @@ func (w *worker) unfinished(ctx context.Context) resolution {
 // without limit, also when the handler marked them inbox.Permanent. Nothing
 // a handler returns by itself is one: its own network errors, EOFs and
 // deadlines count as attempts, marked with inbox.Retryable or not.
-func (w *worker) infrastructure(err error) bool { return inbox.IsDatabaseFailure(err) }
+func (b *batchRunner) infrastructure(err error) bool { return inbox.IsDatabaseFailure(err) }
 
 // applyPolicy dead-letters the message or stops the partition at it.
-func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string, cause error) resolution {
-	if w.c.cfg.Failure.Policy == StopPartition {
-		e := &PartitionStoppedError{Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset,
+func (b *batchRunner) applyPolicy(ctx, dbCtx context.Context, it *item, reason string, cause error) resolution {
+	if b.onFailure == StopPartition {
+		e := &PartitionStoppedError{Topic: b.topic, Partition: b.partition, Offset: it.msg.Offset,
 			EventID: it.msg.EventID, Reason: reason, Attempts: it.attempts, Err: cause}
-		w.c.setStopped(e)
-		w.log.Error("PARTITION STOPPED: a message cannot be processed; nothing at or after it is committed until it is fixed and the partition reassigned",
+		b.host.setStopped(e)
+		b.log.Error("PARTITION STOPPED: a message cannot be processed; nothing at or after it is committed until it is fixed and the partition reassigned",
 			append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID, "reason", reason, "attempts", it.attempts}, failureAttrs(cause)...)...)
-		w.c.emit(hooks.Event{Kind: hooks.PartitionStopped, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: e})
+		b.emit(hooks.Event{Kind: hooks.PartitionStopped, Offset: it.msg.Offset, Err: e})
 		return stopped
 	}
-	dl := deadLetter(w.c.cfg.Failure.DeadLetterTopic, &it.msg, reason, it.attempts, cause, w.c.cfg.GroupID, w.c.cfg.Consumer, time.Now())
+	if res, ok := b.publishDeadLetter(ctx, it, reason, cause); !ok {
+		return res
+	}
+	b.log.Error("message dead-lettered", append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID,
+		"reason", reason, "attempts", it.attempts, "dead_letter_topic", b.deadLetterTopic}, failureAttrs(cause)...)...)
+	if err := b.com.tracker.markDone(it.msg.Offset); err != nil {
+		b.log.Error("offset bookkeeping broken", "error", err)
+	}
+	b.emit(hooks.Event{Kind: hooks.DeadLettered, EventID: it.msg.EventID, Offset: it.msg.Offset, Err: cause})
+	if !b.advancePast(ctx, dbCtx, it) {
+		return abandoned
+	}
+	if b.com.store {
+		// The database's position is where the next start resumes, even
+		// behind the group's: a stored offset left before the dead letter
+		// would dead-letter the message again. Retried while the database
+		// fails, like every database failure; if the worker stops first,
+		// the message is dead-lettered again by the next owner (dead
+		// letters are at least once).
+		next, _ := b.com.committable()
+		if !b.com.storeNext(ctx, dbCtx, b.com.floor, next, b.lastOf(next)) {
+			return abandoned
+		}
+	}
+	return resolved
+}
+
+// publishDeadLetter publishes the dead letter of it, which failed for
+// reason (cause), retrying while the producer fails. ok is false when it
+// was not published: the worker is stopping (abandoned), or the producer
+// refused it for good and the partition stopped at it (stopped; see
+// deadLetterRefused).
+func (b *batchRunner) publishDeadLetter(ctx context.Context, it *item, reason string, cause error) (res resolution, ok bool) {
+	dl := deadLetter(b.deadLetterTopic, &it.msg, reason, it.attempts, cause, b.group, b.consumer, time.Now())
 	unknownTopic := 0 // publish attempts in a row that found the topic unknown
 	for attempt := 1; ; attempt++ {
-		err := w.c.dlq.WriteMessages(ctx, dl)
+		err := b.dlq.WriteMessages(ctx, dl)
 		if err == nil {
-			break
+			return resolved, true
 		}
 		if ctx.Err() != nil {
-			return abandoned
+			return abandoned, false
 		}
 		permanent, unknown, perr := kafkaerr.Classify(err)
 		if unknown {
@@ -141,38 +174,16 @@ func (w *worker) applyPolicy(ctx, dbCtx context.Context, it *item, reason string
 			unknownTopic = 0
 		}
 		if permanent {
-			return w.deadLetterRefused(it, reason, cause, attempt, perr)
+			return b.deadLetterRefused(it, reason, cause, attempt, perr), false
 		}
-		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
+		wait := b.retryWait(attempt)
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: the producer, not the message, is failing
 		}
-		w.log.Log(ctx, level, "publishing a dead letter failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
+		b.log.Log(ctx, level, "publishing a dead letter failed; retrying", "offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait)
 		if backoff.Sleep(ctx, wait) != nil {
-			return abandoned
+			return abandoned, false
 		}
 	}
-	w.log.Error("message dead-lettered", append([]any{"offset", it.msg.Offset, "event_id", it.msg.EventID,
-		"reason", reason, "attempts", it.attempts, "dead_letter_topic", w.c.cfg.Failure.DeadLetterTopic}, failureAttrs(cause)...)...)
-	if err := w.tracker.markDone(it.msg.Offset); err != nil {
-		w.log.Error("offset bookkeeping broken", "error", err)
-	}
-	w.c.emit(hooks.Event{Kind: hooks.DeadLettered, Consumer: w.c.cfg.Consumer, EventID: it.msg.EventID, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, Err: cause})
-	if !w.advancePast(ctx, dbCtx, it) {
-		return abandoned
-	}
-	if w.c.cfg.Offsets.Store {
-		// The database's position is where the next start resumes, even
-		// behind the group's: a stored offset left before the dead letter
-		// would dead-letter the message again. Retried while the database
-		// fails, like every database failure; if the worker stops first,
-		// the message is dead-lettered again by the next owner (dead
-		// letters are at least once).
-		next, _ := w.tracker.committable()
-		if !w.storeNext(ctx, dbCtx, w.floor, next, w.lastOf(next)) {
-			return abandoned
-		}
-	}
-	return resolved
 }

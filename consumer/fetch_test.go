@@ -31,7 +31,7 @@ func (r *queueReader) Fetch(ctx context.Context) (kafka.Message, error) {
 // reader is at the partition's end; what is fetched already goes in it.
 func TestBatchDoesNotWaitAtPartitionEnd(t *testing.T) {
 	const wait = 5 * time.Second
-	w := &worker{c: &Consumer{cfg: Config{BatchSize: 10, BatchWait: wait, Kafka: KafkaConfig{CommitInterval: time.Second}}}, log: slog.New(slog.DiscardHandler)}
+	w := &worker{part: &part{log: slog.New(slog.DiscardHandler)}, fetchSettings: fetchSettings{batchSize: 10, batchWait: wait, idle: time.Second}}
 	r := &queueReader{queue: []kafka.Message{{Offset: 1}, {Offset: 2}, {Offset: 3}}}
 	start := time.Now()
 	batch := w.fetch(t.Context(), r)

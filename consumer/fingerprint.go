@@ -46,8 +46,8 @@ func fingerprint(m *kafka.Message) int64 {
 
 // lastOf is the fingerprint of the message at next - 1 if it is one of the
 // current batch, or 0.
-func (w *worker) lastOf(next int64) int64 {
-	for _, it := range w.batch {
+func (b *batchRunner) lastOf(next int64) int64 {
+	for _, it := range b.batch {
 		if it.msg.Offset == next-1 {
 			return fingerprint(&it.msg.Message)
 		}

@@ -53,19 +53,19 @@ const defaultLogCheckInterval = 30 * time.Second
 //     grow past it, and the messages below it would never be processed.
 //
 // The lookup is retried while it fails; ok is false if ctx ended first.
-func (w *worker) checkLog(ctx context.Context, start int64, from string) (next int64, commit bool, stop *PartitionStoppedError, ok bool) {
+func (p *positioner) checkLog(ctx context.Context, start int64, from string) (next int64, commit bool, stop *PartitionStoppedError, ok bool) {
 	beyond := 0
 	for attempt := 1; ; attempt++ {
-		first, end, err := w.c.logOffsets(ctx, w.topic, w.partition)
-		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
+		first, end, err := p.host.logOffsets(ctx, p.topic, p.partition)
+		wait := p.retryWait(attempt)
 		switch {
 		case err == nil && (start < 0 || start <= end):
-			w.logStart = first
-			return w.resolveStart(start, first, end)
+			p.logStart = first
+			return p.resolveStart(start, first, end)
 		case err == nil:
 			beyond++
 			if beyond >= beyondEndChecks {
-				return start, false, w.beyondLogEnd(start, end, from), true
+				return start, false, p.beyondLogEnd(start, end, from), true
 			}
 			wait = max(wait, beyondEndSpacing)
 		default:
@@ -73,7 +73,7 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 			if attempt >= 5 {
 				level = slog.LevelError
 			}
-			w.log.Log(ctx, level, "cannot read the partition's log offsets; retrying", "attempt", attempt, "error", err, "retry_in", wait)
+			p.log.Log(ctx, level, "cannot read the partition's log offsets; retrying", "attempt", attempt, "error", err, "retry_in", wait)
 		}
 		if backoff.Sleep(ctx, wait) != nil {
 			return 0, false, nil, false
@@ -88,9 +88,9 @@ func (w *worker) checkLog(ctx context.Context, start int64, from string) (next i
 // fetched. It returns the stop to
 // apply, or nil. A failed lookup is only logged at Debug: the next idle
 // period tries again.
-func (w *worker) pastLogEnd(ctx context.Context) *PartitionStoppedError {
-	next, ok := w.tracker.committable()
-	if !ok || w.tracker.inFlight() > 0 {
+func (p *positioner) pastLogEnd(ctx context.Context) *PartitionStoppedError {
+	next, ok := p.com.tracker.committable()
+	if !ok || p.com.tracker.inFlight() > 0 {
 		return nil
 	}
 	var end int64
@@ -99,36 +99,28 @@ func (w *worker) pastLogEnd(ctx context.Context) *PartitionStoppedError {
 			return nil
 		}
 		var err error
-		if _, end, err = w.c.logOffsets(ctx, w.topic, w.partition); err != nil {
-			w.log.Debug("cannot read the partition's log offsets", "error", err)
+		if _, end, err = p.host.logOffsets(ctx, p.topic, p.partition); err != nil {
+			p.log.Debug("cannot read the partition's log offsets", "error", err)
 			return nil
 		}
 		if next <= end {
 			return nil
 		}
 	}
-	return w.beyondLogEnd(next, end, "the next offset of this consumer")
-}
-
-// logCheckInterval is how often an idle partition runs pastLogEnd.
-func (w *worker) logCheckInterval() time.Duration {
-	if d := w.c.knobs.LogCheckInterval; d > 0 {
-		return d
-	}
-	return defaultLogCheckInterval
+	return p.beyondLogEnd(next, end, "the next offset of this consumer")
 }
 
 // resolveStart is checkLog for a start offset not past the log end.
-func (w *worker) resolveStart(start, first, end int64) (int64, bool, *PartitionStoppedError, bool) {
+func (p *positioner) resolveStart(start, first, end int64) (int64, bool, *PartitionStoppedError, bool) {
 	switch {
 	case start == transport.LastOffset:
-		w.log.Info("no committed offset: starting at the log end, committed at once", "log_end", end)
+		p.log.Info("no committed offset: starting at the log end, committed at once", "log_end", end)
 		return end, true, nil, true
 	case start < 0:
-		w.log.Info("no committed offset: starting at the log start, committed at once", "log_start", first)
+		p.log.Info("no committed offset: starting at the log start, committed at once", "log_start", first)
 		return first, true, nil, true
 	case start < first:
-		w.log.Warn("messages were deleted (by retention) before this group processed them; they are skipped",
+		p.log.Warn("messages were deleted (by retention) before this group processed them; they are skipped",
 			"skipped", first-start, "from_offset", start, "log_start", first)
 		return first, true, nil, true
 	}
@@ -137,22 +129,22 @@ func (w *worker) resolveStart(start, first, end int64) (int64, bool, *PartitionS
 
 // beyondLogEnd builds the stop of a partition whose start offset is past
 // its log end.
-func (w *worker) beyondLogEnd(start, end int64, from string) *PartitionStoppedError {
+func (p *positioner) beyondLogEnd(start, end int64, from string) *PartitionStoppedError {
 	return &PartitionStoppedError{
-		Topic: w.topic, Partition: w.partition, Offset: start, Reason: ReasonOffsetBeyondLogEnd,
+		Topic: p.topic, Partition: p.partition, Offset: start, Reason: ReasonOffsetBeyondLogEnd,
 		Err: fmt.Errorf("%w: offset %d (%s) is past the log end %d; was the topic deleted and recreated? Its messages below %d would never be processed. To start over, %s, then restart",
-			ErrOffsetBeyondLogEnd, start, from, end, start, w.resetAdvice()),
+			ErrOffsetBeyondLogEnd, start, from, end, start, p.resetAdvice()),
 	}
 }
 
 // resetAdvice says how to make the partition start over at the log start:
 // reset the group's offsets, and with Offsets.Store delete its rows first.
-func (w *worker) resetAdvice() string {
+func (p *positioner) resetAdvice() string {
 	fix := fmt.Sprintf("reset the group's offsets of the partition (kafka-consumer-groups.sh --group %s --topic %s --reset-offsets --to-earliest --execute, or delete the group)",
-		w.c.cfg.GroupID, w.topic)
-	if w.c.cfg.Offsets.Store {
+		p.group, p.topic)
+	if p.store {
 		fix = fmt.Sprintf("with the group's consumers stopped, reset its stored and Kafka offsets (inboxctl offsets reset --group %s --topic %s --to-start), or delete the group's rows in the offsets table (DELETE FROM %s WHERE group_id = '%s' AND topic = '%s') and %s",
-			w.c.cfg.GroupID, w.topic, w.c.cfg.Offsets.Table, w.c.cfg.GroupID, w.topic, fix)
+			p.group, p.topic, p.table, p.group, p.topic, fix)
 	}
 	return fix
 }

@@ -36,14 +36,14 @@ const lastCheckTimeout = 5 * time.Second
 // start; compaction removed it: the reader returns a later offset); or the
 // fetch failed or took longer than lastCheckTimeout. ok is false if ctx
 // ended first.
-func (w *worker) checkLast(ctx context.Context, reader transport.PartitionReader, start int64) (stop *PartitionStoppedError, ok bool) {
-	want := w.stored.Last
-	if !w.c.cfg.Offsets.Store || want == 0 || start != w.stored.Next || start <= 0 {
+func (p *positioner) checkLast(ctx context.Context, reader transport.PartitionReader, start int64) (stop *PartitionStoppedError, ok bool) {
+	want := p.stored.Last
+	if !p.store || want == 0 || start != p.stored.Next || start <= 0 {
 		return nil, true
 	}
-	if start-1 < w.logStart {
-		w.log.Info("cannot check that the topic was not recreated: the message before the stored offset was deleted (retention)",
-			"stored", start, "log_start", w.logStart)
+	if start-1 < p.logStart {
+		p.log.Info("cannot check that the topic was not recreated: the message before the stored offset was deleted (retention)",
+			"stored", start, "log_start", p.logStart)
 		return nil, true
 	}
 	if err := reader.SetOffset(start - 1); err != nil {
@@ -56,25 +56,25 @@ func (w *worker) checkLast(ctx context.Context, reader transport.PartitionReader
 	case ctx.Err() != nil:
 		return nil, false
 	case err != nil:
-		w.log.Warn("cannot read the message before the stored offset to check that the topic was not recreated; starting without the check",
+		p.log.Warn("cannot read the message before the stored offset to check that the topic was not recreated; starting without the check",
 			"offset", start-1, "error", err)
 	case m.Offset != start-1:
-		w.log.Info("cannot check that the topic was not recreated: the message before the stored offset is gone (compaction)",
+		p.log.Info("cannot check that the topic was not recreated: the message before the stored offset is gone (compaction)",
 			"offset", start-1, "next_present", m.Offset)
 	case fingerprint(&m) != want:
-		return w.topicRecreated(start), true
+		return p.topicRecreated(start), true
 	default:
-		w.log.Debug("the message before the stored offset is the one processed there", "offset", start-1)
+		p.log.Debug("the message before the stored offset is the one processed there", "offset", start-1)
 	}
 	return nil, true
 }
 
 // topicRecreated builds the stop of a partition whose stored offset start
 // follows a message other than the one processed there.
-func (w *worker) topicRecreated(start int64) *PartitionStoppedError {
+func (p *positioner) topicRecreated(start int64) *PartitionStoppedError {
 	return &PartitionStoppedError{
-		Topic: w.topic, Partition: w.partition, Offset: start, Reason: ReasonTopicRecreated,
+		Topic: p.topic, Partition: p.partition, Offset: start, Reason: ReasonTopicRecreated,
 		Err: fmt.Errorf("%w: the message at offset %d is not the one group %q processed there before it stored offset %d in table %s (its key, timestamp, headers or value differ): the topic was deleted and recreated, or its messages replaced, and starting at %d would skip the messages below it for good. To start over, %s, then restart",
-			errTopicRecreated, start-1, w.c.cfg.GroupID, start, w.c.cfg.Offsets.Table, start, w.resetAdvice()),
+			errTopicRecreated, start-1, p.group, start, p.table, start, p.resetAdvice()),
 	}
 }

@@ -37,7 +37,7 @@ type seqPos struct {
 	rows bool
 	// partitions is the partition count the source's shards are aligned
 	// with (header.SeqPartitions), 0 if they are not. Only an aligned
-	// stream is deduplicated by its watermark (see worker.sequenceOf), and
+	// stream is deduplicated by its watermark (see batchRunner.sequenceOf), and
 	// only there is a gap a loss.
 	partitions int
 	// cloudEvents says the headers are in the CloudEvents style.
@@ -60,7 +60,7 @@ type shardKey struct {
 
 // sequenceOf reads m's sequence headers (see readSequence). It returns nil
 // for a message that takes its inbox row: one without sequence headers,
-// one of a source not in Config.Sequenced.Sources (said once per source at
+// one of a source not in Config.SequencedSources (said once per source at
 // Info, so that a mistyped id is found), or one of a trusted source whose
 // shards are not aligned with the topic's partitions (said once per
 // source at Warn). An unaligned source's shard spans partitions, so
@@ -70,24 +70,24 @@ type shardKey struct {
 //
 // The position is read into into; known, a source id read before, is
 // taken as the position's source when m's is the same (no copy of it).
-func (w *worker) sequenceOf(m *kafka.Message, into *seqPos, known string) (*seqPos, error) {
-	p, untrusted, err := readSequenceInto(m, w.c.trusted, into, known)
+func (b *batchRunner) sequenceOf(m *kafka.Message, into *seqPos, known string) (*seqPos, error) {
+	p, untrusted, err := readSequenceInto(m, b.trusted, into, known)
 	switch {
 	case err != nil:
 		return nil, err
 	case untrusted != "":
-		if w.c.firstNoteOf(untrusted) {
-			w.log.Info("sequence headers of a source not in Sequenced.Sources: its messages are deduplicated by inbox rows (list it, or check the listed ids for a typo, for sequenced dedup)",
+		if b.host.firstNoteOf(untrusted) {
+			b.log.Info("sequence headers of a source not in Sequenced.Sources: its messages are deduplicated by inbox rows (list it, or check the listed ids for a typo, for sequenced dedup)",
 				"source", untrusted)
 		}
 		return nil, nil
 	case p != nil && p.partitions == 0:
-		if w.c.firstNoteOf(p.stream.source) {
+		if b.host.firstNoteOf(p.stream.source) {
 			missing := header.SeqPartitions
 			if p.cloudEvents {
 				missing = header.CloudEventsSeqPartitions
 			}
-			w.log.Warn("trusted source is not aligned (no "+missing+" header): its messages are deduplicated by inbox rows; align its outbox (outbox.Config.AlignedTopic) for sequenced dedup",
+			b.log.Warn("trusted source is not aligned (no "+missing+" header): its messages are deduplicated by inbox rows; align its outbox (outbox.Config.AlignedTopic) for sequenced dedup",
 				"source", p.stream.source)
 		}
 		return nil, nil
@@ -257,13 +257,6 @@ type streamState struct {
 	applied watermark.Applied
 }
 
-func (w *worker) newWatermarks() *watermarks {
-	if len(w.c.trusted) == 0 {
-		return nil
-	}
-	return &watermarks{store: w.c.watermarks, scope: w.c.cfg.Consumer, topic: w.topic, partition: int32(w.partition)}
-}
-
 // load reads the committed watermarks of the partition's streams.
 func (s *watermarks) load(ctx context.Context, db *gorm.DB) error {
 	rows, err := s.store.Watermarks(ctx, db.WithContext(ctx), s.scope, s.topic, s.partition)
@@ -298,13 +291,13 @@ func (s *watermarks) applied(p *seqPos) (int64, bool) {
 // ensureLoaded reads the watermarks if they are not loaded, retrying while
 // the database fails. ok is false when ctx ended first, or the stored
 // values cannot be read (then the partition is stopped).
-func (w *worker) ensureLoaded(ctx, dbCtx context.Context) (ok bool) {
-	if w.seq == nil || w.seq.loaded {
+func (b *batchRunner) ensureLoaded(ctx, dbCtx context.Context) (ok bool) {
+	if b.seq == nil || b.seq.loaded {
 		return true
 	}
 	for attempt := 1; ; attempt++ {
-		lctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' read", w.c.bound())
-		err := w.seq.load(lctx, w.c.db())
+		lctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' read", b.bound)
+		err := b.seq.load(lctx, b.db)
 		err = bounded(err)
 		cancel()
 		if err == nil {
@@ -313,18 +306,18 @@ func (w *worker) ensureLoaded(ctx, dbCtx context.Context) (ok bool) {
 		if ctx.Err() != nil {
 			return false
 		}
-		if !w.infrastructure(err) && !errors.As(err, new(*txn.TimeoutError)) {
-			w.stopPartition(&PartitionStoppedError{Topic: w.topic, Partition: w.partition, Offset: -1, Reason: ReasonInvalid, Err: err},
+		if !b.infrastructure(err) && !errors.As(err, new(*txn.TimeoutError)) {
+			b.stopPartition(&PartitionStoppedError{Topic: b.topic, Partition: b.partition, Offset: -1, Reason: ReasonInvalid, Err: err},
 				"PARTITION STOPPED: the partition's stored watermarks cannot be read; nothing is consumed until they are repaired")
 			return false
 		}
-		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
+		wait := b.retryWait(attempt)
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // still retried: a missing table (Migrate not run) or a failing database
 		}
-		w.log.Log(ctx, level, "reading the watermarks failed; retrying", append([]any{"attempt", attempt, "error", err, "retry_in", wait},
-			w.c.missingTables(dbCtx, err)...)...)
+		b.log.Log(ctx, level, "reading the watermarks failed; retrying", append([]any{"attempt", attempt, "error", err, "retry_in", wait},
+			b.host.missingTables(dbCtx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}
@@ -593,9 +586,9 @@ func repeatsAt(items []*item) int {
 
 // reportTakenTwice logs each message whose number its stream had given to
 // another event.
-func (w *worker) reportTakenTwice(twice []takenTwice, offsetOf func(j int) int64) {
+func (b *batchRunner) reportTakenTwice(twice []takenTwice, offsetOf func(j int) int64) {
 	for _, t := range twice {
-		w.log.Error("a number of a sequenced stream names two events: the first copy was applied and this event is skipped; the producer's aligned relay finds the lost race in the partition and publishes it again under a new epoch (outbox package doc, \"A producer database that goes back\")",
+		b.log.Error("a number of a sequenced stream names two events: the first copy was applied and this event is skipped; the producer's aligned relay finds the lost race in the partition and publishes it again under a new epoch (outbox package doc, \"A producer database that goes back\")",
 			"source", t.pos.stream.source, "epoch", t.pos.stream.epoch, "shard", t.pos.shard, "seq", t.pos.seq,
 			"event_id", t.pos.eventID, "first_event_id", t.first, "offset", offsetOf(t.at))
 	}
@@ -605,44 +598,44 @@ func (w *worker) reportTakenTwice(twice []takenTwice, offsetOf func(j int) int64
 // of its own, retrying while the database fails: a message dead-lettered
 // is resolved, and must not show as a gap before the next one. ok is false
 // when ctx ended first.
-func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
+func (b *batchRunner) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 	p := it.seq
-	if w.seq == nil || p == nil || p.rows {
+	if b.seq == nil || p == nil || p.rows {
 		return true
 	}
 	seqOf := []*seqPos{p}
 	for attempt := 1; ; attempt++ {
-		if !w.ensureLoaded(ctx, dbCtx) {
+		if !b.ensureLoaded(ctx, dbCtx) {
 			return false
 		}
-		if v, _ := w.seq.applied(p); p.seq <= v {
+		if v, _ := b.seq.applied(p); p.seq <= v {
 			return true
 		}
-		writes := w.seq.writer(seqOf)([]int{0}, []inbox.Outcome{0})
-		err := w.transact(dbCtx, func(tx *gorm.DB) error {
-			sctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' write", w.c.bound())
+		writes := b.seq.writer(seqOf)([]int{0}, []inbox.Outcome{0})
+		err := b.transact(dbCtx, func(tx *gorm.DB) error {
+			sctx, bounded, cancel := txn.WithBound(dbCtx, "the watermarks' write", b.bound)
 			defer cancel()
-			return bounded(w.seq.store.SaveWatermarks(sctx, tx, writes))
+			return bounded(b.seq.store.SaveWatermarks(sctx, tx, writes))
 		})
 		if err == nil {
 			// A dead-lettered message took its number: a later copy of the
 			// number from another event is checked against it.
-			w.seq.committed(seqOf, func(int) inbox.Outcome { return inbox.Processed })
+			b.seq.committed(seqOf, func(int) inbox.Outcome { return inbox.Processed })
 			return true
 		}
 		if ctx.Err() != nil {
 			return false
 		}
 		moved := errors.Is(err, storage.ErrWatermarkMoved)
-		if !moved && !w.infrastructure(err) {
+		if !moved && !b.infrastructure(err) {
 			// Nothing is lost by leaving it: the stream's next message then
 			// looks like a gap, and that stops the partition loudly.
-			w.log.Error("the watermark cannot be moved past a dead-lettered message; a later message of its stream may be taken for a gap",
+			b.log.Error("the watermark cannot be moved past a dead-lettered message; a later message of its stream may be taken for a gap",
 				"offset", it.msg.Offset, "error", err)
 			return true
 		}
-		w.seq.loaded = false
-		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
+		b.seq.loaded = false
+		wait := b.retryWait(attempt)
 		level := slog.LevelWarn
 		switch {
 		case attempt >= 5:
@@ -650,8 +643,8 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 		case moved:
 			level = slog.LevelInfo
 		}
-		w.log.Log(ctx, level, "moving the watermark past a dead-lettered message failed; retrying",
-			append([]any{"offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait}, w.c.missingTables(dbCtx, err)...)...)
+		b.log.Log(ctx, level, "moving the watermark past a dead-lettered message failed; retrying",
+			append([]any{"offset", it.msg.Offset, "attempt", attempt, "error", err, "retry_in", wait}, b.host.missingTables(dbCtx, err)...)...)
 		if backoff.Sleep(ctx, wait) != nil {
 			return false
 		}
@@ -664,31 +657,31 @@ func (w *worker) advancePast(ctx, dbCtx context.Context, it *item) (ok bool) {
 // stop is true when the partition stopped without a message to process
 // (the watermarks cannot be read) or ctx ended. With Offsets.Store, a gap
 // found while the stored offset went back behind what this worker
-// committed is the database's doing: it returns no items, with w.lost set.
-func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item, _ *gapError, stop bool) {
-	if w.seq == nil {
+// committed is the database's doing: it returns no items, with b.com.lost set.
+func (b *batchRunner) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item, _ *gapError, stop bool) {
+	if b.seq == nil {
 		return items, nil, false
 	}
-	if !w.ensureLoaded(ctx, dbCtx) {
+	if !b.ensureLoaded(ctx, dbCtx) {
 		return nil, nil, ctx.Err() == nil
 	}
-	n, gap := w.seq.firstGap(items)
+	n, gap := b.seq.firstGap(items)
 	if gap == nil {
 		return items, nil, false
 	}
-	if w.c.cfg.Offsets.Store && w.floor >= 0 {
+	if b.com.store && b.com.floor >= 0 {
 		// The watermark may have gone back with the stored offset (a
 		// failover that lost commits): then the partition resumes from the
-		// database's position (w.lost, see reposition) and the messages in
+		// database's position (committer.lost, see worker.reposition) and the messages in
 		// between are no gap.
-		pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
-		lost := w.readPosition(pctx)
+		pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", b.bound)
+		lost := b.com.readPosition(pctx)
 		cancel()
 		if lost {
 			return nil, nil, false
 		}
 	}
-	if !w.stopAtGap(items[n], gap) {
+	if !b.stopAtGap(items[n], gap) {
 		return items, nil, false
 	}
 	return items[:n], gap, false
@@ -697,13 +690,13 @@ func (w *worker) cutAtGap(ctx, dbCtx context.Context, items []*item) (_ []*item,
 // stopAtGap stops the partition at it, the first message after a gap in
 // its aligned stream, or, with Sequenced.AcceptGaps, logs the gap and goes
 // on. It reports whether the partition stopped.
-func (w *worker) stopAtGap(it *item, gap *gapError) bool {
-	if w.c.cfg.Sequenced.AcceptGaps {
-		w.log.Error("a sequenced stream has a gap; accepting it (Sequenced.AcceptGaps): a missing message that arrives later is taken for a duplicate and skipped",
+func (b *batchRunner) stopAtGap(it *item, gap *gapError) bool {
+	if b.acceptGaps {
+		b.log.Error("a sequenced stream has a gap; accepting it (Sequenced.AcceptGaps): a missing message that arrives later is taken for a duplicate and skipped",
 			"offset", it.msg.Offset, "event_id", it.msg.EventID, "gap", gap.Error())
 		return false
 	}
-	w.stopPartition(&PartitionStoppedError{Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset, EventID: it.msg.EventID, Reason: ReasonSequenceGap, Err: gap},
+	b.stopPartition(&PartitionStoppedError{Topic: b.topic, Partition: b.partition, Offset: it.msg.Offset, EventID: it.msg.EventID, Reason: ReasonSequenceGap, Err: gap},
 		"PARTITION STOPPED: a message of a sequenced stream is missing before this one (lost or reordered upstream); nothing at or after it is committed until the missing message is republished, or the consumer restarted with Sequenced.AcceptGaps",
 		"event_id", it.msg.EventID)
 	return true

@@ -62,36 +62,17 @@ func (c *Consumer) ping(ctx context.Context) error {
 // the pool has no connection to give within the timeout; in either state
 // no transaction of the consumer can begin, so the message is not what
 // fails.
-func (w *worker) handlerTimedOutOnDatabase(ctx context.Context, tx *gorm.DB, handlerErr error) error {
+func (b *batchRunner) handlerTimedOutOnDatabase(ctx context.Context, tx *gorm.DB, handlerErr error) error {
 	if !txn.StatementsOf(tx).EndedByContext() {
 		return nil
 	}
-	perr := w.c.ping(ctx)
+	perr := b.host.ping(ctx)
 	if perr == nil || ctx.Err() != nil {
 		return nil
 	}
-	w.log.Warn("the handler timed out on a database that does not answer a ping either; retrying as a database failure, without counting an attempt",
+	b.log.Warn("the handler timed out on a database that does not answer a ping either; retrying as a database failure, without counting an attempt",
 		"error", handlerErr, "ping_error", perr)
 	return &txn.Failure{Op: "handler timeout, ping", Err: perr, HandlerErr: handlerErr}
-}
-
-// beginDB starts the worker's stall clock, unless it runs already: the
-// worker now waits for the database to answer its work.
-func (w *worker) beginDB() {
-	w.waitingSince.CompareAndSwap(0, time.Now().UnixNano())
-}
-
-// endDB stops the stall clock: the database answered (a commit, or a
-// failure of a message's own), or the worker stopped waiting.
-func (w *worker) endDB() { w.waitingSince.Store(0) }
-
-// stalledFor is how long the worker has been waiting for the database, or 0.
-func (w *worker) stalledFor(now time.Time) time.Duration {
-	since := w.waitingSince.Load()
-	if since == 0 {
-		return 0
-	}
-	return now.Sub(time.Unix(0, since))
 }
 
 // addWorker registers a worker about to start, as its partition's holder,

@@ -345,7 +345,7 @@ func TestDatabaseBoundsDefaults(t *testing.T) {
 // is not stalled.
 func TestStalledWorker(t *testing.T) {
 	c := &Consumer{workers: map[*worker]struct{}{}, holders: map[topicPartition]*worker{}}
-	idle, slow, stuck := &worker{partition: 0, done: make(chan struct{})}, &worker{partition: 1, done: make(chan struct{})}, &worker{partition: 2, done: make(chan struct{})}
+	idle, slow, stuck := &worker{part: &part{partition: 0}, done: make(chan struct{})}, &worker{part: &part{partition: 1}, done: make(chan struct{})}, &worker{part: &part{partition: 2}, done: make(chan struct{})}
 	for _, w := range []*worker{idle, slow, stuck} {
 		c.addWorker(w)
 	}

@@ -1,23 +1,19 @@
 package consumer
 
-// The partition worker: the fetch loop, its starting position and stored
-// offsets, and the offset commits. Processing is in process.go, the failure
-// policy in failure.go.
+// The partition worker: the loop that wires a partition's pieces (the
+// positioner, the batch runner and the committer): fetch, run, commit.
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/internal/backoff"
-	"github.com/inboxgo/inbox/internal/testhooks"
 	"github.com/inboxgo/inbox/internal/txn"
 	"github.com/inboxgo/inbox/storage"
 	"github.com/inboxgo/inbox/transport"
@@ -26,60 +22,114 @@ import (
 // worker consumes one partition from the generation that started it until
 // the partition is revoked from this member (see Consumer.startGeneration).
 type worker struct {
-	c         *Consumer
-	gen       transport.Generation // the generation that started it
-	topic     string
-	partition int
-	assigned  int64 // the group's committed offset, or transport.FirstOffset / LastOffset
-	log       *slog.Logger
-	done      chan struct{} // closed once the worker returned (Consumer.removeWorker)
-
-	tracker       *offsetTracker
-	lastCommitted int64
-	lastCommitAt  time.Time
-
-	// With Offsets.Store: floor is the highest stored offset this worker
-	// knows to be committed (-1: none), and every later write of the stored
-	// offset checks that the database is still at or past it, and that no
-	// newer generation of the group wrote the row. lost is set when one of
-	// the two does not hold: the database went back in time (a failover
-	// that lost commits; storage.ErrOffsetMoved), or a newer generation
-	// took the partition over (a *storage.OffsetTakenOverError); the worker
-	// then reads the database's position again (reposition), which tells
-	// it to resume from there or, taken over, to stop (takenBy: the
-	// generation that has the partition now).
-	floor        int64
-	lost         error
-	takenBy      int32
-	lastPosCheck time.Time
-	// tail is the committable offset when the last batch was done, with
-	// the fingerprint of the message before it, kept when the batch left
-	// the stored offset behind it (see storeCommittable).
-	tail struct{ next, last int64 }
-	// stored is the row the position was read from (Next -1: none), and
-	// logStart the log start offset checkLog found.
-	stored   storage.OffsetRow
-	logStart int64
-	// batch is the batch in process, for the fingerprint of the message
-	// before a stored offset (lastOf).
-	batch []*item
-	// seq holds the partition's sequenced streams (nil without
-	// Config.Sequenced.Sources); seqMoved says the last processInbox gave
-	// up because a watermark moved, gapStopped that runAlone stopped the
-	// partition at its message.
-	seq        *watermarks
-	seqMoved   bool
-	gapStopped bool
-
-	// waitingSince (UnixNano; 0: not waiting) is when the worker began
-	// waiting for the database to answer its work: the watchdog's view of
-	// it (see Consumer.watch).
-	waitingSince atomic.Int64
+	*part
+	pos    *positioner
+	runner *batchRunner
+	com    *committer
+	fetchSettings
+	done chan struct{} // closed once the worker returned (Consumer.removeWorker)
 }
 
-// genID is the group generation that started this worker, which it writes
-// into the stored offset's row (see offsetTable.Advance).
-func (w *worker) genID() int32 { return w.gen.ID() }
+// newWorker makes the worker of the partition a, of topic, started by
+// gen. It and the constructors it calls are the only code of a worker that
+// reads the Config: the pieces get copies of the settings they use.
+func newWorker(c *Consumer, gen transport.Generation, topic string, a transport.Assignment) *worker {
+	cfg := &c.cfg
+	p := &part{
+		topic:      topic,
+		partition:  a.Partition,
+		gen:        gen,
+		log:        c.log.With("topic", topic, "partition", a.Partition, "generation", gen.ID()),
+		host:       c,
+		db:         c.db(),
+		classifier: cfg.Classifier,
+		bound:      c.bound(),
+		minBackoff: cfg.Failure.MinBackoff,
+		maxBackoff: cfg.Failure.MaxBackoff,
+	}
+	com := newCommitter(c, p, a.Offset)
+	fs := fetchSettings{batchSize: cfg.BatchSize, batchWait: cfg.BatchWait, idle: cfg.Kafka.CommitInterval}
+	if fs.idle <= 0 {
+		fs.idle = time.Second
+	}
+	return &worker{
+		part:          p,
+		pos:           newPositioner(c, p, com, a.Offset),
+		runner:        newBatchRunner(c, p, com),
+		com:           com,
+		fetchSettings: fs,
+		done:          make(chan struct{}),
+	}
+}
+
+// newCommitter makes the committer of p, whose group's committed offset is
+// assigned (or a sentinel).
+func newCommitter(c *Consumer, p *part, assigned int64) *committer {
+	com := &committer{
+		part: p,
+		commitSettings: commitSettings{
+			store:            c.cfg.Offsets.Store,
+			interval:         c.cfg.Kafka.CommitInterval,
+			posCheckInterval: cmp.Or(max(c.knobs.PosCheckInterval, 0), defaultPosCheckInterval),
+		},
+		offsets:       c.offsets,
+		lastCommitted: -1,
+		floor:         -1,
+	}
+	if assigned >= 0 {
+		com.lastCommitted = assigned
+	}
+	return com
+}
+
+// newPositioner makes the positioner of p, whose group's committed offset
+// is assigned (or a sentinel).
+func newPositioner(c *Consumer, p *part, com *committer, assigned int64) *positioner {
+	return &positioner{
+		part: p,
+		positionSettings: positionSettings{
+			store:            c.cfg.Offsets.Store,
+			group:            c.cfg.GroupID,
+			table:            c.cfg.Offsets.Table,
+			logCheckInterval: cmp.Or(max(c.knobs.LogCheckInterval, 0), defaultLogCheckInterval),
+		},
+		com:      com,
+		offsets:  c.offsets,
+		assigned: assigned,
+	}
+}
+
+// newBatchRunner makes the batch runner of p.
+func newBatchRunner(c *Consumer, p *part, com *committer) *batchRunner {
+	cfg := &c.cfg
+	b := &batchRunner{
+		part: p,
+		runSettings: runSettings{
+			extract:         cfg.Extract,
+			idempotent:      cfg.NaturallyIdempotent,
+			handler:         cfg.Handler,
+			batchHandler:    cfg.BatchHandler,
+			inboxOf:         cfg.Inbox,
+			consumer:        cfg.Consumer,
+			maxAttempts:     cfg.Failure.MaxAttempts,
+			handlerTimeout:  cfg.Timeouts.Handler,
+			onFailure:       cfg.Failure.Policy,
+			deadLetterTopic: cfg.Failure.DeadLetterTopic,
+			group:           cfg.GroupID,
+			seqRowsUntil:    cfg.Sequenced.RowsUntil,
+			acceptGaps:      cfg.Sequenced.AcceptGaps,
+		},
+		com:      com,
+		contexts: c.contexts,
+		dlq:      c.dlq,
+		afterDB:  c.knobs.AfterDB,
+		trusted:  c.trusted,
+	}
+	if len(c.trusted) > 0 {
+		b.seq = &watermarks{store: c.watermarks, scope: cfg.Consumer, topic: p.topic, partition: int32(p.partition)}
+	}
+	return b
+}
 
 // item is one fetched message on its way through the worker.
 type item struct {
@@ -106,7 +156,8 @@ const (
 // returns only when runCtx or genCtx (the partition's hold, see
 // transport.Generation.Start) ends, or when it finds that a newer
 // generation of the group took its partition over (this member lost its
-// hold; see claim): the client then makes the member rejoin the group.
+// hold; see positioner.claim): the client then makes the member rejoin the
+// group.
 func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionReader) {
 	ctx, cancel := context.WithCancelCause(runCtx)
 	defer cancel(nil)
@@ -117,329 +168,234 @@ func (w *worker) run(runCtx, genCtx context.Context, reader transport.PartitionR
 	// and is rolled back when Run ends, or when this member leaves the
 	// group over a stalled partition (runCtx is the membership's).
 	dbCtx := runCtx
+	r := &heldReader{PartitionReader: reader, log: w.log}
+	defer r.close()
 
-	w.lastCommitted = -1
-	if w.assigned >= 0 {
-		w.lastCommitted = w.assigned
-	}
-	closeReader := func() {
-		if reader == nil {
-			return
-		}
-		if err := reader.Close(); err != nil {
-			w.log.Debug("closing the partition reader failed", "error", err)
-		}
-		reader = nil
-	}
-	defer closeReader()
-	var start int64
-	var commitStart bool
-	var beyondEnd *PartitionStoppedError
-	for {
-		var from string
-		var hasStored, ok bool
-		start, from, hasStored, ok = w.position(ctx, dbCtx)
-		if !ok {
-			return // ctx ended, or the partition was taken over (logged)
-		}
-		start, commitStart, beyondEnd, ok = w.checkLog(ctx, start, from)
-		if !ok {
-			return
-		}
-		w.floor = -1
-		if w.c.cfg.Offsets.Store && beyondEnd == nil {
-			if (!hasStored || commitStart) && !w.storeNext(ctx, dbCtx, -1, start, 0) {
-				if w.lost != nil && ctx.Err() == nil {
-					// A newer generation wrote the row since position read it.
-					w.lost = nil
-					continue
-				}
-				return
-			}
-			w.floor = start
-		}
-		break
-	}
-	w.tracker = newOffsetTracker(start)
-	w.c.emit(hooks.Event{Kind: hooks.Assigned, Topic: w.topic, Partition: w.partition, Offset: start})
-	w.log.Info("partition assigned", "start_offset", start, "group_committed", w.assigned)
-	if commitStart {
-		// Now, not with the first processed message: a restart before it
-		// must begin here too.
-		w.commit(dbCtx, true)
-	}
-	if beyondEnd != nil {
-		w.stopPartition(beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
-			"group_committed", w.assigned)
-		// Held like a partition stopped at a message (see below).
-		closeReader()
-		<-ctx.Done()
-		w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
-		w.log.Info("partition released", "cause", context.Cause(ctx))
+	if !w.assign(ctx, dbCtx, r) {
 		return
 	}
-
-	if stop, ok := w.checkLast(ctx, reader, start); !ok {
-		return
-	} else if stop != nil {
-		w.stopPartition(stop, "PARTITION STOPPED: the message before its stored offset is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
-		closeReader()
-		<-ctx.Done()
-		w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
-		w.log.Info("partition released", "cause", context.Cause(ctx))
+	halted, ok := w.consume(ctx, dbCtx, r)
+	if !ok {
 		return
 	}
-	if err := reader.SetOffset(start); err != nil {
-		// Only fails on a closed reader; nothing to fetch from.
-		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
-		<-ctx.Done()
-		return
-	}
-
-	halted := false
-	lastLogCheck := time.Now()
-	w.lastPosCheck = time.Now()
-	for ctx.Err() == nil && !halted {
-		batch := w.fetch(ctx, reader)
-		if len(batch) > 0 {
-			halted = w.process(ctx, dbCtx, batch)
-			if w.c.crashed(ctx) {
-				return
-			}
-		} else if w.c.cfg.Offsets.Store && time.Since(w.lastPosCheck) >= w.posCheckInterval() {
-			pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
-			w.checkPosition(ctx, pctx)
-			cancel()
-		}
-		if w.lost != nil && !halted && ctx.Err() == nil {
-			halted = w.reposition(ctx, dbCtx, reader)
-			if w.takenBy != 0 {
-				// This member lost its hold: nothing it holds may be
-				// committed or stored (Kafka would refuse the commit anyway).
-				// Returning tells the client, which makes the member rejoin.
-				closeReader()
-				w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
-				w.log.Info("partition released", "cause", "taken over", "owner_generation", w.takenBy)
-				return
-			}
-			continue
-		}
-		if len(batch) == 0 && time.Since(lastLogCheck) >= w.logCheckInterval() {
-			if e := w.pastLogEnd(ctx); e != nil {
-				w.stopPartition(e, "PARTITION STOPPED: its next offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset")
-				halted = true
-			}
-			lastLogCheck = time.Now()
-		}
-		w.commit(dbCtx, false)
-	}
-	if w.c.crashed(ctx) {
-		return
-	}
-	closeReader()
-	w.commit(dbCtx, true)
+	r.close()
+	w.com.commit(dbCtx, true)
 	if halted {
 		// Keep the partition until it is revoked or Run ends: returning
 		// would make the member rejoin at once, and the message would come
 		// straight back.
 		<-ctx.Done()
 	}
-	w.c.emit(hooks.Event{Kind: hooks.Revoked, Topic: w.topic, Partition: w.partition})
+	w.released(ctx)
+}
+
+// heldReader is the partition's reader until the worker closes it.
+type heldReader struct {
+	transport.PartitionReader // nil once closed
+	log                       *slog.Logger
+}
+
+// close closes the reader, once.
+func (r *heldReader) close() {
+	if r.PartitionReader == nil {
+		return
+	}
+	if err := r.PartitionReader.Close(); err != nil {
+		r.log.Debug("closing the partition reader failed", "error", err)
+	}
+	r.PartitionReader = nil
+}
+
+// released reports that the worker gives its partition up as ctx ended.
+func (w *worker) released(ctx context.Context) {
+	w.emit(hooks.Event{Kind: hooks.Revoked})
 	w.log.Info("partition released", "cause", context.Cause(ctx))
 }
 
-// position returns the offset to start at, and from, where it came from,
-// for messages. ok is false if ctx ended first or the partition was taken
-// over (w.takenBy; see claim). checkLog then checks it against the
-// partition's log.
-//
-// Without Offsets.Store it is the group's committed offset (or
-// transport.FirstOffset / LastOffset). With Offsets.Store it is the stored offset whenever the
-// database has one, also when it is behind the group's: the database's
-// position belongs to the state the effects are in. After a failover to an
-// asynchronous replica, the effects, inbox rows and stored offset of the
-// last commits vanish together while the group's offset in Kafka may
-// already be past them; starting at the larger of the two would skip
-// exactly those messages. Starting lower only redelivers messages whose
-// inbox rows are there, which the inbox absorbs. hasStored reports whether
-// the database had a row for the partition; w.stored is that row.
-func (w *worker) position(ctx, dbCtx context.Context) (start int64, from string, hasStored, ok bool) {
-	start = w.assigned
-	from = fmt.Sprintf("the offset committed by group %q", w.c.cfg.GroupID)
-	w.stored = storage.OffsetRow{Next: -1}
-	if !w.c.cfg.Offsets.Store {
-		return start, from, false, true
-	}
-	row, found, ok := w.claim(ctx, dbCtx)
+// hold keeps a partition stopped on assignment until it is revoked or Run
+// ends, as a partition stopped at a message (see run), reading nothing.
+func (w *worker) hold(ctx context.Context, r *heldReader) {
+	r.close()
+	<-ctx.Done()
+	w.released(ctx)
+}
+
+// assign starts the partition: it finds and stores its start (startAt),
+// commits it when it must be at once, checks that the topic was not
+// recreated (positioner.checkLast) and moves r there. It returns false when
+// the worker is done: ctx ended, the partition was taken over, or it was
+// stopped and held until ctx ended.
+func (w *worker) assign(ctx, dbCtx context.Context, r *heldReader) bool {
+	s, ok := w.startAt(ctx, dbCtx)
 	if !ok {
-		return 0, "", false, false
+		return false // ctx ended, or the partition was taken over (logged)
 	}
-	if !found {
-		return start, from, false, true
+	w.com.restart(s.offset)
+	w.emit(hooks.Event{Kind: hooks.Assigned, Offset: s.offset})
+	w.log.Info("partition assigned", "start_offset", s.offset, "group_committed", w.pos.assigned)
+	if s.commit {
+		// Now, not with the first processed message: a restart before it
+		// must begin here too.
+		w.com.commit(dbCtx, true)
 	}
-	w.stored = row
-	stored := row.Next
-	switch {
-	case w.assigned >= 0 && stored < w.assigned:
-		// A member commits to Kafka only offsets it stored (see
-		// storeCommittable): the database lost commits, or the offsets
-		// were reset in Kafka alone, or Offsets.Store was off for a while.
-		w.log.Warn("starting at the stored offset, behind the group's committed one: the database's position wins (after a database failover its last commits may be gone); the messages in between are delivered again",
-			"stored", stored, "group_committed", w.assigned, "redelivered", w.assigned-stored)
-	case stored != w.assigned:
-		w.log.Info("starting at the stored offset", "stored", stored, "group_committed", w.assigned)
+	if s.beyondEnd != nil {
+		w.stopPartition(s.beyondEnd, "PARTITION STOPPED: its start offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset",
+			"group_committed", w.pos.assigned)
+		w.hold(ctx, r)
+		return false
 	}
-	return stored, fmt.Sprintf("the offset stored for group %q in table %s", w.c.cfg.GroupID, w.c.cfg.Offsets.Table), true, true
+	if stop, ok := w.pos.checkLast(ctx, r, s.offset); !ok {
+		return false
+	} else if stop != nil {
+		w.stopPartition(stop, "PARTITION STOPPED: the message before its stored offset is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
+		w.hold(ctx, r)
+		return false
+	}
+	if err := r.SetOffset(s.offset); err != nil {
+		// Only fails on a closed reader; nothing to fetch from.
+		w.log.Error("cannot position the partition reader", "offset", s.offset, "error", err)
+		<-ctx.Done()
+		return false
+	}
+	return true
 }
 
-// claim reads the partition's stored row, claiming it for this worker's
-// generation first (storage.OffsetStore's ClaimOffset: from then on the
-// writes of older generations are refused), and retries while the database
-// fails. found
-// is false if there is no row. ok is false if ctx ended first, or if the
-// partition was taken over (w.takenBy is then set and the takeover logged).
-//
-// A row written by a newer generation than this worker's means one of two
-// things, and the group coordinator tells which (generationCurrent): this
-// member's generation is over (it was paused past its session timeout and
-// another member owns the partition now: the zombie stops, writing
-// nothing), or this generation is current and the row comes from before
-// the group was deleted and recreated, when its generation ids started
-// again (the row is taken over: storage.OffsetStore's AdoptOffset). A row
-// of an older generation is simply claimed: a failover may have brought back an older
-// row, offset and generation alike; the offset checks (Advance) deal with
-// that.
-func (w *worker) claim(ctx, dbCtx context.Context) (row storage.OffsetRow, found, ok bool) {
-	w.beginDB()
-	defer w.endDB()
-	for attempt := 1; ; attempt++ {
-		cctx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.c.bound())
-		row, found, err := w.c.offsets.Claim(cctx, w.c.db(), w.topic, w.partition, w.genID())
-		cancel()
-		err = bounded(err)
-		if err == nil && (!found || row.Generation <= w.genID()) {
-			return row, found, true
+// startAt is where the partition starts (positioner.locate). With
+// Offsets.Store it stores that offset first when the database has none, or
+// when it is to be committed at once, and makes it the committer's floor.
+// ok is false if ctx ended first or the partition was taken over.
+func (w *worker) startAt(ctx, dbCtx context.Context) (s start, ok bool) {
+	for {
+		s, ok = w.pos.locate(ctx, dbCtx)
+		if !ok {
+			return s, false
 		}
-		if err == nil {
-			w.endDB() // the group coordinator is asked, not the database
-			current, ok := w.generationCurrent(ctx, row.Next)
-			w.beginDB()
-			if !ok {
-				return row, found, false
+		w.com.floor = -1
+		if w.com.store && s.beyondEnd == nil {
+			if (!s.hasStored || s.commit) && !w.com.storeNext(ctx, dbCtx, -1, s.offset, 0) {
+				if w.com.lost != nil && ctx.Err() == nil {
+					// A newer generation wrote the row since position read it.
+					w.com.lost = nil
+					continue
+				}
+				return s, false
 			}
-			if !current {
-				w.takenBy = row.Generation
-				w.log.Warn("partition taken over by a newer generation of the group: this member's generation is over (it was paused or cut off longer than its session timeout: a GC pause, a frozen VM, SIGSTOP); its worker stops without writing or committing anything, and the owner goes on",
-					"member_generation", w.genID(), "owner_generation", row.Generation, "stored", row.Next)
-				return row, found, false
+			w.com.floor = s.offset
+		}
+		return s, true
+	}
+}
+
+// consume is the fetch loop: fetch a batch, run it, commit, until ctx ends
+// or the partition halts (halted). Idle, it checks the stored offset
+// (committer.checkPosition) and the log end (positioner.pastLogEnd). ok is
+// false when the worker is to return at once, committing nothing: a
+// simulated crash, or the partition was taken over.
+func (w *worker) consume(ctx, dbCtx context.Context, r *heldReader) (halted, ok bool) {
+	lastLogCheck := time.Now()
+	w.com.lastPosCheck = time.Now()
+	for ctx.Err() == nil && !halted {
+		batch := w.fetch(ctx, r)
+		if len(batch) > 0 {
+			halted = w.runner.process(ctx, dbCtx, batch)
+			if crashed(ctx) {
+				return halted, false
 			}
-			actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
-			adopted, aerr := w.c.offsets.Adopt(actx, w.c.db(), w.topic, w.partition, row.Generation, w.genID())
+		} else if w.com.positionDue() {
+			pctx, _, cancel := txn.WithBound(dbCtx, "the stored offset's read", w.bound)
+			w.com.checkPosition(pctx)
 			cancel()
-			aerr = bounded(aerr)
-			if aerr == nil && adopted {
-				w.log.Info("the stored offset names a newer generation than this member's, which the group coordinator confirms as current: the group was recreated (its generation ids started again); the row is taken over",
-					"member_generation", w.genID(), "row_generation", row.Generation, "stored", row.Next)
-				row.Generation = w.genID()
-				return row, true, true
-			}
-			if aerr == nil {
-				continue // another writer came first: read the row again
-			}
-			err = aerr
 		}
-		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
-		w.log.Warn("cannot read the stored offset; retrying", append([]any{"error", err, "retry_in", wait}, w.c.missingTables(ctx, err)...)...)
-		if backoff.Sleep(ctx, wait) != nil {
-			return storage.OffsetRow{}, false, false
+		if w.com.lost != nil && !halted && ctx.Err() == nil {
+			halted = w.reposition(ctx, dbCtx, r)
+			if w.pos.takenBy != 0 {
+				// This member lost its hold: nothing it holds may be
+				// committed or stored (Kafka would refuse the commit anyway).
+				// Returning tells the client, which makes the member rejoin.
+				r.close()
+				w.emit(hooks.Event{Kind: hooks.Revoked})
+				w.log.Info("partition released", "cause", "taken over", "owner_generation", w.pos.takenBy)
+				return halted, false
+			}
+			continue
 		}
+		if len(batch) == 0 && time.Since(lastLogCheck) >= w.pos.logCheckInterval {
+			if e := w.pos.pastLogEnd(ctx); e != nil {
+				w.stopPartition(e, "PARTITION STOPPED: its next offset is past the log end (topic recreated?); nothing is consumed until the offsets are reset")
+				halted = true
+			}
+			lastLogCheck = time.Now()
+		}
+		w.com.commit(dbCtx, false)
 	}
+	return halted, !crashed(ctx)
 }
 
-// generationCurrent asks the group coordinator whether this member still
-// holds the partition in the group's current generation, by committing the
-// group offset this worker last committed (or was assigned; stored if there
-// is none), which changes nothing: the coordinator accepts a commit only
-// from a current member. It retries while the answer says neither (see
-// transport.Generation.Over); ok is false if ctx ended first (the partition
-// was revoked meanwhile).
-func (w *worker) generationCurrent(ctx context.Context, stored int64) (current, ok bool) {
-	next := w.lastCommitted
-	if next < 0 {
-		next = stored
-	}
-	for attempt := 1; ; attempt++ {
-		err := w.gen.Commit(w.topic, w.partition, next)
-		switch {
-		case err == nil:
-			w.lastCommitted = next
-			return true, true
-		case w.gen.Over(err):
-			return false, true
-		}
-		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
-		w.log.Warn("cannot ask the group coordinator whether this member's generation is current; retrying", "error", err, "retry_in", wait)
-		if backoff.Sleep(ctx, wait) != nil {
-			return false, false
-		}
-	}
-}
-
-// storeNext writes next as the partition's stored offset in a transaction
-// of its own (checked against floor and this worker's generation, see
-// offsetTable.Advance), with last, the fingerprint of the message at
-// next - 1 (0 if unknown), retrying while the database fails; false if ctx
-// ended first, or if the stored offset moved back or a newer generation
-// wrote it (w.lost is then set).
+// reposition reads the database's position again after the committer lost
+// it (committer.lost), and either stops the worker or resumes the partition
+// from there. It returns halt, as batchRunner.process does.
 //
-// It stores the resolved start offset when the database had no position
-// for the partition (or one the log no longer holds): from then on the
-// database has one, so a later failover that loses commits finds a
-// position at or below them instead of falling back to the group's, which
-// may be past them. And it stores the offset after a dead letter.
-func (w *worker) storeNext(ctx, dbCtx context.Context, floor, next, last int64) bool {
-	w.beginDB()
-	defer w.endDB()
-	for attempt := 1; ; attempt++ {
-		err := w.storeOnce(dbCtx, floor, next, last)
-		if err == nil {
-			return true
-		}
-		if errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver) {
-			return false
-		}
-		wait := backoff.Wait(w.c.cfg.Failure.MinBackoff, w.c.cfg.Failure.MaxBackoff, attempt)
-		w.log.Warn("cannot store the partition's offset; retrying", append([]any{"offset", next, "error", err, "retry_in", wait},
-			w.c.missingTables(dbCtx, err)...)...)
-		if backoff.Sleep(ctx, wait) != nil {
-			return false
-		}
+// A newer generation wrote the row (a *storage.OffsetTakenOverError):
+// positioner.claim finds out whether this member's generation is over, and
+// then sets positioner.takenBy and returns (the caller stops the worker), or
+// whether the group was recreated, and then takes the row over, and the
+// partition resumes from it.
+//
+// The stored offset went back behind what this worker committed
+// (storage.ErrOffsetMoved), with a generation that is not newer: the
+// effects of the messages in between are gone from the database (a
+// failover to a replica that lacked the last commits), and they must be
+// applied again. It reads the position as on assignment, checks it against
+// the log, discards what the worker holds and moves the reader there. The
+// group's offset is not moved back: the database's position wins on the
+// next assignment anyway.
+func (w *worker) reposition(ctx, dbCtx context.Context, reader transport.PartitionReader) (halt bool) {
+	cause := w.com.lost
+	w.com.lost = nil
+	if seq := w.runner.seq; seq != nil {
+		// The watermarks went back with the stored offset: the messages
+		// read again are judged by the database's, not by those in memory,
+		// which would take them for duplicates.
+		seq.loaded = false
 	}
-}
-
-// storeOnce is one attempt of storeNext: the write in a transaction of its
-// own. It sets w.lost if the stored offset moved back or a newer
-// generation wrote it.
-func (w *worker) storeOnce(dbCtx context.Context, floor, next, last int64) error {
-	err := txn.Transact(dbCtx, w.c.db(), w.c.classifier(), nil, w.c.bound(), func(tx *gorm.DB) error {
-		actx, bounded, cancel := txn.WithBound(dbCtx, "the stored offset's write", w.c.bound())
-		defer cancel()
-		return bounded(w.c.offsets.Advance(actx, tx, w.topic, w.partition, floor, w.write(next, last)))
-	})
-	switch {
-	case err == nil:
-		w.floor = max(w.floor, next)
-	case errors.Is(err, storage.ErrOffsetMoved) || errors.Is(err, storage.ErrOffsetTakenOver):
-		w.lost = err
+	prev, _ := w.com.committable()
+	s, ok := w.pos.locate(ctx, dbCtx)
+	if !ok {
+		return false
 	}
-	return err
-}
-
-// write is what a write of next as the stored offset stores: with this
-// worker's generation and last, the fingerprint of the message at next - 1
-// (0 if unknown).
-func (w *worker) write(next, last int64) storage.OffsetWrite {
-	return storage.OffsetWrite{Next: next, Generation: w.genID(), Last: last}
+	start := s.offset
+	if s.beyondEnd != nil {
+		w.stopPartition(s.beyondEnd, "PARTITION STOPPED: the database's position is past the log end; nothing is consumed until the offsets are reset")
+		return true
+	}
+	if (!s.hasStored || s.commit) && !w.com.storeNext(ctx, dbCtx, -1, start, 0) {
+		return false
+	}
+	stop, ok := w.pos.checkLast(ctx, reader, start)
+	if !ok {
+		return false
+	}
+	if stop != nil {
+		w.com.restart(start)
+		w.stopPartition(stop, "PARTITION STOPPED: the message before the database's position is not the one processed there (topic recreated?); nothing is consumed until the offsets are reset")
+		return true
+	}
+	w.com.floor = start
+	if errors.Is(cause, storage.ErrOffsetTakenOver) && start >= prev {
+		// The group was recreated and the row taken over (positioner.claim): no
+		// commit was lost.
+		w.log.Info("resuming from the stored offset, now this generation's", "stored", start, "worker_next", prev)
+	} else {
+		w.log.Warn("the database's stored offset went back behind what this worker committed (a failover to a replica that lacked the last commits?); resuming from it: the messages in between are applied again",
+			"stored", start, "worker_next", prev, "redelivered", max(prev-start, 0), "cause", cause)
+		w.emit(hooks.Event{Kind: hooks.Repositioned, Offset: start, Err: cause})
+	}
+	w.com.restart(start)
+	if err := reader.SetOffset(start); err != nil {
+		w.log.Error("cannot position the partition reader", "offset", start, "error", err)
+		return true
+	}
+	return false
 }
 
 // fetch returns the next batch: up to BatchSize messages, waiting at most
@@ -448,25 +404,21 @@ func (w *worker) write(next, last int64) storage.OffsetWrite {
 // period of Kafka.CommitInterval passed (so the caller can commit), or after a
 // fetch error (logged, then retried after a backoff).
 func (w *worker) fetch(ctx context.Context, r transport.PartitionReader) []kafka.Message {
-	idle := w.c.cfg.Kafka.CommitInterval
-	if idle <= 0 {
-		idle = time.Second
-	}
-	fctx, cancel := context.WithTimeout(ctx, idle)
+	fctx, cancel := context.WithTimeout(ctx, w.idle)
 	m, err := r.Fetch(fctx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 			w.log.Warn("fetch failed; retrying", "error", err)
-			_ = backoff.Sleep(ctx, w.c.cfg.Failure.MinBackoff)
+			_ = backoff.Sleep(ctx, w.minBackoff)
 		}
 		return nil
 	}
 	batch := []kafka.Message{m}
-	if w.c.cfg.BatchSize > 1 {
-		bctx, cancel := context.WithTimeout(ctx, w.c.cfg.BatchWait)
+	if w.batchSize > 1 {
+		bctx, cancel := context.WithTimeout(ctx, w.batchWait)
 		defer cancel()
-		for len(batch) < w.c.cfg.BatchSize {
+		for len(batch) < w.batchSize {
 			var m kafka.Message
 			var err error
 			if r.CaughtUp() {
@@ -489,47 +441,13 @@ func (w *worker) fetch(ctx context.Context, r transport.PartitionReader) []kafka
 	return batch
 }
 
+// fetchSettings are the Config's settings of the fetch loop.
+type fetchSettings struct {
+	batchSize int           // Config.BatchSize
+	batchWait time.Duration // Config.BatchWait
+	idle      time.Duration // Config.CommitInterval, or a second: how long a fetch waits for a message
+}
+
 // batchGrace is how long a batch waits for one more message once its
 // reader reached the partition's end.
 const batchGrace = time.Millisecond
-
-// afterCommit runs the tests' AfterDB knob (internal/testhooks) after a
-// database commit and reports whether it simulated a crash.
-func (w *worker) afterCommit(ctx context.Context, processed int) bool {
-	if w.c.knobs.AfterDB == nil {
-		return false
-	}
-	next, _ := w.tracker.committable()
-	if errors.Is(w.c.knobs.AfterDB(w.topic, w.partition, next, processed), testhooks.ErrCrash) {
-		w.c.crash()
-		<-ctx.Done()
-		return true
-	}
-	return false
-}
-
-// commit commits the committable offset to Kafka if it moved, at most once
-// per Kafka.CommitInterval unless force. With Offsets.Store it commits no offset
-// the database does not hold (see storeCommittable).
-func (w *worker) commit(dbCtx context.Context, force bool) {
-	next, ok := w.tracker.committable()
-	if !ok || next <= w.lastCommitted {
-		return
-	}
-	if !force && w.c.cfg.Kafka.CommitInterval > 0 && time.Since(w.lastCommitAt) < w.c.cfg.Kafka.CommitInterval {
-		return
-	}
-	if w.c.cfg.Offsets.Store && next > w.floor {
-		if next, ok = w.storeCommittable(dbCtx, next); !ok || next <= w.lastCommitted {
-			return
-		}
-	}
-	err := w.gen.Commit(w.topic, w.partition, next)
-	if err != nil {
-		w.log.Warn("offset commit failed; the messages will be redelivered if it never succeeds (the inbox absorbs them)",
-			"next_offset", next, "error", err)
-		return
-	}
-	w.lastCommitted, w.lastCommitAt = next, time.Now()
-	w.c.emit(hooks.Event{Kind: hooks.Committed, Topic: w.topic, Partition: w.partition, Offset: next})
-}
