@@ -21,8 +21,8 @@ import (
 
 // commitSettings are the Config's settings the committer uses.
 type commitSettings struct {
-	store            bool          // Config.StoreOffsets
-	interval         time.Duration // Config.CommitInterval
+	store            bool          // Config.Offsets.Store
+	interval         time.Duration // Config.Kafka.CommitInterval
 	posCheckInterval time.Duration // how often an idle partition runs checkPosition
 }
 

@@ -10,11 +10,11 @@ import (
 )
 
 // DefaultOffsetsTable is the table of stored offsets when
-// Config.OffsetsTable is empty.
+// Config.Offsets.Table is empty.
 const DefaultOffsetsTable = "inbox_offsets"
 
 // offsetTable is the group's rows in the table of stored offsets
-// (Config.StoreOffsets), kept by the inbox's storage.OffsetStore.
+// (Config.Offsets.Store), kept by the inbox's storage.OffsetStore.
 type offsetTable struct {
 	store        storage.OffsetStore // nil without Offsets.Store
 	table, group string

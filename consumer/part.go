@@ -54,7 +54,7 @@ type part struct {
 
 	db         *gorm.DB // the Consumer's, quiet (see txn.Quiet)
 	classifier txn.ErrorClassifier
-	bound      time.Duration // Config.DatabaseTimeout as the bound of a step: 0 for none
+	bound      time.Duration // Config.Timeouts.Database as the bound of a step: 0 for none
 	minBackoff time.Duration
 	maxBackoff time.Duration
 

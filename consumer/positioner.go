@@ -17,9 +17,9 @@ import (
 
 // positionSettings are the Config's settings the positioner uses.
 type positionSettings struct {
-	store            bool          // Config.StoreOffsets
+	store            bool          // Config.Offsets.Store
 	group            string        // Config.GroupID
-	table            string        // Config.OffsetsTable
+	table            string        // Config.Offsets.Table
 	logCheckInterval time.Duration // how often an idle partition runs pastLogEnd
 }
 

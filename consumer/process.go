@@ -34,14 +34,14 @@ type runSettings struct {
 	batchHandler   BatchHandler // Config.BatchHandler
 	inboxOf        *inbox.Inbox // Config.Inbox
 	consumer       string       // Config.Consumer
-	maxAttempts    int          // Config.MaxAttempts
+	maxAttempts    int          // Config.Failure.MaxAttempts
 	handlerTimeout time.Duration
-	// The failure policy: Config.OnFailure, Failure.DeadLetterTopic and GroupID
+	// The failure policy: Config.Failure.Policy, Failure.DeadLetterTopic and GroupID
 	// (named in a dead letter's headers).
 	onFailure       Policy
 	deadLetterTopic string
 	group           string
-	// Sequenced dedup: Config.SequencedRowsUntil and Sequenced.AcceptGaps.
+	// Sequenced dedup: Config.Sequenced.RowsUntil and Sequenced.AcceptGaps.
 	seqRowsUntil time.Time
 	acceptGaps   bool
 }
@@ -57,13 +57,13 @@ type batchRunner struct {
 	contexts []ContextHook
 	dlq      MessageWriter
 	afterDB  func(topic string, partition int, next int64, processed int) error // the tests' knob (internal/testhooks)
-	trusted  map[string]bool                                                    // Config.SequencedSources
+	trusted  map[string]bool                                                    // Config.Sequenced.Sources
 
 	// batch is the batch in process, for the fingerprint of the message
 	// before a stored offset (lastOf).
 	batch []*item
 	// seq holds the partition's sequenced streams (nil without
-	// Config.SequencedSources); seqMoved says the last processInbox gave
+	// Config.Sequenced.Sources); seqMoved says the last processInbox gave
 	// up because a watermark moved, gapStopped that runAlone stopped the
 	// partition at its message.
 	seq        *watermarks
@@ -682,7 +682,7 @@ func (b *batchRunner) callAny(ctx context.Context, tx *gorm.DB, msg Message) err
 	return b.callHandler(ctx, tx, msg)
 }
 
-// callHandler runs the user's handler, enforcing Config.HandlerTimeout. A
+// callHandler runs the user's handler, enforcing Config.Timeouts.Handler. A
 // panic is left to the inbox (or batchRunner.transact), which recovers it as an
 // *inbox.PanicError with its stack.
 func (b *batchRunner) callHandler(ctx context.Context, tx *gorm.DB, msg Message) error {
@@ -691,7 +691,7 @@ func (b *batchRunner) callHandler(ctx context.Context, tx *gorm.DB, msg Message)
 	})
 }
 
-// withTimeout runs fn under Config.HandlerTimeout: its context and
+// withTimeout runs fn under Config.Timeouts.Handler: its context and
 // transaction handle carry the deadline, and an overrun is the handler's
 // failure (ErrHandlerTimeout), whatever fn returned, unless the handler
 // timed out on a database that does not answer (see

@@ -60,7 +60,7 @@ type shardKey struct {
 
 // sequenceOf reads m's sequence headers (see readSequence). It returns nil
 // for a message that takes its inbox row: one without sequence headers,
-// one of a source not in Config.SequencedSources (said once per source at
+// one of a source not in Config.Sequenced.Sources (said once per source at
 // Info, so that a mistyped id is found), or one of a trusted source whose
 // shards are not aligned with the topic's partitions (said once per
 // source at Warn). An unaligned source's shard spans partitions, so

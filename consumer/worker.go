@@ -445,7 +445,7 @@ func (w *worker) fetch(ctx context.Context, r transport.PartitionReader) []kafka
 type fetchSettings struct {
 	batchSize int           // Config.BatchSize
 	batchWait time.Duration // Config.BatchWait
-	idle      time.Duration // Config.CommitInterval, or a second: how long a fetch waits for a message
+	idle      time.Duration // Config.Kafka.CommitInterval, or a second: how long a fetch waits for a message
 }
 
 // batchGrace is how long a batch waits for one more message once its
