@@ -4,8 +4,11 @@
 // [Cluster.Client], produce messages with [Cluster.Produce], and assert
 // what the handlers did, the group's committed offsets
 // ([Cluster.Committed]) and the dead letters the consumer wrote
-// ([Cluster.Messages] of the dead-letter topic). It is the library's own
-// test double: the consumer's tests run on it.
+// ([Cluster.Messages] of the dead-letter topic). A test knows the consumer
+// is done with a message when the group's committed offset passed it; the
+// consumer commits at its commit interval, which a test sets short. The
+// Example shows a whole test. It is the library's own test double: the
+// consumer's tests run on it.
 //
 // # What it models
 //
@@ -273,7 +276,7 @@ func (c *Cluster) Messages(topic string) []kafka.Message {
 	return out
 }
 
-// DeleteRecords deletes the messages of the partition before offset,
+// DeleteRecords deletes the partition's messages below offset before,
 // moving its log start there, as Kafka's DeleteRecords (or retention)
 // does: a reader positioned below it moves on to the log start.
 func (c *Cluster) DeleteRecords(topic string, partition int, before int64) error {
