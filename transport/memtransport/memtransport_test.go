@@ -322,7 +322,9 @@ func TestReturnRejoins(t *testing.T) {
 			want := []int{0}
 			if mode == Eager {
 				want = []int{0, 1}
-				<-r1.ended
+				if cause := <-r1.ended; !errors.Is(cause, errReturned) {
+					t.Errorf("partition 1 ended by %v, want partition 0's return", cause)
+				}
 			}
 			if ps := partitions(gen2.Assigned("orders")); !slices.Equal(ps, want) {
 				t.Errorf("assigned %v after the return, want %v", ps, want)
