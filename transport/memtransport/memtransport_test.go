@@ -108,7 +108,7 @@ func TestFetchOrder(t *testing.T) {
 	if err := c.ProduceTo("orders", 0, msg("d", "3")); err != nil {
 		t.Fatal(err)
 	}
-	if m := <-got; m.Offset != 3 {
+	if m := recv(t, got, "the waiting fetch"); m.Offset != 3 {
 		t.Errorf("the waiting fetch returned offset %d, want 3", m.Offset)
 	}
 	if err := c.DeleteRecords("orders", 0, 3); err != nil {
@@ -168,6 +168,19 @@ func start(t *testing.T, gen transport.Generation, a transport.Assignment) *run 
 	return rn
 }
 
+// recv returns the next value of ch, failing the test after 5 s.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(5 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		var zero T
+		return zero
+	}
+}
+
 func partitions(as []transport.Assignment) []int {
 	var ps []int
 	for _, a := range as {
@@ -206,12 +219,12 @@ func TestEagerRebalance(t *testing.T) {
 	if err := c.ProduceTo("orders", 0, msg("a", "1")); err != nil {
 		t.Fatal(err)
 	}
-	<-r0.fetched
+	recv(t, r0.fetched, "partition 0's message")
 	if next, ok := c.Committed("inventory", "orders", 0); !ok || next != 1 {
 		t.Errorf("committed %d (%v), want 1", next, ok)
 	}
 	c.Rebalance("inventory", map[string][]int{"orders": {1}})
-	if cause0, cause1 := <-r0.ended, <-r1.ended; !errors.Is(cause0, errRebalance) || !errors.Is(cause1, errRebalance) {
+	if cause0, cause1 := recv(t, r0.ended, "partition 0's end"), recv(t, r1.ended, "partition 1's end"); !errors.Is(cause0, errRebalance) || !errors.Is(cause1, errRebalance) {
 		t.Errorf("the functions ended by %v and %v, want the rebalance", cause0, cause1)
 	}
 	gen2, err := g.Next(ctx)
@@ -270,7 +283,7 @@ func TestCooperativeRebalance(t *testing.T) {
 	if err := c.ProduceTo("orders", 0, msg("a", "1")); err != nil {
 		t.Fatal(err)
 	}
-	<-r0.fetched // the kept partition runs on, its commit through generation 1 accepted
+	recv(t, r0.fetched, "the kept partition's message") // the kept partition runs on, its commit through generation 1 accepted
 	if next, _ := c.Committed("inventory", "orders", 0); next != 1 {
 		t.Errorf("partition 0 committed to %d, want 1", next)
 	}
@@ -290,7 +303,7 @@ func TestCooperativeRebalance(t *testing.T) {
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if cause := <-r0.ended; !errors.Is(cause, errGroupClosed) {
+	if cause := recv(t, r0.ended, "partition 0's end"); !errors.Is(cause, errGroupClosed) {
 		t.Errorf("partition 0 ended by %v, want the group's close", cause)
 	}
 	if err := gen1.Commit("orders", 0, 1); !gen1.Over(err) {
@@ -322,7 +335,7 @@ func TestReturnRejoins(t *testing.T) {
 			want := []int{0}
 			if mode == Eager {
 				want = []int{0, 1}
-				if cause := <-r1.ended; !errors.Is(cause, errReturned) {
+				if cause := recv(t, r1.ended, "partition 1's end"); !errors.Is(cause, errReturned) {
 					t.Errorf("partition 1 ended by %v, want partition 0's return", cause)
 				}
 			}
