@@ -21,6 +21,7 @@ import (
 
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/sqlitetest"
+	"github.com/inboxgo/inbox/transport/memtransport"
 )
 
 // BenchmarkConsumerSequencedBatch: sequenced dedup, a batch handler, batches
@@ -52,8 +53,10 @@ func BenchmarkConsumerHandlerDefault(b *testing.B) {
 // an aligned trusted source if seq) with the consumer set by set, at log
 // level Info and with no hooks, until their offsets are committed.
 func benchConsumer(b *testing.B, seq bool, set func(cfg *Config)) {
-	br := newMemBroker()
-	br.createTopic("orders", 1)
+	cluster := memtransport.NewCluster()
+	if err := cluster.CreateTopic("orders", 1); err != nil {
+		b.Fatal(err)
+	}
 	db := sqlitetest.Open(b)
 	log := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ib, err := inbox.New(db, &sqlitetest.Store{}, inbox.Config{Logger: log, RetentionDays: 30})
@@ -72,10 +75,12 @@ func benchConsumer(b *testing.B, seq bool, set func(cfg *Config)) {
 			msgs[i] = event(id, id)
 		}
 	}
-	br.produce("orders", 0, msgs...)
+	if err := cluster.ProduceTo("orders", 0, msgs...); err != nil {
+		b.Fatal(err)
+	}
 	cfg := Config{
 		Kafka: KafkaConfig{
-			Transport:      br.client(),
+			Transport:      cluster.Client(memtransport.Eager),
 			CommitInterval: 5 * time.Millisecond,
 		},
 		GroupID:  "inventory",
@@ -100,12 +105,7 @@ func benchConsumer(b *testing.B, seq bool, set func(cfg *Config)) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	go func() { done <- c.Run(ctx) }()
-	// Committed messages are dropped as retention would: the in-memory
-	// reader scans its log from the start on every fetch.
-	for next := int64(0); next < int64(b.N); next = br.committedOffset("orders", 0) {
-		if next > 0 {
-			br.truncate("orders", 0, next)
-		}
+	for next := int64(0); next < int64(b.N); next, _ = cluster.Committed("inventory", "orders", 0) {
 		time.Sleep(time.Millisecond)
 	}
 	b.StopTimer()

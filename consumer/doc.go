@@ -573,7 +573,15 @@
 // id into its stored offset rows, and with a cooperative client it goes on
 // under that generation for as long as the member keeps the partition.
 // Messages are kafka-go's kafka.Message whatever the client, and dead
-// letters go through a [MessageWriter]. The package's own tests run the
-// consumer on an in-memory transport, eager or cooperative
-// (memtransport_test.go), and SQLite, without servers.
+// letters go through a [MessageWriter].
+//
+// # Testing handlers
+//
+// Package github.com/inboxgo/inbox/transport/memtransport is an in-memory
+// Kafka cluster for tests: set [KafkaConfig.Transport] to a Client of its
+// Cluster (eager, as kafka-go, or cooperative, as franz-go), produce the
+// messages there, run the consumer on the test's database until the
+// group's committed offset passes them, and check the handler's effects,
+// the dead letters and the committed offsets, with no broker. This
+// package's own tests run the consumer that way, on SQLite.
 package consumer

@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inboxgo/inbox/hooks"
+	"github.com/inboxgo/inbox/transport/memtransport"
 )
 
 // partitionEvents returns the events of kind k of partition p.
@@ -29,7 +30,7 @@ func TestMemCooperativeRebalance(t *testing.T) {
 	for _, stored := range []bool{false, true} {
 		t.Run(map[bool]string{false: "group offsets", true: "stored offsets"}[stored], func(t *testing.T) {
 			e := newMemEnv(t, 2)
-			e.b.cooperative = true
+			e.mode = memtransport.Cooperative
 			inFlight, release := make(chan struct{}), make(chan struct{})
 			var interrupted atomic.Bool
 			cfg := e.config(func(ctx context.Context, tx *gorm.DB, m Message) error {
@@ -48,23 +49,23 @@ func TestMemCooperativeRebalance(t *testing.T) {
 			// revocation's commit is the worker's last.
 			cfg.Kafka.CommitInterval = time.Hour
 			has := func(v string) func() bool { return func() bool { return slices.Contains(e.effects(), v) } }
-			e.b.produce("orders", 1, event("b", "2"), event("c", "3"))
+			e.produce(1, event("b", "2"), event("c", "3"))
 			r := e.start(cfg)
 			e.eventually("partition 1's messages", has("3"))
-			first := e.b.generation()
-			if got := e.b.committedOffset("orders", 1); got != 0 {
+			first := e.generation()
+			if got := e.committed(1); got != 0 {
 				t.Fatalf("partition 1 committed to %d before its revocation, want its start only", got)
 			}
-			e.b.produce("orders", 0, event("a", "slow"))
+			e.produce(0, event("a", "slow"))
 			<-inFlight
 
 			// Partition 1 moves to another member while partition 0's
 			// message is in flight. (One message at a time: SQLite has one
 			// writer.)
-			e.b.rebalance(map[string][]int{"orders": {0}})
-			e.eventually("the revocation of partition 1", func() bool { return len(e.b.revoked()) == 1 })
-			e.eventually("the next generation", func() bool { return e.b.generation() == first+1 })
-			if rv := e.b.revoked()[0]; rv.tp.partition != 1 || rv.committed != 2 {
+			e.rebalance(map[string][]int{"orders": {0}})
+			e.eventually("the revocation of partition 1", func() bool { return len(e.spy.revoked()) == 1 })
+			e.eventually("the next generation", func() bool { return e.generation() == first+1 })
+			if rv := e.spy.revoked()[0]; rv.partition != 1 || rv.committed != 2 {
 				t.Errorf("revocation %+v, want partition 1 committed to 2 when it was acknowledged", rv)
 			}
 			if has("slow")() {
@@ -78,8 +79,8 @@ func TestMemCooperativeRebalance(t *testing.T) {
 
 			// Partition 1, owned elsewhere now, is not consumed here;
 			// partition 0 goes on.
-			e.b.produce("orders", 0, event("e", "5"))
-			e.b.produce("orders", 1, event("f", "6"))
+			e.produce(0, event("e", "5"))
+			e.produce(1, event("f", "6"))
 			e.eventually("partition 0's next message", has("5"))
 			time.Sleep(50 * time.Millisecond)
 			if has("6")() {
@@ -87,10 +88,10 @@ func TestMemCooperativeRebalance(t *testing.T) {
 			}
 
 			// Partition 1 comes back, at its committed offset.
-			e.b.rebalance(nil)
+			e.rebalance(nil)
 			e.eventually("partition 1's message", has("6"))
 			r.close(t)
-			if p0, p1 := e.b.committedOffset("orders", 0), e.b.committedOffset("orders", 1); p0 != 2 || p1 != 3 {
+			if p0, p1 := e.committed(0), e.committed(1); p0 != 2 || p1 != 3 {
 				t.Errorf("committed %d and %d, want 2 and 3", p0, p1)
 			}
 			if got := e.effects(); len(got) != 5 {
@@ -106,13 +107,11 @@ func TestMemCooperativeRebalance(t *testing.T) {
 			if a, rv := len(e.partitionEvents(hooks.Assigned, 1)), len(e.partitionEvents(hooks.Revoked, 1)); a != 2 || rv != 2 {
 				t.Errorf("partition 1, moved and back: %d assigned and %d revoked events, want 2 and 2", a, rv)
 			}
-			e.b.mu.Lock()
-			for _, c := range e.b.commits {
-				if c.tp.partition == 0 && c.gen != first {
+			for _, c := range e.spy.commitLog() {
+				if c.partition == 0 && c.gen != first {
 					t.Errorf("partition 0 committed through generation %d, not %d that started its worker", c.gen, first)
 				}
 			}
-			e.b.mu.Unlock()
 			if stored {
 				if row := e.stored(0); row.Next != 2 || row.Generation != first {
 					t.Errorf("partition 0's stored row %+v, want next 2 of generation %d", row, first)
@@ -121,8 +120,8 @@ func TestMemCooperativeRebalance(t *testing.T) {
 					t.Errorf("partition 1's stored row %+v, want next 3 of generation %d that gave it back", row, first+2)
 				}
 			}
-			if e.b.readers != 0 {
-				t.Errorf("%d readers still open", e.b.readers)
+			if n := e.spy.openReaders(); n != 0 {
+				t.Errorf("%d readers still open", n)
 			}
 		})
 	}
@@ -134,9 +133,9 @@ func TestMemCooperativeRebalance(t *testing.T) {
 // in a new worker, and the other partition's worker goes on.
 func TestMemCooperativeTakenOverRejoins(t *testing.T) {
 	e := newMemEnv(t, 2)
-	e.b.cooperative = true
-	e.b.produce("orders", 0, event("a", "1"))
-	e.b.produce("orders", 1, event("b", "2"))
+	e.mode = memtransport.Cooperative
+	e.produce(0, event("a", "1"))
+	e.produce(1, event("b", "2"))
 	cfg := e.config(applyAll)
 	cfg.Offsets.Store = true
 	r := e.start(cfg)
@@ -146,21 +145,23 @@ func TestMemCooperativeTakenOverRejoins(t *testing.T) {
 
 	e.setStored(0, 1, 99)
 	refused := false
-	e.b.commitErr = func(tp topicPartition, next int64) error {
-		if tp.partition == 0 && !refused {
-			refused = true
-			return errMemGenerationOver
+	e.spy.set(func(s *spy) {
+		s.commitErr = func(partition int, next int64) error {
+			if partition == 0 && !refused {
+				refused = true
+				return errSpyFenced
+			}
+			return nil
 		}
-		return nil
-	}
+	})
 	before := len(e.partitionEvents(hooks.Assigned, 0))
 	r = e.start(cfg)
 	defer r.close(t)
 	e.eventually("the zombie's stop", func() bool { return strings.Contains(e.logs.String(), "partition taken over by a newer generation") })
 	// The zombie stopped before it took the partition (no Assigned event).
 	e.eventually("partition 0 started again", func() bool { return len(e.partitionEvents(hooks.Assigned, 0)) == before+1 })
-	e.b.produce("orders", 0, event("c", "3"))
-	e.b.produce("orders", 1, event("d", "4"))
+	e.produce(0, event("c", "3"))
+	e.produce(1, event("d", "4"))
 	e.committedTo(0, 2)
 	e.committedTo(1, 2)
 	if n := len(e.partitionEvents(hooks.Revoked, 1)); n != 1 {
@@ -179,27 +180,26 @@ func TestMemCooperativeTakenOverRejoins(t *testing.T) {
 // workers at once: the new worker waits for the old one to return.
 func TestMemPartitionStartedTwiceWaits(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.cooperative, e.b.relist = true, true
-	e.b.produce("orders", 0, event("a", "1"))
+	e.mode = memtransport.Cooperative
+	e.spy.set(func(s *spy) { s.relist = true })
+	e.produce(0, event("a", "1"))
 	r := e.start(e.config(applyAll))
 	e.committedTo(0, 1)
-	first := e.b.generation()
-	e.b.rebalance(nil)
-	e.eventually("the next generation", func() bool { return e.b.generation() == first+1 })
+	first := e.generation()
+	e.rebalance(nil)
+	e.eventually("the next generation", func() bool { return e.generation() == first+1 })
 	e.eventually("the warning", func() bool { return strings.Contains(e.logs.String(), "previous worker still runs") })
-	e.b.produce("orders", 0, event("b", "2"), event("c", "3"))
+	e.produce(0, event("b", "2"), event("c", "3"))
 	e.committedTo(0, 3)
 	time.Sleep(50 * time.Millisecond)
 	if n := e.count(hooks.Assigned); n != 1 {
 		t.Errorf("%d assigned events, want 1: the partition ran in two workers", n)
 	}
-	e.b.mu.Lock()
-	for _, c := range e.b.commits {
+	for _, c := range e.spy.commitLog() {
 		if c.gen != first {
 			t.Errorf("a commit through generation %d, whose worker should be waiting", c.gen)
 		}
 	}
-	e.b.mu.Unlock()
 	r.close(t)
 	if got := e.effects(); len(got) != 3 || e.count(hooks.Duplicate) != 0 {
 		t.Errorf("effects %q with %d duplicates, want 3 and none", got, e.count(hooks.Duplicate))

@@ -15,10 +15,11 @@ import (
 
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/transport/memtransport"
 )
 
 func (e *memEnv) deadLetterConfig(h Handler) Config {
-	e.b.createTopic("orders.dlq", 1)
+	e.createTopic("orders.dlq", 1)
 	cfg := e.config(h)
 	cfg.Failure.Policy = DeadLetter
 	cfg.Failure.DeadLetterTopic = "orders.dlq"
@@ -31,7 +32,7 @@ func (e *memEnv) deadLetterConfig(h Handler) Config {
 // failures, which end in its dead letter.
 func TestMemHandlerTimeoutAndPanic(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("slow", "1"), event("panics", "2"), event("ok", "3"))
+	e.produce(0, event("slow", "1"), event("panics", "2"), event("ok", "3"))
 	cfg := e.deadLetterConfig(func(ctx context.Context, tx *gorm.DB, m Message) error {
 		switch m.EventID {
 		case "slow":
@@ -45,7 +46,7 @@ func TestMemHandlerTimeoutAndPanic(t *testing.T) {
 	cfg.Timeouts.Handler = 30 * time.Millisecond
 	e.start(cfg)
 	e.committedTo(0, 3)
-	dead := e.b.deadLetters()
+	dead := e.deadLetters()
 	if len(dead) != 2 {
 		t.Fatalf("%d dead letters, want 2", len(dead))
 	}
@@ -64,7 +65,7 @@ func TestMemHandlerTimeoutAndPanic(t *testing.T) {
 // is tried again without it, and it alone goes to the policy.
 func TestMemBatchIsolatesAPoisonMessage(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("poison", "3"), event("d", "4"), event("e", "5"))
+	e.produce(0, event("a", "1"), event("b", "2"), event("poison", "3"), event("d", "4"), event("e", "5"))
 	var calls sync.Map
 	cfg := e.deadLetterConfig(failing(&calls, errBoom, "poison"))
 	cfg.BatchSize = 5
@@ -74,7 +75,7 @@ func TestMemBatchIsolatesAPoisonMessage(t *testing.T) {
 	if got := e.effects(); len(got) != 4 || slices.Contains(got, "3") {
 		t.Errorf("effects %q, want every message but the poison", got)
 	}
-	if dead := e.b.deadLetters(); len(dead) != 1 || string(dead[0].Value) != "3" {
+	if dead := e.deadLetters(); len(dead) != 1 || string(dead[0].Value) != "3" {
 		t.Errorf("dead letters %v", dead)
 	}
 }
@@ -83,19 +84,19 @@ func TestMemBatchIsolatesAPoisonMessage(t *testing.T) {
 // refuses for good stops the partition at the message.
 func TestMemDeadLetterRefused(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("bad", "1"), event("b", "2"))
+	e.produce(0, event("bad", "1"), event("b", "2"))
 	var calls sync.Map
 	cfg := e.deadLetterConfig(failing(&calls, errBoom, "bad", "worse"))
-	e.b.deadErrs = []error{kafka.LeaderNotAvailable, kafka.LeaderNotAvailable}
+	e.cluster.Fail(memtransport.OpDeadLetter, kafka.LeaderNotAvailable, kafka.LeaderNotAvailable)
 	r := e.start(cfg)
 	e.committedTo(0, 2)
-	if len(e.b.deadLetters()) != 1 || !strings.Contains(e.logs.String(), "publishing a dead letter failed; retrying") {
-		t.Errorf("%d dead letters; the retry is not logged", len(e.b.deadLetters()))
+	if len(e.deadLetters()) != 1 || !strings.Contains(e.logs.String(), "publishing a dead letter failed; retrying") {
+		t.Errorf("%d dead letters; the retry is not logged", len(e.deadLetters()))
 	}
 	r.close(t)
 
-	e.b.deadErr = kafka.MessageSizeTooLarge
-	e.b.produce("orders", 0, event("worse", "3"), event("c", "4"))
+	e.spy.set(func(s *spy) { s.deadErr = kafka.MessageSizeTooLarge })
+	e.produce(0, event("worse", "3"), event("c", "4"))
 	r = e.start(cfg)
 	e.eventually("the stop", func() bool { return len(r.c.Stopped()) == 1 })
 	s := r.c.Stopped()[0]
@@ -111,7 +112,7 @@ func TestMemNaturallyIdempotent(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(map[bool]string{false: "handler", true: "batch"}[batch], func(t *testing.T) {
 			e := newMemEnv(t, 1)
-			e.b.produce("orders", 0, event("a", "1"), event("poison", "2"), event("c", "3"), event("d", "4"))
+			e.produce(0, event("a", "1"), event("poison", "2"), event("c", "3"), event("d", "4"))
 			var calls sync.Map
 			cfg := e.deadLetterConfig(nil)
 			cfg.Inbox, cfg.Consumer = nil, ""
@@ -142,7 +143,7 @@ func TestMemNaturallyIdempotent(t *testing.T) {
 			if n := e.rows("inbox_messages", ""); n != 0 {
 				t.Errorf("%d inbox rows", n)
 			}
-			if dead := e.b.deadLetters(); len(dead) != 1 || string(dead[0].Value) != "2" {
+			if dead := e.deadLetters(); len(dead) != 1 || string(dead[0].Value) != "2" {
 				t.Errorf("dead letters %v", dead)
 			}
 			if row := e.stored(0); row.Next != 4 {
@@ -167,7 +168,7 @@ func (h *traceHook) MessageContext(ctx context.Context, m *Message) context.Cont
 
 func TestMemContextHook(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"))
+	e.produce(0, event("a", "1"), event("b", "2"))
 	hook := &traceHook{}
 	cfg := e.config(func(ctx context.Context, tx *gorm.DB, m Message) error {
 		if ctx.Value(traceKey{}) != m.EventID {
@@ -187,17 +188,10 @@ func TestMemContextHook(t *testing.T) {
 // offset commits. A configuration the group rejects ends Run.
 func TestMemClientErrorsAreRetried(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"))
-	e.b.fetchErrs = []error{errBoom}
-	e.b.joinErrs = []error{kafka.RebalanceInProgress}
-	failures := 0
-	e.b.commitErr = func(topicPartition, int64) error {
-		if failures < 2 {
-			failures++
-			return kafka.RequestTimedOut
-		}
-		return nil
-	}
+	e.produce(0, event("a", "1"))
+	e.cluster.Fail(memtransport.OpFetch, errBoom)
+	e.cluster.Fail(memtransport.OpJoin, kafka.RebalanceInProgress)
+	e.cluster.Fail(memtransport.OpCommit, kafka.RequestTimedOut, kafka.RequestTimedOut)
 	e.start(e.config(applyAll))
 	e.committedTo(0, 1)
 	logs := e.logs.String()
@@ -207,12 +201,14 @@ func TestMemClientErrorsAreRetried(t *testing.T) {
 		}
 	}
 
-	e.b.joinErrs = []error{memRejected{errors.New("invalid session timeout")}}
-	c, err := New(e.config(applyAll))
+	// A broker refuses a session timeout below its group.min.session.timeout.ms.
+	cfg := e.config(applyAll)
+	cfg.Kafka.SessionTimeout = time.Second
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Run(context.Background()); !errors.Is(err, inbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "invalid session timeout") {
+	if err := c.Run(context.Background()); !errors.Is(err, inbox.ErrInvalidConfig) || !errors.Is(err, kafka.InvalidSessionTimeout) {
 		t.Errorf("Run returned %v, want ErrInvalidConfig", err)
 	}
 }
@@ -246,8 +242,10 @@ func TestMemStallLeavesTheGroup(t *testing.T) {
 	for _, cooperative := range []bool{false, true} {
 		t.Run(map[bool]string{false: "eager", true: "cooperative"}[cooperative], func(t *testing.T) {
 			e := newMemEnv(t, 1)
-			e.b.cooperative = cooperative
-			e.b.produce("orders", 0, event("a", "1"))
+			if cooperative {
+				e.mode = memtransport.Cooperative
+			}
+			e.produce(0, event("a", "1"))
 			var calls atomic.Int32
 			cfg := e.config(func(ctx context.Context, tx *gorm.DB, m Message) error {
 				if calls.Add(1) == 1 {
@@ -267,8 +265,8 @@ func TestMemStallLeavesTheGroup(t *testing.T) {
 			if !strings.Contains(logs, "PARTITION STALLED") || !strings.Contains(logs, "rejoining the group") {
 				t.Errorf("the stall and the rejoin are not logged:\n%s", tail(logs, 30))
 			}
-			if e.b.generation() < 2 {
-				t.Errorf("generation %d: the member did not rejoin", e.b.generation())
+			if e.generation() < 2 {
+				t.Errorf("generation %d: the member did not rejoin", e.generation())
 			}
 		})
 	}

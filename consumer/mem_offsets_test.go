@@ -42,22 +42,22 @@ func (e *memEnv) setStored(p int, next int64, gen int32) {
 // group's, ahead or behind.
 func TestMemStoreOffsets(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("c", "3"))
+	e.produce(0, event("a", "1"), event("b", "2"), event("c", "3"))
 	cfg := e.config(applyAll)
 	cfg.Offsets.Store = true
 	r := e.start(cfg)
 	e.committedTo(0, 3)
-	if row := e.stored(0); row.Next != 3 || row.Generation != e.b.generation() || row.Last == 0 {
-		t.Errorf("stored %+v, want next 3 of generation %d with the fingerprint of offset 2", row, e.b.generation())
+	if row := e.stored(0); row.Next != 3 || row.Generation != e.generation() || row.Last == 0 {
+		t.Errorf("stored %+v, want next 3 of generation %d with the fingerprint of offset 2", row, e.generation())
 	}
 	r.close(t)
 
 	// The group's offset was reset behind: the stored offset wins, nothing
 	// is delivered again.
-	e.b.setCommitted("orders", 0, 0)
+	e.setCommitted(0, 0)
 	r = e.start(cfg)
 	e.committedTo(0, 3)
-	e.b.produce("orders", 0, event("d", "4"))
+	e.produce(0, event("d", "4"))
 	e.committedTo(0, 4)
 	r.close(t)
 	if d := e.count(hooks.Duplicate); d != 0 {
@@ -69,7 +69,7 @@ func TestMemStoreOffsets(t *testing.T) {
 
 	// The database lost commits (a failover): the stored offset, behind the
 	// group's, wins; the messages in between come again as duplicates.
-	e.setStored(0, 2, e.b.generation())
+	e.setStored(0, 2, e.generation())
 	r = e.start(cfg)
 	e.eventually("the redelivered messages", func() bool { return e.count(hooks.Duplicate) == 2 })
 	r.close(t)
@@ -85,7 +85,7 @@ func TestMemStoreOffsets(t *testing.T) {
 // the database) makes the worker resume from it.
 func TestMemStoredOffsetMovedBack(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("c", "3"))
+	e.produce(0, event("a", "1"), event("b", "2"), event("c", "3"))
 	cfg := e.config(applyAll)
 	cfg.Offsets.Store = true
 	ctx := testhooks.With(context.Background(), &testhooks.Knobs{PosCheckInterval: 10 * time.Millisecond})
@@ -93,7 +93,7 @@ func TestMemStoredOffsetMovedBack(t *testing.T) {
 	defer r.close(t)
 	e.committedTo(0, 3)
 	e.eventually("the stored offset", func() bool { return e.stored(0).Next == 3 })
-	e.setStored(0, 1, e.b.generation())
+	e.setStored(0, 1, e.generation())
 	e.eventually("the messages after the stored offset again", func() bool { return e.count(hooks.Duplicate) == 2 })
 	if e.count(hooks.Repositioned) == 0 {
 		t.Error("no repositioned event")
@@ -109,7 +109,7 @@ func TestMemStoredOffsetMovedBack(t *testing.T) {
 // the worker stops without writing.
 func TestMemStoredOffsetOfANewerGeneration(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"))
+	e.produce(0, event("a", "1"))
 	cfg := e.config(applyAll)
 	cfg.Offsets.Store = true
 	r := e.start(cfg)
@@ -118,7 +118,7 @@ func TestMemStoredOffsetOfANewerGeneration(t *testing.T) {
 
 	e.setStored(0, 1, 99)
 	r = e.start(cfg)
-	e.b.produce("orders", 0, event("b", "2"))
+	e.produce(0, event("b", "2"))
 	e.committedTo(0, 2)
 	if row := e.stored(0); row.Next != 2 || row.Generation >= 99 {
 		t.Errorf("stored %+v, want next 2 under this member's generation", row)
@@ -131,13 +131,15 @@ func TestMemStoredOffsetOfANewerGeneration(t *testing.T) {
 	// This member's generation is over: the coordinator refuses its commit.
 	e.setStored(0, 2, 99)
 	refused := 0
-	e.b.commitErr = func(tp topicPartition, next int64) error {
-		if refused < 1 {
-			refused++
-			return errMemGenerationOver
+	e.spy.set(func(s *spy) {
+		s.commitErr = func(int, int64) error {
+			if refused < 1 {
+				refused++
+				return errSpyFenced
+			}
+			return nil
 		}
-		return nil
-	}
+	})
 	r = e.start(cfg)
 	defer r.close(t)
 	e.eventually("the zombie's stop", func() bool { return strings.Contains(e.logs.String(), "partition taken over by a newer generation") })
@@ -148,14 +150,14 @@ func TestMemStoredOffsetOfANewerGeneration(t *testing.T) {
 // partition stops.
 func TestMemTopicRecreated(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("c", "3"), event("d", "4"))
+	e.produce(0, event("a", "1"), event("b", "2"), event("c", "3"), event("d", "4"))
 	cfg := e.config(applyAll)
 	cfg.Offsets.Store = true
 	r := e.start(cfg)
 	e.committedTo(0, 4)
 	r.close(t)
-	e.b.recreate("orders", 1)
-	e.b.produce("orders", 0, event("x", "x"), event("y", "y"), event("z", "z"), event("w", "w"), event("v", "v"))
+	e.recreate("orders", 1)
+	e.produce(0, event("x", "x"), event("y", "y"), event("z", "z"), event("w", "w"), event("v", "v"))
 	r = e.start(cfg)
 	e.eventually("the stop", func() bool { return len(r.c.Stopped()) == 1 })
 	if s := r.c.Stopped()[0]; s.Reason != ReasonTopicRecreated || s.Offset != 4 {
@@ -171,8 +173,8 @@ func TestMemTopicRecreated(t *testing.T) {
 // group's offset) stops the partition; it is never clamped.
 func TestMemOffsetBeyondLogEnd(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"))
-	e.b.setCommitted("orders", 0, 10)
+	e.produce(0, event("a", "1"), event("b", "2"))
+	e.setCommitted(0, 10)
 	r := e.start(e.config(applyAll))
 	e.eventually("the stop", func() bool { return len(r.c.Stopped()) == 1 })
 	s := r.c.Stopped()[0]
@@ -188,12 +190,12 @@ func TestMemOffsetBeyondLogEnd(t *testing.T) {
 // (recreated under a running consumer) stops too.
 func TestMemLogEndFallsBehind(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"))
+	e.produce(0, event("a", "1"), event("b", "2"))
 	ctx := testhooks.With(context.Background(), &testhooks.Knobs{LogCheckInterval: 10 * time.Millisecond})
 	r := e.startCtx(ctx, e.config(applyAll))
 	defer r.close(t)
 	e.committedTo(0, 2)
-	e.b.recreate("orders", 1)
+	e.recreate("orders", 1)
 	e.eventually("the stop", func() bool { return len(r.c.Stopped()) == 1 })
 	if s := r.c.Stopped()[0]; s.Reason != ReasonOffsetBeyondLogEnd || s.Offset != 2 {
 		t.Errorf("stopped %+v", s)
@@ -204,12 +206,12 @@ func TestMemLogEndFallsBehind(t *testing.T) {
 // first start, and commits that start at once.
 func TestMemStartAtLogEnd(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("old1", "old"), event("old2", "old"))
+	e.produce(0, event("old1", "old"), event("old2", "old"))
 	cfg := e.config(applyAll)
 	cfg.Kafka.StartOffset = kafka.LastOffset
 	e.start(cfg)
 	e.committedTo(0, 2)
-	e.b.produce("orders", 0, event("new", "new"))
+	e.produce(0, event("new", "new"))
 	e.committedTo(0, 3)
 	if got := e.effects(); len(got) != 1 || got[0] != "new" {
 		t.Errorf("effects %q, want only the new message", got)
@@ -220,9 +222,11 @@ func TestMemStartAtLogEnd(t *testing.T) {
 // starts at the log start.
 func TestMemCommittedBelowLogStart(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("c", "3"))
-	e.b.truncate("orders", 0, 2)
-	e.b.setCommitted("orders", 0, 0)
+	e.produce(0, event("a", "1"), event("b", "2"), event("c", "3"))
+	if err := e.cluster.DeleteRecords("orders", 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	e.setCommitted(0, 0)
 	e.start(e.config(applyAll))
 	e.committedTo(0, 3)
 	if got := e.effects(); len(got) != 1 || got[0] != "3" {
@@ -235,7 +239,7 @@ func TestMemCommittedBelowLogStart(t *testing.T) {
 // duplicate.
 func TestMemCrashBeforeOffsetCommit(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"))
+	e.produce(0, event("a", "1"))
 	knobs := &testhooks.Knobs{AfterDB: func(topic string, partition int, next int64, processed int) error { return testhooks.ErrCrash }}
 	r := e.startCtx(testhooks.With(context.Background(), knobs), e.config(applyAll))
 	var err error
@@ -247,7 +251,7 @@ func TestMemCrashBeforeOffsetCommit(t *testing.T) {
 	if !errors.Is(err, testhooks.ErrCrash) {
 		t.Fatalf("Run returned %v, want the crash", err)
 	}
-	if got := e.b.committedOffset("orders", 0); got > 0 {
+	if got := e.committed(0); got > 0 {
 		t.Fatalf("committed %d before the crash", got)
 	}
 	e.start(e.config(applyAll))

@@ -36,7 +36,7 @@ func (e *memEnv) watermarkRows() []storage.WatermarkRow {
 // duplicate, whatever its event id.
 func TestMemSequencedDedup(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0,
+	e.produce(0,
 		sequenced("s1", "orders-outbox", 0, 1, 1),
 		sequenced("s2", "orders-outbox", 0, 2, 1),
 		sequenced("s3", "orders-outbox", 0, 3, 1),
@@ -68,7 +68,7 @@ func TestMemSequencedBatches(t *testing.T) {
 		for i := range int64(6) {
 			msgs = append(msgs, sequenced(fmt.Sprintf("b%d-%d", p, i), "orders-outbox", p, i+1, 2))
 		}
-		e.b.produce("orders", int(p), msgs...)
+		e.produce(int(p), msgs...)
 	}
 	cfg := e.sequencedConfig(nil)
 	cfg.BatchSize = 5
@@ -89,8 +89,8 @@ func TestMemSequencedBatches(t *testing.T) {
 		t.Errorf("%d inbox rows, want 0", n)
 	}
 	// Everything again, from the start: all duplicates.
-	e.b.setCommitted("orders", 0, 0)
-	e.b.setCommitted("orders", 1, 0)
+	e.setCommitted(0, 0)
+	e.setCommitted(1, 0)
 	e.start(cfg)
 	e.committedTo(0, 6)
 	e.committedTo(1, 6)
@@ -109,7 +109,7 @@ func TestMemSequenceGap(t *testing.T) {
 	for _, accept := range []bool{false, true} {
 		t.Run(map[bool]string{false: "stop", true: "accept"}[accept], func(t *testing.T) {
 			e := newMemEnv(t, 1)
-			e.b.produce("orders", 0,
+			e.produce(0,
 				sequenced("g1", "orders-outbox", 0, 1, 1),
 				sequenced("g2", "orders-outbox", 0, 2, 1),
 				sequenced("g4", "orders-outbox", 0, 4, 1),
@@ -141,7 +141,7 @@ func TestMemSequenceGap(t *testing.T) {
 // shard are held back until it is resolved: the stream's order holds.
 func TestMemSequencedHeldBack(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0,
+	e.produce(0,
 		sequenced("h1", "orders-outbox", 0, 1, 1),
 		sequenced("h2", "orders-outbox", 0, 2, 1),
 		sequenced("h3", "orders-outbox", 0, 3, 1),
@@ -180,7 +180,7 @@ func TestMemSequencedHeldBack(t *testing.T) {
 // consumer says so once per source.
 func TestMemUntrustedSourceTakesRows(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0,
+	e.produce(0,
 		sequenced("u1", "elsewhere", 0, 1, 1), sequenced("u2", "elsewhere", 0, 2, 1),
 		sequenced("n1", "orders-outbox", 3, 1, 0), sequenced("n2", "orders-outbox", 3, 2, 0))
 	e.start(e.sequencedConfig(applyAll))
@@ -200,20 +200,20 @@ func TestMemUntrustedSourceTakesRows(t *testing.T) {
 // as invalid.
 func TestMemBadSequenceIsDeadLettered(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.createTopic("orders.dlq", 1)
+	e.createTopic("orders.dlq", 1)
 	bad := sequenced("bad", "orders-outbox", 0, 1, 1)
 	for i := range bad.Headers {
 		if bad.Headers[i].Key == "inbox_seq" {
 			bad.Headers[i].Value = []byte("01")
 		}
 	}
-	e.b.produce("orders", 0, bad, sequenced("ok", "orders-outbox", 0, 1, 1))
+	e.produce(0, bad, sequenced("ok", "orders-outbox", 0, 1, 1))
 	cfg := e.sequencedConfig(applyAll)
 	cfg.Failure.Policy = DeadLetter
 	cfg.Failure.DeadLetterTopic = "orders.dlq"
 	e.start(cfg)
 	e.committedTo(0, 2)
-	dead := e.b.deadLetters()
+	dead := e.deadLetters()
 	if len(dead) != 1 || headerOf(dead[0], "dlq_reason") != ReasonInvalid {
 		t.Fatalf("dead letters %v", dead)
 	}
@@ -227,8 +227,8 @@ func TestMemBadSequenceIsDeadLettered(t *testing.T) {
 // duplicate, not a second dead letter.
 func TestMemSequencedDeadLetterMovesTheWatermark(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.createTopic("orders.dlq", 1)
-	e.b.produce("orders", 0,
+	e.createTopic("orders.dlq", 1)
+	e.produce(0,
 		sequenced("q1", "orders-outbox", 0, 1, 1),
 		sequenced("q2", "orders-outbox", 0, 2, 1),
 		sequenced("q3", "orders-outbox", 0, 3, 1),
@@ -249,18 +249,18 @@ func TestMemSequencedDeadLetterMovesTheWatermark(t *testing.T) {
 	if row := e.stored(0); row.Next != 3 {
 		t.Errorf("stored %+v, want 3", row)
 	}
-	if n := len(e.b.deadLetters()); n != 1 {
+	if n := len(e.deadLetters()); n != 1 {
 		t.Fatalf("%d dead letters, want 1", n)
 	}
 
 	// Everything again, from the start.
-	e.b.setCommitted("orders", 0, 0)
+	e.setCommitted(0, 0)
 	if err := e.db.Exec(`DELETE FROM ` + DefaultOffsetsTable).Error; err != nil {
 		t.Fatal(err)
 	}
 	e.start(cfg)
 	e.eventually("the duplicates", func() bool { return e.count(hooks.Duplicate) == 3 })
-	if n := len(e.b.deadLetters()); n != 1 {
+	if n := len(e.deadLetters()); n != 1 {
 		t.Errorf("%d dead letters after the redelivery, want still 1", n)
 	}
 	if got := e.effects(); !slices.Equal(got, []string{"q1", "q3"}) {

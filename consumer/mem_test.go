@@ -21,8 +21,8 @@ import (
 // a duplicate, and the group's offset moves past every message.
 func TestMemProcessesOnceAndCommits(t *testing.T) {
 	e := newMemEnv(t, 2)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("a", "1 again"), event("c", "3"))
-	e.b.produce("orders", 1, event("d", "4"))
+	e.produce(0, event("a", "1"), event("b", "2"), event("a", "1 again"), event("c", "3"))
+	e.produce(1, event("d", "4"))
 	r := e.start(e.config(func(ctx context.Context, tx *gorm.DB, m Message) error { return apply(tx, m) }))
 	e.committedTo(0, 4)
 	e.committedTo(1, 1)
@@ -44,8 +44,8 @@ func TestMemProcessesOnceAndCommits(t *testing.T) {
 	if e.count(hooks.Revoked) != 2 {
 		t.Errorf("%d revoked events after Run, want 2", e.count(hooks.Revoked))
 	}
-	if e.b.readers != 0 || e.b.closed != 1 {
-		t.Errorf("%d readers still open, transport closed %d times", e.b.readers, e.b.closed)
+	if readers, closed := e.spy.openReaders(), e.spy.closes(); readers != 0 || closed != 1 {
+		t.Errorf("%d readers still open, transport closed %d times", readers, closed)
 	}
 }
 
@@ -66,9 +66,7 @@ func TestMemCloseBeforeRunClosesTheTransport(t *testing.T) {
 	if err := c.Run(context.Background()); !errors.Is(err, ErrRunning) {
 		t.Fatalf("Run after Close = %v, want ErrRunning", err)
 	}
-	e.b.mu.Lock()
-	closed := e.b.closed
-	e.b.mu.Unlock()
+	closed := e.spy.closes()
 	if closed != 1 {
 		t.Errorf("transport closed %d times, want once", closed)
 	}
@@ -78,14 +76,14 @@ func TestMemCloseBeforeRunClosesTheTransport(t *testing.T) {
 // lost commit) are duplicates: the effects stay as they were.
 func TestMemRedeliveryIsDuplicate(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("c", "3"))
+	e.produce(0, event("a", "1"), event("b", "2"), event("c", "3"))
 	h := func(ctx context.Context, tx *gorm.DB, m Message) error { return apply(tx, m) }
 	r := e.start(e.config(h))
 	e.committedTo(0, 3)
 	if err := r.end(t); !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
-	e.b.setCommitted("orders", 0, 0)
+	e.setCommitted(0, 0)
 	r = e.start(e.config(h))
 	e.committedTo(0, 3)
 	r.close(t)
@@ -106,7 +104,7 @@ func TestMemBatchHandler(t *testing.T) {
 		msgs = append(msgs, event("e"+string(rune('a'+i)), "v"))
 	}
 	msgs = append(msgs, event("ea", "dup"))
-	e.b.produce("orders", 0, msgs...)
+	e.produce(0, msgs...)
 	var mu sync.Mutex
 	var sizes []int
 	cfg := e.config(nil)
@@ -138,7 +136,7 @@ func TestMemBatchHandler(t *testing.T) {
 // A failing message is retried until it succeeds; its effect commits once.
 func TestMemRetriesUntilSuccess(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"))
+	e.produce(0, event("a", "1"), event("b", "2"))
 	var fails atomic.Int32
 	cfg := e.config(func(ctx context.Context, tx *gorm.DB, m Message) error {
 		if m.EventID == "a" && fails.Add(1) <= 2 {
@@ -166,8 +164,8 @@ func TestMemRetriesUntilSuccess(t *testing.T) {
 // partition goes on past it.
 func TestMemDeadLetter(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.createTopic("orders.dlq", 1)
-	e.b.produce("orders", 0, event("a", "1"), event("bad", "2"), event("c", "3"))
+	e.createTopic("orders.dlq", 1)
+	e.produce(0, event("a", "1"), event("bad", "2"), event("c", "3"))
 	var calls sync.Map
 	cfg := e.config(failing(&calls, errBoom, "bad"))
 	cfg.Failure.MaxAttempts = 3
@@ -175,7 +173,7 @@ func TestMemDeadLetter(t *testing.T) {
 	cfg.Failure.DeadLetterTopic = "orders.dlq"
 	e.start(cfg)
 	e.committedTo(0, 3)
-	dead := e.b.deadLetters()
+	dead := e.deadLetters()
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
@@ -197,8 +195,8 @@ func TestMemDeadLetter(t *testing.T) {
 // An error marked inbox.Permanent goes to the policy at its first failure.
 func TestMemPermanentErrorIsNotRetried(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.createTopic("orders.dlq", 1)
-	e.b.produce("orders", 0, event("bad", "1"), event("b", "2"))
+	e.createTopic("orders.dlq", 1)
+	e.produce(0, event("bad", "1"), event("b", "2"))
 	var calls sync.Map
 	cfg := e.config(failing(&calls, inbox.Permanent(errBoom), "bad"))
 	cfg.Failure.MaxAttempts = 5
@@ -209,7 +207,7 @@ func TestMemPermanentErrorIsNotRetried(t *testing.T) {
 	if n, _ := calls.Load("bad"); *n.(*int) != 1 {
 		t.Errorf("the handler ran %d times, want 1", *n.(*int))
 	}
-	dead := e.b.deadLetters()
+	dead := e.deadLetters()
 	if len(dead) != 1 || headerOf(dead[0], "dlq_reason") != ReasonPermanent {
 		t.Errorf("dead letters %v, want one with reason %q", dead, ReasonPermanent)
 	}
@@ -219,14 +217,14 @@ func TestMemPermanentErrorIsNotRetried(t *testing.T) {
 // lettered as such at once.
 func TestMemNoEventIDIsDeadLettered(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.createTopic("orders.dlq", 1)
-	e.b.produce("orders", 0, kafka.Message{Value: []byte("no headers")}, event("b", "2"))
+	e.createTopic("orders.dlq", 1)
+	e.produce(0, kafka.Message{Value: []byte("no headers")}, event("b", "2"))
 	cfg := e.config(func(ctx context.Context, tx *gorm.DB, m Message) error { return apply(tx, m) })
 	cfg.Failure.Policy = DeadLetter
 	cfg.Failure.DeadLetterTopic = "orders.dlq"
 	e.start(cfg)
 	e.committedTo(0, 2)
-	dead := e.b.deadLetters()
+	dead := e.deadLetters()
 	if len(dead) != 1 || headerOf(dead[0], "dlq_reason") != ReasonNoEventID || string(dead[0].Value) != "no headers" {
 		t.Errorf("dead letters %v", dead)
 	}
@@ -240,7 +238,7 @@ func TestMemNoEventIDIsDeadLettered(t *testing.T) {
 // Run reports the stop.
 func TestMemStopPartition(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("bad", "3"), event("d", "4"), event("e", "5"))
+	e.produce(0, event("a", "1"), event("b", "2"), event("bad", "3"), event("d", "4"), event("e", "5"))
 	var calls sync.Map
 	cfg := e.config(failing(&calls, errBoom, "bad"))
 	cfg.Failure.MaxAttempts = 2
@@ -254,10 +252,10 @@ func TestMemStopPartition(t *testing.T) {
 	}
 	e.committedTo(0, 2)
 	time.Sleep(100 * time.Millisecond)
-	if got := e.b.committedOffset("orders", 0); got != 2 {
+	if got := e.committed(0); got != 2 {
 		t.Errorf("committed %d, want 2: nothing past the stopped message", got)
 	}
-	for _, c := range e.b.commits {
+	for _, c := range e.spy.commitLog() {
 		if c.next > 2 {
 			t.Errorf("a commit of %d, past the stopped message", c.next)
 		}
@@ -279,25 +277,25 @@ func TestMemStopPartition(t *testing.T) {
 // next generation's assignment decides who consumes what.
 func TestMemRebalance(t *testing.T) {
 	e := newMemEnv(t, 2)
-	e.b.produce("orders", 0, event("a", "1"))
-	e.b.produce("orders", 1, event("b", "2"))
+	e.produce(0, event("a", "1"))
+	e.produce(1, event("b", "2"))
 	e.start(e.config(func(ctx context.Context, tx *gorm.DB, m Message) error { return apply(tx, m) }))
 	e.committedTo(0, 1)
 	e.committedTo(1, 1)
-	gen := e.b.generation()
-	e.b.rebalance(map[string][]int{"orders": {1}})
-	e.eventually("the next generation", func() bool { return e.b.generation() == gen+1 })
-	e.b.produce("orders", 0, event("c", "3"))
-	e.b.produce("orders", 1, event("d", "4"))
+	gen := e.generation()
+	e.rebalance(map[string][]int{"orders": {1}})
+	e.eventually("the next generation", func() bool { return e.generation() == gen+1 })
+	e.produce(0, event("c", "3"))
+	e.produce(1, event("d", "4"))
 	e.committedTo(1, 2)
 	time.Sleep(50 * time.Millisecond)
-	if got := e.b.committedOffset("orders", 0); got != 1 {
+	if got := e.committed(0); got != 1 {
 		t.Errorf("partition 0, not assigned, committed to %d", got)
 	}
 	if got := e.effects(); slices.Contains(got, "3") {
 		t.Errorf("effects %q: partition 0 was consumed while not assigned", got)
 	}
-	e.b.rebalance(nil)
+	e.rebalance(nil)
 	e.committedTo(0, 2)
 	if got := e.effects(); len(got) != 4 {
 		t.Errorf("effects %q, want 4", got)
@@ -305,8 +303,8 @@ func TestMemRebalance(t *testing.T) {
 	if e.count(hooks.Revoked) < 3 {
 		t.Errorf("%d revoked events, want every partition of the ended generations", e.count(hooks.Revoked))
 	}
-	for _, c := range e.b.commits {
-		if c.gen == gen+1 && c.tp.partition == 0 {
+	for _, c := range e.spy.commitLog() {
+		if c.gen == gen+1 && c.partition == 0 {
 			t.Errorf("generation %d committed partition 0, which it was not assigned", c.gen)
 		}
 	}
@@ -343,7 +341,7 @@ func TestMemStartChecks(t *testing.T) {
 // Close stops Run, which then returns nil.
 func TestMemClose(t *testing.T) {
 	e := newMemEnv(t, 1)
-	e.b.produce("orders", 0, event("a", "1"))
+	e.produce(0, event("a", "1"))
 	r := e.start(e.config(func(ctx context.Context, tx *gorm.DB, m Message) error { return apply(tx, m) }))
 	e.committedTo(0, 1)
 	if err := r.c.Close(); err != nil {

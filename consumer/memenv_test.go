@@ -1,7 +1,8 @@
 package consumer
 
-// The harness of the package's own consumer tests: an in-memory broker
-// (memtransport_test.go), a SQLite database in a temporary file with the
+// The harness of the package's own consumer tests: an in-memory cluster
+// (package memtransport, its client wrapped in a spy, memspy_test.go), a
+// SQLite database in a temporary file with the
 // inbox and an effects table, and the hooks' events and the log lines
 // recorded for the assertions.
 
@@ -24,11 +25,15 @@ import (
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
 	"github.com/inboxgo/inbox/internal/sqlitetest"
+	"github.com/inboxgo/inbox/transport/memtransport"
 )
 
 type memEnv struct {
-	t     *testing.T
-	b     *memBroker
+	t       *testing.T
+	cluster *memtransport.Cluster
+	spy     *spy
+	// mode is the rebalancing of the clients config makes.
+	mode  memtransport.Rebalancing
 	db    *gorm.DB
 	store *sqlitetest.Store
 	ib    *inbox.Inbox
@@ -59,8 +64,9 @@ func (b *lockedBuffer) String() string {
 // and the database with a migrated inbox and the effects table.
 func newMemEnv(t *testing.T, partitions int) *memEnv {
 	t.Helper()
-	e := &memEnv{t: t, b: newMemBroker(), db: sqlitetest.Open(t), store: &sqlitetest.Store{}}
-	e.b.createTopic("orders", partitions)
+	cluster := memtransport.NewCluster()
+	e := &memEnv{t: t, cluster: cluster, spy: &spy{cluster: cluster}, db: sqlitetest.Open(t), store: &sqlitetest.Store{}}
+	e.createTopic("orders", partitions)
 	ib, err := inbox.New(e.db, e.store, inbox.Config{Logger: e.logger(), RetentionDays: 30})
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +97,7 @@ func (e *memEnv) config(h Handler) Config {
 	return Config{
 		Brokers: []string{"membroker:9092"},
 		Kafka: KafkaConfig{
-			Transport:      e.b.client(),
+			Transport:      e.spy.wrap(e.cluster.Client(e.mode)),
 			CommitInterval: 20 * time.Millisecond,
 		},
 		GroupID:  "inventory",
@@ -222,9 +228,54 @@ func tail(s string, n int) string {
 func (e *memEnv) committedTo(p int, next int64) {
 	e.t.Helper()
 	e.eventually(fmt.Sprintf("the committed offset of partition %d to reach %d", p, next), func() bool {
-		return e.b.committedOffset("orders", p) == next
+		return e.committed(p) == next
 	})
 }
+
+// The cluster's operations the tests run, on topic "orders" and group
+// "inventory" unless named.
+
+func (e *memEnv) createTopic(topic string, partitions int) {
+	e.t.Helper()
+	if err := e.cluster.CreateTopic(topic, partitions); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// recreate deletes topic and creates it again with n empty partitions.
+func (e *memEnv) recreate(topic string, partitions int) {
+	e.t.Helper()
+	if err := e.cluster.DeleteTopic(topic); err != nil {
+		e.t.Fatal(err)
+	}
+	e.createTopic(topic, partitions)
+}
+
+func (e *memEnv) produce(partition int, msgs ...kafka.Message) {
+	e.t.Helper()
+	if err := e.cluster.ProduceTo("orders", partition, msgs...); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// committed returns the group's committed offset (-1: none).
+func (e *memEnv) committed(partition int) int64 {
+	if n, ok := e.cluster.Committed("inventory", "orders", partition); ok {
+		return n
+	}
+	return -1
+}
+
+func (e *memEnv) setCommitted(partition int, next int64) {
+	e.cluster.SetCommitted("inventory", "orders", partition, next)
+}
+
+func (e *memEnv) generation() int32 { return e.cluster.Generation("inventory") }
+
+func (e *memEnv) rebalance(keep map[string][]int) { e.cluster.Rebalance("inventory", keep) }
+
+// deadLetters returns the messages of the dead-letter topic "orders.dlq".
+func (e *memEnv) deadLetters() []kafka.Message { return e.cluster.Messages("orders.dlq") }
 
 // rows returns the rows of table matching where.
 func (e *memEnv) rows(table, where string, args ...any) int64 {

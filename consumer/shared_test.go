@@ -39,7 +39,7 @@ func TestMemHooksAndLoggerGivenOnlyToTheInbox(t *testing.T) {
 	}
 	cfg := e.config(func(ctx context.Context, tx *gorm.DB, m Message) error { return apply(tx, m) })
 	cfg.Inbox, cfg.Hooks, cfg.Logger = ib, nil, nil
-	e.b.produce("orders", 0, event("a", "1"), event("b", "2"), event("a", "1 again"))
+	e.produce(0, event("a", "1"), event("b", "2"), event("a", "1 again"))
 	r := e.start(cfg)
 	e.committedTo(0, 3)
 	r.close(t)

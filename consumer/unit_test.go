@@ -16,6 +16,7 @@ import (
 	"github.com/inboxgo/inbox/header"
 	"github.com/inboxgo/inbox/hooks"
 	"github.com/inboxgo/inbox/inbox"
+	"github.com/inboxgo/inbox/transport/memtransport"
 )
 
 func TestOffsetTrackerOutOfOrder(t *testing.T) {
@@ -230,7 +231,7 @@ func TestConfigValidation(t *testing.T) {
 	}
 	// Brokers are the default client's: a Transport needs none.
 	withTransport := ok
-	withTransport.Brokers, withTransport.Kafka.Transport = nil, newMemBroker().client()
+	withTransport.Brokers, withTransport.Kafka.Transport = nil, memtransport.NewCluster().Client(memtransport.Eager)
 	if c, err := New(withTransport); err != nil {
 		t.Fatalf("a config with a Transport and no Brokers rejected: %v", err)
 	} else if c.client != withTransport.Kafka.Transport {
