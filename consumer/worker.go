@@ -200,7 +200,7 @@ func (r *heldReader) close() {
 	if r.PartitionReader == nil {
 		return
 	}
-	if err := r.PartitionReader.Close(); err != nil {
+	if err := r.Close(); err != nil {
 		r.log.Debug("closing the partition reader failed", "error", err)
 	}
 	r.PartitionReader = nil
