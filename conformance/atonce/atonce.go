@@ -45,7 +45,7 @@ func Processes(t *testing.T, n int, child string, env ...string) error {
 		cmd     *exec.Cmd
 		release *os.File
 		lines   *bufio.Scanner
-		out     strings.Builder
+		out     lockedBuffer // its stderr (written by exec's copier) and its stdout lines
 	}
 	procs := make([]*proc, n)
 	for i := range procs {
@@ -89,6 +89,25 @@ func Processes(t *testing.T, n int, child string, env ...string) error {
 }
 
 const startLine = "ready to start"
+
+// lockedBuffer collects a process's output from two goroutines: exec's
+// copier of its stderr and Processes, which reads its stdout.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
 
 // Ready tells Processes that this process is ready, and waits
 // until it releases every process together.
