@@ -66,3 +66,39 @@ func serverCPU(pid int) time.Duration {
 	}
 	return time.Duration(ticks) * time.Second / clockTick
 }
+
+// machineTicks reads the first line of /proc/stat: the ticks all CPUs
+// spent busy and in total since boot, or zeros where it cannot be read.
+// A latency run is only as fast as the machine lets it be: on a 2-core box
+// that runs the database, the broker and the benchmark, the share of the
+// CPUs busy tells a slow design from a saturated machine.
+func machineTicks() (busy, total int64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0, 0
+	}
+	// user nice system idle iowait irq softirq steal (guest time is
+	// already counted in user).
+	for i, s := range f[1:min(len(f), 9)] {
+		v, _ := strconv.ParseInt(s, 10, 64)
+		total += v
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy, total
+}
+
+// busyShare is the share of the machine's CPU time spent busy between two
+// readings of machineTicks; 0 when unknown.
+func busyShare(busy0, total0, busy1, total1 int64) float64 {
+	if total1 <= total0 {
+		return 0
+	}
+	return float64(busy1-busy0) / float64(total1-total0)
+}

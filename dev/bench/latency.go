@@ -143,6 +143,10 @@ type LatencyResult struct {
 	// Cycle is the relay's cycles that claimed something, Write their
 	// writes to the broker (part of Cycle).
 	Cycle, Write Percentiles
+	// Busy is the share of the machine's CPUs busy while the producers
+	// ran (everything on the machine: the database, the broker, this
+	// process, anything else); 0 where /proc/stat cannot be read.
+	Busy float64
 }
 
 // Latency runs load once per relay mode on b: producers enqueue each event
@@ -436,6 +440,7 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 	var next atomic.Int64
 	next.Store(1)
 	var late atomic.Int64
+	busy0, total0 := machineTicks()
 	t0 := time.Now()
 	var pwg sync.WaitGroup
 	perr := make(chan error, producers)
@@ -462,6 +467,8 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 		}()
 	}
 	pwg.Wait()
+	busy1, total1 := machineTicks()
+	res.Busy = busyShare(busy0, total0, busy1, total1)
 	select {
 	case err := <-perr:
 		return res, fmt.Errorf("enqueue: %w", err)
