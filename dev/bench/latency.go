@@ -143,6 +143,9 @@ type LatencyResult struct {
 	// Cycle is the relay's cycles that claimed something, Write their
 	// writes to the broker (part of Cycle).
 	Cycle, Write Percentiles
+	// Claim is the relay's claims that found rows, Mark its marks of what
+	// it published (each part of Cycle).
+	Claim, Mark Percentiles
 	// Busy is the share of the machine's CPUs busy while the producers
 	// ran (everything on the machine: the database, the broker, this
 	// process, anything else); 0 where /proc/stat cannot be read.
@@ -271,6 +274,8 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 		return res, err
 	}
 	defer drop()
+	var times relayTimes
+	store = times.timed(store)
 	var fixtures []*Fixture
 	defer func() {
 		for _, f := range fixtures {
@@ -492,6 +497,7 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 	}
 	res.Publish, res.Rows, res.Sequenced = since(commit, published), since(commit, rows), since(commit, seq)
 	res.Cycle, res.Write = cycles.percentiles(), writes.percentiles()
+	res.Claim, res.Mark = times.claim.percentiles(), times.mark.percentiles()
 	return res, nil
 }
 

@@ -78,7 +78,7 @@ func BenchmarkLatency(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			be := backend(b, name, 16)
 			for range b.N {
-				lines := []string{"| database | load | relay | events (committed per second) | commit to publish | commit to effect, inbox rows | commit to effect, sequenced | relay cycle (p50 / p99) | of which the broker's write | CPUs busy |", "|---|---|---|---|---|---|---|---|---|---|"}
+				lines := []string{"| database | load | relay | events (committed per second) | commit to publish | commit to effect, inbox rows | commit to effect, sequenced | relay cycle (p50 / p99) | of which the broker's write | the claim | the mark | CPUs busy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"}
 				for _, l := range loads {
 					rs, err := bench.Latency(b.Context(), be, brokers, l, modes, 4, 100)
 					if err != nil {
@@ -86,7 +86,7 @@ func BenchmarkLatency(b *testing.B) {
 					}
 					all = append(all, rs...)
 					for _, r := range rs {
-						lines = append(lines, fmt.Sprintf("| %s | %s | %s | %d (%.0f/s) | %s | %s | %s | %s | %s | %.0f%% |", be.Name, l, r.Mode, r.Events, r.Rate, row(r.Publish), row(r.Rows), row(r.Sequenced), ms(r.Cycle.P50)+" / "+ms(r.Cycle.P99), ms(r.Write.P50)+" / "+ms(r.Write.P99), 100*r.Busy))
+						lines = append(lines, fmt.Sprintf("| %s | %s | %s | %d (%.0f/s) | %s | %s | %s | %s | %s | %s | %s | %.0f%% |", be.Name, l, r.Mode, r.Events, r.Rate, row(r.Publish), row(r.Rows), row(r.Sequenced), ms(r.Cycle.P50)+" / "+ms(r.Cycle.P99), ms(r.Write.P50)+" / "+ms(r.Write.P99), ms(r.Claim.P50)+" / "+ms(r.Claim.P99), ms(r.Mark.P50)+" / "+ms(r.Mark.P99), 100*r.Busy))
 					}
 				}
 				for _, mode := range []string{bench.RelayPolling, bench.RelayWakeups} {
@@ -97,7 +97,7 @@ func BenchmarkLatency(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					lines = append(lines, fmt.Sprintf("| %s | idle | %s | statements per second: %.1f | | | | | | |", be.Name, mode, r.PerSecond))
+					lines = append(lines, fmt.Sprintf("| %s | idle | %s | statements per second: %.1f | | | | | | | | |", be.Name, mode, r.PerSecond))
 				}
 				b.Log("latencies in ms, p50 / p99 / p99.9 / max\n" + strings.Join(lines, "\n"))
 			}
