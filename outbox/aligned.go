@@ -98,6 +98,15 @@ type PinningPublisher interface {
 	// fails (its entry of a kafka.WriteErrors), and so does every message
 	// after it in msgs once the publisher saw its topic with another
 	// count; the error then wraps ErrPartitionCount.
+	//
+	// A publisher that learns where the broker appended a message (the
+	// produce response's offsets) sets its msgs[i].Partition and
+	// msgs[i].Offset to them; the relay gives each Offset as -1. After a
+	// call that returned nil, a relay that stamps sequence headers takes
+	// messages that follow, one after the other, from where its check of
+	// the partition ended as proof that nothing was appended before them,
+	// instead of asking Witness.EndOffsets (one request less per cycle).
+	// A publisher that cannot tell leaves Offset at -1.
 	PublishPinned(ctx context.Context, msgs []kafka.Message, partitions []int, count int) error
 }
 

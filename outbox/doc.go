@@ -202,12 +202,14 @@
 //     and, after each publish, whatever another writer (another relay,
 //     another database) appended since its last look. Otherwise a cycle
 //     costs nothing more than its publish: the broker's answer to the write
-//     gives each message's offset (on NewKafkaWriter's writer, through its
-//     Completion), and when a partition's messages took the offsets right
-//     after what the relay read, one after the other, nobody else appended
-//     before them. Any other partition costs one request, for its end
-//     offset after the publish; so does every cycle on another publisher
-//     (franzgo.Publisher), which cannot hand the relay those offsets.
+//     gives each message's offset (PinningPublisher.PublishPinned writes it
+//     into the message; NewKafkaWriter's writer learns it through its
+//     Completion, franzgo.Publisher from franz-go's records), and when a
+//     partition's messages took the offsets right after what the relay
+//     read, one after the other, nobody else appended before them. Any
+//     other partition costs one request, for its end offset after the
+//     publish; so does every cycle on a publisher that does not report
+//     the offsets.
 //   - The relay reads the partition as a consumer deduplicating by
 //     watermark does: per epoch of the source, the first message of a
 //     number is applied and any later one with that number is dropped as a

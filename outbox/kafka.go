@@ -66,18 +66,6 @@ func NewKafkaWriter(brokers ...string) *kafka.Writer {
 	}
 }
 
-// placement is, for one PublishPinned call whose context carries it, the
-// offset at which the broker appended each message: -1 until the writer
-// reports it, and for a message whose write failed.
-type placement struct{ offsets []atomic.Int64 }
-
-type placementKey struct{}
-
-// withPlacement returns ctx carrying p, for PublishPinned to fill.
-func withPlacement(ctx context.Context, p *placement) context.Context {
-	return context.WithValue(ctx, placementKey{}, p)
-}
-
 // notePlacements is the Completion of NewKafkaWriter's writer: it notes the
 // offset of each pinned message of a batch the broker acknowledged. kafka-go
 // sets a message's Offset to its batch's base offset, from the produce
@@ -199,25 +187,27 @@ func (p *KafkaPublisher) PublishPinned(ctx context.Context, msgs []kafka.Message
 		return err
 	}
 	call := &pinCall{count: count}
-	placed, _ := ctx.Value(placementKey{}).(*placement)
-	if placed != nil {
-		placed.offsets = make([]atomic.Int64, len(msgs))
-		for i := range placed.offsets {
-			placed.offsets[i].Store(-1)
-		}
+	// The writer's Completion notes where each message went from a
+	// goroutine of its own: atomics, copied into msgs once the write is
+	// over.
+	offsets := make([]atomic.Int64, len(msgs))
+	for i := range offsets {
+		offsets[i].Store(-1)
 	}
 	pinned := make([]kafka.Message, len(msgs))
 	for i, m := range msgs {
 		if partitions[i] < 0 || partitions[i] >= count {
 			return fmt.Errorf("outbox: PublishPinned: partition %d of a topic of %d", partitions[i], count)
 		}
-		m.WriterData = &pin{partition: partitions[i], call: call}
-		if placed != nil {
-			m.WriterData.(*pin).at = &placed.offsets[i]
-		}
+		m.WriterData = &pin{partition: partitions[i], call: call, at: &offsets[i]}
 		pinned[i] = m
 	}
 	err := p.w.WriteMessages(ctx, pinned...)
+	for i := range msgs {
+		if at := offsets[i].Load(); at >= 0 {
+			msgs[i].Partition, msgs[i].Offset = partitions[i], at
+		}
+	}
 	if mismatch := call.mismatch(); mismatch != nil {
 		return errors.Join(mismatch, err)
 	}

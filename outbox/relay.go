@@ -453,7 +453,9 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		case stamp != nil:
 			hs = stamp.apply(hs, row.Key != nil || r.pin != nil, row.Shard, row.Seq)
 		}
-		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.Value, Headers: hs}
+		// Offset -1: a PinningPublisher that learns where the broker put
+		// the message sets it (see verify).
+		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.Value, Headers: hs, Offset: -1}
 		size := messageBytes(m.Key, m.Value, m.Headers)
 		if len(msgs) > 0 && bytes+size > r.maxBytes {
 			break // what is left is a suffix of every shard's run
@@ -478,10 +480,6 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		// Publishing after the lease expired would only duplicate what the
 		// next relay publishes, but it is wasted work: stop in time.
 		pubCtx, cancel := context.WithDeadline(ctx, claimedAt.Add(r.cfg.Lease*9/10))
-		if wit != nil {
-			placed = &placement{}
-			pubCtx = withPlacement(pubCtx, placed)
-		}
 		if r.pin != nil {
 			// A shard is a partition: misaligned checked each row's shard.
 			parts := make([]int, 0, len(msgs))
@@ -491,6 +489,9 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 				}
 			}
 			pubErr = r.pin.PublishPinned(pubCtx, msgs, parts, r.o.shards)
+			if wit != nil {
+				placed = placementOf(msgs, parts)
+			}
 		} else {
 			pubErr = r.pub.Publish(pubCtx, msgs)
 		}

@@ -414,6 +414,23 @@ func (r *Relay) verify(ctx context.Context, w *witnessed, rows []storage.OutboxR
 	return lost, nil
 }
 
+// placement is the offset at which the broker appended each message of
+// a PublishPinned call, as the publisher reported it: -1 where it did not.
+type placement struct{ offsets []int64 }
+
+// placementOf reads what PublishPinned reported in msgs (whose Offsets
+// the relay set to -1) for messages sent to parts.
+func placementOf(msgs []kafka.Message, parts []int) *placement {
+	p := &placement{offsets: make([]int64, len(msgs))}
+	for i, m := range msgs {
+		p.offsets[i] = -1
+		if i < len(parts) && m.Partition == parts[i] && m.Offset >= 0 {
+			p.offsets[i] = m.Offset
+		}
+	}
+	return p
+}
+
 // follows reports whether the sent messages of shard s, n of them, took
 // the offsets start, start+1, ... in the order of rows (see verify); false
 // for a nil p.
@@ -426,7 +443,7 @@ func (p *placement) follows(s int32, start int64, rows []storage.OutboxRow, msgO
 		if row.Shard != s || msgOf[i] < 0 {
 			continue
 		}
-		if msgOf[i] >= len(p.offsets) || p.offsets[msgOf[i]].Load() != start+k {
+		if msgOf[i] >= len(p.offsets) || p.offsets[msgOf[i]] != start+k {
 			return false
 		}
 		k++

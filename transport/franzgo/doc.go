@@ -50,10 +50,8 @@
 // the order given, across retries, by the idempotent producer. It pins an
 // aligned outbox's messages to their shards' partitions and reads the
 // partitions back for its sequence checks (outbox.PinningPublisher,
-// outbox.Witness). Unlike the kafka-go writer it cannot tell the relay the
-// offsets its messages took, so an aligned relay on it asks the
-// partitions' end offsets after each publish: one ListOffsets request per
-// cycle.
+// outbox.Witness), and tells the relay the offsets the broker gave its
+// messages, so a relay nobody raced asks no end offsets after a publish.
 //
 // # What it does not do
 //

@@ -60,11 +60,9 @@ const (
 //     one fails. A call holds at most 1,000 messages of 1 MiB (Limits),
 //     and is sent as one batch per partition.
 //
-// Unlike NewKafkaWriter's writer, whose Completion hands an aligned relay
-// the offsets its messages took through a mechanism of the outbox
-// package's own, it cannot tell the relay where the broker put them, so
-// such a relay reads the partitions' end offsets (EndOffsets) after each
-// publish: one ListOffsets request per cycle.
+// Like outbox.KafkaPublisher, PublishPinned reports the offsets the
+// broker gave its messages (from the produce responses), so an aligned
+// relay that nobody raced reads no end offsets after its publish.
 //
 // A publish cut short by its context (the relay's lease deadline) may
 // still have been appended; the relay sends it again, and the downstream
@@ -210,6 +208,16 @@ func (p *Publisher) PublishPinned(ctx context.Context, msgs []kafka.Message, par
 		return errors.Join(call.mismatch(), each)
 	}
 	err := p.produce(ctx, recs)
+	var each kafka.WriteErrors
+	errors.As(err, &each)
+	for i, r := range recs {
+		// franz-go sets a produced record's Offset from its batch's base
+		// offset in the broker's answer (-1 when that is unknown).
+		produced := err == nil || (len(each) == len(recs) && each[i] == nil)
+		if produced && r.Offset >= 0 && r.Partition == int32(partitions[i]) {
+			msgs[i].Partition, msgs[i].Offset = partitions[i], r.Offset
+		}
+	}
 	if mismatch := call.mismatch(); mismatch != nil {
 		return errors.Join(mismatch, err)
 	}

@@ -19,6 +19,7 @@ import (
 type relayPublisher interface {
 	outbox.PinningPublisher
 	outbox.Witness
+	outbox.Limited
 }
 
 // publishers are the relay's publishers this library ships, each opened
