@@ -73,9 +73,14 @@ func newLatencyPublisher(client string, brokers []string) (latencyPublisher, fun
 	return kp, func() { _ = w.Close() }, nil
 }
 
+// RelayMinPoll, if not zero, is the MinPollInterval of the relays that
+// wake up: the shortest gap between two cycles that published (5 ms by
+// default), which trades the relay's statements per second for latency.
+var RelayMinPoll time.Duration
+
 // relayConfig is the relay configuration of mode.
 func relayConfig(mode, id string) outbox.RelayConfig {
-	cfg := outbox.RelayConfig{ID: id}
+	cfg := outbox.RelayConfig{ID: id, MinPollInterval: RelayMinPoll}
 	if mode == RelayPolling {
 		cfg.NoWakeups, cfg.PollInterval, cfg.MinPollInterval = true, 100*time.Millisecond, 100*time.Millisecond
 	}
