@@ -20,16 +20,24 @@ type relayTimes struct {
 	claim, mark durations
 }
 
-func (t *relayTimes) claimed(start time.Time, rows int, err error) {
-	if err == nil && rows > 0 {
+// timeClaim runs claim and notes how long it took when it found rows.
+func (t *relayTimes) timeClaim(claim func() ([]storage.OutboxRow, error)) ([]storage.OutboxRow, error) {
+	start := time.Now()
+	rows, err := claim()
+	if err == nil && len(rows) > 0 {
 		t.claim.add(time.Since(start))
 	}
+	return rows, err
 }
 
-func (t *relayTimes) marked(start time.Time, err error) {
+// timeMark runs mark and notes how long it took when it succeeded.
+func (t *relayTimes) timeMark(mark func() error) error {
+	start := time.Now()
+	err := mark()
 	if err == nil {
 		t.mark.add(time.Since(start))
 	}
+	return err
 }
 
 // timed returns s with its claims and marks timed into t. Each adapter's
@@ -54,24 +62,21 @@ type timedPostgresOutbox struct {
 }
 
 func (s timedPostgresOutbox) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
-	start := time.Now()
-	rows, err := s.OutboxStore.Claim(ctx, db, req)
-	s.t.claimed(start, len(rows), err)
-	return rows, err
+	return s.t.timeClaim(func() ([]storage.OutboxRow, error) { return s.OutboxStore.Claim(ctx, db, req) })
 }
 
 func (s timedPostgresOutbox) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
-	start := time.Now()
-	rows, id, epoch, err := s.OutboxStore.ClaimSource(ctx, db, req)
-	s.t.claimed(start, len(rows), err)
+	var id string
+	var epoch int64
+	rows, err := s.t.timeClaim(func() (rows []storage.OutboxRow, err error) {
+		rows, id, epoch, err = s.OutboxStore.ClaimSource(ctx, db, req)
+		return rows, err
+	})
 	return rows, id, epoch, err
 }
 
 func (s timedPostgresOutbox) Ack(ctx context.Context, db *gorm.DB, relay string, marks []storage.Mark) error {
-	start := time.Now()
-	err := s.OutboxStore.Ack(ctx, db, relay, marks)
-	s.t.marked(start, err)
-	return err
+	return s.t.timeMark(func() error { return s.OutboxStore.Ack(ctx, db, relay, marks) })
 }
 
 type timedMySQLOutbox struct {
@@ -80,17 +85,11 @@ type timedMySQLOutbox struct {
 }
 
 func (s timedMySQLOutbox) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
-	start := time.Now()
-	rows, err := s.OutboxStore.Claim(ctx, db, req)
-	s.t.claimed(start, len(rows), err)
-	return rows, err
+	return s.t.timeClaim(func() ([]storage.OutboxRow, error) { return s.OutboxStore.Claim(ctx, db, req) })
 }
 
 func (s timedMySQLOutbox) Ack(ctx context.Context, db *gorm.DB, relay string, marks []storage.Mark) error {
-	start := time.Now()
-	err := s.OutboxStore.Ack(ctx, db, relay, marks)
-	s.t.marked(start, err)
-	return err
+	return s.t.timeMark(func() error { return s.OutboxStore.Ack(ctx, db, relay, marks) })
 }
 
 type timedSQLiteOutbox struct {
@@ -99,15 +98,9 @@ type timedSQLiteOutbox struct {
 }
 
 func (s timedSQLiteOutbox) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
-	start := time.Now()
-	rows, err := s.OutboxStore.Claim(ctx, db, req)
-	s.t.claimed(start, len(rows), err)
-	return rows, err
+	return s.t.timeClaim(func() ([]storage.OutboxRow, error) { return s.OutboxStore.Claim(ctx, db, req) })
 }
 
 func (s timedSQLiteOutbox) Ack(ctx context.Context, db *gorm.DB, relay string, marks []storage.Mark) error {
-	start := time.Now()
-	err := s.OutboxStore.Ack(ctx, db, relay, marks)
-	s.t.marked(start, err)
-	return err
+	return s.t.timeMark(func() error { return s.OutboxStore.Ack(ctx, db, relay, marks) })
 }
