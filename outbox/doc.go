@@ -51,9 +51,10 @@
 // most that, and never loses it. An idle relay sends about ten statements
 // (its claims) in the first second after activity, then one per safety
 // poll. A relay that publishes a full batch goes on at once; after a
-// shorter one it starts the next cycle no sooner than 5ms later
-// (MinPollInterval, if shorter), however soon it is woken, so that a
-// stream of commits is published several at a time. RelayConfig.NoWakeups
+// shorter one it starts the next cycle no sooner than 5ms after that
+// one's start (MinPollInterval, if shorter), however soon it is woken, so
+// that a stream of commits is published several at a time, and a cycle
+// that took longer is followed at once. RelayConfig.NoWakeups
 // turns the wake-ups off.
 //
 // # Order per key

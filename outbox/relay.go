@@ -62,8 +62,8 @@ type RelayConfig struct {
 	// cycle that finds nothing doubles it, up to PollInterval. Default
 	// 5ms, and never more than PollInterval. However soon a wake-up comes,
 	// a cycle starts no sooner than 5ms (or MinPollInterval, if shorter)
-	// after one that published, so that a stream of commits is taken
-	// several at a time.
+	// after the start of one that published, so that a stream of commits
+	// is taken several at a time.
 	MinPollInterval time.Duration
 	// NoWakeups turns the wake-ups off: the relay neither listens for the
 	// database's notifications nor takes the signal of this process's
@@ -219,6 +219,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	// something or followed a wake-up: the polls back off with it.
 	idle := 0
 	for {
+		cycleStart := time.Now()
 		n, err := r.PublishOnce(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -269,7 +270,6 @@ func (r *Relay) Run(ctx context.Context) error {
 			idle = 0
 		}
 		if wait > 0 {
-			cycleEnd := time.Now()
 			woken, err := pause(ctx, wait, notified, local, r.listening.Load)
 			if err != nil {
 				return err
@@ -278,12 +278,15 @@ func (r *Relay) Run(ctx context.Context) error {
 				idle = 0
 				if n > 0 {
 					// Under a steady stream of commits every one wakes
-					// the relay: a short gap after a cycle that
-					// published lets the next take several commits,
-					// rather than claiming (on SQLite: taking the write
-					// lock) once per commit.
+					// the relay: cycles that start at least this far
+					// apart take several commits each, rather than
+					// claiming (on SQLite: taking the write lock) once
+					// per commit. Counted from the start of the cycle
+					// that published, so a cycle that took longer than
+					// that is followed at once: a gap after it would
+					// only add to every message's wait.
 					gap := min(r.cfg.MinPollInterval, defaultMinPollInterval)
-					if err := backoff.Sleep(ctx, gap-time.Since(cycleEnd)); err != nil {
+					if err := backoff.Sleep(ctx, gap-time.Since(cycleStart)); err != nil {
 						return err
 					}
 				}

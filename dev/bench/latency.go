@@ -74,8 +74,9 @@ func newLatencyPublisher(client string, brokers []string) (latencyPublisher, fun
 }
 
 // RelayMinPoll, if not zero, is the MinPollInterval of the relays that
-// wake up: the shortest gap between two cycles that published (5 ms by
-// default), which trades the relay's statements per second for latency.
+// wake up: the shortest time from the start of a cycle that published to
+// the start of the next (5 ms by default), which trades the relay's
+// statements per second for latency.
 var RelayMinPoll time.Duration
 
 // relayConfig is the relay configuration of mode.
