@@ -85,10 +85,11 @@ func BenchmarkLatency(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			pool := 16
 			if name == "sqlite" {
-				// One connection queues SQLite's writers in the process,
-				// fairly, instead of in its busy handler, whose sleeps
-				// grow for a writer that waits (the sqlite package doc).
-				pool = envInt("INBOX_BENCH_SQLITE_POOL", pool)
+				// One connection, as the sqlite package doc advises where
+				// latency matters: SQLite's writers queue in the process
+				// instead of in its busy handler, whose sleeps grow for a
+				// writer that waits.
+				pool = envInt("INBOX_BENCH_SQLITE_POOL", 1)
 			}
 			be := backend(b, name, pool)
 			for range b.N {
