@@ -34,7 +34,7 @@ FRANZGO_PASS := INBOX_TEST_TRANSPORT=franz-go $(GO) test -race -count=1 -timeout
 # Every benchmark once with the smallest sizes, so one that no longer runs
 # (a setup the library now refuses, a changed API) fails `make test`; the
 # figures mean nothing at these sizes.
-BENCH_SMOKE := INBOX_BENCH_EVENTS=100 INBOX_OUTBOX_EVENTS=1000 INBOX_BENCH_ROUNDS=1 INBOX_BENCH_SIZES=0 INBOX_BENCH_EXPIRY_ROWS=1000 INBOX_BENCH_KAFKA_EVENTS=1000
+BENCH_SMOKE := INBOX_BENCH_EVENTS=100 INBOX_OUTBOX_EVENTS=1000 INBOX_BENCH_ROUNDS=1 INBOX_BENCH_SIZES=0 INBOX_BENCH_EXPIRY_ROWS=1000 INBOX_BENCH_KAFKA_EVENTS=1000 INBOX_BENCH_WARMUP=1
 
 .PHONY: test-short
 test-short: ## Run the tests that need no server (backends are skipped; not for CI).

@@ -146,6 +146,9 @@ type LatencyResult struct {
 	// (the effect, before its commit), deduplicating by inbox rows and by
 	// sequence (watermarks).
 	Publish, Rows, Sequenced Percentiles
+	// Deliver is the broker's acknowledgement of the relay's write to the
+	// batch handler (inbox rows): the consumer's share of Rows.
+	Deliver Percentiles
 	// Cycle is the relay's cycles that claimed something, Write their
 	// writes to the broker (part of Cycle).
 	Cycle, Write Percentiles
@@ -502,6 +505,7 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 		res.Rate = float64(n-2) / time.Duration(hi-lo).Seconds()
 	}
 	res.Publish, res.Rows, res.Sequenced = since(commit, published), since(commit, rows), since(commit, seq)
+	res.Deliver = since(published, rows)
 	res.Cycle, res.Write = cycles.percentiles(), writes.percentiles()
 	res.Claim, res.Mark = times.claim.percentiles(), times.mark.percentiles()
 	return res, nil
