@@ -93,13 +93,16 @@ type Relay struct {
 	// wit and marks check an aligned outbox's numbers against its
 	// partitions while it stamps sequence headers; wits is what the relay
 	// knows of each shard's partition (only its Run's goroutine uses it).
-	wit      Witness
-	marks    storage.MarkReader
-	wits     map[int32]*shardWitness
-	cfg      RelayConfig
-	maxBytes int
-	log      *slog.Logger
-	hooks    *hooklist.List
+	wit   Witness
+	marks storage.MarkReader
+	wits  map[int32]*shardWitness
+	// streaming is set when the last cycle claimed rows: the next one then
+	// reads an aligned topic's partition count while it claims.
+	streaming bool
+	cfg       RelayConfig
+	maxBytes  int
+	log       *slog.Logger
+	hooks     *hooklist.List
 
 	cycles, published, failures, leasesLost atomic.Uint64
 	listening                               atomic.Bool
@@ -386,6 +389,22 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	// lease, as below) spares the cycle a round trip.
 	var source *claimedSource
 	sc, _ := r.o.store.(storage.SourceClaimer)
+	// The partition count must be read before the publish, not after the
+	// claim: under a stream of commits the broker's answer is awaited
+	// during the claim, not after it, where it would add to every
+	// message's wait. A relay that found nothing last time asks only
+	// once it has rows, so an idle relay sends the broker nothing.
+	var counted chan error
+	if r.pin != nil && r.streaming {
+		counted = make(chan error, 1)
+		go func() { counted <- r.checkPartitions(ctx) }()
+	}
+	partitionsChecked := func() error {
+		if counted == nil {
+			return r.checkPartitions(ctx)
+		}
+		return <-counted
+	}
 	err := r.o.retry(ctx, "claim", func() error {
 		var err error
 		if r.o.seq != nil && sc != nil {
@@ -396,14 +415,18 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		rows, err = r.o.store.Claim(ctx, r.o.db.WithContext(ctx), req)
 		return err
 	})
-	if err != nil {
-		return 0, fmt.Errorf("outbox: relay claim: %w", err)
-	}
-	ev.Claimed = len(rows)
-	if len(rows) == 0 {
+	r.streaming = err == nil && len(rows) > 0
+	if !r.streaming {
+		if counted != nil {
+			<-counted
+		}
+		if err != nil {
+			return 0, fmt.Errorf("outbox: relay claim: %w", err)
+		}
 		return 0, nil
 	}
-	if err := r.checkPartitions(ctx); err != nil {
+	ev.Claimed = len(rows)
+	if err := partitionsChecked(); err != nil {
 		return 0, err
 	}
 	// The source and epoch are read after the claim, on every cycle that
