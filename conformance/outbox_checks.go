@@ -49,6 +49,9 @@ var outboxSequenceChecks = []Check{
 	{Outbox: true, Sequenced: true, Area: "sequence", Name: "marks-keep-offsets",
 		Doc: "a store that reads marks (storage.MarkReader, which an aligned outbox's relay needs for its sequence headers) returns each shard's mark with the offset and epoch stored by the Ack that moved it there, never those of an Ack that did not move it",
 		Run: checkMarksKeepOffsets},
+	{Outbox: true, Sequenced: true, Area: "sequence", Name: "claim-source",
+		Doc: "a store that claims with its source (storage.SourceClaimer, which a relay stamping sequence headers uses instead of Claim and Source) returns the rows Claim would, in order, also when a shard holds more than the claim takes, with the id and epoch Source returns, a BumpEpoch that returned before the call included",
+		Run: checkClaimSource},
 	{Outbox: true, Sequenced: true, Area: "sequence", Name: "relay-headers",
 		Doc: "the relay stamps every message with a key with the source, epoch, shard and seq of its stored row (and a message without a key with none), the same on every copy, and the new epoch after a bump",
 		Run: checkSequenceHeaders},
@@ -456,6 +459,62 @@ func checkMarksKeepOffsets(ctx context.Context, env *Env) error {
 	}
 	if got, err := reader.Marks(ctx, db, []int32{1 << 20}); err == nil {
 		return fmt.Errorf("marks of a shard the store does not have returned %+v and no error", got)
+	}
+	return nil
+}
+
+func checkClaimSource(ctx context.Context, env *Env) error {
+	sc, ok := env.H.Outbox.(storage.SourceClaimer)
+	if !ok {
+		return fmt.Errorf("%w: the Outbox store does not implement storage.SourceClaimer (optional: the relay then calls Claim and Source)", ErrSkipped)
+	}
+	ob := env.Outbox()
+	// Two keys, 6 messages each: more than the second claim below takes
+	// from a shard.
+	for i := range 12 {
+		if err := env.enqueueTx(ctx, ob, "claim-source", msgOf("orders", "cs-"+strconv.Itoa(i%2), strconv.Itoa(i))); err != nil {
+			return err
+		}
+	}
+	store, db := env.H.Outbox, env.H.DB.WithContext(ctx)
+	id, _, err := env.sourceOf(ctx, env.H.DB)
+	if err != nil {
+		return err
+	}
+	for round, maxRows := range []int{100, 3} {
+		bumped, err := env.sequenced().BumpEpoch(ctx, db)
+		if err != nil {
+			return fmt.Errorf("BumpEpoch: %w", err)
+		}
+		relay := "claim-source-" + strconv.Itoa(round)
+		// A relay of its own each round, after the last one's lease
+		// ended: both claim the same rows, as Claim would.
+		want, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: relay, Lease: time.Minute, MaxRows: maxRows})
+		if err != nil || len(want) == 0 {
+			return fmt.Errorf("Claim of up to %d rows: %d rows (err %v), want some", maxRows, len(want), err)
+		}
+		if err := store.Release(ctx, db, relay); err != nil {
+			return fmt.Errorf("release: %w", err)
+		}
+		got, gotID, gotEpoch, err := sc.ClaimSource(ctx, db, storage.ClaimRequest{Relay: relay, Lease: time.Minute, MaxRows: maxRows})
+		if err != nil {
+			return fmt.Errorf("ClaimSource of up to %d rows: %w", maxRows, err)
+		}
+		if gotID != id || gotEpoch != bumped {
+			return fmt.Errorf("ClaimSource of up to %d rows after BumpEpoch returned %d: source %q epoch %d, want %q epoch %d", maxRows, bumped, gotID, gotEpoch, id, bumped)
+		}
+		if len(got) != len(want) {
+			return fmt.Errorf("ClaimSource of up to %d rows returned %d rows, Claim %d", maxRows, len(got), len(want))
+		}
+		for i := range got {
+			if got[i].Shard != want[i].Shard || got[i].Seq != want[i].Seq || got[i].EventID != want[i].EventID {
+				return fmt.Errorf("ClaimSource of up to %d rows: row %d is shard %d seq %d (event %s), Claim's shard %d seq %d (event %s)",
+					maxRows, i, got[i].Shard, got[i].Seq, got[i].EventID, want[i].Shard, want[i].Seq, want[i].EventID)
+			}
+		}
+		if err := store.Release(ctx, db, relay); err != nil {
+			return fmt.Errorf("release: %w", err)
+		}
 	}
 	return nil
 }

@@ -295,6 +295,19 @@ type pendingShard struct {
 // in one short transaction, then reads each leased shard's share of
 // MaxRows.
 func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
+	rows, _, _, err := s.claim(ctx, db, req, false)
+	return rows, err
+}
+
+// ClaimSource claims as Claim does and reads the source row with the
+// leased shards' rows, in the statement that reads them after the lease's
+// transaction committed (storage.SourceClaimer): one round trip less than
+// Claim and Source apart.
+func (s *OutboxStore) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	return s.claim(ctx, db, req, true)
+}
+
+func (s *OutboxStore) claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest, withSource bool) ([]storage.OutboxRow, string, int64, error) {
 	db = db.WithContext(ctx)
 	maxShards := req.MaxShards
 	if maxShards <= 0 {
@@ -335,7 +348,7 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 		return nil
 	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil || len(leased) == 0 {
-		return nil, err
+		return nil, "", 0, err
 	}
 	pending := make([]storage.ShardCount, len(leased))
 	through := make(map[int32]int64, len(leased))
@@ -352,26 +365,40 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 			s.tbl.table, sh.Shard, through[sh.Shard], sh.Rows)
 	}
 	if union.Len() == 0 {
-		return nil, nil
+		return nil, "", 0, nil
+	}
+	query := union.String()
+	if withSource {
+		query = `SELECT u.*, src.source AS src_source, src.epoch AS src_epoch FROM (` + query + `) u LEFT JOIN ` + s.sourceTable() + ` src ON src.id = 1`
 	}
 	var stored []struct {
-		Shard    int32
-		Seq      int64
-		Day      string
-		EventID  []byte
-		Topic    []byte
-		MsgKey   []byte
-		MsgValue []byte
-		Headers  []byte
+		Shard     int32
+		Seq       int64
+		Day       string
+		EventID   []byte
+		Topic     []byte
+		MsgKey    []byte
+		MsgValue  []byte
+		Headers   []byte
+		SrcSource []byte
+		SrcEpoch  *int64
 	}
-	if err := db.Raw(union.String()).Scan(&stored).Error; err != nil {
-		return nil, fmt.Errorf("mysql: read leased shards of %s: %w", s.tbl.name, err)
+	if err := db.Raw(query).Scan(&stored).Error; err != nil {
+		return nil, "", 0, fmt.Errorf("mysql: read leased shards of %s: %w", s.tbl.name, err)
+	}
+	var source string
+	var epoch int64
+	if withSource && len(stored) > 0 {
+		if stored[0].SrcSource == nil || stored[0].SrcEpoch == nil {
+			return nil, "", 0, fmt.Errorf("mysql: %s has no source row; run Migrate", s.sourceTable())
+		}
+		source, epoch = string(stored[0].SrcSource), *stored[0].SrcEpoch
 	}
 	rows := make([]storage.OutboxRow, len(stored))
 	for i, p := range stored {
 		day, err := time.Parse(time.DateOnly, p.Day)
 		if err != nil {
-			return nil, fmt.Errorf("mysql: %s holds a malformed day %q: %w", s.tbl.name, p.Day, err)
+			return nil, "", 0, fmt.Errorf("mysql: %s holds a malformed day %q: %w", s.tbl.name, p.Day, err)
 		}
 		value := p.MsgValue
 		if value == nil {
@@ -382,7 +409,7 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 	slices.SortFunc(rows, func(a, b storage.OutboxRow) int {
 		return cmp.Or(cmp.Compare(a.Shard, b.Shard), cmp.Compare(a.Seq, b.Seq))
 	})
-	return rows, nil
+	return rows, source, epoch, nil
 }
 
 // Ack locks the marked shards relay still holds and moves their marks, in
@@ -692,6 +719,7 @@ var (
 	_ storage.Sequenced     = (*OutboxStore)(nil)
 	_ storage.Sharded       = (*OutboxStore)(nil)
 	_ storage.MarkReader    = (*OutboxStore)(nil)
+	_ storage.SourceClaimer = (*OutboxStore)(nil)
 )
 
 func maxTime(a, b time.Time) time.Time {

@@ -117,6 +117,49 @@ func (s offsetOnEveryAck) Ack(ctx context.Context, db *gorm.DB, relay string, ma
 	return nil
 }
 
+// claimThenSource is the healthy store with storage.SourceClaimer: the
+// claim, then the source read after it.
+type claimThenSource struct{ *inboxsqlite.OutboxStore }
+
+func (s claimThenSource) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	rows, err := s.Claim(ctx, db, req)
+	if err != nil {
+		return nil, "", 0, err
+	}
+	id, epoch, err := s.Source(ctx, db)
+	return rows, id, epoch, err
+}
+
+// sourceReadOnce claims with the source and epoch it read on its first
+// call, as a store that caches them: a relay would stamp a bumped epoch's
+// rows with the old one.
+type sourceReadOnce struct {
+	*inboxsqlite.OutboxStore
+	id    *string
+	epoch *int64
+}
+
+func (s sourceReadOnce) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	if *s.id == "" {
+		var err error
+		if *s.id, *s.epoch, err = s.Source(ctx, db); err != nil {
+			return nil, "", 0, err
+		}
+	}
+	rows, err := s.Claim(ctx, db, req)
+	return rows, *s.id, *s.epoch, err
+}
+
+// claimSourceIgnoresMaxRows reads every unpublished row of a leased shard,
+// as a store whose claim with the source forgot the second read a shard
+// that holds more than the claim takes needs.
+type claimSourceIgnoresMaxRows struct{ claimThenSource }
+
+func (s claimSourceIgnoresMaxRows) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	req.MaxRows = 1 << 20
+	return s.claimThenSource.ClaimSource(ctx, db, req)
+}
+
 // unsequenced is the healthy store without the storage.Sequenced
 // capability, as a third party's store written before it.
 type unsequenced struct{ storage.OutboxStore }
@@ -163,6 +206,16 @@ func TestOutboxSuiteFailsBrokenStores(t *testing.T) {
 		{"stores-the-offset-of-every-ack",
 			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return offsetOnEveryAck{s} },
 			[]string{"outbox-sequence/marks-keep-offsets"}},
+		{"claims-with-the-source-it-read-first",
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore {
+				return sourceReadOnce{OutboxStore: s, id: new(string), epoch: new(int64)}
+			},
+			[]string{"outbox-sequence/claim-source"}},
+		{"claims-with-the-source-past-max-rows",
+			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore {
+				return claimSourceIgnoresMaxRows{claimThenSource{s}}
+			},
+			[]string{"outbox-sequence/claim-source"}},
 		{"makes-a-new-source-id-on-every-read",
 			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return sourcePerCall{s} },
 			[]string{"outbox-sequence/source-stable", "outbox-sequence/epoch-bump", "outbox-sequence/relay-headers"}},
@@ -196,4 +249,10 @@ func TestOutboxSuiteSkipsSequenceChecksWithoutTheCapability(t *testing.T) {
 
 func TestOutboxSuitePassesHealthyStore(t *testing.T) {
 	conformance.Run(t, outboxHarnessWith(t, func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return s }))
+}
+
+// The healthy store with a claim that reads the source after it passes
+// every check, claim-source included.
+func TestOutboxSuitePassesHealthySourceClaimer(t *testing.T) {
+	conformance.Run(t, outboxHarnessWith(t, func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore { return claimThenSource{s} }))
 }
