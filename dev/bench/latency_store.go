@@ -30,6 +30,17 @@ func (t *relayTimes) timeClaim(claim func() ([]storage.OutboxRow, error)) ([]sto
 	return rows, err
 }
 
+// timeClaimSource is timeClaim for a storage.SourceClaimer's claim.
+func (t *relayTimes) timeClaimSource(claim func() ([]storage.OutboxRow, string, int64, error)) ([]storage.OutboxRow, string, int64, error) {
+	var id string
+	var epoch int64
+	rows, err := t.timeClaim(func() (rows []storage.OutboxRow, err error) {
+		rows, id, epoch, err = claim()
+		return rows, err
+	})
+	return rows, id, epoch, err
+}
+
 // timeMark runs mark and notes how long it took when it succeeded.
 func (t *relayTimes) timeMark(mark func() error) error {
 	start := time.Now()
@@ -66,13 +77,7 @@ func (s timedPostgresOutbox) Claim(ctx context.Context, db *gorm.DB, req storage
 }
 
 func (s timedPostgresOutbox) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
-	var id string
-	var epoch int64
-	rows, err := s.t.timeClaim(func() (rows []storage.OutboxRow, err error) {
-		rows, id, epoch, err = s.OutboxStore.ClaimSource(ctx, db, req)
-		return rows, err
-	})
-	return rows, id, epoch, err
+	return s.t.timeClaimSource(func() ([]storage.OutboxRow, string, int64, error) { return s.OutboxStore.ClaimSource(ctx, db, req) })
 }
 
 func (s timedPostgresOutbox) Ack(ctx context.Context, db *gorm.DB, relay string, marks []storage.Mark) error {
@@ -86,6 +91,10 @@ type timedMySQLOutbox struct {
 
 func (s timedMySQLOutbox) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
 	return s.t.timeClaim(func() ([]storage.OutboxRow, error) { return s.OutboxStore.Claim(ctx, db, req) })
+}
+
+func (s timedMySQLOutbox) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	return s.t.timeClaimSource(func() ([]storage.OutboxRow, string, int64, error) { return s.OutboxStore.ClaimSource(ctx, db, req) })
 }
 
 func (s timedMySQLOutbox) Ack(ctx context.Context, db *gorm.DB, relay string, marks []storage.Mark) error {

@@ -8,10 +8,12 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
 	"github.com/inboxgo/inbox/conformance"
 	"github.com/inboxgo/inbox/conformance/testservers"
 	"github.com/inboxgo/inbox/outbox"
+	"github.com/inboxgo/inbox/storage"
 )
 
 // On PostgreSQL a relay cycle that stamps sequence headers, with fewer
@@ -20,7 +22,6 @@ import (
 // acknowledgement. With more rows than it takes, one more reads each
 // shard's share.
 func TestRelayCycleStatementsPostgres(t *testing.T) {
-	ctx := t.Context()
 	db, err := gorm.Open(gormpg.Open(testservers.PostgresDSN(t)), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		t.Fatal(err)
@@ -32,12 +33,62 @@ func TestRelayCycleStatementsPostgres(t *testing.T) {
 			sqlDB.Close()
 		}
 	})
-	const shards, keys, take = 3, 12, 20
-	store, err := inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Shards: shards})
+	store, err := inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Shards: cycleShards})
 	if err != nil {
 		t.Fatal(err)
 	}
-	topic := "cycle-" + schema
+	steady, backlog := cycleStatements(t, db, store, "cycle-"+schema)
+	if steady != 2 {
+		t.Errorf("a cycle of %d rows sent %d statements, want 2 (claim with rows, source and epoch; acknowledgement)", cycleKeys, steady)
+	}
+	if backlog != 3 {
+		t.Errorf("a cycle of %d rows of %d sent %d statements, want 3 (claim, its shares' rows, acknowledgement)", cycleTake, 2*cycleTake, backlog)
+	}
+}
+
+// On MariaDB the same cycle sends the lease's three statements in one
+// transaction (the pending shards, locking those free, the lease), the
+// read of the leased rows with the source and epoch, and the
+// acknowledgement's transaction: locking the shards, checking the marked
+// rows' events, moving the marks. The source is not read apart.
+func TestRelayCycleStatementsMariaDB(t *testing.T) {
+	dialector, err := inboxmysql.Open(testservers.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := "cycle_" + conformance.RandomSuffix()
+	t.Cleanup(func() {
+		for _, sfx := range []string{"", "_shards", "_relay", "_source"} {
+			db.Exec("DROP TABLE IF EXISTS `" + table + sfx + "`")
+		}
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	store, err := inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Shards: cycleShards})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steady, backlog := cycleStatements(t, db, store, "cycle-"+table)
+	if steady != 7 || backlog != 7 {
+		t.Errorf("a cycle of %d rows sent %d statements, of %d rows of %d %d; want 7 each (lease 3, rows with the source 1, acknowledgement 3)",
+			cycleKeys, steady, cycleTake, 2*cycleTake, backlog)
+	}
+}
+
+const cycleShards, cycleKeys, cycleTake = 3, 12, 20
+
+// cycleStatements runs relay cycles of an aligned outbox over store on db
+// and returns the statements (transactions' begin and commit not counted)
+// a cycle sent once the relay knew its shards' marks: with fewer rows than
+// it takes (the same in three cycles, or it fails t), and with twice that.
+func cycleStatements(t *testing.T, db *gorm.DB, store storage.OutboxStore, topic string) (steady, backlog int64) {
+	t.Helper()
+	ctx := t.Context()
 	ob := newOutbox(t, db, store, outbox.Config{AlignedTopic: topic})
 	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
@@ -45,7 +96,7 @@ func TestRelayCycleStatementsPostgres(t *testing.T) {
 	if _, err := ob.Maintain(ctx); err != nil {
 		t.Fatal(err)
 	}
-	relay, err := ob.NewRelay(&pinRecorder{count: shards}, outbox.RelayConfig{ID: "cycle", MaxMessages: take})
+	relay, err := ob.NewRelay(&pinRecorder{count: cycleShards}, outbox.RelayConfig{ID: "cycle", MaxMessages: cycleTake})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +113,7 @@ func TestRelayCycleStatementsPostgres(t *testing.T) {
 	}
 	cycle := func(from, n, want int) int64 {
 		t.Helper()
-		if err := enqueue(ctx, db, ob, alignedMessages(topic, from, n, keys)...); err != nil {
+		if err := enqueue(ctx, db, ob, alignedMessages(topic, from, n, cycleKeys)...); err != nil {
 			t.Fatal(err)
 		}
 		before := statements.Load()
@@ -72,13 +123,12 @@ func TestRelayCycleStatementsPostgres(t *testing.T) {
 		}
 		return statements.Load() - before
 	}
-	cycle(0, keys, keys) // the first cycle reads the shards' marks
-	for round := 1; round <= 3; round++ {
-		if n := cycle(round*keys, keys, keys); n != 2 {
-			t.Fatalf("a cycle of %d rows sent %d statements, want 2 (claim with rows, source and epoch; acknowledgement)", keys, n)
+	cycle(0, cycleKeys, cycleKeys) // the first cycle reads the shards' marks
+	steady = cycle(cycleKeys, cycleKeys, cycleKeys)
+	for round := 2; round <= 3; round++ {
+		if n := cycle(round*cycleKeys, cycleKeys, cycleKeys); n != steady {
+			t.Fatalf("cycles of %d rows sent %d and %d statements", cycleKeys, steady, n)
 		}
 	}
-	if n := cycle(4*keys, 2*take, take); n != 3 {
-		t.Fatalf("a cycle of %d rows of %d sent %d statements, want 3 (claim, its shares' rows, acknowledgement)", take, 2*take, n)
-	}
+	return steady, cycle(4*cycleKeys, 2*cycleTake, cycleTake)
 }
