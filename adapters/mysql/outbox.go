@@ -287,6 +287,9 @@ type pendingShard struct {
 	Shard            int32
 	PublishedThrough int64
 	NextSeq          int64
+	// SrcSource and SrcEpoch are the source row, when the claim reads it.
+	SrcSource []byte
+	SrcEpoch  *int64
 }
 
 // Claim finds the shards with unpublished rows (a consistent read that
@@ -299,10 +302,9 @@ func (s *OutboxStore) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 	return rows, err
 }
 
-// ClaimSource claims as Claim does and reads the source row with the
-// leased shards' rows, in the statement that reads them after the lease's
-// transaction committed (storage.SourceClaimer): one round trip less than
-// Claim and Source apart.
+// ClaimSource claims as Claim does and reads the source row in the
+// lease's first statement, the one that finds the pending shards
+// (storage.SourceClaimer): one round trip less than Claim and Source apart.
 func (s *OutboxStore) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
 	return s.claim(ctx, db, req, true)
 }
@@ -313,16 +315,29 @@ func (s *OutboxStore) claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 	if maxShards <= 0 {
 		maxShards = s.shards
 	}
+	sourceCols, sourceJoin := "", ""
+	if withSource {
+		sourceCols = ", src.source AS src_source, src.epoch AS src_epoch"
+		sourceJoin = " LEFT JOIN " + s.sourceTable() + " src ON src.id = 1"
+	}
 	var leased []pendingShard
+	var source string
+	var epoch int64
 	err := db.Transaction(func(tx *gorm.DB) error {
 		var pending []pendingShard
-		if err := tx.Raw(`SELECT r.shard, c.next_seq FROM `+s.relayTable()+` r JOIN `+s.shardsTable()+` c ON c.shard = r.shard
+		if err := tx.Raw(`SELECT r.shard, c.next_seq`+sourceCols+` FROM `+s.relayTable()+` r JOIN `+s.shardsTable()+` c ON c.shard = r.shard`+sourceJoin+`
 			WHERE c.next_seq > r.published_through AND (r.owner = ? OR r.lease_until < UTC_TIMESTAMP(6)) ORDER BY r.shard LIMIT ?`,
 			[]byte(req.Relay), maxShards).Scan(&pending).Error; err != nil {
 			return fmt.Errorf("mysql: find pending shards of %s: %w", s.tbl.name, err)
 		}
 		if len(pending) == 0 {
 			return nil
+		}
+		if withSource {
+			if pending[0].SrcSource == nil || pending[0].SrcEpoch == nil {
+				return fmt.Errorf("mysql: %s has no source row; run Migrate", s.sourceTable())
+			}
+			source, epoch = string(pending[0].SrcSource), *pending[0].SrcEpoch
 		}
 		ids := make([]int32, len(pending))
 		nextSeq := map[int32]int64{}
@@ -367,32 +382,18 @@ func (s *OutboxStore) claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 	if union.Len() == 0 {
 		return nil, "", 0, nil
 	}
-	query := union.String()
-	if withSource {
-		query = `SELECT u.*, src.source AS src_source, src.epoch AS src_epoch FROM (` + query + `) u LEFT JOIN ` + s.sourceTable() + ` src ON src.id = 1`
-	}
 	var stored []struct {
-		Shard     int32
-		Seq       int64
-		Day       string
-		EventID   []byte
-		Topic     []byte
-		MsgKey    []byte
-		MsgValue  []byte
-		Headers   []byte
-		SrcSource []byte
-		SrcEpoch  *int64
+		Shard    int32
+		Seq      int64
+		Day      string
+		EventID  []byte
+		Topic    []byte
+		MsgKey   []byte
+		MsgValue []byte
+		Headers  []byte
 	}
-	if err := db.Raw(query).Scan(&stored).Error; err != nil {
+	if err := db.Raw(union.String()).Scan(&stored).Error; err != nil {
 		return nil, "", 0, fmt.Errorf("mysql: read leased shards of %s: %w", s.tbl.name, err)
-	}
-	var source string
-	var epoch int64
-	if withSource && len(stored) > 0 {
-		if stored[0].SrcSource == nil || stored[0].SrcEpoch == nil {
-			return nil, "", 0, fmt.Errorf("mysql: %s has no source row; run Migrate", s.sourceTable())
-		}
-		source, epoch = string(stored[0].SrcSource), *stored[0].SrcEpoch
 	}
 	rows := make([]storage.OutboxRow, len(stored))
 	for i, p := range stored {

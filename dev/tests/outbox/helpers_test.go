@@ -12,7 +12,7 @@ import (
 	"github.com/inboxgo/inbox/storage"
 )
 
-func newOutbox(t *testing.T, db *gorm.DB, store storage.OutboxStore, cfg outbox.Config) *outbox.Outbox {
+func newOutbox(t testing.TB, db *gorm.DB, store storage.OutboxStore, cfg outbox.Config) *outbox.Outbox {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
