@@ -491,24 +491,24 @@ func checkClaimSource(ctx context.Context, env *Env) error {
 		// ended: both claim the same rows, as Claim would.
 		want, err := store.Claim(ctx, db, storage.ClaimRequest{Relay: relay, Lease: time.Minute, MaxRows: maxRows})
 		if err != nil || len(want) == 0 {
-			return fmt.Errorf("Claim of up to %d rows: %d rows (err %v), want some", maxRows, len(want), err)
+			return fmt.Errorf("a Claim of up to %d rows: %d rows (err %v), want some", maxRows, len(want), err)
 		}
 		if err := store.Release(ctx, db, relay); err != nil {
 			return fmt.Errorf("release: %w", err)
 		}
 		got, gotID, gotEpoch, err := sc.ClaimSource(ctx, db, storage.ClaimRequest{Relay: relay, Lease: time.Minute, MaxRows: maxRows})
 		if err != nil {
-			return fmt.Errorf("ClaimSource of up to %d rows: %w", maxRows, err)
+			return fmt.Errorf("a ClaimSource of up to %d rows: %w", maxRows, err)
 		}
 		if gotID != id || gotEpoch != bumped {
-			return fmt.Errorf("ClaimSource of up to %d rows after BumpEpoch returned %d: source %q epoch %d, want %q epoch %d", maxRows, bumped, gotID, gotEpoch, id, bumped)
+			return fmt.Errorf("a ClaimSource of up to %d rows after BumpEpoch returned %d: source %q epoch %d, want %q epoch %d", maxRows, bumped, gotID, gotEpoch, id, bumped)
 		}
 		if len(got) != len(want) {
-			return fmt.Errorf("ClaimSource of up to %d rows returned %d rows, Claim %d", maxRows, len(got), len(want))
+			return fmt.Errorf("a ClaimSource of up to %d rows returned %d rows, Claim %d", maxRows, len(got), len(want))
 		}
 		for i := range got {
 			if got[i].Shard != want[i].Shard || got[i].Seq != want[i].Seq || got[i].EventID != want[i].EventID {
-				return fmt.Errorf("ClaimSource of up to %d rows: row %d is shard %d seq %d (event %s), Claim's shard %d seq %d (event %s)",
+				return fmt.Errorf("a ClaimSource of up to %d rows: row %d is shard %d seq %d (event %s), Claim's shard %d seq %d (event %s)",
 					maxRows, i, got[i].Shard, got[i].Seq, got[i].EventID, want[i].Shard, want[i].Seq, want[i].EventID)
 			}
 		}

@@ -394,16 +394,21 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	// during the claim, not after it, where it would add to every
 	// message's wait. A relay that found nothing last time asks only
 	// once it has rows, so an idle relay sends the broker nothing.
-	var counted chan error
+	var counted chan struct{} // closed once countErr is set
+	var countErr error
 	if r.pin != nil && r.streaming {
-		counted = make(chan error, 1)
-		go func() { counted <- r.checkPartitions(ctx) }()
+		counted = make(chan struct{})
+		go func() {
+			defer close(counted)
+			countErr = r.checkPartitions(ctx)
+		}()
 	}
 	partitionsChecked := func() error {
 		if counted == nil {
 			return r.checkPartitions(ctx)
 		}
-		return <-counted
+		<-counted
+		return countErr
 	}
 	err := r.o.retry(ctx, "claim", func() error {
 		var err error
@@ -418,7 +423,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	r.streaming = err == nil && len(rows) > 0
 	if !r.streaming {
 		if counted != nil {
-			<-counted
+			<-counted // nothing is published: only the ask's end is awaited
 		}
 		if err != nil {
 			return 0, fmt.Errorf("outbox: relay claim: %w", err)
