@@ -22,22 +22,8 @@ import (
 // acknowledgement. With more rows than it takes, one more reads each
 // shard's share.
 func TestRelayCycleStatementsPostgres(t *testing.T) {
-	db, err := gorm.Open(gormpg.Open(testservers.PostgresDSN(t)), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := "cycle_" + conformance.RandomSuffix()
-	t.Cleanup(func() {
-		db.Exec(`DROP SCHEMA IF EXISTS ` + schema + ` CASCADE`)
-		if sqlDB, err := db.DB(); err == nil {
-			sqlDB.Close()
-		}
-	})
-	store, err := inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Shards: cycleShards})
-	if err != nil {
-		t.Fatal(err)
-	}
-	steady, backlog := cycleStatements(t, db, store, "cycle-"+schema)
+	db, store, topic := cyclePostgres(t)
+	steady, backlog := cycleStatements(t, db, store, topic)
 	if steady != 2 {
 		t.Errorf("a cycle of %d rows sent %d statements, want 2 (claim with rows, source and epoch; acknowledgement)", cycleKeys, steady)
 	}
@@ -52,16 +38,50 @@ func TestRelayCycleStatementsPostgres(t *testing.T) {
 // transaction: locking the shards, checking the marked rows' events,
 // moving the marks. The source is not read apart.
 func TestRelayCycleStatementsMariaDB(t *testing.T) {
-	dialector, err := inboxmysql.Open(testservers.MySQLDSN(t))
+	db, store, topic := cycleMariaDB(t)
+	steady, backlog := cycleStatements(t, db, store, topic)
+	if steady != 7 || backlog != 7 {
+		t.Errorf("a cycle of %d rows sent %d statements, of %d rows of %d %d; want 7 each (lease with the source 3, rows 1, acknowledgement 3)",
+			cycleKeys, steady, cycleTake, 2*cycleTake, backlog)
+	}
+}
+
+// cyclePostgres returns a PostgreSQL outbox store of cycleShards shards in
+// a schema of its own, dropped when tb ends, and a topic name for it.
+func cyclePostgres(tb testing.TB) (*gorm.DB, storage.OutboxStore, string) {
+	tb.Helper()
+	db, err := gorm.Open(gormpg.Open(testservers.PostgresDSN(tb)), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
+	}
+	schema := "cycle_" + conformance.RandomSuffix()
+	tb.Cleanup(func() {
+		db.Exec(`DROP SCHEMA IF EXISTS ` + schema + ` CASCADE`)
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	store, err := inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Shards: cycleShards})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return db, store, "cycle-" + schema
+}
+
+// cycleMariaDB is cyclePostgres on MariaDB, the tables dropped when tb
+// ends.
+func cycleMariaDB(tb testing.TB) (*gorm.DB, storage.OutboxStore, string) {
+	tb.Helper()
+	dialector, err := inboxmysql.Open(testservers.MySQLDSN(tb))
+	if err != nil {
+		tb.Fatal(err)
 	}
 	db, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	table := "cycle_" + conformance.RandomSuffix()
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		for _, sfx := range []string{"", "_shards", "_relay", "_source"} {
 			db.Exec("DROP TABLE IF EXISTS `" + table + sfx + "`")
 		}
@@ -71,13 +91,9 @@ func TestRelayCycleStatementsMariaDB(t *testing.T) {
 	})
 	store, err := inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Shards: cycleShards})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	steady, backlog := cycleStatements(t, db, store, "cycle-"+table)
-	if steady != 7 || backlog != 7 {
-		t.Errorf("a cycle of %d rows sent %d statements, of %d rows of %d %d; want 7 each (lease with the source 3, rows 1, acknowledgement 3)",
-			cycleKeys, steady, cycleTake, 2*cycleTake, backlog)
-	}
+	return db, store, "cycle-" + table
 }
 
 const cycleShards, cycleKeys, cycleTake = 3, 12, 20
@@ -169,46 +185,13 @@ func BenchmarkRelayCycle(b *testing.B) {
 			step()
 		}
 	}
-	b.Run("postgres", func(b *testing.B) {
-		db, err := gorm.Open(gormpg.Open(testservers.PostgresDSN(b)), &gorm.Config{Logger: logger.Discard})
-		if err != nil {
-			b.Fatal(err)
-		}
-		schema := "cycle_" + conformance.RandomSuffix()
-		defer func() {
-			db.Exec(`DROP SCHEMA IF EXISTS ` + schema + ` CASCADE`)
-			if sqlDB, err := db.DB(); err == nil {
-				sqlDB.Close()
-			}
-		}()
-		store, err := inboxpg.NewOutbox(inboxpg.OutboxOptions{Schema: schema, Shards: cycleShards})
-		if err != nil {
-			b.Fatal(err)
-		}
-		run(b, db, store, "cycle-"+schema)
-	})
-	b.Run("mariadb", func(b *testing.B) {
-		dialector, err := inboxmysql.Open(testservers.MySQLDSN(b))
-		if err != nil {
-			b.Fatal(err)
-		}
-		db, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
-		if err != nil {
-			b.Fatal(err)
-		}
-		table := "cycle_" + conformance.RandomSuffix()
-		defer func() {
-			for _, sfx := range []string{"", "_shards", "_relay", "_source"} {
-				db.Exec("DROP TABLE IF EXISTS `" + table + sfx + "`")
-			}
-			if sqlDB, err := db.DB(); err == nil {
-				sqlDB.Close()
-			}
-		}()
-		store, err := inboxmysql.NewOutbox(inboxmysql.OutboxOptions{Table: table, Shards: cycleShards})
-		if err != nil {
-			b.Fatal(err)
-		}
-		run(b, db, store, "cycle-"+table)
-	})
+	for _, database := range []struct {
+		name string
+		open func(testing.TB) (*gorm.DB, storage.OutboxStore, string)
+	}{{"postgres", cyclePostgres}, {"mariadb", cycleMariaDB}} {
+		b.Run(database.name, func(b *testing.B) {
+			db, store, topic := database.open(b)
+			run(b, db, store, topic)
+		})
+	}
 }
