@@ -38,7 +38,8 @@ type Sequenced interface {
 // SourceClaimer is an optional capability of an OutboxStore that is
 // Sequenced: a relay cycle that stamps sequence headers claims and reads
 // the source and epoch in one call, where the database can do both in
-// fewer round trips than Claim and Source apart.
+// fewer round trips than Claim and Source apart. The conformance check
+// outbox-sequence/claim-source holds it to Claim and Source.
 type SourceClaimer interface {
 	// ClaimSource claims as Claim does, and returns the outbox table's
 	// source id and epoch as Source does, read no earlier than the claim
