@@ -385,8 +385,9 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	var rows []storage.OutboxRow
 	claimedAt := time.Now()
 	req := storage.ClaimRequest{Relay: r.cfg.ID, Lease: r.cfg.Lease, MaxShards: r.cfg.MaxShards, MaxRows: r.cfg.MaxMessages}
-	// A store that reads the source and epoch with the claim (after the
-	// lease, as below) spares the cycle a round trip.
+	// A store that reads the source and epoch with the claim (no earlier
+	// than the claim began, which is all the rule below needs) spares the
+	// cycle a round trip.
 	var source *claimedSource
 	sc, _ := r.o.store.(storage.SourceClaimer)
 	// The partition count must be read before the publish, not after the
