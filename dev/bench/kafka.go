@@ -200,6 +200,20 @@ func createTopic(ctx context.Context, brokers []string, topic string, partitions
 	}
 }
 
+// deleteTopic deletes topic, so that a long benchmark does not leave the
+// broker with a topic per run.
+func deleteTopic(ctx context.Context, brokers []string, topic string) error {
+	client := &kafka.Client{Addr: kafka.TCP(brokers...)}
+	res, err := client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+	if err != nil {
+		return fmt.Errorf("bench: delete topic %s: %w", topic, err)
+	}
+	if err := res.Errors[topic]; err != nil {
+		return fmt.Errorf("bench: delete topic %s: %w", topic, err)
+	}
+	return nil
+}
+
 // produceEvents writes evs to topic's partitions, the partition of an event
 // its sku modulo partitions, with the event headers and the sequence
 // headers of BenchSource (which only the sequenced modes read).

@@ -278,6 +278,8 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 	if err := createTopic(ctx, brokers, topic, partitions); err != nil {
 		return res, err
 	}
+	// Deferred first, so run after the relay and consumers stopped.
+	defer func() { _ = deleteTopic(context.WithoutCancel(ctx), brokers, topic) }()
 	store, drop, err := latencyOutbox(ctx, b, partitions)
 	if err != nil {
 		return res, err
