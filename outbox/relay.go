@@ -395,21 +395,10 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	// during the claim, not after it, where it would add to every
 	// message's wait. A relay that found nothing last time asks only
 	// once it has rows, so an idle relay sends the broker nothing.
-	var counted chan struct{} // closed once countErr is set
-	var countErr error
-	if r.pin != nil && r.streaming {
-		counted = make(chan struct{})
-		go func() {
-			defer close(counted)
-			countErr = r.checkPartitions(ctx)
-		}()
-	}
-	partitionsChecked := func() error {
-		if counted == nil {
-			return r.checkPartitions(ctx)
-		}
-		<-counted
-		return countErr
+	checkPartitions := r.checkPartitions
+	asked := r.pin != nil && r.streaming
+	if asked {
+		checkPartitions = r.askPartitions(ctx)
 	}
 	err := r.o.retry(ctx, "claim", func() error {
 		var err error
@@ -423,8 +412,8 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	})
 	r.streaming = err == nil && len(rows) > 0
 	if !r.streaming {
-		if counted != nil {
-			<-counted // nothing is published: only the ask's end is awaited
+		if asked {
+			_ = checkPartitions(ctx) // nothing is published: only the ask's end is awaited
 		}
 		if err != nil {
 			return 0, fmt.Errorf("outbox: relay claim: %w", err)
@@ -432,7 +421,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		return 0, nil
 	}
 	ev.Claimed = len(rows)
-	if err := partitionsChecked(); err != nil {
+	if err := checkPartitions(ctx); err != nil {
 		return 0, err
 	}
 	// The source and epoch are read after the claim, on every cycle that
@@ -636,6 +625,22 @@ func (r *Relay) checkPartitions(ctx context.Context) error {
 		return &PartitionCountError{Topic: topic, Partitions: n, Shards: r.o.shards}
 	}
 	return nil
+}
+
+// askPartitions starts checkPartitions at once and returns a function that
+// waits for its answer (the context it is given is not used: the ask runs
+// under ctx).
+func (r *Relay) askPartitions(ctx context.Context) func(context.Context) error {
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		err = r.checkPartitions(ctx)
+	}()
+	return func(context.Context) error {
+		<-done
+		return err
+	}
 }
 
 // misaligned returns why an aligned outbox's relay must not publish row
