@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 
 	"gorm.io/gorm"
@@ -135,19 +136,30 @@ func (s claimThenSource) ClaimSource(ctx context.Context, db *gorm.DB, req stora
 // rows with the old one.
 type sourceReadOnce struct {
 	*inboxsqlite.OutboxStore
-	id    *string
-	epoch *int64
+	first *firstSource
+}
+
+// firstSource is the source and epoch a sourceReadOnce read first; the
+// suite's relays claim from several goroutines at once.
+type firstSource struct {
+	mu    sync.Mutex
+	id    string
+	epoch int64
 }
 
 func (s sourceReadOnce) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
-	if *s.id == "" {
+	s.first.mu.Lock()
+	if s.first.id == "" {
 		var err error
-		if *s.id, *s.epoch, err = s.Source(ctx, db); err != nil {
+		if s.first.id, s.first.epoch, err = s.Source(ctx, db); err != nil {
+			s.first.mu.Unlock()
 			return nil, "", 0, err
 		}
 	}
+	id, epoch := s.first.id, s.first.epoch
+	s.first.mu.Unlock()
 	rows, err := s.Claim(ctx, db, req)
-	return rows, *s.id, *s.epoch, err
+	return rows, id, epoch, err
 }
 
 // claimSourceIgnoresMaxRows reads every unpublished row of a leased shard,
@@ -208,7 +220,7 @@ func TestOutboxSuiteFailsBrokenStores(t *testing.T) {
 			[]string{"outbox-sequence/marks-keep-offsets"}},
 		{"claims-with-the-source-it-read-first",
 			func(_ *testing.T, s *inboxsqlite.OutboxStore) storage.OutboxStore {
-				return sourceReadOnce{OutboxStore: s, id: new(string), epoch: new(int64)}
+				return sourceReadOnce{OutboxStore: s, first: &firstSource{}}
 			},
 			[]string{"outbox-sequence/claim-source"}},
 		{"claims-with-the-source-past-max-rows",
