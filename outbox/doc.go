@@ -156,9 +156,9 @@
 // partition count may not change. Before each publish the relay reads it
 // (KafkaPublisher from the writer's metadata cache, which kafka-go
 // refreshes every Transport.MetadataTTL, 6s by default; franzgo.Publisher
-// from the cluster, asked while the claim runs when the cycle before found
-// rows, so that a stream of commits does not wait for both one after the
-// other). A relay whose Run starts while it
+// from the cluster, at most once a second, asked while the claim runs when
+// the cycle before found rows, so that a stream of commits does not wait
+// for both one after the other). A relay whose Run starts while it
 // differs from the shards returns a [*PartitionCountError]
 // ([ErrPartitionCount]) at once, naming both counts; if it changes while
 // the relay runs, every cycle fails with that error, logged at Error:

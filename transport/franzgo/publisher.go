@@ -34,6 +34,14 @@ const (
 	publishTimeout = 30 * time.Second
 	// readBytes bounds one fetch of ReadPartition.
 	readBytes = 8 << 20
+	// partitionsMaxAge bounds the age of the count Partitions answers
+	// with. An aligned relay asks before each cycle's publish: asking the
+	// cluster each time was a Metadata request per cycle, as many as the
+	// produce requests under a stream of commits. A change of the count
+	// still shows within it (kafka-go's writer: within its MetadataTTL, 6s
+	// by default), and the producer refuses a pinned record as soon as its
+	// own metadata shows another count.
+	partitionsMaxAge = time.Second
 )
 
 // Publisher is an outbox relay's publisher over franz-go's idempotent
@@ -73,8 +81,10 @@ type Publisher struct {
 	log *slog.Logger
 
 	mu sync.Mutex
-	// seen is each topic's partition count as Partitions last read it.
+	// seen is each topic's partition count as Partitions last read it, and
+	// read when it did.
 	seen map[string]int
+	read map[string]time.Time
 }
 
 // NewPublisher returns a Publisher over a franz-go client of its own,
@@ -115,7 +125,7 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("franzgo: franz-go rejected the options: %w", err)
 	}
-	return &Publisher{cl: cl, log: log, seen: map[string]int{}}, nil
+	return &Publisher{cl: cl, log: log, seen: map[string]int{}, read: map[string]time.Time{}}, nil
 }
 
 // Close flushes what is buffered and closes the client.
@@ -150,18 +160,27 @@ func (p *Publisher) Publish(ctx context.Context, msgs []kafka.Message) error {
 }
 
 // Partitions returns the partition count of topic, read from the cluster's
-// metadata now. A count other than the one it read before makes the
-// producer refresh its own metadata, which PublishPinned's placement
-// checks against.
+// metadata within the last second: a change of the count shows within a
+// second. A count other than the one it read before makes the producer
+// refresh its own metadata, which PublishPinned's placement checks
+// against.
 func (p *Publisher) Partitions(ctx context.Context, topic string) (int, error) {
+	p.mu.Lock()
+	n, ok := p.seen[topic]
+	fresh := ok && time.Since(p.read[topic]) < partitionsMaxAge
+	p.mu.Unlock()
+	if fresh {
+		return n, nil
+	}
+	asked := time.Now()
 	md, err := p.metadata(ctx, topic)
 	if err != nil {
 		return 0, fmt.Errorf("franzgo: partitions of topic %q: %w", topic, err)
 	}
-	n := len(md.Partitions)
+	n = len(md.Partitions)
 	p.mu.Lock()
 	prev, ok := p.seen[topic]
-	p.seen[topic] = n
+	p.seen[topic], p.read[topic] = n, asked
 	p.mu.Unlock()
 	if ok && prev != n {
 		p.cl.ForceMetadataRefresh()
