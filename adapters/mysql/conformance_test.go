@@ -3,7 +3,7 @@ package mysql_test
 import (
 	"context"
 	"database/sql"
-	"sync"
+	"errors"
 	"testing"
 	"time"
 
@@ -78,10 +78,10 @@ func openDB(dsn string, open opener) (*gorm.DB, error) { return open(dsn) }
 // tables of its own (the outbox's, with their _shards, _relay and _source
 // tables), dropped in Close too.
 //
-// Each harness's Close records in owned whether its Store ran a
-// transaction on a connection of its own with autocommit off (BeginClaim,
+// Each harness's Close tells owned whether its Store ran a transaction on
+// a connection of its own with autocommit off (BeginClaim,
 // BeginSaveWatermarks), then closes the Store.
-func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bool, owned *ownedUse) conformance.HarnessMaker {
+func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bool, owned func(used bool)) conformance.HarnessMaker {
 	return func(ctx context.Context) (*conformance.Harness, error) {
 		db, err := openDB(dsn, open)
 		if err != nil {
@@ -99,7 +99,7 @@ func newHarness(dsn string, open opener, txOptions *sql.TxOptions, withOutbox bo
 			Open:      func(context.Context) (*gorm.DB, error) { return openDB(dsn, open) },
 			Features:  conformance.Features{ExpiryCountsRows: false, Watermarks: true, Offsets: true},
 			Close: func() error {
-				owned.note(len(inboxmysql.OwnedPools(store)) > 0)
+				owned(len(inboxmysql.OwnedPools(store)) > 0)
 				if err := store.Close(); err != nil {
 					return err
 				}
@@ -159,16 +159,25 @@ func TestConformance(t *testing.T) {
 		{"SERIALIZABLE", nil, recommended, &sql.TxOptions{Isolation: sql.LevelSerializable}, false},
 	} {
 		t.Run(v.name, func(t *testing.T) {
-			var owned ownedUse
-			conformance.Run(t, newHarness(withParams(t, dsn, v.params), v.open, v.tx, v.withOutbox, &owned))
+			dsn := withParams(t, dsn, v.params)
 			// The checks that process messages ran their transactions on
 			// connections of the Store's own, except under GORM's prepared
 			// statements, where the inbox begins them with BEGIN.
 			prepared := v.name == "plain-gorm+PrepareStmt"
-			for id, used := range owned.byCheck(t) {
-				if used == prepared && (prepared || ownedChecks[id]) {
-					t.Errorf("%s: a connection of the Store's own opened: %v, want %v", id, used, !prepared)
-				}
+			for _, c := range conformance.Checks() {
+				t.Run(c.ID(), func(t *testing.T) {
+					closed, used := false, false
+					err := conformance.RunCheck(t.Context(), newHarness(dsn, v.open, v.tx, v.withOutbox, func(u bool) { closed, used = true, u }), c)
+					if closed && used == prepared && (prepared || ownedChecks[c.ID()]) {
+						t.Errorf("a connection of the Store's own opened: %v, want %v", used, !prepared)
+					}
+					if errors.Is(err, conformance.ErrSkipped) {
+						t.Skip(err)
+					}
+					if err != nil {
+						t.Error(err)
+					}
+				})
 			}
 		})
 	}
@@ -189,33 +198,4 @@ var ownedChecks = map[string]bool{
 	"batch/failing-message-is-isolated":                  true,
 	"retention/maintain-while-inserting":                 true,
 	"watermark/begin-and-save":                           true,
-}
-
-// ownedUse records, harness by harness, whether its Store opened a pool
-// of its own. conformance.Run makes one harness per check, in the order of
-// conformance.Checks.
-type ownedUse struct {
-	mu   sync.Mutex
-	used []bool
-}
-
-func (o *ownedUse) note(used bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.used = append(o.used, used)
-}
-
-func (o *ownedUse) byCheck(t *testing.T) map[string]bool {
-	t.Helper()
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	checks := conformance.Checks()
-	if len(o.used) != len(checks) {
-		t.Fatalf("%d harnesses closed for %d checks", len(o.used), len(checks))
-	}
-	out := make(map[string]bool, len(checks))
-	for i, c := range checks {
-		out[c.ID()] = o.used[i]
-	}
-	return out
 }

@@ -23,7 +23,7 @@ import (
 // until a relay publishes it.
 func TestOutboxDropsOnlyPublishedPartitions(t *testing.T) {
 	ctx := t.Context()
-	h, err := newHarness(testservers.MySQLDSN(t), recommended, nil, true, &ownedUse{})(ctx)
+	h, err := newHarness(testservers.MySQLDSN(t), recommended, nil, true, func(bool) {})(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
