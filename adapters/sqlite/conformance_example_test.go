@@ -75,8 +75,7 @@ func Example_conformance() {
 		switch {
 		case errors.Is(err, conformance.ErrSkipped):
 			// A capability the Store does not have (here: opening the
-			// transaction with its watermark writes in one round trip, and
-			// claiming with the outbox's source in one call).
+			// transaction with its watermark writes in one round trip).
 			fmt.Println("skipped", c.ID())
 		case err != nil:
 			fmt.Println(err) // the check's id and what the Store got wrong
@@ -86,6 +85,5 @@ func Example_conformance() {
 	fmt.Println("checks failed:", failed)
 	// Output:
 	// skipped watermark/begin-and-save
-	// skipped outbox-sequence/claim-source
 	// checks failed: 0
 }

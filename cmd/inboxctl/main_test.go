@@ -366,11 +366,10 @@ func TestCheckSQLite(t *testing.T) {
 	for _, want := range []string{"PASS  settings/verify", "PASS  schema/table-is-transactional", "PASS  atomicity/handler-error-rolls-back",
 		"PASS  outbox-order/commit-gap", "PASS  outbox-relay/several-relays", "PASS  outbox-sequence/relay-headers", "PASS  outbox-expiry/never-unpublished",
 		// SQLite's store cannot open a transaction with its watermark
-		// writes in one round trip, and its outbox does not claim with
-		// the source in one call: those capabilities' checks are skipped.
-		"SKIP  watermark/begin-and-save", "SKIP  outbox-sequence/claim-source",
+		// writes in one round trip: that capability's check is skipped.
+		"SKIP  watermark/begin-and-save", "PASS  outbox-sequence/claim-source",
 		"PASS  offsets/floor-refuses-a-moved-row", "PASS  offsets/migrate-concurrently",
-		fmt.Sprintf("PASS: %d of %d checks passed, 2 skipped against sqlite", n-2, n)} {
+		fmt.Sprintf("PASS: %d of %d checks passed, 1 skipped against sqlite", n-1, n)} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("check output lacks %q:\n%v", want, r)
 		}
@@ -425,10 +424,8 @@ func TestCheckOutboxSQLite(t *testing.T) {
 			want[c.ID()] = true
 		}
 	}
-	// outbox-sequence/claim-source is skipped: SQLite's outbox store does
-	// not claim with the source in one call.
-	if rep.Failed != 0 || rep.Skipped != 1 || rep.Passed != len(want) || len(rep.Results) != len(want)+1 {
-		t.Errorf("check --run ^outbox-: %d passed, %d failed, %d skipped of %d results; want all %d outbox checks but claim-source and settings/verify passed: %+v",
+	if rep.Failed != 0 || rep.Skipped != 0 || rep.Passed != len(want)+1 || len(rep.Results) != len(want)+1 {
+		t.Errorf("check --run ^outbox-: %d passed, %d failed, %d skipped of %d results; want all %d outbox checks and settings/verify passed: %+v",
 			rep.Passed, rep.Failed, rep.Skipped, len(rep.Results), len(want), rep)
 	}
 	for _, r := range rep.Results[1:] {

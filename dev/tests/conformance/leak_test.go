@@ -145,6 +145,10 @@ func (s slowRefusingRelay) Claim(context.Context, *gorm.DB, storage.ClaimRequest
 	return nil, errClaimRefused
 }
 
+func (s slowRefusingRelay) ClaimSource(context.Context, *gorm.DB, storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	return nil, "", 0, errClaimRefused
+}
+
 // refusingSlowClaim refuses every message, so that the writers fail the
 // check as soon as they are done, and claims slowly, ignoring the context as
 // a stuck driver would, so that the relays are still at work then.
@@ -161,6 +165,11 @@ func (s refusingSlowClaim) Claim(ctx context.Context, db *gorm.DB, req storage.C
 	return s.OutboxStore.Claim(ctx, db, req)
 }
 
+func (s refusingSlowClaim) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	time.Sleep(300 * time.Millisecond)
+	return s.OutboxStore.ClaimSource(ctx, db, req)
+}
+
 // phantomRow hands out a row of key gap that no transaction committed, and
 // acknowledges slowly: the relay cycle publishes it while T1 is open, which
 // fails the commit-gap check while T2 waits for T1 and the cycle is still
@@ -169,6 +178,12 @@ type phantomRow struct{ *inboxsqlite.OutboxStore }
 
 func (s phantomRow) Claim(context.Context, *gorm.DB, storage.ClaimRequest) ([]storage.OutboxRow, error) {
 	return []storage.OutboxRow{{Shard: 0, Seq: 1, Day: storage.DayOf(time.Now()), EventID: "phantom", Topic: "orders", Key: []byte("gap"), Value: []byte("phantom"), Headers: []byte("[]")}}, nil
+}
+
+func (s phantomRow) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	rows, _ := s.Claim(ctx, db, req)
+	id, epoch, err := s.Source(ctx, db)
+	return rows, id, epoch, err
 }
 
 func (s phantomRow) Ack(context.Context, *gorm.DB, string, []storage.Mark) error {

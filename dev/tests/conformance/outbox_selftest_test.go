@@ -27,6 +27,11 @@ func (s sharedLeases) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 	return s.OutboxStore.Claim(ctx, db, req)
 }
 
+func (s sharedLeases) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	req.Relay = "everyone"
+	return s.OutboxStore.ClaimSource(ctx, db, req)
+}
+
 func (s sharedLeases) Ack(ctx context.Context, db *gorm.DB, _ string, marks []storage.Mark) error {
 	return s.OutboxStore.Ack(ctx, db, "everyone", marks)
 }
@@ -52,6 +57,12 @@ func (s newestFirst) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRe
 	rows, err := s.OutboxStore.Claim(ctx, db, req)
 	slices.Reverse(rows)
 	return rows, err
+}
+
+func (s newestFirst) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	rows, id, epoch, err := s.OutboxStore.ClaimSource(ctx, db, req)
+	slices.Reverse(rows)
+	return rows, id, epoch, err
 }
 
 // appendsElsewhere stores messages through its own connection to another
@@ -100,6 +111,11 @@ func (s sourcePerCall) Source(ctx context.Context, db *gorm.DB) (string, int64, 
 	return storage.NewSourceID(), epoch, err
 }
 
+func (s sourcePerCall) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	rows, _, epoch, err := s.OutboxStore.ClaimSource(ctx, db, req)
+	return rows, storage.NewSourceID(), epoch, err
+}
+
 // offsetOnEveryAck stores each acknowledgement's offset whether or not it
 // moved the mark, as a store that writes the offset unconditionally: a
 // repeated acknowledgement would then move where the relay's check of the
@@ -118,8 +134,8 @@ func (s offsetOnEveryAck) Ack(ctx context.Context, db *gorm.DB, relay string, ma
 	return nil
 }
 
-// claimThenSource is the healthy store with storage.SourceClaimer: the
-// claim, then the source read after it.
+// claimThenSource is the healthy store with a storage.SourceClaimer of
+// its own: the claim, then the source read after it.
 type claimThenSource struct{ *inboxsqlite.OutboxStore }
 
 func (s claimThenSource) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {

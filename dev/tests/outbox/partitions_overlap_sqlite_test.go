@@ -45,6 +45,16 @@ type gatedClaims struct {
 }
 
 func (s *gatedClaims) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, error) {
+	s.wait()
+	return s.OutboxStore.Claim(ctx, db, req)
+}
+
+func (s *gatedClaims) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	s.wait()
+	return s.OutboxStore.ClaimSource(ctx, db, req)
+}
+
+func (s *gatedClaims) wait() {
 	if s.gate.Load() {
 		select {
 		case <-s.asked:
@@ -53,7 +63,6 @@ func (s *gatedClaims) Claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 			s.waitedOut.Add(1)
 		}
 	}
-	return s.OutboxStore.Claim(ctx, db, req)
 }
 
 // Under a stream of commits an aligned relay asks for its topic's
