@@ -110,6 +110,10 @@ func (s timedSQLiteOutbox) Claim(ctx context.Context, db *gorm.DB, req storage.C
 	return s.t.timeClaim(func() ([]storage.OutboxRow, error) { return s.OutboxStore.Claim(ctx, db, req) })
 }
 
+func (s timedSQLiteOutbox) ClaimSource(ctx context.Context, db *gorm.DB, req storage.ClaimRequest) ([]storage.OutboxRow, string, int64, error) {
+	return s.t.timeClaimSource(func() ([]storage.OutboxRow, string, int64, error) { return s.OutboxStore.ClaimSource(ctx, db, req) })
+}
+
 func (s timedSQLiteOutbox) Ack(ctx context.Context, db *gorm.DB, relay string, marks []storage.Mark) error {
 	return s.t.timeMark(func() error { return s.OutboxStore.Ack(ctx, db, relay, marks) })
 }

@@ -2,7 +2,12 @@ package bench
 
 import (
 	"fmt"
+	"path/filepath"
 	"testing"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
@@ -47,5 +52,54 @@ func TestTimedOutboxKeepsTheStoresInterfaces(t *testing.T) {
 	}
 	if got := interfaces(times.timed(pg)); got != "true true true true true true true" {
 		t.Errorf("the PostgreSQL store wrapped: %s, want every interface", got)
+	}
+}
+
+// A claim through the timed SQLite store is timed, whichever of Claim and
+// ClaimSource the relay calls: a method the wrapper does not declare is
+// the store's own, and untimed.
+func TestTimedSQLiteOutboxTimesEveryClaim(t *testing.T) {
+	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "timed.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	store, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := store.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	var times relayTimes
+	timed := times.timed(store)
+	req := storage.ClaimRequest{Relay: "timed", Lease: time.Minute, MaxRows: 10}
+	claims := map[string]func() ([]storage.OutboxRow, error){
+		"Claim": func() ([]storage.OutboxRow, error) { return timed.Claim(ctx, db, req) },
+		"ClaimSource": func() ([]storage.OutboxRow, error) {
+			rows, _, _, err := timed.(storage.SourceClaimer).ClaimSource(ctx, db, req)
+			return rows, err
+		},
+	}
+	for i, name := range []string{"Claim", "ClaimSource"} {
+		row := storage.OutboxRow{KeyHash: uint32(i), Day: storage.DayOf(time.Now()), EventID: name, Topic: "t", Value: []byte("v"), Headers: []byte("[]")}
+		if err := db.Transaction(func(tx *gorm.DB) error { return store.Append(ctx, tx, []storage.OutboxRow{row}) }); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := claims[name]()
+		if err != nil || len(rows) == 0 {
+			t.Fatalf("%s: %d rows, %v", name, len(rows), err)
+		}
+		if got := len(times.claim.d); got != i+1 {
+			t.Errorf("after %s: %d claims timed, want %d", name, got, i+1)
+		}
+		if err := timed.Ack(ctx, db, "timed", []storage.Mark{{Shard: rows[len(rows)-1].Shard, Seq: rows[len(rows)-1].Seq}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
