@@ -395,7 +395,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	// during the claim, not after it, where it would add to every
 	// message's wait. A relay that found nothing last time asks only
 	// once it has rows, so an idle relay sends the broker nothing.
-	checkPartitions := r.checkPartitions
+	checkPartitions := func() error { return r.checkPartitions(ctx) }
 	asked := r.pin != nil && r.streaming
 	if asked {
 		checkPartitions = r.askPartitions(ctx)
@@ -413,7 +413,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 	r.streaming = err == nil && len(rows) > 0
 	if !r.streaming {
 		if asked {
-			_ = checkPartitions(ctx) // nothing is published: only the ask's end is awaited
+			_ = checkPartitions() // nothing is published: only the ask's end is awaited
 		}
 		if err != nil {
 			return 0, fmt.Errorf("outbox: relay claim: %w", err)
@@ -421,7 +421,7 @@ func (r *Relay) cycle(ctx context.Context, ev *hooks.RelayCycleReport) (int, err
 		return 0, nil
 	}
 	ev.Claimed = len(rows)
-	if err := checkPartitions(ctx); err != nil {
+	if err := checkPartitions(); err != nil {
 		return 0, err
 	}
 	// The source and epoch are read after the claim, on every cycle that
@@ -628,16 +628,15 @@ func (r *Relay) checkPartitions(ctx context.Context) error {
 }
 
 // askPartitions starts checkPartitions at once and returns a function that
-// waits for its answer (the context it is given is not used: the ask runs
-// under ctx).
-func (r *Relay) askPartitions(ctx context.Context) func(context.Context) error {
+// waits for its answer.
+func (r *Relay) askPartitions(ctx context.Context) func() error {
 	done := make(chan struct{})
 	var err error
 	go func() {
 		defer close(done)
 		err = r.checkPartitions(ctx)
 	}()
-	return func(context.Context) error {
+	return func() error {
 		<-done
 		return err
 	}

@@ -274,7 +274,6 @@ func (s *OutboxStore) claim(ctx context.Context, db *gorm.DB, req storage.ClaimR
 	var source string
 	var epoch int64
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		rows = rows[:0]
 		var got []leased
 		sourceCols := ""
 		if withSource {

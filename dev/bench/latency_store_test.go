@@ -2,12 +2,10 @@ package bench
 
 import (
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	inboxmysql "github.com/inboxgo/inbox/adapters/mysql"
 	inboxpg "github.com/inboxgo/inbox/adapters/postgres"
@@ -59,15 +57,12 @@ func TestTimedOutboxKeepsTheStoresInterfaces(t *testing.T) {
 // ClaimSource the relay calls: a method the wrapper does not declare is
 // the store's own, and untimed.
 func TestTimedSQLiteOutboxTimesEveryClaim(t *testing.T) {
-	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(t.TempDir(), "timed.db")), &gorm.Config{Logger: logger.Discard})
+	b, err := OpenSQLite(1, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if sqlDB, err := db.DB(); err == nil {
-			_ = sqlDB.Close()
-		}
-	})
+	t.Cleanup(func() { _ = b.Close() })
+	db := b.DB
 	store, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Shards: 2})
 	if err != nil {
 		t.Fatal(err)

@@ -81,10 +81,14 @@ type Publisher struct {
 	log *slog.Logger
 
 	mu sync.Mutex
-	// seen is each topic's partition count as Partitions last read it, and
-	// read when it did.
-	seen map[string]int
-	read map[string]time.Time
+	// seen is each topic's partition count as Partitions last read it.
+	seen map[string]partitionCount
+}
+
+// partitionCount is a topic's partition count and when it was asked for.
+type partitionCount struct {
+	n     int
+	asked time.Time
 }
 
 // NewPublisher returns a Publisher over a franz-go client of its own,
@@ -125,7 +129,7 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("franzgo: franz-go rejected the options: %w", err)
 	}
-	return &Publisher{cl: cl, log: log, seen: map[string]int{}, read: map[string]time.Time{}}, nil
+	return &Publisher{cl: cl, log: log, seen: map[string]partitionCount{}}, nil
 }
 
 // Close flushes what is buffered and closes the client.
@@ -166,23 +170,22 @@ func (p *Publisher) Publish(ctx context.Context, msgs []kafka.Message) error {
 // against.
 func (p *Publisher) Partitions(ctx context.Context, topic string) (int, error) {
 	p.mu.Lock()
-	n, ok := p.seen[topic]
-	fresh := ok && time.Since(p.read[topic]) < partitionsMaxAge
+	last, ok := p.seen[topic]
 	p.mu.Unlock()
-	if fresh {
-		return n, nil
+	if ok && time.Since(last.asked) < partitionsMaxAge {
+		return last.n, nil
 	}
 	asked := time.Now()
 	md, err := p.metadata(ctx, topic)
 	if err != nil {
 		return 0, fmt.Errorf("franzgo: partitions of topic %q: %w", topic, err)
 	}
-	n = len(md.Partitions)
+	n := len(md.Partitions)
 	p.mu.Lock()
 	prev, ok := p.seen[topic]
-	p.seen[topic], p.read[topic] = n, asked
+	p.seen[topic] = partitionCount{n: n, asked: asked}
 	p.mu.Unlock()
-	if ok && prev != n {
+	if ok && prev.n != n {
 		p.cl.ForceMetadataRefresh()
 	}
 	return n, nil
@@ -213,8 +216,8 @@ func (p *Publisher) PublishPinned(ctx context.Context, msgs []kafka.Message, par
 		p.mu.Lock()
 		seen, ok := p.seen[m.Topic]
 		p.mu.Unlock()
-		if ok && seen != count && !call.refused {
-			call.refused, call.other, call.topic, call.seen = true, true, m.Topic, seen
+		if ok && seen.n != count && !call.refused {
+			call.refused, call.other, call.topic, call.seen = true, true, m.Topic, seen.n
 		}
 		recs[i] = recordOf(m)
 		recs[i].Context = context.WithValue(ctx, pinKey{}, &pin{partition: int32(partitions[i]), call: call})

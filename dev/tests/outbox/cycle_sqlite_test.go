@@ -3,11 +3,9 @@
 package outbox_test
 
 import (
-	"path/filepath"
 	"testing"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	inboxsqlite "github.com/inboxgo/inbox/adapters/sqlite"
 	"github.com/inboxgo/inbox/storage"
@@ -27,21 +25,14 @@ func TestRelayCycleStatementsSQLite(t *testing.T) {
 	}
 }
 
-// cycleSQLite is cyclePostgres on SQLite, in a file of tb's own.
-func cycleSQLite(tb testing.TB) (*gorm.DB, storage.OutboxStore, string) {
-	tb.Helper()
-	db, err := gorm.Open(inboxsqlite.Open(filepath.Join(tb.TempDir(), "cycle.db")), &gorm.Config{Logger: logger.Discard})
+// cycleSQLite is cyclePostgres on SQLite: sequenceDB's database, with an
+// outbox table of cycleShards shards beside its own.
+func cycleSQLite(t *testing.T) (*gorm.DB, storage.OutboxStore, string) {
+	t.Helper()
+	db, _ := sequenceDB(t)
+	store, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Table: "cycle", Shards: cycleShards})
 	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if sqlDB, err := db.DB(); err == nil {
-			sqlDB.Close()
-		}
-	})
-	store, err := inboxsqlite.NewOutbox(inboxsqlite.OutboxOptions{Shards: cycleShards})
-	if err != nil {
-		tb.Fatal(err)
+		t.Fatal(err)
 	}
 	return db, store, "cycle-sqlite"
 }
