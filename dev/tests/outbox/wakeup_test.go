@@ -100,12 +100,14 @@ func listenerPID(t *testing.T, db *gorm.DB, channel string, not ...int64) int64 
 // A commit of another process (here another Outbox over the table, whose
 // in-process signal does not reach the relay) wakes a relay on PostgreSQL
 // by its notification: the message goes out long before the safety poll.
+// The relay polls only every safety (MinPollInterval too), so no poll
+// finds the messages in time.
 func TestRelayWakesOnNotification(t *testing.T) {
 	db, store := wakeupPostgres(t)
 	ob, other := newOutbox(t, db, store, outbox.Config{}), newOutbox(t, db, store, outbox.Config{})
 	rec := &conformance.Recorder{}
 	const safety = 10 * time.Second
-	relay, err := ob.NewRelay(rec, outbox.RelayConfig{ID: "r", PollInterval: safety})
+	relay, err := ob.NewRelay(rec, outbox.RelayConfig{ID: "r", PollInterval: safety, MinPollInterval: safety})
 	if err != nil {
 		t.Fatal(err)
 	}
