@@ -159,6 +159,13 @@ type LatencyResult struct {
 	// ran (everything on the machine: the database, the broker, this
 	// process, anything else); 0 where /proc/stat cannot be read.
 	Busy float64
+	// PoolWaits is how many times a caller of the benchmark's connection
+	// pool (producers, relay, consumers) waited for a connection while the
+	// producers ran, and PoolWait how long those waits took together
+	// (database/sql's DBStats): on a pool of one SQLite connection, the
+	// queue every statement of the pipeline stands in.
+	PoolWaits int64
+	PoolWait  time.Duration
 }
 
 // Latency runs load once per relay mode on b: producers enqueue each event
@@ -457,6 +464,11 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 	next.Store(1)
 	var late atomic.Int64
 	busy0, total0 := machineTicks()
+	pool, err := b.DB.DB()
+	if err != nil {
+		return res, err
+	}
+	pool0 := pool.Stats()
 	t0 := time.Now()
 	var pwg sync.WaitGroup
 	perr := make(chan error, producers)
@@ -483,6 +495,8 @@ func latencyRun(ctx context.Context, b *Backend, brokers []string, load Load, mo
 		}()
 	}
 	pwg.Wait()
+	pool1 := pool.Stats()
+	res.PoolWaits, res.PoolWait = pool1.WaitCount-pool0.WaitCount, pool1.WaitDuration-pool0.WaitDuration
 	busy1, total1 := machineTicks()
 	res.Busy = busyShare(busy0, total0, busy1, total1)
 	select {

@@ -103,7 +103,7 @@ func BenchmarkLatency(b *testing.B) {
 				}
 			}
 			for range b.N {
-				lines := []string{"| database | load | relay | events (committed per second) | commit to publish | commit to effect, inbox rows | commit to effect, sequenced | publish to effect, inbox rows (p50 / p99) | relay cycle (p50 / p99; cycles that published per second) | of which the broker's write | the claim | the mark | CPUs busy |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"}
+				lines := []string{"| database | load | relay | events (committed per second) | commit to publish | commit to effect, inbox rows | commit to effect, sequenced | publish to effect, inbox rows (p50 / p99) | relay cycle (p50 / p99; cycles that published per second) | of which the broker's write | the claim | the mark | waits for a pooled connection (per second; mean) | CPUs busy |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"}
 				for _, l := range loads {
 					rs, err := bench.Latency(b.Context(), be, brokers, l, modes, 4, 100)
 					if err != nil {
@@ -111,7 +111,7 @@ func BenchmarkLatency(b *testing.B) {
 					}
 					all = append(all, rs...)
 					for _, r := range rs {
-						lines = append(lines, fmt.Sprintf("| %s | %s | %s | %d (%.0f/s) | %s | %s | %s | %s | %s | %s | %s | %s | %.0f%% |", be.Name, l, r.Mode, r.Events, r.Rate, row(r.Publish), row(r.Rows), row(r.Sequenced), ms(r.Deliver.P50)+" / "+ms(r.Deliver.P99), ms(r.Cycle.P50)+" / "+ms(r.Cycle.P99)+fmt.Sprintf(" (%.0f/s)", float64(r.Claim.N)/l.Duration.Seconds()), ms(r.Write.P50)+" / "+ms(r.Write.P99), ms(r.Claim.P50)+" / "+ms(r.Claim.P99), ms(r.Mark.P50)+" / "+ms(r.Mark.P99), 100*r.Busy))
+						lines = append(lines, fmt.Sprintf("| %s | %s | %s | %d (%.0f/s) | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f%% |", be.Name, l, r.Mode, r.Events, r.Rate, row(r.Publish), row(r.Rows), row(r.Sequenced), ms(r.Deliver.P50)+" / "+ms(r.Deliver.P99), ms(r.Cycle.P50)+" / "+ms(r.Cycle.P99)+fmt.Sprintf(" (%.0f/s)", float64(r.Claim.N)/l.Duration.Seconds()), ms(r.Write.P50)+" / "+ms(r.Write.P99), ms(r.Claim.P50)+" / "+ms(r.Claim.P99), ms(r.Mark.P50)+" / "+ms(r.Mark.P99), poolWaits(r), 100*r.Busy))
 					}
 				}
 				for _, mode := range []string{bench.RelayPolling, bench.RelayWakeups} {
@@ -122,12 +122,22 @@ func BenchmarkLatency(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					lines = append(lines, fmt.Sprintf("| %s | idle | %s | statements per second: %.1f | | | | | | | | | |", be.Name, mode, r.PerSecond))
+					lines = append(lines, fmt.Sprintf("| %s | idle | %s | statements per second: %.1f | | | | | | | | | | |", be.Name, mode, r.PerSecond))
 				}
 				b.Log("latencies in ms, p50 / p99 / p99.9 / max\n" + strings.Join(lines, "\n"))
 			}
 		})
 	}
+}
+
+// poolWaits tells how often per second of the producers' run a caller
+// waited for a pooled connection, and how long such a wait took on average.
+func poolWaits(r bench.LatencyResult) string {
+	perSecond := float64(r.PoolWaits) / r.Load.Duration.Seconds()
+	if r.PoolWaits == 0 {
+		return "0/s"
+	}
+	return fmt.Sprintf("%.0f/s; %.2f ms", perSecond, float64(r.PoolWait)/float64(r.PoolWaits)/float64(time.Millisecond))
 }
 
 // writeLatencyChart draws the p50 and p99 of commit to effect (inbox rows)

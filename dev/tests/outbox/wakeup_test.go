@@ -101,7 +101,8 @@ func listenerPID(t *testing.T, db *gorm.DB, channel string, not ...int64) int64 
 // in-process signal does not reach the relay) wakes a relay on PostgreSQL
 // by its notification: the message goes out long before the safety poll.
 // The relay polls only every safety (MinPollInterval too), so no poll
-// finds the messages in time.
+// finds the messages in time; each is enqueued once the last is marked
+// published.
 func TestRelayWakesOnNotification(t *testing.T) {
 	db, store := wakeupPostgres(t)
 	ob, other := newOutbox(t, db, store, outbox.Config{}), newOutbox(t, db, store, outbox.Config{})
@@ -120,6 +121,11 @@ func TestRelayWakesOnNotification(t *testing.T) {
 		}
 		if took := publishedWithin(t, rec, i+1, safety); took > time.Second {
 			t.Fatalf("message %d published %v after its commit, want well within a second", i, took)
+		}
+		// Only a commit to a shard published through notifies: the next
+		// one waits for the mark.
+		for relay.Counters().Published < uint64(i+1) {
+			time.Sleep(time.Millisecond)
 		}
 	}
 }
