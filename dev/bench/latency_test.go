@@ -133,11 +133,14 @@ func BenchmarkLatency(b *testing.B) {
 // poolWaits tells how often per second of the producers' run a caller
 // waited for a pooled connection, and how long such a wait took on average.
 func poolWaits(r bench.LatencyResult) string {
-	perSecond := float64(r.PoolWaits) / r.Load.Duration.Seconds()
 	if r.PoolWaits == 0 {
 		return "0/s"
 	}
-	return fmt.Sprintf("%.0f/s; %.2f ms", perSecond, float64(r.PoolWait)/float64(r.PoolWaits)/float64(time.Millisecond))
+	perSecond := strconv.FormatFloat(float64(r.PoolWaits)/r.Load.Duration.Seconds(), 'f', 0, 64)
+	if r.PoolWaits < 10*int64(r.Load.Duration.Seconds()) {
+		perSecond = strconv.FormatFloat(float64(r.PoolWaits)/r.Load.Duration.Seconds(), 'f', 1, 64)
+	}
+	return fmt.Sprintf("%s/s; %.2f ms", perSecond, float64(r.PoolWait)/float64(r.PoolWaits)/float64(time.Millisecond))
 }
 
 // writeLatencyChart draws the p50 and p99 of commit to effect (inbox rows)
