@@ -299,10 +299,8 @@ func (s *OutboxStore) appendOneShard(tx *gorm.DB, c storage.ShardCount, rows []s
 	b.WriteString(`) AS v (ord, day, event_id, topic, msg_key, msg_value, headers))
 	SELECT c.next_seq, (CASE WHEN c.published_through IS NULL OR c.next_seq - ? <= c.published_through THEN pg_notify(?, '') END) IS NOT NULL AS notified FROM c`)
 	args = append(args, c.Rows, s.Channel())
-	var got []struct {
-		NextSeq  int64
-		Notified bool
-	}
+	// notified is selected for its CASE, which notifies; nobody reads it.
+	var got []struct{ NextSeq int64 }
 	if err := tx.Raw(b.String(), args...).Scan(&got).Error; err != nil {
 		return fmt.Errorf("postgres: append to shard %d of %s: %w", c.Shard, s.parent(), err)
 	}

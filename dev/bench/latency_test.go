@@ -136,11 +136,12 @@ func poolWaits(r bench.LatencyResult) string {
 	if r.PoolWaits == 0 {
 		return "0/s"
 	}
-	perSecond := strconv.FormatFloat(float64(r.PoolWaits)/r.Load.Duration.Seconds(), 'f', 0, 64)
-	if r.PoolWaits < 10*int64(r.Load.Duration.Seconds()) {
-		perSecond = strconv.FormatFloat(float64(r.PoolWaits)/r.Load.Duration.Seconds(), 'f', 1, 64)
+	perSecond := float64(r.PoolWaits) / r.Load.Duration.Seconds()
+	digits := 0
+	if perSecond < 10 {
+		digits = 1
 	}
-	return fmt.Sprintf("%s/s; %.2f ms", perSecond, float64(r.PoolWait)/float64(r.PoolWaits)/float64(time.Millisecond))
+	return fmt.Sprintf("%s/s; %.2f ms", strconv.FormatFloat(perSecond, 'f', digits, 64), float64(r.PoolWait)/float64(r.PoolWaits)/float64(time.Millisecond))
 }
 
 // writeLatencyChart draws the p50 and p99 of commit to effect (inbox rows)

@@ -175,7 +175,8 @@ func TestEnqueueStatementsPostgres(t *testing.T) {
 		}
 	}
 	var seqs []int64
-	if err := db.Raw(`SELECT seq FROM ` + store.(*inboxpg.OutboxStore).Schema() + `.` + store.(*inboxpg.OutboxStore).Table() + ` ORDER BY seq`).Scan(&seqs).Error; err != nil {
+	pg := store.(*inboxpg.OutboxStore)
+	if err := db.Raw(`SELECT seq FROM ` + pg.Schema() + `.` + pg.Table() + ` ORDER BY seq`).Scan(&seqs).Error; err != nil {
 		t.Fatal(err)
 	}
 	if want := []int64{1, 2, 3, 4, 5, 6, 7}; !slices.Equal(seqs, want) {
@@ -229,10 +230,7 @@ func BenchmarkRelayCycle(b *testing.B) {
 			step()
 		}
 	}
-	for _, database := range []struct {
-		name string
-		open func(testing.TB) (*gorm.DB, storage.OutboxStore, string)
-	}{{"postgres", cyclePostgres}, {"mariadb", cycleMariaDB}} {
+	for _, database := range cycleDatabases {
 		b.Run(database.name, func(b *testing.B) {
 			db, store, topic := database.open(b)
 			run(b, db, store, topic)
@@ -240,15 +238,19 @@ func BenchmarkRelayCycle(b *testing.B) {
 	}
 }
 
+// cycleDatabases are the servers the benchmarks here run on, each opened
+// by its cyclePostgres-like helper.
+var cycleDatabases = []struct {
+	name string
+	open func(testing.TB) (*gorm.DB, storage.OutboxStore, string)
+}{{"postgres", cyclePostgres}, {"mariadb", cycleMariaDB}}
+
 // BenchmarkEnqueueOne times one writer's transaction that enqueues one
 // message (a key of 1,000, a 200-byte value) and commits, no relay running,
 // on PostgreSQL and MariaDB: what the outbox adds to a producer's
 // transaction, its round trips and the commit.
 func BenchmarkEnqueueOne(b *testing.B) {
-	for _, database := range []struct {
-		name string
-		open func(testing.TB) (*gorm.DB, storage.OutboxStore, string)
-	}{{"postgres", cyclePostgres}, {"mariadb", cycleMariaDB}} {
+	for _, database := range cycleDatabases {
 		b.Run(database.name, func(b *testing.B) {
 			db, store, _ := database.open(b)
 			ob := newOutbox(b, db, store, outbox.Config{})
